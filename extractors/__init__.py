@@ -1,0 +1,1 @@
+"""Turn traces and foreign sample files into operator samples; one module per source format."""

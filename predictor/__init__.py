@@ -1,0 +1,1 @@
+"""Operator graph of a training iteration, regressors, schedule simulation, diff."""

@@ -1,0 +1,1 @@
+"""PLACEHOLDER: replaced by the module that implements this command (see the issue that names it)."""

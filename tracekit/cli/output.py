@@ -1,0 +1,61 @@
+"""What every command shares: one-line errors with exit codes, JSON output, progress bars."""
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from typing import Any, Iterator, NoReturn
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tracekit.core.errors import TracekitError
+
+console = Console()
+err_console = Console(stderr=True, highlight=False)
+
+EXIT_FAILED = 2  # nothing could be done
+EXIT_PARTIAL = 1  # some inputs failed, the rest were processed
+
+
+def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
+    """Print one error line to stderr and exit."""
+    err_console.print(f"error: {message}", markup=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn tracekit's typed errors into one line on stderr and exit code 2."""
+    try:
+        yield
+    except TracekitError as exc:
+        fail(str(exc))
+
+
+def print_json(obj: Any) -> None:
+    """One JSON document on stdout (no rich formatting, so scripts can parse it)."""
+    sys.stdout.write(json.dumps(obj, indent=2, default=_default) + "\n")
+    sys.stdout.flush()
+
+
+def _default(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def progress(quiet: bool = False) -> Progress:
+    """A progress bar on stderr; silent with `quiet` (e.g. under --json) or when stderr is not a terminal."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=quiet or not err_console.is_terminal,
+    )

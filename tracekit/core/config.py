@@ -1,0 +1,412 @@
+"""Training configurations of Megatron-style GPT jobs: parsing (YAML/JSON, Megatron argv, Megatron log), derived
+defaults as Megatron computes them, and validation of the parallel split."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from .errors import ConfigError, InputError
+
+ARGS_BEGIN = re.compile(r"-{3,}\s*arguments\s*-{3,}")
+ARGS_END = re.compile(r"-{3,}\s*end of arguments\s*-{3,}")
+ARG_LINE = re.compile(r"^\s*(?:\[[^\]]*\]\s*)*([A-Za-z_][A-Za-z0-9_]*)\s+\.{2,}\s*(.*?)\s*$")
+ITER_TIME = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+)")
+
+#: Short and foreign names accepted for Megatron's argument names (CSV columns, YAML keys).
+ALIASES = {
+    "tp": "tensor_model_parallel_size",
+    "pp": "pipeline_model_parallel_size",
+    "cp": "context_parallel_size",
+    "dp": "data_parallel_size",
+    "vp": "virtual_pipeline_model_parallel_size",
+    "virtual_pipeline_stages": "virtual_pipeline_model_parallel_size",
+    "num_gpus": "world_size",
+    "activation_recompute": "recompute_granularity",
+    "attention_backend": "attention",
+    "heads": "num_attention_heads",
+    "layers": "num_layers",
+    "hidden": "hidden_size",
+    "seq_len": "seq_length",
+}
+
+
+@dataclass
+class TrainingConfig:
+    """One Megatron GPT training job. Field names are Megatron's argument names (dest form)."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    seq_length: int
+    ffn_hidden_size: int | None = None
+    num_query_groups: int | None = None
+    kv_channels: int | None = None
+    vocab_size: int = 50257
+    make_vocab_size_divisible_by: int = 128
+    micro_batch_size: int = 1
+    global_batch_size: int | None = None
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    context_parallel_size: int = 1
+    data_parallel_size: int | None = None
+    world_size: int | None = None
+    virtual_pipeline_model_parallel_size: int | None = None
+    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    recompute_granularity: str = "none"  # none | selective | full
+    precision: str = "bf16"  # fp16 | bf16 | fp32
+    normalization: str = "LayerNorm"  # LayerNorm | RMSNorm
+    swiglu: bool = False
+    attention: str = "flash"  # flash (flash/fused kernels) | unfused (baddbmm + masked softmax + bmm)
+    position_embedding_type: str = "learned_absolute"  # learned_absolute | rope
+    add_bias_linear: bool = True
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    untie_embeddings_and_output_weights: bool = False
+    train_iters: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # arguments tracekit does not model, kept verbatim
+
+    # -- derived values (Megatron's defaults) -----------------------------------------------------------------
+    def __post_init__(self) -> None:
+        self.recompute_granularity = _recompute(self.recompute_granularity)
+        self.precision = _precision(self.precision)
+        self.attention = str(self.attention).lower()
+        if self.attention not in ("flash", "unfused"):
+            raise ConfigError(f"attention must be 'flash' or 'unfused', not {self.attention!r}")
+        if self.ffn_hidden_size is None:
+            self.ffn_hidden_size = (
+                int(8 * self.hidden_size / 3 / 64) * 64 if self.swiglu else 4 * self.hidden_size
+            )
+        if self.num_query_groups is None:
+            self.num_query_groups = self.num_attention_heads
+        if self.kv_channels is None and self.num_attention_heads:
+            if self.hidden_size % self.num_attention_heads:
+                raise ConfigError(
+                    f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}"
+                )
+            self.kv_channels = self.hidden_size // self.num_attention_heads
+        if self.virtual_pipeline_model_parallel_size in (0, 1):
+            self.virtual_pipeline_model_parallel_size = None
+        if self.tensor_model_parallel_size == 1:
+            self.sequence_parallel = False  # Megatron turns SP off without TP
+        model_parallel = self.tensor_model_parallel_size * self.pipeline_model_parallel_size * self.context_parallel_size
+        if self.data_parallel_size is None:
+            if self.world_size is not None:
+                if self.world_size % model_parallel:
+                    raise ConfigError(
+                        f"world size {self.world_size} is not divisible by tp·pp·cp = {model_parallel}"
+                    )
+                self.data_parallel_size = self.world_size // model_parallel
+            else:
+                self.data_parallel_size = 1
+        if self.world_size is None:
+            self.world_size = model_parallel * self.data_parallel_size
+        if self.global_batch_size is None:
+            self.global_batch_size = self.micro_batch_size * self.data_parallel_size
+
+    @property
+    def tp(self) -> int:
+        return self.tensor_model_parallel_size
+
+    @property
+    def pp(self) -> int:
+        return self.pipeline_model_parallel_size
+
+    @property
+    def cp(self) -> int:
+        return self.context_parallel_size
+
+    @property
+    def dp(self) -> int:
+        return int(self.data_parallel_size or 1)
+
+    @property
+    def vp(self) -> int:
+        return self.virtual_pipeline_model_parallel_size or 1
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+    @property
+    def padded_vocab_size(self) -> int:
+        multiple = self.make_vocab_size_divisible_by * self.tp
+        return -(-self.vocab_size // multiple) * multiple
+
+    @property
+    def tokens_per_iteration(self) -> int:
+        return self.global_batch_size * self.seq_length
+
+    @property
+    def dtype_bytes(self) -> int:
+        return 4 if self.precision == "fp32" else 2
+
+    # -- validation ---------------------------------------------------------------------------------------------
+    def validate(self) -> "TrainingConfig":
+        """Raise ConfigError naming the first way this configuration cannot be split as asked."""
+        positive = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
+                    "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
+        for name in positive:
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        tp, pp, cp, dp, vp = self.tp, self.pp, self.cp, self.dp, self.vp
+        if self.num_attention_heads % tp:
+            raise ConfigError(f"num_attention_heads {self.num_attention_heads} is not divisible by tp {tp}")
+        if self.num_query_groups % tp:
+            raise ConfigError(f"num_query_groups {self.num_query_groups} is not divisible by tp {tp}")
+        if self.num_attention_heads % self.num_query_groups:
+            raise ConfigError(
+                f"num_attention_heads {self.num_attention_heads} is not divisible by num_query_groups "
+                f"{self.num_query_groups}"
+            )
+        if self.ffn_hidden_size % tp:
+            raise ConfigError(f"ffn_hidden_size {self.ffn_hidden_size} is not divisible by tp {tp}")
+        if self.num_layers % (pp * vp):
+            raise ConfigError(f"num_layers {self.num_layers} is not divisible by pp·vp = {pp}·{vp}")
+        if vp > 1 and pp < 2:
+            raise ConfigError("an interleaved schedule (virtual pipeline stages > 1) needs pp ≥ 2")
+        if self.world_size != tp * pp * cp * dp:
+            raise ConfigError(
+                f"world size {self.world_size} ≠ tp·pp·cp·dp = {tp}·{pp}·{cp}·{dp} = {tp * pp * cp * dp}"
+            )
+        if self.global_batch_size % (self.micro_batch_size * dp):
+            raise ConfigError(
+                f"global_batch_size {self.global_batch_size} is not divisible by micro_batch_size·dp = "
+                f"{self.micro_batch_size}·{dp}"
+            )
+        if vp > 1 and self.num_microbatches % pp:
+            raise ConfigError(
+                f"the interleaved schedule needs micro-batches ({self.num_microbatches}) divisible by pp {pp}"
+            )
+        if cp > 1 and self.seq_length % (2 * cp):
+            raise ConfigError(f"seq_length {self.seq_length} is not divisible by 2·cp = {2 * cp}")
+        if self.sequence_parallel and self.seq_length % tp:
+            raise ConfigError(f"seq_length {self.seq_length} is not divisible by tp {tp} (sequence parallel)")
+        return self
+
+    # -- (de)serialization --------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        if not data["extra"]:
+            data.pop("extra")
+        return data
+
+    @classmethod
+    def from_mapping(cls, mapping: dict[str, Any]) -> "TrainingConfig":
+        """Build from Megatron argument names (dest or flag form) or their aliases; unknown keys go to `extra`."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        values: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        for raw_key, raw in mapping.items():
+            key = ALIASES.get(_dest(raw_key), _dest(raw_key))
+            value = _scalar(raw)
+            if value is None:
+                continue
+            _apply(key, value, values, extra, known)
+        missing = [n for n in ("num_layers", "hidden_size", "num_attention_heads", "seq_length") if n not in values]
+        if missing:
+            raise ConfigError(f"configuration lacks {', '.join(missing)}")
+        try:
+            config = cls(**{k: _coerce(cls, k, v) for k, v in values.items()}, extra=extra)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"invalid configuration value: {exc}") from exc
+        return config
+
+    @classmethod
+    def from_megatron_args(cls, argv: str | Iterable[str]) -> "TrainingConfig":
+        """Parse a Megatron command line (`--num-layers 24 --bf16 ...`); non-flag words are ignored."""
+        return cls.from_mapping(parse_megatron_argv(argv))
+
+    @classmethod
+    def from_megatron_log(cls, text: str, path: str = "log") -> "TrainingConfig":
+        """Parse the arguments block Megatron prints at start-up."""
+        return cls.from_mapping(parse_arguments_block(text, path))
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "TrainingConfig":
+        """YAML or JSON mapping of Megatron argument names; a Megatron log file is recognized by its block."""
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise InputError(path, f"cannot read ({exc.strerror or exc})") from exc
+        if ARGS_BEGIN.search(text):
+            return cls.from_megatron_log(text, str(path))
+        try:
+            if path.suffix.lower() == ".json":
+                data = json.loads(text)
+            else:
+                import yaml
+
+                data = yaml.safe_load(text)
+        except Exception as exc:  # noqa: BLE001 - any parser error is a bad input file
+            raise InputError(path, f"not valid {'JSON' if path.suffix.lower() == '.json' else 'YAML'} ({exc})") from exc
+        if not isinstance(data, dict):
+            raise InputError(path, "configuration must be a mapping of Megatron argument names to values")
+        if isinstance(data.get("arguments"), dict):
+            data = data["arguments"]
+        try:
+            return cls.from_mapping(data)
+        except ConfigError as exc:
+            raise InputError(path, str(exc)) from exc
+
+
+def parse_megatron_argv(argv: str | Iterable[str]) -> dict[str, Any]:
+    """Megatron flags → {dest: value}; a flag with no value is True (`--no-x` sets x False)."""
+    words = shlex.split(argv) if isinstance(argv, str) else list(argv)
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word.startswith("--") and len(word) > 2:
+            name, eq, inline = word[2:].partition("=")
+            if eq:
+                out[_dest(name)] = inline
+            elif i + 1 < len(words) and not _is_flag(words[i + 1]):
+                values = []
+                while i + 1 < len(words) and not _is_flag(words[i + 1]):
+                    values.append(words[i + 1])
+                    i += 1
+                out[_dest(name)] = values[0] if len(values) == 1 else values
+            elif name.startswith("no-"):
+                out[_dest(name[3:])] = False
+            else:
+                out[_dest(name)] = True
+        i += 1
+    return out
+
+
+def parse_arguments_block(text: str, path: str = "log") -> dict[str, Any]:
+    """The `name ....... value` lines between Megatron's arguments markers."""
+    begin = ARGS_BEGIN.search(text)
+    if not begin:
+        raise InputError(path, "no Megatron arguments block (------ arguments ------) found")
+    end = ARGS_END.search(text, begin.end())
+    body = text[begin.end(): end.start() if end else len(text)]
+    out: dict[str, Any] = {}
+    for line in body.splitlines():
+        match = ARG_LINE.match(line)
+        if match:
+            out[match.group(1)] = match.group(2)
+    if not out:
+        raise InputError(path, "the Megatron arguments block is empty")
+    return out
+
+
+def parse_iteration_times_ms(text: str) -> list[float]:
+    """Every `elapsed time per iteration (ms): X` value in a Megatron log, in order."""
+    return [float(v) for v in ITER_TIME.findall(text)]
+
+
+# -- helpers ------------------------------------------------------------------------------------------------------
+def _is_flag(word: str) -> bool:
+    return word.startswith("--") and not re.fullmatch(r"--?\d+(\.\d+)?", word)
+
+
+def _dest(name: str) -> str:
+    return str(name).strip().lstrip("-").replace("-", "_").lower()
+
+
+def _scalar(raw: Any) -> Any:
+    """Strings from logs/CSV cells → Python values; a note after the value ('full (use_checkpoint=true)') is cut."""
+    if not isinstance(raw, str):
+        return raw
+    text = raw.strip()
+    if text == "" or text in ("None", "null", "nan", "NaN"):
+        return None
+    token = text.split()[0] if not text.startswith("[") else text
+    lowered = token.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(token)
+        except ValueError:
+            pass
+    return token
+
+
+def _apply(key: str, value: Any, values: dict, extra: dict, known: set[str]) -> None:
+    if key in ("fp16", "bf16"):
+        if value is True:
+            values["precision"] = key
+        return
+    if key == "params_dtype":
+        values.setdefault("precision", {"torch.float16": "fp16", "torch.bfloat16": "bf16"}.get(str(value), "fp32"))
+        return
+    if key == "precision":
+        values["precision"] = value
+        return
+    if key == "recompute_activations" and value is True:
+        values.setdefault("recompute_granularity", "selective")
+        return
+    if key == "use_flash_attn":
+        values["attention"] = "flash" if value else values.get("attention", "unfused")
+        return
+    if key == "attention":
+        values["attention"] = "unfused" if str(value).lower() in ("unfused", "local", "false", "none") else "flash"
+        return
+    if key == "transformer_impl":
+        if str(value) == "transformer_engine":
+            values.setdefault("attention", "flash")
+        extra[key] = value
+        return
+    if key == "disable_bias_linear":
+        values["add_bias_linear"] = not value
+        return
+    if key == "num_layers_per_virtual_pipeline_stage":
+        extra[key] = value
+        return
+    if key == "group_query_attention":
+        extra[key] = value
+        return
+    if key in known:
+        values[key] = value
+    else:
+        extra[key] = value
+
+
+def _coerce(cls, name: str, value: Any) -> Any:
+    kind = {f.name: f.type for f in dataclasses.fields(cls)}[name]
+    if "bool" in str(kind):
+        if isinstance(value, str):
+            return value.lower() in ("true", "1", "yes")
+        return bool(value)
+    if "int" in str(kind) and not isinstance(value, bool):
+        number = float(value)
+        if number != int(number):
+            raise ValueError(f"{name} must be a whole number, got {value}")
+        return int(number)
+    if "float" in str(kind):
+        return float(value)
+    return value
+
+
+def _recompute(value: Any) -> str:
+    text = str(value or "none").strip().lower()
+    if text in ("none", "false", "no", "0", "off"):
+        return "none"
+    if text in ("full", "true", "yes", "1", "uniform", "block"):
+        return "full"
+    if text == "selective":
+        return "selective"
+    raise ConfigError(f"activation recompute must be none, selective or full, not {value!r}")
+
+
+def _precision(value: Any) -> str:
+    text = str(value).strip().lower()
+    if text in ("fp16", "float16", "half", "torch.float16"):
+        return "fp16"
+    if text in ("bf16", "bfloat16", "torch.bfloat16"):
+        return "bf16"
+    if text in ("fp32", "float32", "float", "torch.float32"):
+        return "fp32"
+    raise ConfigError(f"precision must be fp16, bf16 or fp32, not {value!r}")
+

@@ -1,0 +1,27 @@
+"""Typed errors raised by library code; only the CLI turns them into exit codes."""
+from __future__ import annotations
+
+
+class TracekitError(Exception):
+    """Base class for every error tracekit reports to a user as one line."""
+
+
+class InputError(TracekitError):
+    """An input file or directory cannot be used; names the path and the reason."""
+
+    def __init__(self, path: object, reason: str):
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"{self.path}: {reason}")
+
+
+class ConfigError(TracekitError):
+    """A training configuration is invalid or cannot be split as asked."""
+
+
+class StoreError(TracekitError):
+    """The sample store is unreadable or could not be updated."""
+
+
+class ModelError(TracekitError):
+    """Regressor models are missing, unreadable or do not cover a request."""

@@ -1,0 +1,74 @@
+"""The operator-sample contract: one row per timed operator instance, whatever the source."""
+from __future__ import annotations
+
+import pyarrow as pa
+
+#: DESIGN.md's primitives. `other` holds what no rule classified (kept and counted, never dropped).
+COMPUTE_PRIMITIVES = (
+    "gemm", "bmm", "attention", "softmax", "norm", "activation", "elementwise",
+    "embedding", "cross_entropy", "optimizer",
+)
+MEMORY_PRIMITIVES = ("memcpy", "memset")
+COLLECTIVE_PRIMITIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
+PRIMITIVES = COMPUTE_PRIMITIVES + MEMORY_PRIMITIVES + COLLECTIVE_PRIMITIVES + ("other",)
+
+#: Passes, as stored: forward, backward, optimizer step, communication.
+PASSES = ("fwd", "bwd", "optimizer", "comm")
+
+#: Shape features; each primitive fills the ones that describe it and leaves the rest null.
+FEATURE_COLUMNS = (
+    "m", "n", "k", "batch",                      # gemm / bmm: [batch ×] (m×k) @ (k×n)
+    "heads", "kv_heads", "seq", "seq_kv", "head_dim", "causal",  # attention (batch in `batch`)
+    "rows", "width",                             # norm / softmax / activation / elementwise / embedding / cross_entropy
+    "numel",                                     # element count of the main tensor (any primitive)
+    "params",                                    # optimizer: parameters updated; embedding: vocab rows
+    "layers", "tp",                              # optimizer samples of a pipeline stage
+    "bytes", "group_size", "ranks_per_node", "nodes",  # collectives: message bytes per rank, topology
+)
+
+SCHEMA = pa.schema(
+    [
+        pa.field("hardware", pa.string(), nullable=False),
+        pa.field("primitive", pa.string(), nullable=False),
+        pa.field("pass", pa.string(), nullable=False),
+        pa.field("dtype", pa.string()),
+        pa.field("variant", pa.string()),          # source label: launching op (aten::mm) or sample-file op name
+        *[pa.field(name, pa.float64()) for name in FEATURE_COLUMNS],
+        pa.field("duration_us", pa.float64(), nullable=False),
+        pa.field("wait_us", pa.float64()),          # collectives matched across ranks: time spent waiting
+        pa.field("process_group", pa.string()),
+        pa.field("stream", pa.int64()),
+        pa.field("rank", pa.int64()),
+        pa.field("iteration", pa.int64()),
+        pa.field("kernel", pa.string()),            # kernel name(s), or the op name on CPU runs
+        pa.field("source", pa.string(), nullable=False),       # content hash of the source file
+        pa.field("source_path", pa.string()),       # file name (no directories) of the source
+    ]
+)
+COLUMNS = tuple(SCHEMA.names)
+
+
+def empty_table() -> pa.Table:
+    return SCHEMA.empty_table()
+
+
+def to_table(rows: list[dict] | "pa.Table" | object) -> pa.Table:
+    """Conform rows (list of dicts, a pandas DataFrame or a table) to SCHEMA; missing columns become null."""
+    import pandas as pd
+
+    if isinstance(rows, pa.Table):
+        frame = rows.to_pandas()
+    elif isinstance(rows, pd.DataFrame):
+        frame = rows
+    else:
+        frame = pd.DataFrame(list(rows))
+    unknown = set(frame.columns) - set(COLUMNS)
+    if unknown:
+        raise ValueError(f"columns not in the sample schema: {sorted(unknown)}")
+    arrays = []
+    for field in SCHEMA:
+        if field.name in frame.columns:
+            arrays.append(pa.array(frame[field.name].tolist(), type=field.type, from_pandas=True))
+        else:
+            arrays.append(pa.nulls(len(frame), type=field.type))
+    return pa.Table.from_arrays(arrays, schema=SCHEMA)

@@ -1,0 +1,120 @@
+"""The sample store: Parquet files partitioned by hardware and primitive, one file per source and partition.
+
+Appends are atomic and idempotent: a source (identified by its content hash) is added at most once; its files are
+written under temporary names, renamed into place, and only then recorded in `sources.json`. Readers see only
+recorded sources, so an interrupted or failed add leaves the store as it was.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .atomic import atomic_write_json
+from .errors import StoreError
+from .samples import SCHEMA, to_table
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def default_store() -> Path:
+    """`$TRACEKIT_HOME`, else `./.tracekit`."""
+    return Path(os.environ.get("TRACEKIT_HOME") or ".tracekit")
+
+
+def _part(value: str) -> str:
+    return _SAFE.sub("_", value) or "_"
+
+
+class SampleStore:
+    """Operator samples on disk. `add` one source at a time; `read` a filtered frame."""
+
+    def __init__(self, root: str | os.PathLike | None = None):
+        self.root = Path(root) if root is not None else default_store()
+        self._manifest_path = self.root / "sources.json"
+
+    # -- sources ----------------------------------------------------------------------------------------------
+    def sources(self) -> dict[str, dict]:
+        """Recorded sources: source id → metadata (path, kind, rows, ...)."""
+        if not self._manifest_path.exists():
+            return {}
+        try:
+            return json.loads(self._manifest_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise StoreError(f"{self._manifest_path}: unreadable store manifest ({exc})") from exc
+
+    def has_source(self, source_id: str) -> bool:
+        return source_id in self.sources()
+
+    def add(self, source_id: str, rows, meta: dict | None = None) -> int:
+        """Add the samples of one source; returns rows written (0 when the source is already in the store)."""
+        sources = self.sources()
+        if source_id in sources:
+            return 0
+        table = to_table(rows)
+        bad = table.column("source").to_pylist()
+        if any(s != source_id for s in bad):
+            raise StoreError(f"samples of source {source_id} carry another source id")
+        staged: list[tuple[Path, Path]] = []
+        try:
+            frame = table.to_pandas()
+            for (hardware, primitive), group in frame.groupby(["hardware", "primitive"], sort=True):
+                folder = self.root / "samples" / f"hardware={_part(hardware)}" / f"primitive={_part(primitive)}"
+                folder.mkdir(parents=True, exist_ok=True)
+                final = folder / f"{source_id}.parquet"
+                tmp = folder / f".{source_id}.parquet.tmp"
+                pq.write_table(pa.Table.from_pandas(group, schema=SCHEMA, preserve_index=False), tmp)
+                staged.append((tmp, final))
+            for tmp, final in staged:
+                os.replace(tmp, final)
+            sources[source_id] = {**(meta or {}), "rows": table.num_rows}
+            atomic_write_json(self._manifest_path, sources)
+        except BaseException:
+            for tmp, final in staged:
+                tmp.unlink(missing_ok=True)
+                final.unlink(missing_ok=True)
+            raise
+        return table.num_rows
+
+    def remove(self, source_id: str) -> None:
+        """Forget a source and delete its files."""
+        sources = self.sources()
+        if source_id not in sources:
+            return
+        del sources[source_id]
+        atomic_write_json(self._manifest_path, sources)
+        for path in (self.root / "samples").glob(f"*/*/{source_id}.parquet"):
+            path.unlink(missing_ok=True)
+
+    # -- reading ----------------------------------------------------------------------------------------------
+    def read(self, hardware: str | list[str] | None = None, primitive: str | list[str] | None = None):
+        """All recorded samples (optionally of some hardware ids / primitives) as a pandas DataFrame."""
+        import pandas as pd
+
+        known = self.sources()
+        hardware_set = {_part(h) for h in ([hardware] if isinstance(hardware, str) else hardware or [])}
+        primitive_set = {_part(p) for p in ([primitive] if isinstance(primitive, str) else primitive or [])}
+        tables = []
+        base = self.root / "samples"
+        for path in sorted(base.glob("hardware=*/primitive=*/*.parquet")) if base.exists() else []:
+            hw = path.parent.parent.name.split("=", 1)[1]
+            prim = path.parent.name.split("=", 1)[1]
+            if path.stem not in known or (hardware_set and hw not in hardware_set):
+                continue
+            if primitive_set and prim not in primitive_set:
+                continue
+            try:
+                tables.append(pq.read_table(path, schema=SCHEMA))
+            except (OSError, pa.ArrowInvalid) as exc:
+                raise StoreError(f"{path}: unreadable sample file ({exc})") from exc
+        if not tables:
+            return SCHEMA.empty_table().to_pandas()
+        return pa.concat_tables(tables).to_pandas()
+
+    def clear(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
