@@ -1,0 +1,101 @@
+"""TrainingConfig: Megatron argument parsing, derived defaults, and the split checks."""
+import pytest
+
+from tracekit.core.config import TrainingConfig, parse_iteration_times_ms
+from tracekit.core.errors import ConfigError, InputError
+
+LOG = """\
+using world size: 8, data-parallel size: 2, context-parallel size: 1 tensor-model-parallel size: 2
+------------------------ arguments ------------------------
+  bf16 ............................................ True
+  fp16 ............................................ False
+  global_batch_size ............................... 32
+  hidden_size ..................................... 2048
+  micro_batch_size ................................ 2
+  num_attention_heads ............................. 16
+  num_layers ...................................... 24
+  pipeline_model_parallel_size .................... 2
+  recompute_granularity ........................... None
+  seq_length ...................................... 2048
+  swiglu .......................................... True
+  tensor_model_parallel_size ...................... 2
+  world_size ...................................... 8
+-------------------- end of arguments ---------------------
+ [2026-11-22 01:02:03] iteration        1/      10 | elapsed time per iteration (ms): 1523.4 | lm loss: 1.1E+01
+ [2026-11-22 01:02:04] iteration        2/      10 | elapsed time per iteration (ms): 1010.9 | lm loss: 1.0E+01
+"""
+
+
+def test_megatron_log_block_and_derived_defaults():
+    config = TrainingConfig.from_megatron_log(LOG)
+    assert (config.tp, config.pp, config.dp, config.world_size) == (2, 2, 2, 8)
+    assert config.precision == "bf16" and config.swiglu and config.recompute_granularity == "none"
+    assert config.ffn_hidden_size == int(8 * 2048 / 3 / 64) * 64 == 5440  # Megatron's SwiGLU default
+    assert config.kv_channels == 2048 // 16 and config.num_query_groups == 16
+    assert config.num_microbatches == 32 // (2 * 2)
+    config.validate()
+    assert parse_iteration_times_ms(LOG) == [1523.4, 1010.9]
+
+
+def test_megatron_argv_flags():
+    argv = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32"
+            " --seq-length 4096 --micro-batch-size 4 --global-batch-size 64 --tensor-model-parallel-size 2"
+            " --pipeline-model-parallel-size 4 --fp16 --recompute-activations --use-distributed-optimizer"
+            " --group-query-attention --num-query-groups 8 --normalization RMSNorm --disable-bias-linear")
+    config = TrainingConfig.from_megatron_args(argv)
+    assert config.precision == "fp16" and config.recompute_granularity == "selective"
+    assert config.use_distributed_optimizer and not config.add_bias_linear
+    assert config.num_query_groups == 8 and config.normalization == "RMSNorm"
+    assert config.ffn_hidden_size == 4 * 4096
+    assert config.padded_vocab_size == 50432  # 50257 rounded up to a multiple of 128·tp = 256
+
+
+def test_csv_cells_with_notes_and_aliases():
+    config = TrainingConfig.from_mapping({
+        "num_layers": "24", "hidden_size": "1024", "num_attention_heads": "16", "seq_length": "1024",
+        "tp": "2", "pp": "1", "dp": "4", "global_batch_size": "16", "micro_batch_size": "2",
+        "activation_recompute": "full (use_checkpoint=true)", "precision": "fp16 mixed (vTrain model uses .half())",
+        "virtual_pipeline_stages": "1", "ffn_hidden_size": "",
+    })
+    assert config.recompute_granularity == "full" and config.precision == "fp16"
+    assert config.world_size == 8 and config.num_microbatches == 2 and config.vp == 1
+    assert config.ffn_hidden_size == 4096
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"tp": 3}, "num_attention_heads 16 is not divisible by tp 3"),
+        ({"pp": 5}, "num_layers 24 is not divisible by pp·vp"),
+        ({"global_batch_size": 10, "micro_batch_size": 4}, "global_batch_size 10 is not divisible"),
+        ({"num_gpus": 8, "dp": 2}, "world size 8"),
+        ({"pp": 2, "vp": 2, "global_batch_size": 3}, "interleaved schedule needs micro-batches"),
+    ],
+)
+def test_invalid_splits_are_named(overrides, message):
+    base = {"num_layers": 24, "hidden_size": 1024, "num_attention_heads": 16, "seq_length": 1024}
+    with pytest.raises(ConfigError, match=message.replace("·", ".").replace("(", r"\(")):
+        TrainingConfig.from_mapping({**base, **overrides}).validate()
+
+
+def test_world_size_not_divisible_raises_at_construction():
+    with pytest.raises(ConfigError, match="world size 6 is not divisible by tp·pp·cp = 4"):
+        TrainingConfig.from_mapping({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                                     "seq_length": 32, "tp": 2, "pp": 2, "world_size": 6})
+
+
+def test_config_files(tmp_path):
+    good = tmp_path / "c.yaml"
+    good.write_text("num_layers: 4\nhidden_size: 256\nnum_attention_heads: 8\nseq_length: 128\ntp: 2\n")
+    assert TrainingConfig.from_file(good).tp == 2
+    log = tmp_path / "train.log"
+    log.write_text(LOG)
+    assert TrainingConfig.from_file(log).hidden_size == 2048
+    bad = tmp_path / "c.json"
+    bad.write_text("{not json")
+    with pytest.raises(InputError, match=r"c\.json: not valid JSON"):
+        TrainingConfig.from_file(bad)
+    incomplete = tmp_path / "d.json"
+    incomplete.write_text('{"num_layers": 2}')
+    with pytest.raises(InputError, match="lacks hidden_size, num_attention_heads, seq_length"):
+        TrainingConfig.from_file(incomplete)

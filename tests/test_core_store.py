@@ -1,0 +1,67 @@
+"""SampleStore: atomic, idempotent appends partitioned by hardware and primitive."""
+import hashlib
+
+import pytest
+
+from tracekit.core.errors import StoreError
+from tracekit.core.samples import SCHEMA
+from tracekit.core.store import SampleStore
+
+
+def _rows(source, n=3, hardware="A100-SXM4-80GB"):
+    return [
+        {"hardware": hardware, "primitive": prim, "pass": "fwd", "m": float(i + 1), "n": 8.0, "k": 8.0,
+         "duration_us": 10.0 + i, "source": source}
+        for i, prim in zip(range(n), ["gemm", "gemm", "norm"])
+    ]
+
+
+def _tree_digest(root):
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def test_add_is_idempotent_and_partitioned(tmp_path):
+    store = SampleStore(tmp_path / "s")
+    assert store.add("src1", _rows("src1")) == 3
+    assert store.add("src1", _rows("src1")) == 0
+    frame = store.read()
+    assert len(frame) == 3 and list(frame.columns) == SCHEMA.names
+    assert sorted(p.parent.name for p in (tmp_path / "s" / "samples").rglob("*.parquet")) == [
+        "primitive=gemm", "primitive=norm"]
+    assert len(store.read(primitive="gemm")) == 2
+    assert len(store.read(hardware="H100-80GB-HBM3")) == 0
+
+
+def test_failed_add_leaves_store_unchanged(tmp_path):
+    store = SampleStore(tmp_path / "s")
+    store.add("src1", _rows("src1"))
+    before = _tree_digest(tmp_path / "s")
+    bad = _rows("src2")
+    bad[2]["duration_us"] = "not a number"
+    with pytest.raises(Exception):
+        store.add("src2", bad)
+    with pytest.raises(StoreError, match="another source id"):
+        store.add("src3", _rows("src1"))
+    assert _tree_digest(tmp_path / "s") == before
+    assert set(store.sources()) == {"src1"}
+
+
+def test_unrecorded_files_are_invisible(tmp_path):
+    """Files of a source whose add never reached the manifest (a crash) are not read."""
+    store = SampleStore(tmp_path / "s")
+    store.add("src1", _rows("src1"))
+    orphan = next((tmp_path / "s" / "samples").rglob("src1.parquet"))
+    orphan.with_name("ghost.parquet").write_bytes(orphan.read_bytes())
+    assert len(store.read()) == 3
+
+
+def test_remove(tmp_path):
+    store = SampleStore(tmp_path / "s")
+    store.add("a", _rows("a"))
+    store.add("b", _rows("b", hardware="GH200-120GB"))
+    store.remove("a")
+    assert set(store.read()["hardware"]) == {"GH200-120GB"}
