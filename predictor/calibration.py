@@ -1,0 +1,79 @@
+"""Named calibrations: a few global constants that adapt operator estimates to a software stack / GPU variant the
+samples were not taken on (e.g. 40 GB A100s, 2023 Megatron-DeepSpeed). Stored as JSON under
+`tracekit/data/calibration/<name>.json` with how they were fitted; never applied unless asked for by name or path.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from tracekit.core.errors import InputError
+
+CALIBRATION_DIR = Path(__file__).resolve().parent.parent / "tracekit" / "data" / "calibration"
+
+#: The constants and what they multiply or add.
+CONSTANTS = {
+    "compute_scale": "× tensor-core ops (gemm, bmm, attention)",
+    "memory_scale": "× memory-bound ops (norm, softmax, activation, elementwise, embedding, cross-entropy, optimizer)",
+    "comm_scale": "× collectives and P2P transfers",
+    "microbatch_overhead_us": "+ per forward or backward call of one micro-batch on one model chunk",
+    "layer_overhead_us": "+ per layer per forward, backward or recompute pass",
+    "iteration_overhead_us": "+ per iteration",
+}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    name: str = "none"
+    compute_scale: float = 1.0
+    memory_scale: float = 1.0
+    comm_scale: float = 1.0
+    microbatch_overhead_us: float = 0.0
+    layer_overhead_us: float = 0.0
+    iteration_overhead_us: float = 0.0
+    description: str = ""
+    fit: dict[str, Any] = field(default_factory=dict)  # how it was obtained (data, rows, error before/after)
+
+    def values(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in CONSTANTS}
+
+    def with_values(self, **values: float) -> "Calibration":
+        data = asdict(self)
+        data.update(values)
+        return Calibration(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+NONE = Calibration()
+
+
+def available() -> list[str]:
+    """Names of the calibrations shipped with tracekit."""
+    return sorted(p.stem for p in CALIBRATION_DIR.glob("*.json"))
+
+
+def load_calibration(name_or_path: str | Path | None) -> Calibration:
+    """A shipped calibration by name, or a JSON file; None/'none' → no calibration."""
+    if name_or_path in (None, "", "none"):
+        return NONE
+    path = Path(name_or_path)
+    if not path.suffix and not path.exists():
+        path = CALIBRATION_DIR / f"{name_or_path}.json"
+        if not path.exists():
+            raise InputError(name_or_path, f"no such calibration (shipped: {', '.join(available()) or 'none'})")
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise InputError(path, f"cannot read ({exc.strerror or exc})") from exc
+    except ValueError as exc:
+        raise InputError(path, f"not valid JSON ({exc})") from exc
+    known = {f.name for f in fields(Calibration)}
+    unknown = set(data) - known
+    if not isinstance(data, dict) or unknown:
+        raise InputError(path, f"not a calibration file (unknown keys: {sorted(unknown)})")
+    data.setdefault("name", path.stem)
+    return Calibration(**data)

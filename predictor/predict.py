@@ -1,0 +1,330 @@
+"""Predict one training iteration of a Megatron GPT configuration on a cluster.
+
+Public API (stable; used by the CLI, `tracekit diff/validate` and capture):
+
+    predict(config: TrainingConfig, cluster: Cluster, models, calibration=None) -> Prediction
+    predict_many(configs, clusters, models, calibration=None) -> list[Prediction | Exception]
+
+`models` is anything with `predict(frame) -> frame` and `hardware_ids()` (`predictor.models.ModelSet`): it gets one
+frame of operator rows (hardware, primitive, pass, dtype, variant + FEATURE_COLUMNS) and returns `duration_us`,
+`path` ('model' | 'derived' | 'roofline') and `out_of_range` on the same index. `predict_many` builds every
+configuration's graph, de-duplicates the operator rows of all of them and asks the models ONCE; a configuration that
+cannot be built (ConfigError...) yields its exception in place. `clusters` is one Cluster for all or one per config.
+
+Pipeline: graph (predictor.graph) → frame of distinct ops → durations (models) → calibration constants
+(predictor.calibration) → schedule simulation (predictor.schedule) → Prediction.
+
+`Prediction.to_dict()` (the `--json` document), times in seconds unless the key ends in `_us`:
+    iteration_time_s, breakdown{compute, exposed_communication, pipeline_bubble, optimizer, other} (seconds, sum =
+    iteration time, for the busiest pipeline stage `critical_stage`), tflops_per_gpu, mfu, tokens_per_s,
+    memory_gb_per_gpu{weights, gradients, optimizer_state, activations, total}, warnings[],
+    top_operators[{name, pass, primitive, variant, time_s, share}] (busiest stage, per iteration),
+    fallbacks[{primitive, pass, variant, path, out_of_range, time_s}] (ops not estimated by a trained model in range),
+    per_stage[{stage, fwd_us, bwd_us (one micro-batch, all chunks of the stage, recompute in bwd), chunks[{chunk,
+        layers, fwd_us, bwd_us}], busy_s, idle_s}],
+    operators[{stage, primitive, pass, time_s, count}] (per iteration on one GPU of that stage; pass fwd|bwd|comm|
+        optimizer; recomputed forward ops count under fwd),
+    hardware, hardware_used, gpus_per_node, nodes, world_size, microbatches, schedule, calibration, config{...}.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from tracekit.core.config import TrainingConfig
+from tracekit.core.errors import ConfigError
+from tracekit.core.hardware import Cluster, hardware_spec
+from tracekit.core.samples import COLLECTIVE_PRIMITIVES, FEATURE_COLUMNS
+
+from .calibration import NONE, Calibration
+from .flops import throughput
+from .graph import Graph, OpUse, build_graph
+from .memory import memory_per_gpu
+from .schedule import Timeline, Work, simulate
+
+TENSOR_PRIMITIVES = ("gemm", "bmm", "attention")
+KEYS = ("hardware", "primitive", "pass", "dtype", "variant")
+
+
+@dataclass
+class Estimates:
+    """Per-spec estimates of one graph (µs), with how each was obtained."""
+
+    duration_us: np.ndarray
+    path: list[str]
+    out_of_range: np.ndarray
+
+
+@dataclass
+class Prediction:
+    config: TrainingConfig
+    cluster: Cluster
+    hardware_used: str
+    iteration_time_s: float
+    breakdown: dict[str, float]
+    tflops_per_gpu: float
+    mfu: float | None
+    tokens_per_s: float
+    memory_gb_per_gpu: dict[str, float]
+    warnings: list[str]
+    top_operators: list[dict]
+    fallbacks: list[dict]
+    per_stage: list[dict]
+    operators: list[dict]
+    critical_stage: int
+    calibration: Calibration
+    graph: Graph = field(repr=False)
+    timeline: Timeline = field(repr=False)
+    durations_us: np.ndarray = field(repr=False)  # calibrated, per spec of `graph`
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "iteration_time_s": self.iteration_time_s,
+            "breakdown": self.breakdown,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "mfu": self.mfu,
+            "tokens_per_s": self.tokens_per_s,
+            "memory_gb_per_gpu": self.memory_gb_per_gpu,
+            "warnings": self.warnings,
+            "top_operators": self.top_operators,
+            "fallbacks": self.fallbacks,
+            "per_stage": self.per_stage,
+            "operators": self.operators,
+            "critical_stage": self.critical_stage,
+            "hardware": self.cluster.hardware,
+            "hardware_used": self.hardware_used,
+            "gpus_per_node": self.cluster.gpus_per_node,
+            "nodes": -(-c.world_size // self.cluster.gpus_per_node),
+            "world_size": c.world_size,
+            "microbatches": c.num_microbatches,
+            "schedule": "interleaved" if c.vp > 1 else ("1f1b" if c.pp > 1 else "no pipeline"),
+            "calibration": self.calibration.name,
+            "config": c.to_dict(),
+        }
+
+
+def resolve_hardware(requested: str, available: Sequence[str]) -> tuple[str, str | None]:
+    """The installed hardware model to use for `requested`: itself, else the same GPU family (e.g. an A100 40 GB
+    → A100-SXM4-80GB models), else the requested id unchanged (the models then fall back to roofline)."""
+    if requested in available or not available:
+        return requested, None
+    spec = hardware_spec(requested)
+    family = requested.split("-")[0].upper()
+    for hw in available:
+        other = hardware_spec(hw)
+        if hw.split("-")[0].upper() == family or (spec is not None and other is not None and other.name == spec.name):
+            return hw, f"no models for {requested}; using {hw}'s models (same GPU family)"
+    return requested, f"no models for {requested} (installed: {', '.join(available)}); operators use roofline estimates"
+
+
+def predict(config: TrainingConfig, cluster: Cluster, models, calibration: Calibration | None = None) -> Prediction:
+    """One configuration; raises ConfigError/ModelError instead of returning them."""
+    result = predict_many([config], [cluster], models, calibration)[0]
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def predict_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence[Cluster], models,
+                 calibration: Calibration | None = None) -> list[Prediction | Exception]:
+    """Many configurations with one `models.predict` call over their de-duplicated operator rows."""
+    prepared = prepare_many(configs, clusters, models)
+    out: list[Prediction | Exception] = []
+    for item in prepared:
+        if isinstance(item, Exception):
+            out.append(item)
+            continue
+        try:
+            out.append(compose(*item, calibration=calibration))
+        except ConfigError as exc:
+            out.append(exc)
+    return out
+
+
+def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence[Cluster], models
+                 ) -> list[tuple[Graph, Estimates, Cluster, list[str]] | Exception]:
+    """Graphs and their (uncalibrated) operator estimates; the expensive half of `predict_many`, reusable when only
+    the calibration changes (calibration fitting recomposes these)."""
+    import pandas as pd
+
+    if isinstance(clusters, Cluster):
+        clusters = [clusters] * len(configs)
+    if len(clusters) != len(configs):
+        raise ValueError("give one cluster, or one per configuration")
+    available = list(models.hardware_ids())
+    built: list[tuple[Graph, Cluster, list[str]] | Exception] = []
+    rows: list[dict] = []
+    row_of: dict[tuple, int] = {}
+    spec_rows: list[np.ndarray] = []
+    for config, cluster in zip(configs, clusters):
+        try:
+            hardware, note = resolve_hardware(cluster.hardware, available)
+            graph = build_graph(config, hardware, cluster.gpus_per_node)
+        except (ConfigError, ValueError, ZeroDivisionError) as exc:
+            built.append(exc if isinstance(exc, ConfigError) else ConfigError(str(exc)))
+            continue
+        mapping = np.empty(len(graph.specs), dtype=np.int64)
+        for local_key, i in graph._index.items():
+            key = (hardware, config.precision) + local_key
+            j = row_of.get(key)
+            if j is None:
+                j = row_of[key] = len(rows)
+                rows.append(graph.specs[i])
+            mapping[i] = j
+        spec_rows.append(mapping)
+        built.append((graph, cluster, [note] if note else []))
+    if rows:
+        frame = pd.DataFrame(rows, columns=list(KEYS) + list(FEATURE_COLUMNS))
+        result = models.predict(frame)
+        duration = result["duration_us"].to_numpy(dtype="float64")
+        paths = result["path"].astype(str).to_numpy()
+        oor = result["out_of_range"].fillna(False).to_numpy(dtype=bool)
+    out: list = []
+    it = iter(spec_rows)
+    for item in built:
+        if isinstance(item, Exception):
+            out.append(item)
+            continue
+        graph, cluster, notes = item
+        idx = next(it)
+        est = Estimates(duration[idx], list(paths[idx]), oor[idx])
+        if not np.all(np.isfinite(est.duration_us)):
+            bad = [graph.specs[i]["variant"] for i in np.flatnonzero(~np.isfinite(est.duration_us))]
+            out.append(ConfigError(f"no estimate for operators {sorted(set(bad))} on {graph.hardware}"))
+            continue
+        out.append((graph, est, cluster, notes))
+    return out
+
+
+def calibrated_durations(graph: Graph, est: Estimates, cal: Calibration) -> np.ndarray:
+    """Estimates with the calibration's scale factors applied, per spec."""
+    prims = [s["primitive"] for s in graph.specs]
+    scale = np.array([
+        cal.comm_scale if p in COLLECTIVE_PRIMITIVES else cal.compute_scale if p in TENSOR_PRIMITIVES
+        else cal.memory_scale for p in prims
+    ])
+    return est.duration_us * scale
+
+
+def _work(ops: list[OpUse], dur: np.ndarray, layers: int, cal: Calibration) -> Work:
+    compute = comm = 0.0
+    for op in ops:
+        t = op.count * dur[op.spec]
+        if op.group:
+            comm += t
+        else:
+            compute += t
+    passes = 1 + any(op.recompute for op in ops)  # a backward with recompute runs each layer twice
+    return Work(compute, comm, cal.microbatch_overhead_us + cal.layer_overhead_us * layers * passes)
+
+
+def compose(graph: Graph, est: Estimates, cluster: Cluster, notes: list[str] | None = None,
+            calibration: Calibration | None = None) -> Prediction:
+    """Schedule simulation and reporting for one prepared graph."""
+    cal = calibration or NONE
+    c = graph.config
+    pp, vp, m = c.pp, c.vp, c.num_microbatches
+    dur = calibrated_durations(graph, est, cal)
+    fwd = [[_work(graph.segment(s, k).fwd, dur, graph.segment(s, k).layers, cal) for k in range(vp)]
+           for s in range(pp)]
+    bwd = [[_work(graph.segment(s, k).bwd, dur, graph.segment(s, k).layers, cal) for k in range(vp)]
+           for s in range(pp)]
+    buckets = [[dur[o.spec] for o in graph.grad_sync[s] if o.group == "dp"] for s in range(pp)]
+    embd = [sum(dur[o.spec] for o in graph.grad_sync[s] if o.group == "embd") for s in range(pp)]
+    optimizer = [float(dur[graph.optimizer[s].spec]) for s in range(pp)]
+    gather = [sum(dur[o.spec] for o in graph.param_gather[s]) for s in range(pp)]
+    timeline = simulate(
+        fwd, bwd, m, p2p_us=float(dur[graph.p2p]) if graph.p2p is not None else 0.0,
+        grad_buckets_us=buckets, overlap_grad=c.overlap_grad_reduce, embedding_sync_us=embd,
+        optimizer_us=optimizer, param_gather_us=gather, overlap_param_gather=c.overlap_param_gather,
+        iteration_overhead_us=cal.iteration_overhead_us,
+    )
+    seconds = timeline.iteration_us / 1e6
+    rates = throughput(c, graph.hardware, seconds)
+    memory, mem_warnings = memory_per_gpu(graph)
+    operators = _operators(graph, dur, m)
+    crit = timeline.critical_stage
+    warnings = list(notes or []) + mem_warnings
+    fallbacks = _fallbacks(graph, est, dur, m)
+    if fallbacks:
+        share = sum(f["time_s"] for f in fallbacks) / max(seconds, 1e-12)
+        warnings.append(f"{len(fallbacks)} operator kinds were not estimated by a trained model within its range "
+                        f"(see fallbacks); they account for about {100 * share:.0f}% of one GPU's busy time")
+    return Prediction(
+        config=c, cluster=cluster, hardware_used=graph.hardware, iteration_time_s=seconds,
+        breakdown={k: v / 1e6 for k, v in timeline.breakdown_us.items()},
+        tflops_per_gpu=rates["tflops_per_gpu"], mfu=rates["mfu"], tokens_per_s=rates["tokens_per_s"],
+        memory_gb_per_gpu=memory, warnings=warnings, top_operators=_top(graph, dur, m, crit, seconds),
+        fallbacks=fallbacks, per_stage=_per_stage(graph, fwd, bwd, timeline), operators=operators,
+        critical_stage=crit, calibration=cal, graph=graph, timeline=timeline, durations_us=dur,
+    )
+
+
+def _stage_ops(graph: Graph, stage: int, m: int):
+    """(op, pass, instances per iteration) of everything one GPU of `stage` runs."""
+    for k in range(graph.config.vp):
+        seg = graph.segment(stage, k)
+        for op in seg.fwd:
+            yield op, "comm" if op.group else "fwd", op.count * m
+        for op in seg.bwd:
+            yield op, "comm" if op.group else ("fwd" if op.recompute else "bwd"), op.count * m
+    if graph.p2p is not None:
+        sends = (graph.config.vp * 2 - (stage == 0) - (stage == graph.config.pp - 1)) * m
+        yield OpUse("p2p.send_recv", graph.p2p, group="pp"), "comm", sends
+    for op in graph.grad_sync[stage] + graph.param_gather[stage]:
+        yield op, "comm", 1
+    yield graph.optimizer[stage], "optimizer", 1
+
+
+def _operators(graph: Graph, dur: np.ndarray, m: int) -> list[dict]:
+    out = []
+    for stage in range(graph.config.pp):
+        agg: dict[tuple[str, str], list[float]] = {}
+        for op, pass_, n in _stage_ops(graph, stage, m):
+            key = (graph.specs[op.spec]["primitive"], pass_)
+            slot = agg.setdefault(key, [0.0, 0])
+            slot[0] += n * dur[op.spec]
+            slot[1] += n
+        out.extend({"stage": stage, "primitive": p, "pass": ps, "time_s": t / 1e6, "count": int(n)}
+                   for (p, ps), (t, n) in sorted(agg.items()))
+    return out
+
+
+def _top(graph: Graph, dur: np.ndarray, m: int, stage: int, seconds: float, limit: int = 10) -> list[dict]:
+    agg: dict[tuple[str, str], list] = {}
+    for op, pass_, n in _stage_ops(graph, stage, m):
+        spec = graph.specs[op.spec]
+        slot = agg.setdefault((op.name, pass_), [0.0, spec["primitive"], spec["variant"]])
+        slot[0] += n * dur[op.spec]
+    ranked = sorted(agg.items(), key=lambda kv: -kv[1][0])[:limit]
+    return [{"name": name, "pass": ps, "primitive": prim, "variant": var, "time_s": t / 1e6,
+             "share": t / 1e6 / seconds if seconds else 0.0} for (name, ps), (t, prim, var) in ranked]
+
+
+def _fallbacks(graph: Graph, est: Estimates, dur: np.ndarray, m: int) -> list[dict]:
+    time_of = np.zeros(len(graph.specs))
+    for stage in range(graph.config.pp):
+        for op, _, n in _stage_ops(graph, stage, m):
+            time_of[op.spec] += n * dur[op.spec]
+    out = []
+    for i, spec in enumerate(graph.specs):
+        if est.path[i] != "model" or est.out_of_range[i]:
+            out.append({"primitive": spec["primitive"], "pass": spec["pass"], "variant": spec["variant"],
+                        "path": est.path[i], "out_of_range": bool(est.out_of_range[i]),
+                        "time_s": time_of[i] / 1e6 / graph.config.pp})
+    return sorted(out, key=lambda f: -f["time_s"])
+
+
+def _per_stage(graph: Graph, fwd: list[list[Work]], bwd: list[list[Work]], timeline: Timeline) -> list[dict]:
+    out = []
+    for s in range(graph.config.pp):
+        chunks = [{"chunk": k, "layers": graph.segment(s, k).layers, "fwd_us": fwd[s][k].total,
+                   "bwd_us": bwd[s][k].total} for k in range(graph.config.vp)]
+        busy = sum(t.end - t.start for t in timeline.tasks[s])
+        out.append({"stage": s, "fwd_us": sum(ch["fwd_us"] for ch in chunks),
+                    "bwd_us": sum(ch["bwd_us"] for ch in chunks), "chunks": chunks,
+                    "busy_s": busy / 1e6, "idle_s": (timeline.tails[s].busy_end - busy) / 1e6})
+    return out
