@@ -1,0 +1,151 @@
+"""Run a user's launch command unchanged with profiling added, tee its output to the capture directory, write the
+manifest, then ingest the traces.
+
+Library entry point: `capture(out_dir, argv, steps=...) -> Manifest`.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+from tracekit.core.errors import ConfigError
+
+from .manifest import LOG_NAME, MANIFEST_NAME, Manifest, build, launcher_world, split_launch
+from .megatron_flags import StepRange, expected_trace_globs, parse_ranks, profiling_flags
+
+HOOK_DIR = Path(__file__).resolve().parent / "hook"
+HOOK_TRACES = "traces"
+MODES = ("auto", "megatron", "hook")
+
+
+def detect_mode(argv: list[str]) -> str:
+    """`megatron` when the command line itself carries Megatron's model flags (so its profiling flags can be
+    appended), else `hook` (e.g. a shell script, or a script that is not Megatron)."""
+    _, script_args = split_launch(argv)
+    return "megatron" if "--num-layers" in script_args else "hook"
+
+
+def run_teed(argv: list[str], log_path: Path, env: dict[str, str] | None = None, echo: bool = True) -> int:
+    """Run `argv`; copy its stdout/stderr line by line to ours and to `log_path`. Returns its exit code
+    (128 + N when killed by signal N, 127 when the command does not exist)."""
+    lock = threading.Lock()
+    with open(log_path, "wb") as log:
+        try:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        except OSError as exc:
+            message = f"tracekit capture: cannot start {argv[0]!r}: {exc.strerror or exc}\n".encode()
+            log.write(message)
+            if echo:
+                sys.stderr.buffer.write(message)
+            return 127
+
+        def pump(stream: BinaryIO, target: BinaryIO) -> None:
+            for line in iter(stream.readline, b""):
+                with lock:
+                    log.write(line)
+                    log.flush()
+                if echo:
+                    target.write(line)
+                    target.flush()
+
+        threads = [threading.Thread(target=pump, args=(proc.stdout, sys.stdout.buffer), daemon=True),
+                   threading.Thread(target=pump, args=(proc.stderr, sys.stderr.buffer), daemon=True)]
+        for thread in threads:
+            thread.start()
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:  # the terminal's SIGINT reached the child too; wait for it to wind down
+            code = proc.wait()
+        for thread in threads:
+            thread.join()
+    return 128 - code if code < 0 else code
+
+
+def find_traces(out_dir: Path, mode: str, layout: str | None) -> list[Path]:
+    globs = [f"{HOOK_TRACES}/rank-*.pt.trace.json"] if mode == "hook" else expected_trace_globs(layout or "tensorboard")
+    return sorted({p for pattern in globs for p in out_dir.glob(pattern) if p.is_file()})
+
+
+def capture(out_dir: str | Path, argv: list[str], steps: str | StepRange = "10-13", ranks: str = "all",
+            layout: str = "tensorboard", shapes: bool = True, mode: str = "auto", store: str | Path | None = None,
+            ingest: bool = True, echo: bool = True, progress: Callable | None = None) -> Manifest:
+    """Profile one run of `argv` into `out_dir` and return its manifest (also saved as `out_dir/manifest.json`).
+
+    Megatron-style commands (their own argv has `--num-layers`) get Megatron's profiling flags appended; anything
+    else is profiled by the import hook around optimizer steps. With `ingest` and a `store`, a successful run's
+    traces are ingested into that store and the result is recorded in `manifest.ingest`.
+    Raises ConfigError for unusable options or a directory that already holds a capture.
+    """
+    if not argv:
+        raise ConfigError("no launch command given (put it after --)")
+    if mode not in MODES:
+        raise ConfigError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    out = Path(out_dir)
+    if (out / MANIFEST_NAME).exists():
+        raise ConfigError(f"{out} already holds a capture (manifest.json); choose a new --out directory")
+    step_range = steps if isinstance(steps, StepRange) else StepRange.parse(steps)
+    mode = detect_mode(argv) if mode == "auto" else mode
+    env = dict(os.environ)
+    if mode == "megatron":
+        per_node, nodes = launcher_world(argv)
+        rank_list = parse_ranks(ranks, per_node * nodes if per_node else None)
+        run_argv = list(argv) + profiling_flags(out.resolve(), step_range, rank_list, layout, shapes)
+    else:
+        if step_range.start < 2:
+            raise ConfigError("the import hook profiles optimizer steps from 2 on (step 1 warms up); use START ≥ 2")
+        parse_ranks(ranks)  # validate
+        layout = None
+        run_argv = list(argv)
+        env.update(TRACEKIT_HOOK_DIR=str((out / HOOK_TRACES).resolve()), TRACEKIT_HOOK_STEPS=str(step_range),
+                   TRACEKIT_HOOK_RANKS=ranks)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HOOK_DIR), env.get("PYTHONPATH", "")) if p)
+    out.mkdir(parents=True, exist_ok=True)
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    t0 = time.perf_counter()
+    code = run_teed(run_argv, out / LOG_NAME, env=env, echo=echo)
+    traces = find_traces(out, mode, layout)
+    manifest = build(out, list(argv), code, mode, layout, str(step_range), traces, started, time.perf_counter() - t0)
+    if mode == "megatron":
+        manifest.notes.append("profiling flags appended: " + " ".join(run_argv[len(argv):]))
+    if not traces:
+        manifest.notes.append(f"no traces were written (did the run reach step {step_range.end}?)")
+    manifest.write(out)
+    if ingest and store is not None and traces and manifest.status == "ok":
+        manifest.ingest = ingest_traces(traces, store, progress)
+        manifest.write(out)
+    return manifest
+
+
+def ingest_traces(traces: list[Path], store: str | Path, progress: Callable | None = None) -> dict:
+    """Ingest the run's traces with the Kineto extractor; the outcome as a JSON-able summary."""
+    try:
+        from extractors.kineto import ingest_paths
+    except ImportError as exc:
+        return {"status": "unavailable", "error": f"the Kineto extractor cannot be imported ({exc})"}
+    from tracekit.core.store import SampleStore
+
+    try:
+        result = ingest_paths([str(p) for p in traces], SampleStore(store), progress=progress)
+    except Exception as exc:  # noqa: BLE001 - the capture stays usable; the failure is recorded
+        return {"status": "failed", "store": str(store), "error": f"{type(exc).__name__}: {exc}"}
+    return {"status": "ok", "store": str(store), "result": _jsonable(result)}
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if hasattr(value, "to_dict"):
+        return _jsonable(value.to_dict())
+    if hasattr(value, "__dict__"):
+        return _jsonable({k: v for k, v in vars(value).items() if not k.startswith("_")})
+    return str(value)
