@@ -99,7 +99,8 @@ def capture(out_dir: str | Path, argv: list[str], steps: str | StepRange = "10-1
     else:
         if step_range.start < 2:
             raise ConfigError("the import hook profiles optimizer steps from 2 on (step 1 warms up); use START ≥ 2")
-        parse_ranks(ranks)  # validate
+        if ranks.strip().lower() != "all":
+            parse_ranks(ranks)  # validate the list
         layout = None
         run_argv = list(argv)
         env.update(TRACEKIT_HOOK_DIR=str((out / HOOK_TRACES).resolve()), TRACEKIT_HOOK_STEPS=str(step_range),
