@@ -1,1 +1,83 @@
-"""PLACEHOLDER: replaced by the module that implements this command (see the issue that names it)."""
+"""`tracekit ingest`: Kineto traces → operator samples in the sample store."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .app import app
+from .output import EXIT_FAILED, EXIT_PARTIAL, console, err_console, print_json, progress, user_errors
+
+
+@app.command(
+    "ingest",
+    help=(
+        "Read PyTorch profiler (Kineto) traces and store every GPU operator's timing as classified, shaped samples.\n\n"
+        "PATH is a trace file (.json, .json.gz, *.pt.trace.json), a directory (all traces inside = one run, one "
+        "file per rank; collectives are matched across ranks) or a glob. Ingesting a file again adds nothing.\n\n"
+        "Example: tracekit ingest runs/job42/ --store .tracekit"
+    ),
+)
+def ingest(
+    paths: List[str] = typer.Argument(..., metavar="PATH...", help="Trace files, directories of rank traces, or globs."),
+    store: Optional[Path] = typer.Option(None, "--store", help="Sample store directory (default $TRACEKIT_HOME or ./.tracekit)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+) -> None:
+    from extractors.kineto import ingest_paths
+    from tracekit.core.store import SampleStore
+
+    with user_errors():
+        sample_store = SampleStore(store)
+        with progress(quiet=as_json) as bar:
+            task = bar.add_task("ingesting", total=None)
+
+            def advance(done: int, total: int, path) -> None:
+                bar.update(task, completed=done, total=total, description=f"ingesting {Path(path).name}")
+
+            result = ingest_paths(paths, sample_store, progress=advance)
+    for error in result.errors:
+        err_console.print(f"error: {error['path']}: {error['error']}", markup=False, soft_wrap=True)
+    if as_json:
+        print_json(result.as_json())
+    else:
+        for report, comm_bytes in zip(result.traces, result.collective_bytes):
+            _print_trace(report, comm_bytes)
+        if result.matched_collectives:
+            console.print(f"collectives matched across ranks: {result.matched_collectives}")
+        written = sum(r["samples_written"] for r in result.traces)
+        console.print(f"{len(result.traces)} trace(s) ingested, {written} samples written to {sample_store.root}")
+    if not result.traces:
+        raise typer.Exit(EXIT_FAILED)
+    if result.errors:
+        raise typer.Exit(EXIT_PARTIAL)
+
+
+def _print_trace(report: dict, comm_bytes: dict) -> None:
+    from rich.table import Table
+
+    rank = "?" if report["rank"] is None else report["rank"]
+    world = "?" if report["world_size"] is None else report["world_size"]
+    total = sum(p["time_us"] for p in report["primitives"].values()) or 1.0
+    title = (f"{Path(report['path']).name}\nhardware {report['hardware']} · rank {rank}/{world} · "
+             f"{report['iterations']} iterations · {report['kernels']} kernels · "
+             f"busy {report['gpu_busy_us'] / 1000:.1f} ms · unclassified {report['unclassified_share']:.1%} · "
+             f"{report['samples_written']} samples written")
+    table = Table(title=title, title_justify="left")
+    for name, justify in (("primitive", "left"), ("count", "right"), ("time (ms)", "right"), ("share", "right"),
+                          ("bytes", "right")):
+        table.add_column(name, justify=justify)
+    ordered = sorted(report["primitives"].items(), key=lambda kv: -kv[1]["time_us"])
+    for name, stats in ordered:
+        nbytes = comm_bytes.get(name)
+        table.add_row(name, str(stats["count"]), f"{stats['time_us'] / 1000:.3f}", f"{stats['time_us'] / total:.1%}",
+                      _human_bytes(nbytes) if nbytes else "")
+    console.print(table)
+
+
+def _human_bytes(value: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return str(value)

@@ -1,0 +1,42 @@
+"""Kineto (PyTorch profiler) traces → classified device events and operator samples.
+
+Public API (other parts of tracekit build on these names):
+
+- ``read_trace(path) -> KinetoTrace`` parses one .json / .json.gz trace, redacted (the trace's ``metadata``
+  environment block is never decoded or kept). Raises ``InputError(path, reason)`` for a truncated/corrupt gzip,
+  a file that is not JSON, JSON that is not a trace, a Chakra execution trace, a GPU run without device
+  activity, or a trace with nothing timed in it.
+- ``KinetoTrace``: ``path``, ``hardware`` (normalized id from deviceProperties; ``cpu-<model>`` for CPU runs;
+  ``unknown`` when the trace has no deviceProperties), ``rank`` / ``world_size`` (None when unknown),
+  ``iterations`` (list of ``(step_number, start_us, end_us)`` from ``ProfilerStep#N``; empty if none), ``kernels``
+  (events of category ``kernel`` in the file), ``size_bytes`` (uncompressed), ``base_time_ns``, ``is_cpu_run``,
+  and ``device_events`` (pandas DataFrame, columns ``EVENT_COLUMNS``), one row per GPU kernel / memcpy / memset
+  (on CPU runs: per timed top-level operator and gloo collective):
+
+  ``ts_us``, ``dur_us``  start and duration in µs on the trace's own clock (same clock as ``iterations``);
+  ``stream``             CUDA/HIP stream (thread id on CPU runs);  ``name`` kernel name (op name on CPU runs);
+  ``kind``               ``kernel`` | ``memcpy`` | ``memset`` | ``cpu_op``;
+  ``category``           ``computation`` | ``communication`` | ``memory``;
+  ``primitive``          one of tracekit.core.samples.PRIMITIVES (``other`` when unclassified);
+  ``pass``               ``fwd`` | ``bwd`` | ``optimizer`` | ``comm``;  ``dtype`` e.g. ``bf16`` (None if unknown);
+  ``op``                 launching operator (e.g. ``aten::addmm``; None when the launch is not in the trace);
+  ``iteration``          ProfilerStep number of the launch (-1 outside profiler steps);
+  FEATURE_COLUMNS        shape features (m, n, k, batch, heads, ..., bytes, group_size), NaN where not applicable;
+  ``process_group``, ``process_group_desc``, ``seq``  collective's group id/description and sequence in it;
+  ``wait_us``            collectives matched across ranks: time spent waiting for the slowest rank (else NaN);
+  ``layer``              innermost user annotation (Megatron/module range) around the op, else None;
+  ``launch_ts_us``       start of the runtime launch call (NaN if absent).
+- ``trace_samples(trace, source_id) -> DataFrame`` in the sample schema (collectives carry transfer time).
+- ``ingest_paths(paths, store, progress=None) -> IngestResult``: files, directories (one run each, rank files
+  matched for collectives) and globs into a SampleStore; ``IngestResult.as_json()`` is the ``--json`` document
+  ``{"traces": [...], "errors": [{"path", "error"}]}``.
+- ``match_collectives(frames)`` splits matched collectives of one run's ranks into wait and transfer.
+"""
+from .collectives import match_collectives
+from .ingest import IngestResult, find_runs, ingest_paths, trace_samples
+from .trace import EVENT_COLUMNS, KinetoTrace, read_trace
+
+__all__ = [
+    "EVENT_COLUMNS", "IngestResult", "KinetoTrace", "find_runs", "ingest_paths", "match_collectives", "read_trace",
+    "trace_samples",
+]

@@ -1,0 +1,108 @@
+"""CPU-only runs (torch.profiler on CPU, gloo collectives): top-level operators and collectives as device events.
+
+Without GPU kernels, an operator's own duration is its time: tracekit times the top-level aten operators (those
+with no enclosing cpu_op on their thread; nested ops are part of their parent's time) and the gloo collectives
+(`gloo:<kind>` annotations, or record_param_comms when it is the top-level op). Hardware is `cpu-<model>` from the
+trace's `cpu_model` key (tracekit's capture adds it with `prof.add_metadata`); torch does not record the CPU
+model itself, so other CPU traces get `cpu-unknown`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tracekit.core.hardware import normalize_hardware
+from tracekit.core.samples import FEATURE_COLUMNS
+
+from .classify import _is_pointwise, op_primitive
+from .collectives import assign_sequence, comm_info
+from .events import EventColumns
+from .linkage import link
+from .shapes import op_features
+
+
+def cpu_hardware(model: str | None) -> str:
+    return normalize_hardware("cpu-" + model) if model else "cpu-unknown"
+
+
+def cpu_events(c: EventColumns, world_size: int | None, backward_op):
+    """device_events frame of a CPU run (same columns as a GPU trace's)."""
+    import pandas as pd
+
+    from .trace import EVENT_COLUMNS
+
+    lk = link(c)
+    ctx = lk.ops
+    names = c.op_name
+    rows = []
+    comm_rows, comm_recorded, comm_pg, comm_ts = [], [], [], []
+    for i in range(len(names)):
+        name = names[i]
+        is_ann = bool(c.op_is_annotation[i])
+        comm_ann = is_ann and int(ctx.comm_annotation[i]) == i
+        if is_ann and not (comm_ann and ctx.cpu_op[i] < 0):
+            continue
+        if not is_ann and not ctx.top_level[i]:
+            continue
+        if c.op_dur[i] <= 0:
+            continue
+        row = {key: None for key in EVENT_COLUMNS}
+        row.update(ts_us=float(c.op_ts[i]), dur_us=float(c.op_dur[i]), name=name, op=name, kind="cpu_op",
+                   stream=int(c.threads[int(c.op_thread[i])][1]) if isinstance(c.threads[int(c.op_thread[i])][1], int)
+                   else -1)
+        if comm_ann or name == "record_param_comms":
+            ann = int(ctx.comm_annotation[i]) if comm_ann else _child_annotation(ctx, i)
+            info = comm_info(name, c.op_comm.get(i) if not is_ann else None, names[ann] if ann >= 0 else name,
+                             (c.op_dims[ann], c.op_types[ann]) if ann >= 0 else None,
+                             (c.op_dims[i], c.op_types[i]), world_size)
+            row.update(category="communication", primitive=info.primitive, dtype=info.dtype,
+                       process_group=info.process_group, process_group_desc=info.process_group_desc,
+                       bytes=info.bytes, group_size=info.group_size, **{"pass": "comm"})
+            comm_rows.append(len(rows))
+            comm_recorded.append(info.seq)
+            comm_pg.append(info.process_group)
+            comm_ts.append(row["ts_us"])
+        else:
+            op = name if "::" in name and not name.startswith("autograd::") else (backward_op(name) or name)
+            primitive = op_primitive(op) or ("elementwise" if _is_pointwise(op) else "other")
+            if ctx.optimizer[i] and primitive not in ("gemm", "bmm"):
+                primitive = "optimizer"
+            row.update(category="computation", primitive=primitive,
+                       **{"pass": "optimizer" if ctx.optimizer[i] else ("bwd" if ctx.backward[i] else "fwd")})
+            if primitive != "other" and op == name:
+                dtype, values = op_features(op, primitive, c.op_dims[i], c.op_types[i], c.op_concrete[i])
+                row["dtype"] = dtype
+                row.update(dict(values))
+        layer = int(ctx.layer[i])
+        row["layer"] = names[layer] if layer >= 0 else None
+        rows.append(row)
+    frame = pd.DataFrame(rows, columns=list(EVENT_COLUMNS))
+    if frame.empty:
+        return frame
+    for col in FEATURE_COLUMNS + ("wait_us", "launch_ts_us"):
+        frame[col] = frame[col].astype("float64")
+    if comm_rows:
+        seqs = assign_sequence(comm_pg, np.argsort(np.asarray(comm_ts), kind="stable"), comm_recorded)
+        seq_col = [None] * len(frame)
+        for row, seq in zip(comm_rows, seqs):
+            seq_col[row] = seq
+        frame["seq"] = pd.array(seq_col, dtype="Int64")
+    else:
+        frame["seq"] = pd.array([None] * len(frame), dtype="Int64")
+    starts = np.array([s[1] for s in lk.iterations])
+    if len(starts):
+        stops = np.array([s[2] for s in lk.iterations])
+        numbers = np.array([s[0] for s in lk.iterations])
+        ts = frame["ts_us"].to_numpy()
+        pos = np.searchsorted(starts, ts, side="right") - 1
+        ok = (pos >= 0) & (ts <= stops[np.maximum(pos, 0)])
+        frame["iteration"] = np.where(ok, numbers[np.maximum(pos, 0)], -1)
+    else:
+        frame["iteration"] = -1
+    frame["stream"] = frame["stream"].astype("int64")
+    return frame
+
+
+def _child_annotation(ctx, i: int) -> int:
+    """The gloo:/nccl: annotation directly inside record_param_comms `i` (-1 if none)."""
+    children = np.flatnonzero((ctx.parent == i) & (ctx.comm_annotation >= 0))
+    return int(children[0]) if len(children) else -1

@@ -1,0 +1,183 @@
+"""Orchestration: trace paths → runs → KinetoTraces → matched collectives → samples in the SampleStore."""
+from __future__ import annotations
+
+import glob
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from tracekit.core.errors import InputError, TracekitError
+from tracekit.core.hashing import file_digest
+from tracekit.core.samples import COLUMNS, FEATURE_COLUMNS
+
+from .collectives import match_collectives
+from .load import is_trace_name
+from .trace import KinetoTrace, read_trace
+
+
+@dataclass
+class IngestResult:
+    """`traces`: one report dict per ingested trace (the `--json` schema); `errors`: {path, error} per failure."""
+
+    traces: list = field(default_factory=list)
+    errors: list = field(default_factory=list)
+    collective_bytes: list = field(default_factory=list)  # per trace: {primitive: total message bytes}
+    matched_collectives: int = 0
+
+    def as_json(self) -> dict:
+        return {"traces": self.traces, "errors": self.errors}
+
+
+def find_runs(paths) -> tuple[list, list]:
+    """Expand PATH arguments (files, directories, globs) into runs (lists of trace files) and errors.
+
+    A directory is one run (every *.json / *.json.gz inside, recursively); files named directly are grouped into
+    one run per parent directory. Names that are not traces (README, CSV, ...) are skipped.
+    """
+    runs: dict = {}
+    errors = []
+    for arg in paths:
+        arg = str(arg)
+        matches = sorted(glob.glob(arg)) if any(ch in arg for ch in "*?[") else [arg]
+        if not matches:
+            errors.append(InputError(arg, "no such file or directory (the pattern matched nothing)"))
+            continue
+        for match in matches:
+            path = Path(match)
+            if path.is_dir():
+                files = sorted(p for p in path.rglob("*") if is_trace_name(p))
+                if not files:
+                    errors.append(InputError(path, "no trace files (*.json, *.json.gz) in this directory"))
+                    continue
+                runs.setdefault(("dir", str(path.resolve())), []).extend(files)
+            elif path.is_file():
+                runs.setdefault(("files", str(path.resolve().parent)), []).append(path)
+            else:
+                errors.append(InputError(path, "no such file or directory"))
+    out = []
+    for files in runs.values():
+        seen, unique = set(), []
+        for f in files:
+            key = f.resolve()
+            if key not in seen:
+                seen.add(key)
+                unique.append(f)
+        out.append(unique)
+    return out, errors
+
+
+def rank_sets(traces: list) -> list:
+    """Groups of traces that are ranks of one job: same hardware and world size > 1, one trace per rank."""
+    groups: dict = {}
+    for trace in traces:
+        if trace.rank is None or not trace.world_size or trace.world_size < 2:
+            continue
+        groups.setdefault((trace.hardware, trace.world_size), []).append(trace)
+    out = []
+    for members in groups.values():
+        ranks = [t.rank for t in members]
+        if len(members) >= 2 and len(set(ranks)) == len(ranks):
+            out.append(members)
+    return out
+
+
+def trace_samples(trace: KinetoTrace, source_id: str):
+    """The trace's device events as rows of the sample schema (collectives carry their transfer time)."""
+    import pandas as pd
+
+    ev = trace.device_events
+    wait = ev["wait_us"].to_numpy(dtype=float)
+    dur = ev["dur_us"].to_numpy(dtype=float)
+    duration = np.where(np.isnan(wait), dur, dur - np.nan_to_num(wait))
+    iteration = ev["iteration"].to_numpy()
+    frame = pd.DataFrame({
+        "hardware": trace.hardware,
+        "primitive": ev["primitive"].to_numpy(),
+        "pass": ev["pass"].to_numpy(),
+        "dtype": ev["dtype"].to_numpy(),
+        "variant": ev["op"].to_numpy(),
+        **{name: ev[name].to_numpy(dtype=float) for name in FEATURE_COLUMNS},
+        "duration_us": duration,
+        "wait_us": wait,
+        "process_group": ev["process_group"].to_numpy(),
+        "stream": ev["stream"].to_numpy(),
+        "rank": trace.rank,
+        "iteration": pd.array([int(x) if x >= 0 else None for x in iteration.tolist()], dtype="Int64"),
+        "kernel": ev["name"].to_numpy(),
+        "source": source_id,
+        "source_path": trace.path.name,
+    })
+    return frame[list(COLUMNS)]
+
+
+def busy_time(ev) -> float:
+    """Time (µs) during which at least one device event ran (union of their intervals)."""
+    if ev.empty:
+        return 0.0
+    start = ev["ts_us"].to_numpy()
+    end = start + ev["dur_us"].to_numpy()
+    order = np.argsort(start, kind="stable")
+    start, end = start[order], end[order]
+    reach = np.maximum.accumulate(end)
+    new_block = np.empty(len(start), bool)
+    new_block[0] = True
+    new_block[1:] = start[1:] > reach[:-1]
+    block_start = start[new_block]
+    block_end = np.maximum.reduceat(end, np.flatnonzero(new_block))
+    return float(np.sum(block_end - block_start))
+
+
+def trace_report(trace: KinetoTrace, written: int) -> dict:
+    ev = trace.device_events
+    by_prim = ev.groupby("primitive", sort=True)["dur_us"].agg(["count", "sum"])
+    total = float(ev["dur_us"].sum())
+    other = float(by_prim.loc["other", "sum"]) if "other" in by_prim.index else 0.0
+    return {
+        "path": str(trace.path),
+        "hardware": trace.hardware,
+        "rank": trace.rank,
+        "world_size": trace.world_size,
+        "iterations": len(trace.iterations),
+        "kernels": trace.kernels,
+        "gpu_busy_us": round(busy_time(ev), 3),
+        "primitives": {name: {"count": int(row["count"]), "time_us": round(float(row["sum"]), 3)}
+                       for name, row in by_prim.iterrows()},
+        "unclassified_share": round(other / total, 6) if total > 0 else 0.0,
+        "samples_written": int(written),
+    }
+
+
+def ingest_paths(paths, store, progress: Callable | None = None) -> IngestResult:
+    """Ingest trace files/directories/globs into `store` (a SampleStore). Never raises for a bad input file:
+    each failure becomes an entry of `errors` ({"path", "error"}) and the store is left unchanged for it."""
+    runs, path_errors = find_runs(paths)
+    result = IngestResult(errors=[{"path": e.path, "error": e.reason} for e in path_errors])
+    total = sum(len(r) for r in runs)
+    done = 0
+    for files in runs:
+        loaded = []
+        for path in files:
+            try:
+                source_id = file_digest(path)
+                loaded.append((read_trace(path), source_id))
+            except InputError as exc:
+                result.errors.append({"path": exc.path, "error": exc.reason})
+            except TracekitError as exc:
+                result.errors.append({"path": str(path), "error": str(exc)})
+            done += 1
+            if progress:
+                progress(done, total, path)
+        for members in rank_sets([t for t, _ in loaded]):
+            report = match_collectives([t.device_events for t in members])
+            result.matched_collectives += report.matched
+        for trace, source_id in loaded:
+            samples = trace_samples(trace, source_id)
+            meta = {"path": trace.path.name, "format": "kineto", "hardware": trace.hardware, "rank": trace.rank,
+                    "world_size": trace.world_size, "kernels": trace.kernels}
+            written = store.add(source_id, samples, meta)
+            result.traces.append(trace_report(trace, written))
+            comm = trace.device_events[trace.device_events["category"] == "communication"]
+            result.collective_bytes.append({k: float(v) for k, v in comm.groupby("primitive")["bytes"].sum().items()})
+    return result

@@ -1,0 +1,193 @@
+"""Link each device event to the host operator that launched it, and give every operator its context.
+
+Kernel → operator, both generations of Kineto:
+- every kernel/memcpy/memset carries the `correlation` id of its runtime/driver launch call (cudaLaunchKernel(ExC),
+  cuLaunchKernel(Ex), cudaGraphLaunch, hip*LaunchKernel, cudaMemcpyAsync, ...); the launch is nested in time inside
+  the innermost operator on the same thread, which is the launching op (old traces, RCCL generic kernels that carry
+  only `correlation`, and new ones alike);
+- newer traces also put the launching op's `External id` on the kernel, used when the launch call is missing.
+
+One sweep over each thread's operators (sorted by start, longest first) builds the nesting, and passes down what
+an operator inherits from its ancestors: backward (autograd engine / *Backward ops / fwdbwd flow targets),
+optimizer step, the enclosing record_param_comms and nccl:/gloo: annotation, and the innermost user annotation.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from .events import EventColumns
+
+_BACKWARD = re.compile(r"(^autograd::engine::evaluate_function)|(Backward\d*$)|(backward)", re.I)
+_OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)|optimizer\.step|^aten::_fused_(adam|sgd)|^_fused_adam", re.I)
+_COMM_ANNOTATION = re.compile(r"^(nccl|gloo|rccl|hccl|mpi|ucc):", re.I)
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_NOT_LAYER = re.compile(r"^(ProfilerStep#|(nccl|gloo|rccl|hccl|ucc):|##|PyTorch Profiler|record_param_comms)")
+
+
+@dataclass
+class OpContext:
+    """Per host operator (row of EventColumns.op_*): nesting and inherited context (-1 = none)."""
+
+    parent: np.ndarray
+    cpu_op: np.ndarray  # nearest cpu_op ancestor-or-self
+    comm_op: np.ndarray  # nearest record_param_comms ancestor-or-self
+    comm_annotation: np.ndarray  # nearest nccl:/gloo: annotation ancestor-or-self
+    layer: np.ndarray  # innermost user annotation that names a module/region
+    backward: np.ndarray  # bool
+    optimizer: np.ndarray  # bool
+    top_level: np.ndarray  # bool: cpu_op without a cpu_op ancestor
+
+
+@dataclass
+class Linkage:
+    ops: OpContext
+    dev_op: np.ndarray  # innermost host op enclosing the launch (-1 when unknown)
+    dev_launch_ts: np.ndarray  # ts of the launch call (NaN when not in the trace)
+    iterations: list  # (step, start_us, end_us), sorted by start
+    dev_iteration: np.ndarray  # step number, -1 outside profiler steps
+
+
+def _name_flags(names: list) -> dict:
+    flags = {}
+    for name in set(names):
+        flags[name] = (
+            bool(_BACKWARD.search(name)),
+            bool(_OPTIMIZER.search(name)),
+            bool(_COMM_ANNOTATION.match(name)),
+            not _NOT_LAYER.match(name),
+        )
+    return flags
+
+
+def op_context(c: EventColumns) -> tuple[OpContext, np.ndarray]:
+    """Nest operators per thread; returns their context and, per runtime call, its innermost enclosing op."""
+    n_ops, n_rt = len(c.op_ts), len(c.rt_ts)
+    ts = np.concatenate([c.op_ts, c.rt_ts])
+    dur = np.concatenate([c.op_dur, np.zeros(n_rt)])
+    thread = np.concatenate([c.op_thread, c.rt_thread])
+    is_rt = np.concatenate([np.zeros(n_ops, bool), np.ones(n_rt, bool)])
+    order = np.lexsort((is_rt, -dur, ts, thread))
+
+    parent = np.full(n_ops, -1, np.int64)
+    cpu_op = np.full(n_ops, -1, np.int64)
+    comm_op = np.full(n_ops, -1, np.int64)
+    comm_ann = np.full(n_ops, -1, np.int64)
+    layer = np.full(n_ops, -1, np.int64)
+    backward = np.zeros(n_ops, bool)
+    optimizer = np.zeros(n_ops, bool)
+    rt_op = np.full(n_rt, -1, np.int64)
+
+    flags = _name_flags(c.op_name)
+    names = c.op_name
+    is_ann = c.op_is_annotation.tolist()
+    ends = (c.op_ts + c.op_dur).tolist()
+    ts_l, thread_l = ts.tolist(), thread.tolist()
+    flow_ends = c.bwd_flow_ends
+    par_l, cpu_l, cop_l, cann_l, lay_l = [-1] * n_ops, [-1] * n_ops, [-1] * n_ops, [-1] * n_ops, [-1] * n_ops
+    bwd_l, opt_l = [False] * n_ops, [False] * n_ops
+    rt_l = [-1] * n_rt
+
+    stack: list = []
+    current_thread = None
+    for idx in order.tolist():
+        t = ts_l[idx]
+        th = thread_l[idx]
+        if th != current_thread:
+            stack = []
+            current_thread = th
+        while stack and ends[stack[-1]] <= t:
+            stack.pop()
+        if idx >= n_ops:
+            if stack:
+                rt_l[idx - n_ops] = stack[-1]
+            continue
+        i = idx
+        name = names[i]
+        is_bwd, is_opt, is_comm_ann, is_layer = flags[name]
+        if stack:
+            p = stack[-1]
+            par_l[i] = p
+            cpu_l[i] = cpu_l[p]
+            cop_l[i] = cop_l[p]
+            cann_l[i] = cann_l[p]
+            lay_l[i] = lay_l[p]
+            bwd_l[i] = bwd_l[p] or is_bwd
+            opt_l[i] = opt_l[p] or is_opt
+        else:
+            bwd_l[i] = is_bwd
+            opt_l[i] = is_opt
+        if not bwd_l[i] and flow_ends and (th, t) in flow_ends:
+            bwd_l[i] = True
+        if is_ann[i]:
+            if is_comm_ann:
+                cann_l[i] = i
+            elif is_layer:
+                lay_l[i] = i
+        else:
+            cpu_l[i] = i
+            if name == "record_param_comms":
+                cop_l[i] = i
+        stack.append(i)
+
+    parent[:] = par_l
+    cpu_op[:] = cpu_l
+    comm_op[:] = cop_l
+    comm_ann[:] = cann_l
+    layer[:] = lay_l
+    backward[:] = bwd_l
+    optimizer[:] = opt_l
+    rt_op[:] = rt_l
+    top_level = ~c.op_is_annotation & (np.where(parent >= 0, cpu_op[np.maximum(parent, 0)], -1) < 0)
+    return OpContext(parent, cpu_op, comm_op, comm_ann, layer, backward, optimizer, top_level), rt_op
+
+
+def _lookup(keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """For each query, the value at the matching key (first occurrence), or -1."""
+    if len(keys) == 0:
+        return np.full(len(queries), -1, np.int64)
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    pos = np.clip(np.searchsorted(sorted_keys, queries), 0, len(keys) - 1)
+    found = (sorted_keys[pos] == queries) & (queries >= 0)
+    return np.where(found, values[order][pos], -1)
+
+
+def profiler_steps(c: EventColumns) -> list:
+    """(step number, start µs, end µs) of every ProfilerStep#N annotation, sorted by start."""
+    steps = []
+    for i, name in enumerate(c.op_name):
+        if name.startswith("ProfilerStep#"):
+            m = _STEP.match(name)
+            if m:
+                steps.append((int(m.group(1)), float(c.op_ts[i]), float(c.op_ts[i] + c.op_dur[i])))
+    steps.sort(key=lambda s: s[1])
+    return steps
+
+
+def link(c: EventColumns) -> Linkage:
+    ops, rt_op = op_context(c)
+    rt_index = _lookup(c.rt_corr, np.arange(len(c.rt_corr)), c.dev_corr)
+    has_rt = rt_index >= 0
+    dev_op = np.where(has_rt, rt_op[np.maximum(rt_index, 0)] if len(rt_op) else -1, -1)
+    launch_ts = np.where(has_rt, c.rt_ts[np.maximum(rt_index, 0)] if len(c.rt_ts) else np.nan, np.nan)
+    # newer traces: the kernel's External id names its op (used where the launch call is missing)
+    new_generation = bool(np.any((c.dev_ext >= 0) & (c.dev_ext != c.dev_corr)))
+    if new_generation:
+        missing = (dev_op < 0) & (c.dev_ext >= 0)
+        if missing.any():
+            by_ext = _lookup(c.op_ext, np.arange(len(c.op_ext)), c.dev_ext[missing])
+            dev_op[missing] = by_ext
+    steps = profiler_steps(c)
+    dev_iteration = np.full(len(c.dev_ts), -1, np.int64)
+    if steps:
+        starts = np.array([s[1] for s in steps])
+        stops = np.array([s[2] for s in steps])
+        numbers = np.array([s[0] for s in steps])
+        when = np.where(np.isnan(launch_ts), c.dev_ts, launch_ts)
+        pos = np.searchsorted(starts, when, side="right") - 1
+        ok = (pos >= 0) & (when <= stops[np.maximum(pos, 0)])
+        dev_iteration = np.where(ok, numbers[np.maximum(pos, 0)], -1)
+    return Linkage(ops, dev_op.astype(np.int64), launch_ts, steps, dev_iteration)

@@ -1,0 +1,113 @@
+"""Read a Kineto trace file (.json or .json.gz) into raw bytes and a redacted header, with clear refusals.
+
+Decoding is typed (msgspec): only the top-level keys tracekit needs are decoded, so a trace's `metadata`
+environment block is skipped by the parser and never becomes a Python object. The event array is handed on as
+raw JSON (`events_raw`) for `events.py` to decode in bounded chunks.
+"""
+from __future__ import annotations
+
+import gzip
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from tracekit.core.errors import InputError
+from tracekit.core.redact import redact
+
+#: File names ingest picks up from a directory or glob.
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+class _Header(msgspec.Struct, gc=False):
+    traceEvents: msgspec.Raw = msgspec.Raw(b"")
+    deviceProperties: Any = None
+    distributedInfo: Any = None
+    baseTimeNanoseconds: Any = None
+    schemaVersion: Any = None
+    cpu_model: Any = None  # tracekit convention: captures add the CPU model with prof.add_metadata("cpu_model", ...)
+    # keys that identify a Chakra execution trace (not Kineto)
+    nodes: msgspec.Raw = msgspec.Raw(b"")
+    schema: Any = None
+
+
+_HEADER = msgspec.json.Decoder(_Header)
+
+
+@dataclass
+class TraceFile:
+    """A trace file's redacted header and its raw event array."""
+
+    path: Path
+    size_bytes: int  # uncompressed JSON bytes
+    device_properties: list[dict] = field(default_factory=list)
+    distributed_info: dict = field(default_factory=dict)
+    base_time_ns: int | None = None
+    schema_version: Any = None
+    cpu_model: str | None = None
+    events_raw: msgspec.Raw | bytes = b""
+
+
+def is_trace_name(path: Path) -> bool:
+    """True for names ingest reads: *.json, *.json.gz (incl. *.pt.trace.json[.gz])."""
+    name = path.name.lower()
+    return path.is_file() and name.endswith(TRACE_SUFFIXES)
+
+
+def read_bytes(path: Path) -> bytes:
+    """The file's JSON bytes, gunzipped when needed; InputError for unreadable or truncated files."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(path, f"cannot read the file ({exc.strerror or exc})") from exc
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except EOFError as exc:
+            raise InputError(path, "truncated gzip file (the compressed stream ends early)") from exc
+        except (OSError, zlib.error) as exc:
+            raise InputError(path, f"corrupt gzip file ({exc})") from exc
+    elif path.name.lower().endswith(".gz"):
+        raise InputError(path, "named .gz but is not gzip-compressed")
+    return data
+
+
+def open_trace(path: str | Path) -> TraceFile:
+    """Parse the header of a Kineto trace; refuse files that are not Kineto traces, saying why."""
+    path = Path(path)
+    data = read_bytes(path)
+    if not data.strip():
+        raise InputError(path, "empty file")
+    try:
+        header = _HEADER.decode(data)
+    except msgspec.ValidationError:
+        # valid JSON but not an object: a bare event array is a Chrome trace too
+        try:
+            first = msgspec.json.decode(data, type=list[msgspec.Raw])
+        except msgspec.ValidationError:
+            raise InputError(path, "JSON but not a trace (neither an object with traceEvents nor an event array)")
+        except msgspec.DecodeError as exc:
+            raise InputError(path, f"not valid JSON ({exc})") from exc
+        del first
+        return TraceFile(path=path, size_bytes=len(data), events_raw=data)
+    except msgspec.DecodeError as exc:
+        raise InputError(path, f"not valid JSON ({exc})") from exc
+    if not len(memoryview(header.traceEvents)):
+        if bytes(header.nodes) and header.schema is not None:
+            raise InputError(path, "a Chakra execution trace (nodes/schema), not a Kineto profiler trace")
+        raise InputError(path, "JSON but not a Kineto trace (no traceEvents)")
+    devices = header.deviceProperties if isinstance(header.deviceProperties, list) else []
+    dist = header.distributedInfo if isinstance(header.distributedInfo, dict) else {}
+    base = header.baseTimeNanoseconds
+    return TraceFile(
+        path=path,
+        size_bytes=len(data),
+        device_properties=[redact(d) for d in devices if isinstance(d, dict)],
+        distributed_info=redact(dist),
+        base_time_ns=int(base) if isinstance(base, (int, float)) else None,
+        schema_version=header.schemaVersion,
+        cpu_model=header.cpu_model if isinstance(header.cpu_model, str) else None,
+        events_raw=header.traceEvents,
+    )

@@ -1,0 +1,186 @@
+"""`read_trace`: one Kineto trace file → a KinetoTrace with one classified row per device event."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from tracekit.core.errors import InputError
+from tracekit.core.hardware import normalize_hardware
+from tracekit.core.samples import FEATURE_COLUMNS
+
+from .classify import classify, is_comm_kernel
+from .collectives import assign_sequence, comm_info
+from .cpu import cpu_events, cpu_hardware
+from .events import EventColumns, decode_events
+from .linkage import Linkage, link, profiler_steps
+from .load import open_trace
+
+#: Columns of KinetoTrace.device_events, in order (FEATURE_COLUMNS sit between `iteration` and the collective fields).
+EVENT_COLUMNS = (
+    "ts_us", "dur_us", "stream", "name", "kind", "category", "primitive", "pass", "dtype", "op", "iteration",
+    *FEATURE_COLUMNS, "process_group", "process_group_desc", "seq", "wait_us", "layer", "launch_ts_us",
+)
+
+
+@dataclass
+class KinetoTrace:
+    """A parsed, redacted Kineto trace (never holds the trace's `metadata`/environment block).
+
+    `device_events` has one row per GPU kernel / memcpy / memset (on CPU runs: per timed top-level op and gloo
+    collective); see EVENT_COLUMNS and the package docstring for the meaning of each column.
+    """
+
+    path: Path
+    hardware: str
+    rank: int | None
+    world_size: int | None
+    iterations: list  # [(step_number, start_us, end_us)] from ProfilerStep#N, sorted by start
+    device_events: object  # pandas DataFrame
+    kernels: int = 0  # events of category `kernel` in the file
+    size_bytes: int = 0  # uncompressed JSON bytes
+    base_time_ns: int | None = None
+    is_cpu_run: bool = False
+    backend: str | None = None
+    device_properties: list = field(default_factory=list)
+
+
+def _rank_info(dist: dict) -> tuple:
+    def as_int(value):
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            return None
+
+    rank = as_int(dist.get("rank"))
+    world = as_int(dist.get("world_size"))
+    return rank, world, dist.get("backend")
+
+
+def _camel_to_op(name: str) -> str | None:
+    """'autograd::engine::evaluate_function: AddmmBackward0' → 'aten::addmm' (None if no backward node)."""
+    m = re.search(r"(\w+?)Backward\d*$", name)
+    if not m:
+        return None
+    return "aten::" + re.sub(r"(?<!^)(?=[A-Z])", "_", m.group(1)).lower()
+
+
+def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None):
+    import pandas as pd
+
+    from .shapes import op_features
+
+    n = len(c.dev_ts)
+    ctx = lk.ops
+    cols = {name: [None] * n for name in ("primitive", "pass", "dtype", "op", "category", "process_group",
+                                            "process_group_desc", "seq", "layer")}
+    feats = {name: np.full(n, np.nan) for name in FEATURE_COLUMNS}
+    names = c.dev_name
+    op_names = c.op_name
+    dev_op = lk.dev_op.tolist()
+    comm_rows, comm_recorded, comm_pg = [], [], []
+    for i in range(n):
+        kind = c.dev_kind[i]
+        kernel = names[i]
+        inner = dev_op[i]
+        launcher = -1
+        if inner >= 0:
+            launcher = int(ctx.cpu_op[inner]) if ctx.cpu_op[inner] >= 0 else inner
+        op = op_names[launcher] if launcher >= 0 else None
+        fields = c.dev_comm.get(i)
+        rpc = int(ctx.comm_op[inner]) if inner >= 0 else -1
+        ann = int(ctx.comm_annotation[inner]) if inner >= 0 else -1
+        if fields is None and rpc >= 0:
+            fields = c.op_comm.get(rpc)
+        if kind == "kernel" and (is_comm_kernel(kernel) or c.dev_comm.get(i) is not None):
+            info = comm_info(
+                kernel, fields, op_names[ann] if ann >= 0 else None,
+                (c.op_dims[ann], c.op_types[ann]) if ann >= 0 else None,
+                (c.op_dims[rpc], c.op_types[rpc]) if rpc >= 0 else None, world_size)
+            cols["primitive"][i] = info.primitive
+            cols["pass"][i] = "comm"
+            cols["category"][i] = "communication"
+            cols["dtype"][i] = info.dtype
+            cols["process_group"][i] = info.process_group
+            cols["process_group_desc"][i] = info.process_group_desc
+            feats["bytes"][i] = np.nan if info.bytes is None else info.bytes
+            feats["group_size"][i] = np.nan if info.group_size is None else info.group_size
+            comm_rows.append(i)
+            comm_recorded.append(info.seq)
+            comm_pg.append(info.process_group)
+        else:
+            in_opt = bool(ctx.optimizer[inner]) if inner >= 0 else False
+            primitive = classify(kind, kernel, op, in_opt)
+            cols["primitive"][i] = primitive
+            cols["category"][i] = "memory" if kind in ("memcpy", "memset") else "computation"
+            if inner >= 0 and in_opt:
+                cols["pass"][i] = "optimizer"
+            elif inner >= 0 and ctx.backward[inner]:
+                cols["pass"][i] = "bwd"
+            else:
+                cols["pass"][i] = "fwd"
+            if launcher >= 0 and primitive not in ("memcpy", "memset", "other"):
+                dtype, values = op_features(op, primitive, c.op_dims[launcher], c.op_types[launcher],
+                                            c.op_concrete[launcher])
+                cols["dtype"][i] = dtype
+                for key, value in values:
+                    feats[key][i] = value
+            elif kind in ("memcpy", "memset") and c.dev_bytes[i] >= 0:
+                feats["bytes"][i] = float(c.dev_bytes[i])
+        cols["op"][i] = op
+        if inner >= 0 and ctx.layer[inner] >= 0:
+            cols["layer"][i] = op_names[int(ctx.layer[inner])]
+    if comm_rows:
+        when = np.where(np.isnan(lk.dev_launch_ts), c.dev_ts, lk.dev_launch_ts)[comm_rows]
+        order = np.argsort(when, kind="stable")
+        seqs = assign_sequence(comm_pg, order, comm_recorded)
+        for row, seq in zip(comm_rows, seqs):
+            cols["seq"][row] = seq
+    frame = pd.DataFrame({
+        "ts_us": c.dev_ts, "dur_us": c.dev_dur, "stream": c.dev_stream, "name": names, "kind": c.dev_kind,
+        "category": cols["category"], "primitive": cols["primitive"], "pass": cols["pass"], "dtype": cols["dtype"],
+        "op": cols["op"], "iteration": lk.dev_iteration,
+        **feats,
+        "process_group": cols["process_group"], "process_group_desc": cols["process_group_desc"],
+        "seq": pd.array(cols["seq"], dtype="Int64"), "wait_us": np.full(n, np.nan), "layer": cols["layer"],
+        "launch_ts_us": lk.dev_launch_ts,
+    })
+    return frame
+
+
+def _gpu_listed(header_devices: list, backend: str | None) -> bool:
+    return bool(header_devices) or bool(backend and re.search(r"nccl|hccl|rccl", str(backend), re.I))
+
+
+def read_trace(path: str | Path) -> KinetoTrace:
+    """Parse one Kineto trace file. Raises InputError(path, reason) for anything that is not a usable trace."""
+    path = Path(path)
+    tf = open_trace(path)
+    try:
+        c = decode_events(tf.events_raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise InputError(path, f"malformed trace events ({exc})") from exc
+    tf.events_raw = b""
+    rank, world, backend = _rank_info(tf.distributed_info)
+    devices = [d.get("name", "") for d in tf.device_properties]
+    base = dict(path=path, rank=rank, world_size=world, kernels=c.kernel_events, size_bytes=tf.size_bytes,
+                base_time_ns=tf.base_time_ns, backend=backend, device_properties=tf.device_properties)
+    if len(c.dev_ts):
+        lk = link(c)
+        frame = _gpu_events(c, lk, world)
+        hardware = normalize_hardware(devices[0]) if devices and devices[0] else "unknown"
+        return KinetoTrace(hardware=hardware, iterations=lk.iterations, device_events=frame, **base)
+    timed = np.count_nonzero(c.op_dur > 0) if len(c.op_dur) else 0
+    if not timed:
+        raise InputError(path, "nothing timed in it (no device kernels and no operators with durations)")
+    if _gpu_listed(devices, backend):
+        raise InputError(path, "a GPU run whose trace holds no device kernels (GPU activity was not recorded); "
+                               "its CPU-side operator times are not operator times")
+    frame = cpu_events(c, world, _camel_to_op)
+    if frame.empty:
+        raise InputError(path, "nothing timed in it (no device kernels, top-level operators or collectives)")
+    return KinetoTrace(hardware=cpu_hardware(tf.cpu_model), iterations=profiler_steps(c), device_events=frame,
+                       is_cpu_run=True, **base)
