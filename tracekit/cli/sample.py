@@ -1,1 +1,57 @@
-"""PLACEHOLDER: replaced by the module that implements this command (see the issue that names it)."""
+"""`tracekit sample`: micro-benchmark operator primitives on this machine into the sample store."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from .app import app
+from .output import console, print_json, progress, user_errors
+
+
+@app.command("sample")
+def sample_command(
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    primitives: str = typer.Option(
+        None, "--primitives",
+        help="Comma list (default all): gemm, attention, norm, elementwise, activation, embedding, cross_entropy, "
+        "optimizer, all_reduce, all_gather, reduce_scatter, send_recv.",
+    ),
+    budget: float = typer.Option(120.0, "--budget", help="Time budget in seconds (approximate)."),
+    ranks: int = typer.Option(2, "--ranks", help="Local processes for the collectives."),
+    dtype: str = typer.Option(None, "--dtype", help="fp32, bf16 or fp16 (default: fp32 on cpu, bf16 on cuda)."),
+    threads: int = typer.Option(1, "--threads", help="CPU threads for compute timings (torchrun's default is 1 per rank)."),
+    store: Path = typer.Option(None, "--store", help="Sample store (default $TRACEKIT_HOME or ./.tracekit)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Time each primitive over a small spread of transformer shapes (forward and backward, warm-up + repeats) and
+    collectives over local processes, then add the samples to the store under this device's hardware id.
+
+    Example: [bold]tracekit sample --device cpu --budget 60 --primitives gemm,attention,all_reduce --ranks 2[/bold]
+    """
+    from tracekit.core.store import SampleStore, default_store
+    from tracekit.sampling.run import parse_primitives, sample
+
+    with user_errors():
+        chosen = parse_primitives(primitives)
+        with progress(quiet=as_json) as bar:
+            task = bar.add_task(f"sampling {device}", total=100)
+            result = sample(device, chosen, budget, ranks, SampleStore(store or default_store()), dtype, threads,
+                            progress=lambda fraction: bar.update(task, completed=round(100 * fraction)))
+    counts = result.counts()
+    summary = {"hardware": result.hardware, "device": result.device, "dtype": result.dtype, "source": result.source,
+               "seconds": round(result.seconds, 1), "stopped_by_budget": result.stopped_by_budget,
+               "samples": counts, "store": str(store or default_store())}
+    if as_json:
+        print_json(summary)
+        return
+    from rich.table import Table
+
+    table = Table(title=f"samples on {result.hardware} ({result.dtype}, {summary['seconds']} s)")
+    table.add_column("primitive")
+    table.add_column("samples", justify="right")
+    for name, count in sorted(counts.items()):
+        table.add_row(name, str(count))
+    console.print(table)
+    if result.stopped_by_budget:
+        console.print("the budget ran out before every shape was timed; a larger --budget times more shapes")

@@ -101,6 +101,7 @@ def parse_args(argv: list[str] | None, world_size: int, cuda: bool) -> argparse.
                      f"{args.micro_batch_size}·{args.data_parallel_size}")
     args.num_micro_batches = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
     args.params_dtype = "torch.bfloat16" if args.bf16 else "torch.float16" if args.fp16 else "torch.float32"
+    args.accumulate_allreduce_grads_in_fp32 = bool(args.bf16)
     if args.distributed_backend is None:
         args.distributed_backend = "nccl" if cuda else "gloo"
     if args.trace_layout is None:

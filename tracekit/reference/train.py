@@ -19,12 +19,15 @@ from .schedule import P2P, one_f_one_b
 DTYPES = {"torch.bfloat16": torch.bfloat16, "torch.float16": torch.float16, "torch.float32": torch.float32}
 
 
-def _all_reduce_grads(params: list[torch.nn.Parameter], group, scale: float = 1.0) -> None:
-    """Sum (then scale) the gradients of `params` over `group` in one flat buffer, as Megatron's grad buffer does."""
+def _all_reduce_grads(params: list[torch.nn.Parameter], group, scale: float = 1.0, fp32: bool = False) -> None:
+    """Sum the (pre-scaled) gradients of `params` over `group` in one flat buffer, as Megatron's grad buffer does;
+    `fp32` reduces bf16 gradients in fp32 (Megatron's accumulate_allreduce_grads_in_fp32, on for bf16)."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads or dist.get_world_size(group) == 1:
         return
     flat = _flatten_dense_tensors(grads)
+    if fp32:
+        flat = flat.float()
     if scale != 1.0:
         flat.mul_(scale)
     dist.all_reduce(flat, group=group)
@@ -134,8 +137,8 @@ def train(argv: list[str] | None = None) -> int:
         if sp_params:
             _all_reduce_grads(sp_params, topo.tp_group)
         if shared is not None:
-            _all_reduce_grads([shared], topo.embedding_group)
-        _all_reduce_grads(params, topo.dp_group, scale=1.0 / topo.dp)
+            _all_reduce_grads([shared], topo.embedding_group, fp32=args.accumulate_allreduce_grads_in_fp32)
+        _all_reduce_grads(params, topo.dp_group, scale=1.0 / topo.dp, fp32=args.accumulate_allreduce_grads_in_fp32)
         optimizer.step()
         if topo.last_stage:
             loss = torch.tensor([sum(losses) / len(losses)], device=device)

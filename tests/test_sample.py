@@ -1,0 +1,69 @@
+"""`tracekit sample` on this CPU: real timings (torch, gloo over 2 processes) land in the store with sane features."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tracekit.core.hardware import cpu_hardware_id
+from tracekit.core.store import SampleStore
+
+TRACEKIT = [sys.executable, "-c", "from tracekit.cli import main; main()"]
+ASKED_BYTES = {2 ** e for e in range(10, 25)}  # 1 KiB … 16 MiB, the CPU message sizes
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*TRACEKIT, *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def sampled(tmp_path_factory):
+    store = tmp_path_factory.mktemp("sample") / "store"
+    done = _cli("sample", "--device", "cpu", "--budget", "20", "--primitives", "gemm,all_reduce", "--ranks", "2",
+                "--store", str(store), "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout), SampleStore(store)
+
+
+def test_samples_are_stored_under_this_cpu(sampled):
+    summary, store = sampled
+    frame = store.read()
+    assert set(frame["hardware"]) == {cpu_hardware_id()} == {summary["hardware"]}
+    assert set(frame["primitive"]) == {"gemm", "all_reduce"}
+    assert summary["samples"] == frame["primitive"].value_counts().to_dict()
+    assert list(store.sources()) == [summary["source"]]
+
+
+def test_gemm_rates_are_plausible_for_a_cpu(sampled):
+    _, store = sampled
+    gemm = store.read(primitive="gemm")
+    fwd = gemm[gemm["pass"] == "fwd"]
+    assert len(fwd) >= 10 and (fwd["batch"] == 1).all()
+    gflops = 2 * fwd["m"] * fwd["n"] * fwd["k"] / fwd["duration_us"] / 1e3
+    # one core of a laptop/server CPU in fp32: well above 0.5 GFLOP/s, far below 5 TFLOP/s
+    assert 0.5 < gflops.median() < 5000, gflops.describe()
+    # every forward shape also has its backward (dgrad + wgrad: twice the FLOPs, so it cannot be far quicker)
+    keys = ["variant", "m", "n", "k"]
+    merged = fwd.merge(gemm[gemm["pass"] == "bwd"], on=keys, suffixes=("_f", "_b"))
+    assert len(merged) == len(fwd)
+    assert (merged["duration_us_b"] / merged["duration_us_f"]).median() > 1.0
+
+
+def test_all_reduce_samples_carry_the_asked_message_sizes(sampled):
+    _, store = sampled
+    comm = store.read(primitive="all_reduce")
+    assert len(comm) >= 5
+    assert set(comm["bytes"]) <= ASKED_BYTES
+    assert (comm["numel"] * 4 == comm["bytes"]).all()  # fp32 elements
+    assert set(comm["group_size"]) == {2.0} and set(comm["ranks_per_node"]) == {2.0} and set(comm["nodes"]) == {1.0}
+    assert set(comm["pass"]) == {"comm"} and (comm["duration_us"] > 0).all()
+
+
+def test_bad_requests_fail_with_one_line(tmp_path):
+    for args in (["--primitives", "gemm,warp_drive"], ["--device", "tpu"], ["--budget", "0"],
+                 ["--primitives", "all_reduce", "--ranks", "1"]):
+        done = _cli("sample", "--store", str(tmp_path / "s"), *args)
+        assert done.returncode == 2 and done.stderr.startswith("error:") and done.stderr.count("\n") == 1, args
+    assert not (tmp_path / "s").exists()

@@ -1,0 +1,125 @@
+"""Time collectives over N local processes with torch.distributed (gloo on CPU, nccl on CUDA).
+
+`run_collectives` starts N copies of this module (`python -m tracekit.sampling.collectives`); each joins the group,
+times every case (barrier, operation, per-repeat maximum over ranks, median of repeats) and rank 0 prints one JSON
+line per finished case, which the parent turns into samples. Message sizes are bytes per rank: the whole tensor of
+an all-reduce, the input shard of an all-gather, the output shard of a reduce-scatter, the message of a send/recv.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Iterator
+
+from .shapes import Case
+
+_CASE_PREFIX = "TRACEKIT_CASE "
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_collectives(cases: list[Case], ranks: int, device: str, dtype: str, warmup: int, repeats: int,
+                    deadline: float) -> Iterator[tuple[Case, float]]:
+    """Yield (case, median µs) as the worker group finishes each case; stops at `deadline` (time.time())."""
+    if ranks < 2:
+        raise ValueError("collectives need at least 2 ranks")
+    spec = json.dumps({"cases": [[c.primitive, c.feature("bytes")] for c in cases], "device": device,
+                       "dtype": dtype, "warmup": warmup, "repeats": repeats, "deadline": deadline})
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(ranks),
+               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    procs = []
+    for rank in range(ranks):
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "tracekit.sampling.collectives", spec],
+            env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
+            stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        ))
+    try:
+        for line in procs[0].stdout:
+            if line.startswith(_CASE_PREFIX):
+                index, micros = json.loads(line[len(_CASE_PREFIX):])
+                yield cases[index], micros
+    finally:
+        errors = []
+        for rank, proc in enumerate(procs):
+            try:
+                _, err = proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+            if proc.returncode != 0:
+                errors.append(f"rank {rank} exited {proc.returncode}: {(err or '').strip().splitlines()[-1:]}")
+        if errors:
+            raise RuntimeError("collective workers failed: " + "; ".join(errors))
+
+
+def _operation(primitive: str, nbytes: int, world: int, rank: int, dtype, device) -> Callable[[], None]:
+    import torch
+    import torch.distributed as dist
+
+    numel = max(1, nbytes // torch.tensor([], dtype=dtype).element_size())
+    if primitive == "all_reduce":
+        buf = torch.ones(numel, dtype=dtype, device=device)
+        return lambda: dist.all_reduce(buf)
+    if primitive == "all_gather":
+        shard, out = torch.ones(numel, dtype=dtype, device=device), torch.empty(numel * world, dtype=dtype, device=device)
+        return lambda: dist.all_gather_single(out, shard)
+    if primitive == "reduce_scatter":
+        full, out = torch.ones(numel * world, dtype=dtype, device=device), torch.empty(numel, dtype=dtype, device=device)
+        return lambda: dist.reduce_scatter_single(out, full)
+    if primitive == "send_recv":  # ranks pair up 0→1, 2→3, ...; odd ranks receive
+        buf = torch.ones(numel, dtype=dtype, device=device)
+        peer = rank + 1 if rank % 2 == 0 else rank - 1
+        if peer >= world:
+            return lambda: None
+        return (lambda: dist.send(buf, peer)) if rank % 2 == 0 else (lambda: dist.recv(buf, peer))
+    raise ValueError(f"no collective recipe for {primitive!r}")
+
+
+def _worker(spec: dict) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from .compute import DTYPES
+
+    cuda = spec["device"] == "cuda"
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = torch.device(f"cuda:{rank}") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    dtype = DTYPES[spec["dtype"]]
+    flag = torch.zeros(1, device=device)
+    for index, (primitive, nbytes) in enumerate(spec["cases"]):
+        flag.fill_(1.0 if time.time() > spec["deadline"] else 0.0)
+        dist.broadcast(flag, 0)  # rank 0's clock decides, so every rank stops at the same case
+        if flag.item():
+            break
+        op = _operation(primitive, int(nbytes), world, rank, dtype, device)
+        times = []
+        for i in range(spec["warmup"] + spec["repeats"]):
+            dist.barrier()
+            t0 = time.perf_counter()
+            op()
+            if cuda:
+                torch.cuda.synchronize(device)
+            elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            if i >= spec["warmup"]:
+                times.append(float(elapsed))
+        if rank == 0:
+            print(_CASE_PREFIX + json.dumps([index, statistics.median(times) * 1e6]), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _worker(json.loads(sys.argv[1]))

@@ -1,0 +1,115 @@
+"""Time one compute operator shape, forward and backward, on the local device (median of repeats after warm-up).
+
+Backward is the operator's whole backward (e.g. a linear's dgrad + wgrad GEMMs), timed with the forward's
+features, as the seed paper's samples and the predictor's operator graph both use it."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .shapes import Case
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Timer:
+    def __init__(self, device: torch.device, warmup: int, repeats: int):
+        self.device, self.warmup, self.repeats = device, warmup, repeats
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def fwd_bwd(self, leaves: list[torch.Tensor], forward: Callable[[], torch.Tensor]) -> tuple[float, float]:
+        """Median forward and backward µs of `forward()` (its result is reduced by backward with ones)."""
+        fwd, bwd = [], []
+        grad = None
+        for i in range(self.warmup + self.repeats):
+            for leaf in leaves:
+                leaf.grad = None
+            self.sync()
+            t0 = time.perf_counter()
+            out = forward()
+            self.sync()
+            t1 = time.perf_counter()
+            if grad is None:
+                grad = torch.ones_like(out)
+            out.backward(grad)
+            self.sync()
+            t2 = time.perf_counter()
+            if i >= self.warmup:
+                fwd.append(t1 - t0)
+                bwd.append(t2 - t1)
+        return statistics.median(fwd) * 1e6, statistics.median(bwd) * 1e6
+
+    def once(self, step: Callable[[], None]) -> float:
+        times = []
+        for i in range(self.warmup + self.repeats):
+            self.sync()
+            t0 = time.perf_counter()
+            step()
+            self.sync()
+            if i >= self.warmup:
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1e6
+
+
+def _leaf(shape, dtype, device, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(shape, device=device, dtype=torch.float32) * scale).to(dtype).requires_grad_()
+
+
+def time_case(case: Case, dtype_name: str, timer: Timer) -> dict[str, float]:
+    """{pass: µs} for one case: {'fwd', 'bwd'} for layer operators, {'optimizer'} for an optimizer step."""
+    dtype, dev = DTYPES[dtype_name], timer.device
+    f = dict(case.features)
+    kind = case.primitive
+    if kind == "gemm":
+        x, w = _leaf((int(f["m"]), int(f["k"])), dtype, dev), _leaf((int(f["n"]), int(f["k"])), dtype, dev, 0.02)
+        fwd, bwd = timer.fwd_bwd([x, w], lambda: F.linear(x, w))
+    elif kind == "attention":
+        shape = (int(f["batch"]), int(f["heads"]), int(f["seq"]), int(f["head_dim"]))
+        q, k, v = (_leaf(shape, dtype, dev) for _ in range(3))
+        fwd, bwd = timer.fwd_bwd([q, k, v], lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    elif kind == "norm":
+        x = _leaf((int(f["rows"]), int(f["width"])), dtype, dev)
+        norm = torch.nn.LayerNorm(int(f["width"]), device=dev, dtype=dtype)
+        fwd, bwd = timer.fwd_bwd([x, *norm.parameters()], lambda: norm(x))
+    elif kind == "elementwise":
+        a, b = (_leaf((int(f["rows"]), int(f["width"])), dtype, dev) for _ in range(2))
+        fwd, bwd = timer.fwd_bwd([a, b], lambda: a + F.dropout(b, p=0.1))
+    elif kind == "activation":
+        x = _leaf((int(f["rows"]), int(f["width"])), dtype, dev)
+        fwd, bwd = timer.fwd_bwd([x], lambda: F.gelu(x))
+    elif kind == "embedding":
+        weight = _leaf((int(f["params"]), int(f["width"])), dtype, dev, 0.02)
+        tokens = torch.randint(0, int(f["params"]), (int(f["rows"]),), device=dev)
+        fwd, bwd = timer.fwd_bwd([weight], lambda: F.embedding(tokens, weight))
+    elif kind == "cross_entropy":
+        logits = _leaf((int(f["rows"]), int(f["width"])), dtype, dev)
+        target = torch.randint(0, int(f["width"]), (int(f["rows"]),), device=dev)
+        fwd, bwd = timer.fwd_bwd([logits], lambda: F.cross_entropy(logits.float(), target, reduction="none"))
+    elif kind == "optimizer":
+        return {"optimizer": _optimizer_step(int(f["params"]), int(f["width"]), dtype, timer)}
+    else:
+        raise ValueError(f"no timing recipe for primitive {kind!r}")
+    return {"fwd": fwd, "bwd": bwd}
+
+
+def _optimizer_step(params: int, width: int, dtype, timer: Timer) -> float:
+    """Adam over `params` weights in matrices `width` wide (fp32 main copies for fp16/bf16, as Megatron)."""
+    from tracekit.reference.train import MixedPrecisionAdam
+
+    rows = max(1, params // width)
+    tensors = [torch.nn.Parameter(torch.randn(min(rows - r, 4 * width), width, device=timer.device).to(dtype))
+               for r in range(0, rows, 4 * width)]
+    for t in tensors:
+        t.grad = torch.randn_like(t) * 1e-3
+    if dtype == torch.float32:
+        optimizer = torch.optim.Adam(tensors, lr=1e-4, weight_decay=0.01)
+        return timer.once(optimizer.step)
+    args = type("Args", (), {"lr": 1e-4, "adam_beta1": 0.9, "adam_beta2": 0.999, "weight_decay": 0.01})()
+    return timer.once(MixedPrecisionAdam(tensors, args).step)

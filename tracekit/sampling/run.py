@@ -1,0 +1,131 @@
+"""`tracekit sample`'s engine: time the chosen primitives on the local device within a budget and store the samples
+under this device's hardware id."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable
+
+from tracekit.core.errors import ConfigError
+from tracekit.core.hashing import bytes_digest
+from tracekit.core.hardware import cpu_hardware_id, normalize_hardware
+from tracekit.core.store import SampleStore
+
+from .shapes import COLLECTIVES, COMPUTE, SUPPORTED, Case, collective_cases, compute_cases, points
+
+SOURCE_PATH = "tracekit-sample"
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass
+class SampleRun:
+    hardware: str
+    device: str
+    dtype: str
+    source: str | None = None
+    rows: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+    stopped_by_budget: bool = False
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for row in self.rows:
+            out[row["primitive"]] = out.get(row["primitive"], 0) + 1
+        return out
+
+
+def parse_primitives(text: str | None) -> list[str]:
+    if not text:
+        return list(SUPPORTED)
+    wanted = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in wanted if p not in SUPPORTED]
+    if unknown:
+        raise ConfigError(f"cannot sample {', '.join(unknown)}; supported: {', '.join(SUPPORTED)}")
+    return wanted
+
+
+def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: float = 60.0, ranks: int = 2,
+           store: SampleStore | None = None, dtype: str | None = None, threads: int | None = 1,
+           warmup: int = 2, repeats: int = 5, progress: Callable[[float], None] | None = None) -> SampleRun:
+    """Time `primitives` (compute and/or collectives) for about `budget_s` seconds; add the samples to `store`.
+
+    `progress(fraction)` is called as the budget is used. Compute primitives run in this process with `threads`
+    torch threads (1 matches torchrun's OMP_NUM_THREADS=1 per rank); collectives over `ranks` local processes.
+    """
+    import torch
+
+    from .collectives import run_collectives
+    from .compute import DTYPES, Timer, time_case
+
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"device must be cpu or cuda, not {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available here")
+    dtype = dtype or ("bf16" if device == "cuda" else "fp32")
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    if budget_s <= 0:
+        raise ConfigError("the budget must be a positive number of seconds")
+    chosen = set(primitives or SUPPORTED)
+    compute = chosen & set(COMPUTE)
+    collectives = chosen & set(COLLECTIVES)
+    if collectives and ranks < 2:
+        raise ConfigError("collectives need --ranks of at least 2")
+    if threads and device == "cpu":
+        torch.set_num_threads(threads)
+    hardware = normalize_hardware(torch.cuda.get_device_name()) if device == "cuda" else cpu_hardware_id()
+    result = SampleRun(hardware, device, dtype)
+    start = time.time()
+    deadline = start + budget_s
+    compute_deadline = start + budget_s * (len(compute) / len(chosen)) if collectives else deadline
+
+    def report() -> None:
+        if progress:
+            progress(min(1.0, (time.time() - start) / budget_s))
+
+    timer = Timer(torch.device("cuda" if device == "cuda" else "cpu"), warmup, repeats)
+    seen: set[Case] = set()
+    for point in points(device):
+        if not compute or time.time() >= compute_deadline:
+            result.stopped_by_budget = bool(compute)
+            break
+        for case in compute_cases(point, compute):
+            if case in seen:
+                continue
+            if time.time() >= compute_deadline:
+                break
+            seen.add(case)
+            for pass_, micros in time_case(case, dtype, timer).items():
+                result.rows.append(_row(hardware, case, pass_, dtype, micros))
+            report()
+    if collectives:
+        cases = collective_cases(device, collectives, ranks)
+        done = 0
+        for case, micros in run_collectives(cases, ranks, device, dtype, warmup, repeats, deadline):
+            row = _row(hardware, case, "comm", dtype, micros)
+            row["numel"] = case.feature("bytes") / DTYPE_BYTES[dtype]
+            result.rows.append(row)
+            done += 1
+            report()
+        result.stopped_by_budget = result.stopped_by_budget or done < len(cases)
+    result.seconds = time.time() - start
+    if result.rows:
+        payload = json.dumps(result.rows, sort_keys=True).encode()
+        result.source = "sample-" + bytes_digest(payload)
+        for row in result.rows:
+            row["source"] = result.source
+        if store is not None:
+            store.add(result.source, result.rows, {
+                "kind": "sample", "path": SOURCE_PATH, "hardware": hardware, "device": device, "dtype": dtype,
+                "ranks": ranks if collectives else None,
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            })
+    return result
+
+
+def _row(hardware: str, case: Case, pass_: str, dtype: str, micros: float) -> dict:
+    return {"hardware": hardware, "primitive": case.primitive, "pass": pass_, "dtype": dtype,
+            "variant": case.variant, **dict(case.features), "duration_us": float(micros),
+            "kernel": f"tracekit.sample:{case.variant}", "source_path": SOURCE_PATH}

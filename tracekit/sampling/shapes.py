@@ -1,0 +1,121 @@
+"""Which shapes to time: the operators of a few GPT layer configurations spread over the range users ask about,
+not a dense grid (the seed paper's approach). Each configuration point gives the layer's operators with the same
+features the predictor's operator graph asks for, so samples and predictions line up.
+
+Points are visited in a fixed shuffled order so that a time budget that runs out still leaves a spread of sizes.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass, field
+
+#: Primitives `tracekit sample` can time.
+COMPUTE = ("gemm", "attention", "norm", "elementwise", "activation", "embedding", "cross_entropy", "optimizer")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+SUPPORTED = COMPUTE + COLLECTIVES
+COLLECTIVE_VARIANTS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
+                       "send_recv": "p2p"}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One GPT layer configuration on one tensor-parallel rank."""
+
+    hidden: int
+    heads: int
+    seq: int
+    micro_batch: int
+    tp: int
+    vocab: int
+
+    @property
+    def rows(self) -> int:
+        return self.seq * self.micro_batch
+
+    @property
+    def ffn(self) -> int:
+        return 4 * self.hidden
+
+
+@dataclass(frozen=True)
+class Case:
+    """One operator shape to time: primitive, variant (source label) and the sample features."""
+
+    primitive: str
+    variant: str
+    features: tuple[tuple[str, float], ...]
+    extra: tuple[tuple[str, object], ...] = field(default=())
+
+    def feature(self, name: str) -> float:
+        return dict(self.features)[name]
+
+    def get(self, name: str):
+        return dict(self.extra)[name]
+
+
+GRIDS = {  # hidden, seq, micro-batch, tp, vocab
+    "cpu": ((64, 128, 256, 512), (32, 64, 128), (1, 2, 4), (1, 2), (1024, 8192)),
+    "cuda": ((1024, 2048, 4096, 8192), (1024, 2048, 4096), (1, 2, 4), (1, 2, 4, 8), (50304,)),
+}
+HEAD_DIM = {"cpu": 16, "cuda": 128}
+MESSAGE_BYTES = {"cpu": [2 ** e for e in range(10, 25)], "cuda": [2 ** e for e in range(16, 31)]}
+
+
+def points(device: str, seed: int = 0) -> list[Point]:
+    hidden, seq, micro, tp, vocab = GRIDS[device]
+    grid = [Point(h, max(1, h // HEAD_DIM[device]), s, b, t, v)
+            for h, s, b, t, v in itertools.product(hidden, seq, micro, tp, vocab) if (h // HEAD_DIM[device]) % t == 0]
+    random.Random(seed).shuffle(grid)
+    return grid
+
+
+def _case(primitive: str, variant: str, extra: dict | None = None, **features: float) -> Case:
+    return Case(primitive, variant, tuple(sorted((k, float(v)) for k, v in features.items())),
+                tuple(sorted((extra or {}).items())))
+
+
+def compute_cases(point: Point, primitives: set[str]) -> list[Case]:
+    """The compute operators of one layer (plus embedding, head and optimizer) at `point`."""
+    p, t = point, point.tp
+    rows, h, f_t, heads_t, d = p.rows, p.hidden, p.ffn // t, p.heads // t, p.hidden // p.heads
+    v_t = p.vocab // t
+    cases = []
+    if "gemm" in primitives:
+        for variant, n, k in (("linear1", 3 * h // t, h), ("linear2", h, h // t), ("linear3", f_t, h),
+                              ("linear4", h, f_t), ("linear_final", v_t, h)):
+            cases.append(_case("gemm", variant, m=rows, n=n, k=k, batch=1))
+    if "attention" in primitives:
+        cases.append(_case("attention", "flash_atten", batch=p.micro_batch, heads=heads_t, kv_heads=heads_t,
+                           seq=p.seq, seq_kv=p.seq, head_dim=d, causal=1))
+    if "norm" in primitives:
+        cases.append(_case("norm", "layernorm", rows=rows, width=h, numel=rows * h))
+    if "elementwise" in primitives:
+        cases.append(_case("elementwise", "res_add", rows=rows, width=h, numel=rows * h))
+    if "activation" in primitives:
+        cases.append(_case("activation", "gelu", rows=rows, width=f_t, numel=rows * f_t))
+    if "embedding" in primitives:
+        cases.append(_case("embedding", "embedding", rows=rows, width=h, params=v_t, numel=rows * h, tp=t))
+    if "cross_entropy" in primitives:
+        cases.append(_case("cross_entropy", "parallel_cross_entropy_128", rows=rows, width=v_t, numel=rows * v_t,
+                           tp=t))
+    if "optimizer" in primitives:
+        layer = (3 * h // t) * h + 3 * h // t + h * (h // t) + h + f_t * h + f_t + h * f_t + h + 4 * h
+        for kind, layers in (("firstStage", 1), ("middleStage", 2), ("lastStage", 1)):
+            params = layers * layer + (v_t * h + p.seq * h if kind == "firstStage" else 0) + \
+                (2 * h if kind == "lastStage" else 0)
+            cases.append(_case("optimizer", f"{kind}_optimizer", layers=layers, width=h, tp=t, params=params))
+    return cases
+
+
+def collective_cases(device: str, primitives: set[str], ranks: int) -> list[Case]:
+    """Message sizes (bytes per rank) for each collective over `ranks` local processes, spread-first order."""
+    sizes = MESSAGE_BYTES[device]
+    order = sizes[::2] + sizes[1::2]
+    cases = []
+    for size in order:
+        for primitive in COLLECTIVES:
+            if primitive in primitives:
+                cases.append(_case(primitive, COLLECTIVE_VARIANTS[primitive], bytes=size, group_size=ranks,
+                                   ranks_per_node=ranks, nodes=1))
+    return cases
