@@ -214,6 +214,8 @@ class _Builder:
                     c.op_comm[len(c.op_name) - 1] = _comm(a)
             elif cat in dev_cats:
                 kind = dev_cats[cat]
+                if cat == "mtia_ccp_events" and e.name.startswith("dma"):
+                    kind = "memcpy"  # MTIA DMA transfers
                 if cat == "kernel":
                     c.kernel_events += 1
                 dev["ts"].append(ts)
