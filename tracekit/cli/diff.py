@@ -1,1 +1,95 @@
-"""PLACEHOLDER: replaced by the module that implements this command (see the issue that names it)."""
+"""`tracekit diff`: a prediction against the real traces of the same configuration."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from .app import app
+from .output import console, print_json, user_errors
+
+
+@app.command("diff")
+def diff(
+    predicted: Path = typer.Argument(..., help="Predicted side: a `tracekit predict --trace-out` folder, its trace "
+                                               "files, or a `tracekit predict --json` file."),
+    real: list[Path] = typer.Argument(..., help="Real side: a run's trace folder or its per-rank trace files."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    html: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML report here."),
+    rank: Optional[int] = typer.Option(None, "--rank", help="Rank whose timelines the HTML shows (default: lowest)."),
+) -> None:
+    """Compare a prediction with real traces: iteration time, per primitive / pass / layer / stage, exposed
+    communication and pipeline bubble, the largest error contributors, and unmatched operators.
+
+    Example: tracekit diff predicted/ run/traces/ --html report.html
+    """
+    with user_errors():
+        from tracekit.validate import diff_paths, write_html
+
+        report = diff_paths(predicted, real, rank=rank)
+        if html:
+            write_html(html, report, title=f"tracekit diff: {predicted} vs {', '.join(map(str, real))}")
+        if json_out:
+            print_json(report.to_dict())
+        else:
+            print_report(report.to_dict())
+            if html:
+                console.print(f"HTML report written to {html}")
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """Rich tables of a diff report for people."""
+    from rich.table import Table
+
+    it = report["iteration_time_s"]
+    spread = it.get("real_spread") or {}
+    console.print(
+        f"iteration time: real {_s(it['real'])} (± {_s(spread.get('std'))}, {spread.get('steps')} steps"
+        + (f", warm-up step {spread['dropped_warmup_steps']} ignored" if spread.get("dropped_warmup_steps") else "")
+        + f"), predicted {_s(it['predicted'])}, error {_signed(it['error'])} ({_pct(it.get('rel_error'))})"
+    )
+    for warning in report.get("warnings", []):
+        console.print(f"[yellow]warning:[/] {warning}")
+    for title, rows, key in (("per primitive", report["by_primitive"], "primitive"),
+                             ("per pass", report.get("by_pass", []), "pass"),
+                             ("per stage", report["by_stage"], "stage")):
+        table = Table(title=f"{title} (time per iteration)")
+        for col in (key, "real", "predicted", "error", "rel. error"):
+            table.add_column(col, justify="left" if col == key else "right")
+        for row in rows:
+            table.add_row(str(row[key]), _s(row["real_s"]), _s(row["predicted_s"]), _signed(row["error_s"]),
+                          _pct(row["rel_error"]))
+        console.print(table)
+    breakdown = report.get("breakdown") or {}
+    if breakdown.get("real") and breakdown.get("predicted"):
+        table = Table(title=f"breakdown (real measured by {breakdown.get('real_source')})")
+        for col in ("part", "real", "predicted"):
+            table.add_column(col, justify="left" if col == "part" else "right")
+        for part in ("compute", "exposed_communication", "pipeline_bubble", "optimizer", "other"):
+            table.add_row(part, _s(breakdown["real"].get(part)), _s(breakdown["predicted"].get(part)))
+        console.print(table)
+    if report["largest_contributors"]:
+        console.print("largest contributors to the error:")
+        for row in report["largest_contributors"][:5]:
+            console.print(f"  {row['text']}")
+    for side, label in (("real_only", "only in the real trace"), ("predicted_only", "only in the prediction")):
+        rows = report["unmatched"].get(side) or []
+        if rows:
+            console.print(f"{label}: " + ", ".join(f"{r['pass']} {r['primitive']} ({_s(r['time_s'])})" for r in rows))
+
+
+def _s(value: Any) -> str:
+    if value is None:
+        return "—"
+    v = abs(float(value))
+    text = f"{v:.3f} s" if v >= 1 else f"{v * 1e3:.2f} ms" if v >= 1e-3 else f"{v * 1e6:.1f} µs"
+    return ("-" if float(value) < 0 else "") + text
+
+
+def _signed(value: Any) -> str:
+    return "—" if value is None else ("+" if float(value) >= 0 else "") + _s(value)
+
+
+def _pct(value: Any) -> str:
+    return "—" if value is None else f"{float(value) * 100:+.1f}%"

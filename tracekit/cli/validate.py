@@ -1,1 +1,101 @@
-"""PLACEHOLDER: replaced by the module that implements this command (see the issue that names it)."""
+"""`tracekit validate`: check predictions against a captured run or against published end-to-end results."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from .app import app
+from .output import console, fail, print_json, progress, user_errors
+
+
+@app.command("validate")
+def validate(
+    run_dir: Optional[Path] = typer.Argument(None, help="A `tracekit capture` run folder (traces + manifest.json)."),
+    models: Optional[Path] = typer.Option(None, "--models", help="Model folder (default: the current models)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    html: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML report here."),
+    rank: Optional[int] = typer.Option(None, "--rank", help="Rank whose timelines the HTML shows."),
+    refit: bool = typer.Option(False, "--refit", help="Ingest the run, retrain, and report the error before and "
+                                                     "after."),
+    store: Optional[Path] = typer.Option(None, "--store", help="Sample store --refit ingests into (default: "
+                                                               "$TRACEKIT_HOME or ./.tracekit)."),
+    published: Optional[Path] = typer.Option(None, "--published", help="CSV of measured end-to-end results "
+                                                                       "(the e2e column schema) to score."),
+    hardware_map: list[str] = typer.Option([], "--hardware-map", help="TEXT=HARDWARE_ID: rows whose hardware_gpu "
+                                                                      "contains TEXT run on HARDWARE_ID "
+                                                                      "(repeatable)."),
+) -> None:
+    """Check predictions against measurements.
+
+    With RUN_DIR: predict the captured run's configuration, diff the prediction with its traces (same report as
+    `tracekit diff`); --refit first ingests the run and retrains, and reports the error before and after.
+    With --published: predict every row of a measured end-to-end CSV and report the errors, worst rows first.
+
+    Examples: tracekit validate runs/tiny-tp2/ --html report.html ·
+    tracekit validate --published e2e.csv --hardware-map "A100=A100-SXM4-40GB" --json
+    """
+    with user_errors():
+        if (run_dir is None) == (published is None):
+            fail("give either a RUN_DIR or --published FILE.csv")
+        from predictor.models import ModelSet
+
+        model_set = ModelSet.load(models) if models else None
+        if published is not None:
+            _published(published, hardware_map, model_set, json_out)
+            return
+        from tracekit.validate import validate_run, write_html
+
+        result = validate_run(run_dir, models=model_set, models_path=models, refit=refit, store=store, rank=rank)
+        report = result["report"]
+        if html:
+            write_html(html, report, title=f"tracekit validate: {run_dir}")
+        document = {**report.to_dict(), **({"refit": result["refit"]} if result.get("refit") else {})}
+        if json_out:
+            print_json(document)
+            return
+        from .diff import print_report
+
+        print_report(document)
+        if result.get("refit"):
+            _print_refit(result["refit"])
+        if html:
+            console.print(f"HTML report written to {html}")
+
+
+def _published(path: Path, hardware_map: list[str], models: Any, json_out: bool) -> None:
+    from tracekit.validate import parse_hardware_map, read_published, validate_published
+
+    mapping = parse_hardware_map(hardware_map)
+    total = len(read_published(path, mapping))
+    with progress(quiet=json_out) as bar:
+        task = bar.add_task("predicting", total=total)
+        result = validate_published(path, mapping, models, on_batch=lambda n: bar.advance(task, n))
+    if json_out:
+        print_json(result)
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{path.name}: predicted vs measured iteration time (worst first)")
+    for col in ("row", "hardware", "tp·pp·dp", "mbs/gbs", "layers×hidden", "measured", "predicted", "error"):
+        table.add_column(col, justify="right")
+    for row in result["rows"]:
+        table.add_row(str(row["row"]), row["hardware"], f"{row['tp']}·{row['pp']}·{row['dp']}",
+                      f"{row['micro_batch_size']}/{row['global_batch_size']}",
+                      f"{row['num_layers']}×{row['hidden_size']}", f"{row['measured_s']:.4f} s",
+                      f"{row['predicted_s']:.4f} s", f"{(row['predicted_s'] - row['measured_s']) / row['measured_s']:+.1%}")
+    console.print(table)
+    for row in result["failed"]:
+        console.print(f"[yellow]row {row['row']} not predicted:[/] {row['error']}")
+    console.print(f"MAPE {result['mape']:.1%} · median APE {result['median_ape']:.1%} · "
+                  f"p90 APE {result['p90_ape']:.1%} over {len(result['rows'])} rows")
+
+
+def _print_refit(refit: dict[str, Any]) -> None:
+    before, after = refit["before"], refit["after"]
+    console.print(
+        f"refit on {refit['samples_added']} new samples: iteration-time error {before['rel_error']:+.1%} → "
+        f"{after['rel_error']:+.1%} (predicted {before['predicted_s']:.4f} s → {after['predicted_s']:.4f} s, "
+        f"real {after['real_s']:.4f} s)"
+    )

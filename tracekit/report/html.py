@@ -1,0 +1,273 @@
+"""One self-contained HTML page for a diff report: inline SVG charts and tables, no scripts, no network.
+
+Charts (each an `<svg>` with a stable id, so tests and users can find them):
+`timeline-real` / `timeline-predicted` (one rank's iteration, one lane per stream, same time scale),
+`chart-primitives` (per-primitive bars, `rect.bar-real` / `rect.bar-predicted`), `chart-stages` (per-stage relative
+error, `rect.bar-stage`), `chart-breakdown` (stacked iteration breakdown of each side, `rect.bar-part`).
+"""
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+COLORS = {
+    "computation": "#4e79a7", "communication": "#e15759", "memory": "#59a14f", "other": "#9c9c9c",
+    "real": "#4e79a7", "predicted": "#f28e2b",
+    "compute": "#4e79a7", "exposed_communication": "#e15759", "pipeline_bubble": "#bab0ac", "optimizer": "#76b7b2",
+}
+PARTS = ("compute", "exposed_communication", "pipeline_bubble", "optimizer", "other")
+MAX_TIMELINE_EVENTS = 6000  # per side: beyond this the page gets slow; the longest events are kept
+
+CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
+h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}
+th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
+.summary span{display:inline-block;margin-right:24px}.pos{color:#b22}.neg{color:#26a}
+.legend span{margin-right:14px}.sw{display:inline-block;width:10px;height:10px;margin-right:4px}
+svg text{font:11px system-ui,sans-serif}.warn{color:#a60}
+"""
+
+
+def render_html(report: dict[str, Any], timelines: dict[str, Any] | None = None, title: str = "tracekit diff") -> str:
+    """The page for `report` (DiffReport.to_dict()); `timelines` = {"rank", "real": [...], "predicted": [...]}
+    with events {"ts", "dur", "lane", "name", "category"} (µs from the iteration start)."""
+    it = report.get("iteration_time_s", {})
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>{escape(title)}</title><style>{CSS}</style></head><body>",
+        f"<h1>{escape(title)}</h1>",
+        _summary(report, it),
+    ]
+    for warning in report.get("warnings", []):
+        parts.append(f"<p class='warn'>⚠ {escape(str(warning))}</p>")
+    if timelines:
+        parts.append(_timelines(timelines))
+    parts += [
+        "<h2>Time per primitive (per iteration, mean over ranks)</h2>",
+        _primitive_chart(report.get("by_primitive", [])),
+        _table(report.get("by_primitive", []), ["primitive", "real_s", "predicted_s", "error_s", "rel_error",
+                                                 "real_count", "predicted_count"]),
+        "<h2>Error per pipeline stage</h2>",
+        _stage_chart(report.get("by_stage", [])),
+        _table(report.get("by_stage", []), ["stage", "ranks", "real_s", "predicted_s", "error_s", "rel_error"]),
+        "<h2>Iteration breakdown</h2>",
+        _breakdown_chart(report.get("breakdown", {})),
+        "<h2>Largest contributors to the error</h2>",
+        _contributors(report.get("largest_contributors", [])),
+        "<h2>Per pass</h2>",
+        _table(report.get("by_pass", []), ["pass", "real_s", "predicted_s", "error_s", "rel_error"]),
+    ]
+    if report.get("by_layer"):
+        parts += ["<h2>Per layer</h2>",
+                  _table(report["by_layer"], ["layer", "real_s", "predicted_s", "error_s", "rel_error"])]
+    parts += ["<h2>Unmatched operators</h2>", _unmatched(report.get("unmatched", {})), "</body></html>"]
+    return "\n".join(parts)
+
+
+# -- pieces ----------------------------------------------------------------------------------------------------
+def _summary(report: dict, it: dict) -> str:
+    real, pred = it.get("real"), it.get("predicted")
+    rel = it.get("rel_error")
+    spread = it.get("real_spread") or {}
+    items = [
+        f"<span>real: <b>{_fmt_s(real)}</b>"
+        + (f" ± {_fmt_s(spread.get('std'))} over {spread.get('steps')} steps" if spread.get("steps") else "")
+        + "</span>",
+        f"<span>predicted: <b>{_fmt_s(pred)}</b></span>",
+        f"<span>error: <b class='{_sign_class(it.get('error'))}'>{_fmt_signed_s(it.get('error'))}"
+        f" ({_fmt_pct(rel)})</b></span>",
+    ]
+    inputs = report.get("inputs", {})
+    src = "".join(f"<br>{escape(k)}: <code>{escape(str(v))}</code>" for k, v in inputs.items())
+    return f"<p class='summary'>{''.join(items)}{src}</p>"
+
+
+def _timelines(timelines: dict) -> str:
+    real, pred = timelines.get("real") or [], timelines.get("predicted") or []
+    span = max([e["ts"] + e["dur"] for e in real + pred] or [1.0]) or 1.0
+    legend = "".join(
+        f"<span><i class='sw' style='background:{COLORS[c]}'></i>{c}</span>"
+        for c in ("computation", "communication", "memory", "other")
+    )
+    return (
+        f"<h2>Timelines of rank {escape(str(timelines.get('rank')))} (one iteration, same time scale)</h2>"
+        f"<div class='legend'>{legend}</div>"
+        f"<h3>real</h3>{_timeline_svg('timeline-real', real, span)}"
+        f"<h3>predicted</h3>{_timeline_svg('timeline-predicted', pred, span)}"
+    )
+
+
+def _timeline_svg(svg_id: str, events: list[dict], span: float) -> str:
+    if len(events) > MAX_TIMELINE_EVENTS:
+        events = sorted(events, key=lambda e: -e["dur"])[:MAX_TIMELINE_EVENTS]
+    lanes = sorted({str(e["lane"]) for e in events}, key=_lane_key)
+    width, left, lane_h = 1100, 120, 18
+    height = 24 + lane_h * max(len(lanes), 1)
+    scale = (width - left - 10) / span
+    out = [f"<svg id='{svg_id}' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
+           f"xmlns='http://www.w3.org/2000/svg'>"]
+    for i, lane in enumerate(lanes):
+        out.append(f"<text x='4' y='{14 + i * lane_h + 12}'>{escape(lane[:18])}</text>")
+    lane_index = {lane: i for i, lane in enumerate(lanes)}
+    for e in events:
+        x = left + e["ts"] * scale
+        w = max(e["dur"] * scale, 0.5)
+        y = 14 + lane_index[str(e["lane"])] * lane_h
+        color = COLORS.get(e.get("category"), COLORS["other"])
+        out.append(
+            f"<rect class='ev' x='{x:.2f}' y='{y}' width='{w:.2f}' height='{lane_h - 3}' fill='{color}'>"
+            f"<title>{escape(str(e.get('name', '')))[:200]} — {e['dur']:.1f} µs</title></rect>"
+        )
+    for frac in (0, 0.25, 0.5, 0.75, 1.0):
+        x = left + frac * span * scale
+        out.append(f"<text x='{x:.1f}' y='10' text-anchor='middle'>{_fmt_s(frac * span / 1e6)}</text>")
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _primitive_chart(rows: list[dict]) -> str:
+    rows = [r for r in rows if (r.get("real_s") or 0) > 0 or (r.get("predicted_s") or 0) > 0]
+    top = max([max(r.get("real_s") or 0, r.get("predicted_s") or 0) for r in rows] or [1.0]) or 1.0
+    left, width, row_h = 130, 900, 26
+    height = 30 + row_h * len(rows)
+    out = [f"<svg id='chart-primitives' width='{width + 120}' height='{height}' xmlns='http://www.w3.org/2000/svg'>",
+           _legend_svg(width - 150)]
+    for i, r in enumerate(rows):
+        y = 26 + i * row_h
+        out.append(f"<text x='4' y='{y + 14}'>{escape(str(r['primitive']))}</text>")
+        for j, side in enumerate(("real", "predicted")):
+            value = r.get(f"{side}_s") or 0.0
+            w = value / top * (width - left)
+            out.append(
+                f"<rect class='bar-{side}' data-primitive='{escape(str(r['primitive']))}' x='{left}' "
+                f"y='{y + j * 11}' width='{w:.2f}' height='10' fill='{COLORS[side]}'>"
+                f"<title>{side}: {_fmt_s(value)}</title></rect>"
+            )
+        out.append(f"<text x='{left + 4 + max(r.get('real_s') or 0, r.get('predicted_s') or 0) / top * (width - left)}'"
+                   f" y='{y + 14}'>{_fmt_pct(r.get('rel_error'))}</text>")
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _stage_chart(rows: list[dict]) -> str:
+    values = [r.get("rel_error") or 0.0 for r in rows]
+    top = max([abs(v) for v in values] or [0.01]) or 0.01
+    mid, half, row_h = 560, 400, 24
+    height = 20 + row_h * max(len(rows), 1)
+    out = [f"<svg id='chart-stages' width='1100' height='{height}' xmlns='http://www.w3.org/2000/svg'>",
+           f"<line x1='{mid}' x2='{mid}' y1='0' y2='{height}' stroke='#888'/>"]
+    for i, (r, v) in enumerate(zip(rows, values)):
+        y = 10 + i * row_h
+        w = abs(v) / top * half
+        x = mid if v >= 0 else mid - w
+        color = "#e15759" if v >= 0 else "#4e79a7"
+        out.append(f"<text x='4' y='{y + 14}'>stage {escape(str(r.get('stage')))}</text>")
+        out.append(f"<rect class='bar-stage' data-stage='{escape(str(r.get('stage')))}' x='{x:.2f}' y='{y}' "
+                   f"width='{w:.2f}' height='16' fill='{color}'><title>{_fmt_pct(v)}</title></rect>")
+        out.append(f"<text x='{mid + (w + 6 if v >= 0 else -w - 50):.1f}' y='{y + 13}'>{_fmt_pct(v)}</text>")
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _breakdown_chart(breakdown: dict) -> str:
+    sides = [s for s in ("real", "predicted") if isinstance(breakdown.get(s), dict)]
+    total = max([sum(breakdown[s].get(p) or 0 for p in PARTS) for s in sides] or [1.0]) or 1.0
+    left, width = 100, 1000
+    out = [f"<svg id='chart-breakdown' width='1100' height='{30 + 30 * len(sides)}' "
+           f"xmlns='http://www.w3.org/2000/svg'>"]
+    for i, side in enumerate(sides):
+        y, x = 8 + i * 30, float(left)
+        out.append(f"<text x='4' y='{y + 15}'>{side}</text>")
+        for part in PARTS:
+            value = breakdown[side].get(part) or 0.0
+            w = value / total * (width - left)
+            out.append(f"<rect class='bar-part' data-part='{part}' x='{x:.2f}' y='{y}' width='{w:.2f}' height='22' "
+                       f"fill='{COLORS.get(part, COLORS['other'])}'><title>{part}: {_fmt_s(value)}</title></rect>")
+            x += w
+    y = 12 + 30 * len(sides)
+    for j, part in enumerate(PARTS):
+        out.append(f"<rect x='{left + j * 170}' y='{y}' width='10' height='10' fill='{COLORS.get(part, '#9c9c9c')}'/>"
+                   f"<text x='{left + j * 170 + 14}' y='{y + 9}'>{part}</text>")
+    out.append("</svg>")
+    source = breakdown.get("real_source")
+    note = f"<p>real side measured by {escape(str(source))}</p>" if source else ""
+    rows = [{"part": p, **{s: breakdown[s].get(p) for s in sides}} for p in PARTS]
+    return "".join(out) + note + _table(rows, ["part", *sides])
+
+
+def _contributors(rows: list[dict]) -> str:
+    if not rows:
+        return "<p>none</p>"
+    return "<ol>" + "".join(f"<li>{escape(str(r.get('text', '')))}</li>" for r in rows) + "</ol>"
+
+
+def _unmatched(unmatched: dict) -> str:
+    out = []
+    for side, label in (("real_only", "in the real trace, not in the prediction"),
+                        ("predicted_only", "in the prediction, not in the real trace")):
+        rows = unmatched.get(side) or []
+        out.append(f"<h3>{label} ({len(rows)})</h3>")
+        out.append(_table(rows, ["pass", "primitive", "time_s", "count"]) if rows else "<p>none</p>")
+    return "".join(out)
+
+
+def _legend_svg(x: int) -> str:
+    return "".join(
+        f"<rect x='{x + i * 90}' y='4' width='10' height='10' fill='{COLORS[s]}'/>"
+        f"<text x='{x + i * 90 + 14}' y='13'>{s}</text>"
+        for i, s in enumerate(("real", "predicted"))
+    )
+
+
+def _table(rows: list[dict], columns: list[str]) -> str:
+    if not rows:
+        return "<p>none</p>"
+    head = "".join(f"<th>{escape(c)}</th>" for c in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{escape(_cell(c, r.get(c)))}</td>" for c in columns) + "</tr>" for r in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _cell(column: str, value: Any) -> str:
+    if value is None:
+        return "—"
+    if column == "rel_error":
+        return _fmt_pct(value)
+    if column.endswith("_s") or column in ("real", "predicted"):
+        return _fmt_signed_s(value) if column == "error_s" else _fmt_s(value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    return str(value)
+
+
+def _lane_key(lane: str) -> tuple:
+    return (0, int(lane)) if lane.lstrip("-").isdigit() else (1, lane)
+
+
+def _fmt_s(value: Any) -> str:
+    if value is None:
+        return "—"
+    v = float(value)
+    if abs(v) >= 1:
+        return f"{v:.3f} s"
+    if abs(v) >= 1e-3:
+        return f"{v * 1e3:.2f} ms"
+    return f"{v * 1e6:.1f} µs"
+
+
+def _fmt_signed_s(value: Any) -> str:
+    if value is None:
+        return "—"
+    return ("+" if float(value) >= 0 else "−") + _fmt_s(abs(float(value)))
+
+
+def _fmt_pct(value: Any) -> str:
+    return "—" if value is None else f"{float(value) * 100:+.1f}%"
+
+
+def _sign_class(value: Any) -> str:
+    return "" if value is None else ("pos" if float(value) >= 0 else "neg")

@@ -1,0 +1,387 @@
+"""Check predictions against measurements: diff a prediction with real traces, validate a captured run
+(predict its configuration, diff, optionally refit on it), and score predictions of published end-to-end results.
+
+This is application code: it reads files (traces via `extractors.kineto`, predictions, manifests, CSVs), calls
+`predictor.predict` and `predictor.diff`, and returns plain dicts / DiffReports for the CLI and the HTML page.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from tracekit.core.errors import ConfigError, InputError
+
+#: e2e CSV columns that describe the training configuration (TrainingConfig.from_mapping understands them).
+CONFIG_COLUMNS = (
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "seq_length",
+    "vocab_size", "global_batch_size", "micro_batch_size", "tp", "pp", "dp", "cp", "sequence_parallel",
+    "virtual_pipeline_stages", "activation_recompute", "precision", "num_gpus",
+)
+REQUIRED_COLUMNS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "hardware_gpu",
+                    "iteration_time_s")
+
+
+# -- published end-to-end results -------------------------------------------------------------------------------
+@dataclass
+class PublishedRow:
+    """One measured end-to-end result: where it came from, its configuration, hardware and measured time."""
+
+    index: int  # 1-based data row number in the CSV
+    ref: str
+    config: Any  # TrainingConfig
+    hardware: str
+    gpus_per_node: int
+    measured_s: float
+
+
+def parse_hardware_map(items: Iterable[str]) -> dict[str, str]:
+    """`TEXT=HARDWARE_ID` pairs: a row whose hardware_gpu contains TEXT (case-insensitive) is predicted on
+    HARDWARE_ID."""
+    out: dict[str, str] = {}
+    for item in items:
+        text, eq, hardware = item.partition("=")
+        if not eq or not text.strip() or not hardware.strip():
+            raise ConfigError(f"--hardware-map expects TEXT=HARDWARE_ID, got {item!r}")
+        out[text.strip()] = hardware.strip()
+    return out
+
+
+def resolve_hardware(text: str, mapping: dict[str, str]) -> str:
+    """Hardware id for a CSV's free-text GPU description: the first mapping key it contains, else the
+    normalized description without its parenthesized note ('NVIDIA A100 (SXM …)' → 'A100')."""
+    from tracekit.core.hardware import normalize_hardware
+
+    for key, hardware in mapping.items():
+        if key.lower() in text.lower():
+            return hardware
+    return normalize_hardware(text.split("(")[0])
+
+
+def read_published(path: str | Path, hardware_map: dict[str, str] | None = None) -> list[PublishedRow]:
+    """Rows of an e2e CSV (../shared/corpus/e2e schema); InputError names the file and row of a bad one."""
+    from tracekit.core.config import TrainingConfig
+
+    path = Path(path)
+    try:
+        with path.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise InputError(path, f"not an e2e results CSV: lacks column(s) {', '.join(missing)}")
+            records = list(reader)
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise InputError(path, f"cannot read as CSV ({exc})") from exc
+    if not records:
+        raise InputError(path, "no data rows")
+    rows = []
+    for i, record in enumerate(records, start=1):
+        try:
+            config = TrainingConfig.from_mapping({k: record[k] for k in CONFIG_COLUMNS if record.get(k)}).validate()
+            measured = float(record["iteration_time_s"])
+        except (ConfigError, ValueError) as exc:
+            raise InputError(path, f"data row {i}: {exc}") from exc
+        rows.append(PublishedRow(
+            index=i,
+            ref=record.get("row_ref") or f"row {i}",
+            config=config,
+            hardware=resolve_hardware(record["hardware_gpu"], hardware_map or {}),
+            gpus_per_node=int(float(record.get("gpus_per_node") or 8)),
+            measured_s=measured,
+        ))
+    return rows
+
+
+def error_summary(measured: list[float], predicted: list[float]) -> dict[str, float]:
+    """Absolute percentage errors as fractions: mean (MAPE), median and 90th percentile."""
+    import numpy as np
+
+    ape = np.abs(np.asarray(predicted, float) - np.asarray(measured, float)) / np.asarray(measured, float)
+    return {"mape": float(ape.mean()), "median_ape": float(np.median(ape)), "p90_ape": float(np.percentile(ape, 90))}
+
+
+def validate_published(path: str | Path, hardware_map: dict[str, str] | None = None, models: Any = None,
+                       on_batch=None, batch: int = 64) -> dict[str, Any]:
+    """Predict every row of a published e2e CSV and score it: {"rows" (worst first), "mape", "median_ape",
+    "p90_ape", "failed"}. `models`: a ModelSet (default: the bundled models). Rows are predicted in batches
+    (`predict_many`); `on_batch(rows_done)` reports progress. A row whose configuration cannot be predicted is
+    listed under "failed" and left out of the error statistics."""
+    from predictor.models import ModelSet
+    from predictor.predict import predict_many
+    from tracekit.core.hardware import Cluster
+
+    models = models if models is not None else ModelSet.load()
+    rows = read_published(path, hardware_map)
+    out_rows, failed = [], []
+    for first in range(0, len(rows), batch):
+        chunk = rows[first:first + batch]
+        clusters = [Cluster(r.hardware, gpus_per_node=r.gpus_per_node,
+                            nodes=max(1, -(-r.config.world_size // r.gpus_per_node))) for r in chunk]
+        for row, prediction in zip(chunk, predict_many([r.config for r in chunk], clusters, models)):
+            if isinstance(prediction, Exception):
+                failed.append({"row": row.index, "ref": row.ref, "error": str(prediction)})
+                continue
+            predicted = float(prediction.iteration_time_s)
+            error = predicted - row.measured_s
+            out_rows.append({
+                "row": row.index, "ref": row.ref, "hardware": row.hardware,
+                "hardware_used": prediction.hardware_used, "world_size": row.config.world_size,
+                "tp": row.config.tp, "pp": row.config.pp, "dp": row.config.dp,
+                "micro_batch_size": row.config.micro_batch_size, "global_batch_size": row.config.global_batch_size,
+                "num_layers": row.config.num_layers, "hidden_size": row.config.hidden_size,
+                "measured_s": row.measured_s, "predicted_s": predicted, "error_s": error,
+                "ape": abs(error) / row.measured_s,
+            })
+        if on_batch:
+            on_batch(len(chunk))
+    if not out_rows:
+        raise InputError(path, f"no row could be predicted (first failure: {failed[0]['error']})")
+    summary = error_summary([r["measured_s"] for r in out_rows], [r["predicted_s"] for r in out_rows])
+    out_rows.sort(key=lambda r: -r["ape"])
+    return {"file": str(path), "rows": out_rows, **summary, "failed": failed}
+
+
+# -- diff of files ----------------------------------------------------------------------------------------------
+PREDICTION_MAX_BYTES = 50 << 20  # a prediction JSON is small; bigger .json files are traces
+
+
+def trace_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Trace files named by the paths: files as given, folders searched (recursively) for *.json / *.json.gz,
+    skipping tracekit's own JSON (manifest.json, prediction.json)."""
+    out: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and _trace_name(p))
+            if not found:
+                raise InputError(path, "no trace files (*.json, *.json.gz) in this folder")
+            out += found
+        elif path.is_file():
+            out.append(path)
+        else:
+            raise InputError(path, "no such file or folder")
+    return out
+
+
+def _trace_name(path: Path) -> bool:
+    name = path.name.lower()
+    return name.endswith((".json", ".json.gz")) and name not in ("manifest.json", "prediction.json")
+
+
+def read_traces(paths: Iterable[str | Path]) -> list[Any]:
+    """Parse every trace file (extractors.kineto.read_trace); InputError names a file that is not a trace."""
+    from extractors.kineto import read_trace
+
+    return [read_trace(path) for path in trace_files(paths)]
+
+
+def process_groups(traces: list[Any]) -> dict[str, int]:
+    """Process-group description → size from the traces' `distributedInfo.pg_config` (PyTorch ≥ 2.3)."""
+    from extractors.kineto.load import open_trace
+
+    out: dict[str, int] = {}
+    for trace in traces:
+        info = open_trace(trace.path).distributed_info or {}
+        for group in info.get("pg_config") or []:
+            if isinstance(group, dict) and group.get("pg_desc") and group.get("pg_size"):
+                out[str(group["pg_desc"])] = int(group["pg_size"])
+    return out
+
+
+def read_prediction(path: Path) -> dict[str, Any] | None:
+    """The prediction dict in a `tracekit predict --json` file; None when the file is something else."""
+    if not path.is_file() or not path.name.lower().endswith(".json") or path.stat().st_size > PREDICTION_MAX_BYTES:
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(path, f"not valid JSON ({exc})") from exc
+    if isinstance(data, dict) and isinstance(data.get("predictions"), list) and len(data["predictions"]) == 1:
+        data = data["predictions"][0]
+    if isinstance(data, list) and len(data) == 1:
+        data = data[0]
+    if isinstance(data, dict) and "iteration_time_s" in data:
+        return data
+    if isinstance(data, dict) and "traceEvents" in data:
+        return None
+    raise InputError(path, "neither a tracekit prediction (no iteration_time_s) nor a Kineto trace")
+
+
+def diff_paths(predicted: str | Path, real: Iterable[str | Path], rank: int | None = None,
+               config: Any = None, use_hta: bool = True):
+    """DiffReport of a prediction (predicted-trace folder/files or prediction JSON) against real trace files."""
+    predicted = Path(predicted)
+    prediction = read_prediction(predicted)
+    return diff_inputs(prediction if prediction is not None else read_traces([predicted]), read_traces(real),
+                       rank=rank, config=config, use_hta=use_hta, predicted_source=str(predicted))
+
+
+def diff_inputs(predicted: dict[str, Any] | list[Any], real_traces: list[Any], rank: int | None = None,
+                config: Any = None, use_hta: bool = True, predicted_source: str = "prediction"):
+    """DiffReport of a prediction dict or parsed predicted traces against parsed real traces. `config`: the run's
+    TrainingConfig when known (validate passes the manifest's); it maps ranks to pipeline stages and is checked
+    against both sides (else the prediction's own configuration is used)."""
+    from predictor.diff import diff_sides, summarize_prediction, summarize_traces
+
+    config_dict = config.to_dict() if config is not None else None
+    if isinstance(predicted, dict) and config_dict is None:
+        config_dict = predicted.get("config")
+    pp = int((config_dict or {}).get("pipeline_model_parallel_size") or 1)
+    real_side = summarize_traces(real_traces, "real", pp=pp, process_groups=process_groups(real_traces))
+    per_stage = max(int(real_side.world_size or len(real_traces)) // pp, 1)
+    if isinstance(predicted, dict):
+        predicted_side = summarize_prediction(predicted, real_side.ranks, per_stage)
+    else:
+        predicted_side = summarize_traces(predicted, "predicted", pp=pp, ranks_per_stage=per_stage,
+                                          drop_warmup=False, process_groups=process_groups(predicted))
+    predicted_side.source = predicted_source
+    if use_hta:
+        apply_hta(real_side, real_traces, pp)
+    return diff_sides(predicted_side, real_side, rank=rank, config=config_dict)
+
+
+# -- a captured run -------------------------------------------------------------------------------------------
+def validate_run(run_dir: str | Path, models: Any = None, models_path: str | Path | None = None,
+                 refit: bool = False, store: str | Path | None = None, rank: int | None = None) -> dict[str, Any]:
+    """Predict a `tracekit capture` run's configuration on its hardware and diff it with the run's traces.
+    Returns {"report": DiffReport, "prediction": dict, "refit": {...} | None}. With `refit`, the run is
+    ingested into `store`, models are retrained from the whole store into `models_path` (default
+    `<store>/models`), and the run is predicted again: "refit" has the error before and after."""
+    from predictor.models import ModelSet
+    from predictor.predict import predict
+    from tracekit.capture.manifest import MANIFEST_NAME, Manifest
+
+    run_dir = Path(run_dir)
+    if not (run_dir / MANIFEST_NAME).is_file():
+        raise InputError(run_dir, f"not a capture run folder (no {MANIFEST_NAME}); use `tracekit diff` for "
+                                  "bare traces")
+    manifest = Manifest.load(run_dir)
+    if manifest.status != "ok":
+        raise InputError(run_dir, f"the captured run failed (exit {manifest.exit_code}); nothing to validate")
+    config = manifest.config()
+    if config is None:
+        raise InputError(run_dir, f"the manifest has no training configuration ({manifest.configuration_error})")
+    paths = [run_dir / p for p in manifest.traces]
+    if not paths:
+        raise InputError(run_dir, "the run has no traces")
+    traces = read_traces(paths)
+    cluster = run_cluster(manifest, config)
+    models = models if models is not None else ModelSet.load(models_path)
+    prediction = predict(config, cluster, models).to_dict()
+    report = diff_inputs(prediction, traces, rank=rank, config=config, predicted_source=f"{run_dir} (predicted)")
+    result: dict[str, Any] = {"report": report, "prediction": prediction, "refit": None}
+    if refit:
+        result["refit"] = _refit(paths, config, cluster, report, store, models_path)
+    return result
+
+
+def run_cluster(manifest: Any, config: Any):
+    """The Cluster a captured run ran on: its hardware, ranks per node and node count."""
+    from tracekit.core.hardware import Cluster
+
+    topology = manifest.topology or {}
+    per_node = int(topology.get("ranks_per_node") or config.world_size)
+    nodes = int(topology.get("nodes") or max(1, -(-config.world_size // per_node)))
+    return Cluster(manifest.hardware, gpus_per_node=per_node, nodes=nodes)
+
+
+def _refit(paths: list[Path], config: Any, cluster: Any, before: Any, store: str | Path | None,
+           models_path: str | Path | None) -> dict[str, Any]:
+    from extractors.kineto import ingest_paths
+    from predictor.models import ModelSet, train_models
+    from predictor.predict import predict
+    from tracekit.core.store import SampleStore
+
+    sample_store = SampleStore(store)
+    ingested = ingest_paths([str(p) for p in paths], sample_store)
+    if ingested.errors:
+        first = ingested.errors[0]
+        raise InputError(first["path"], f"cannot ingest for --refit: {first['error']}")
+    added = sum(int(t.get("samples", t.get("rows", 0)) or 0) for t in ingested.traces)
+    out = Path(models_path) if models_path is not None else sample_store.root / "models"
+    trained = train_models(sample_store.read(), out, provenance={"store": str(sample_store.root),
+                                                                 "refit_on": [str(p) for p in paths]})
+    after_prediction = predict(config, cluster, ModelSet.load(out))
+    real_s = before.iteration_time_s["real"]
+
+    def errors(predicted_s: float) -> dict[str, float]:
+        return {"predicted_s": predicted_s, "real_s": real_s, "error_s": predicted_s - real_s,
+                "rel_error": (predicted_s - real_s) / real_s}
+
+    return {"samples_added": added, "store": str(sample_store.root), "models": str(out), "models_trained":
+            len(trained), "before": errors(before.iteration_time_s["predicted"]),
+            "after": errors(float(after_prediction.iteration_time_s))}
+
+
+def apply_hta(side: Any, traces: list[Any], pp: int) -> None:
+    """Measure the real side's exposed communication and idle time with HTA (temporal breakdown and
+    communication/computation overlap) where HTA can load the traces: GPU traces that name their rank."""
+    hta = hta_breakdown(traces)
+    if not hta:
+        return
+    side.hta = hta
+    per_iteration = [r for r in hta["ranks"] if r["rank"] in side.ranks]
+    if not per_iteration:
+        return
+    import numpy as np
+
+    from predictor.diff import side_breakdown
+
+    parts = side_breakdown(side, sorted(side.ranks))
+    if parts is None:
+        return
+    parts = dict(parts)
+    parts["exposed_communication"] = float(np.mean([r["exposed_communication_s"] for r in per_iteration]))
+    parts["pipeline_bubble"] = float(np.mean([r["idle_s"] for r in per_iteration])) if pp > 1 else 0.0
+    parts["overlap_ratio"] = float(np.mean([r["comm_comp_overlap"] for r in per_iteration]))
+    side.breakdown_override = parts
+    side.breakdown_source = "hta (exposed_communication, pipeline_bubble, overlap_ratio) + tracekit (the rest)"
+
+
+def hta_breakdown(traces: list[Any]) -> dict[str, Any] | None:
+    """HTA's temporal breakdown and comm/compute overlap per rank, per iteration; None where HTA cannot load the
+    traces (CPU runs, ranks unknown, HTA not installed)."""
+    if not traces or any(t.rank is None or not t.hardware or t.hardware.startswith("cpu") for t in traces):
+        return None
+    try:
+        import contextlib
+        import io
+        import logging
+
+        from hta.trace_analysis import TraceAnalysis
+    except ImportError:
+        return None
+    files = {int(t.rank): str(t.path) for t in traces}
+    if len(files) != len(traces):
+        return None
+    logging.getLogger("hta").setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            analysis = TraceAnalysis(trace_files=files)
+            temporal = analysis.get_temporal_breakdown(visualize=False)
+            overlap = analysis.get_comm_comp_overlap(visualize=False)
+    except Exception:  # noqa: BLE001 - HTA cannot load this trace set: fall back to tracekit's own measure
+        return None
+    iterations = {int(t.rank): max(len(t.iterations or []) - 1, 1) for t in traces}
+    ratio = dict(zip(overlap["rank"].astype(int), overlap["comp_comm_overlap_pctg"].astype(float) / 100))
+    ranks = []
+    for row in temporal.itertuples(index=False):
+        rank = int(row.rank)
+        n = iterations.get(rank, 1)
+        ranks.append({
+            "rank": rank, "iterations": n,
+            "idle_us": float(row[1]), "compute_us": float(row[2]), "non_compute_us": float(row[3]),
+            "kernel_time_us": float(row[4]), "comm_comp_overlap": ratio.get(rank),
+            "idle_s": float(row[1]) / n / 1e6, "exposed_communication_s": float(row[3]) / n / 1e6,
+        })
+    return {"ranks": ranks, "note": "HTA: kernel_time = first to last kernel (last profiler step excluded); "
+                                    "non_compute = communication/memory kernels not overlapped by compute"}
+
+
+def write_html(path: str | Path, report: Any, title: str = "tracekit diff") -> None:
+    """Write the self-contained HTML page of a DiffReport (atomically)."""
+    from tracekit.core.atomic import atomic_write_text
+    from tracekit.report.html import render_html
+
+    atomic_write_text(path, render_html(report.to_dict(), report.timelines, title=title))
