@@ -80,7 +80,7 @@ def test_dlrm_ranks_collectives_match(tmp_path):
     assert (report.matched, report.unmatched, report.mismatched_kind) == (8, 0, 0)
     comm = pd.concat([t.device_events[t.device_events["category"] == "communication"].assign(rank=t.rank)
                       for t in traces])
-    for _, members in comm.groupby("seq"):
+    for _, members in comm.groupby("comm_seq"):
         assert sorted(members["rank"]) == list(range(8))
         assert members["primitive"].nunique() == 1 and members["bytes"].nunique() == 1
         assert members["wait_us"].min() == 0.0

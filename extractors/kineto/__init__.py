@@ -22,7 +22,8 @@ Public API (other parts of tracekit build on these names):
   ``op``                 launching operator (e.g. ``aten::addmm``; None when the launch is not in the trace);
   ``iteration``          ProfilerStep number of the launch (-1 outside profiler steps);
   FEATURE_COLUMNS        shape features (m, n, k, batch, heads, ..., bytes, group_size), NaN where not applicable;
-  ``process_group``, ``process_group_desc``, ``seq``  collective's group id/description and sequence in it;
+  ``process_group``, ``process_group_desc``, ``comm_seq``  collective group id/description, sequence number in it
+                         (recorded Seq, else launch order in the group; named so because FEATURE_COLUMNS has `seq`);
   ``wait_us``            collectives matched across ranks: time spent waiting for the slowest rank (else NaN);
   ``layer``              innermost user annotation (Megatron/module range) around the op, else None;
   ``launch_ts_us``       start of the runtime launch call (NaN if absent).

@@ -108,7 +108,7 @@ def match_collectives(frames: list) -> MatchReport:
             continue
         parts.append(pd.DataFrame({
             "frame": f_index, "row": comm.index, "pg": comm["process_group"].fillna("default").to_numpy(),
-            "seq": comm["seq"].to_numpy(), "kind": comm["primitive"].to_numpy(), "dur": comm["dur_us"].to_numpy(),
+            "seq": comm["comm_seq"].to_numpy(), "kind": comm["primitive"].to_numpy(), "dur": comm["dur_us"].to_numpy(),
             "size": comm["group_size"].to_numpy(),
         }))
     if not parts:

@@ -2,9 +2,11 @@
 
 Without GPU kernels, an operator's own duration is its time: tracekit times the top-level aten operators (those
 with no enclosing cpu_op on their thread; nested ops are part of their parent's time) and the gloo collectives
-(`gloo:<kind>` annotations, or record_param_comms when it is the top-level op). Hardware is `cpu-<model>` from the
-trace's `cpu_model` key (tracekit's capture adds it with `prof.add_metadata`); torch does not record the CPU
-model itself, so other CPU traces get `cpu-unknown`.
+(`gloo:<kind>` annotations on gloo's worker threads; where a trace has none, record_param_comms or the c10d::
+call itself when it is the top-level op: otherwise a c10d:: call only enqueues the annotated work).
+Hardware is `cpu-<model>` from the trace's top-level `cpu_model` key (add it while profiling with
+`prof.add_metadata("cpu_model", ...)`); torch does not record the CPU model itself, so other CPU traces get
+`cpu-unknown`.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ def cpu_events(c: EventColumns, world_size: int | None, backward_op):
     names = c.op_name
     rows = []
     comm_rows, comm_recorded, comm_pg, comm_ts = [], [], [], []
+    annotated_comms = bool(np.any(ctx.comm_annotation == np.arange(len(names))))
     for i in range(len(names)):
         name = names[i]
         is_ann = bool(c.op_is_annotation[i])
@@ -45,11 +48,14 @@ def cpu_events(c: EventColumns, world_size: int | None, backward_op):
             continue
         if c.op_dur[i] <= 0:
             continue
+        c10d = name.startswith("c10d::")
+        if c10d and annotated_comms:
+            continue  # the issuing call of a collective whose work is timed by its gloo: annotation
         row = {key: None for key in EVENT_COLUMNS}
         row.update(ts_us=float(c.op_ts[i]), dur_us=float(c.op_dur[i]), name=name, op=name, kind="cpu_op",
                    stream=int(c.threads[int(c.op_thread[i])][1]) if isinstance(c.threads[int(c.op_thread[i])][1], int)
                    else -1)
-        if comm_ann or name == "record_param_comms":
+        if comm_ann or c10d or name == "record_param_comms":
             ann = int(ctx.comm_annotation[i]) if comm_ann else _child_annotation(ctx, i)
             info = comm_info(name, c.op_comm.get(i) if not is_ann else None, names[ann] if ann >= 0 else name,
                              (c.op_dims[ann], c.op_types[ann]) if ann >= 0 else None,
@@ -85,9 +91,9 @@ def cpu_events(c: EventColumns, world_size: int | None, backward_op):
         seq_col = [None] * len(frame)
         for row, seq in zip(comm_rows, seqs):
             seq_col[row] = seq
-        frame["seq"] = pd.array(seq_col, dtype="Int64")
+        frame["comm_seq"] = pd.array(seq_col, dtype="Int64")
     else:
-        frame["seq"] = pd.array([None] * len(frame), dtype="Int64")
+        frame["comm_seq"] = pd.array([None] * len(frame), dtype="Int64")
     starts = np.array([s[1] for s in lk.iterations])
     if len(starts):
         stops = np.array([s[2] for s in lk.iterations])

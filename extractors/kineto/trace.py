@@ -22,7 +22,7 @@ from .load import open_trace
 #: Columns of KinetoTrace.device_events, in order (FEATURE_COLUMNS sit between `iteration` and the collective fields).
 EVENT_COLUMNS = (
     "ts_us", "dur_us", "stream", "name", "kind", "category", "primitive", "pass", "dtype", "op", "iteration",
-    *FEATURE_COLUMNS, "process_group", "process_group_desc", "seq", "wait_us", "layer", "launch_ts_us",
+    *FEATURE_COLUMNS, "process_group", "process_group_desc", "comm_seq", "wait_us", "layer", "launch_ts_us",
 )
 
 
@@ -76,7 +76,7 @@ def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None):
     n = len(c.dev_ts)
     ctx = lk.ops
     cols = {name: [None] * n for name in ("primitive", "pass", "dtype", "op", "category", "process_group",
-                                            "process_group_desc", "seq", "layer")}
+                                            "process_group_desc", "comm_seq", "layer")}
     feats = {name: np.full(n, np.nan) for name in FEATURE_COLUMNS}
     names = c.dev_name
     op_names = c.op_name
@@ -138,14 +138,14 @@ def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None):
         order = np.argsort(when, kind="stable")
         seqs = assign_sequence(comm_pg, order, comm_recorded)
         for row, seq in zip(comm_rows, seqs):
-            cols["seq"][row] = seq
+            cols["comm_seq"][row] = seq
     frame = pd.DataFrame({
         "ts_us": c.dev_ts, "dur_us": c.dev_dur, "stream": c.dev_stream, "name": names, "kind": c.dev_kind,
         "category": cols["category"], "primitive": cols["primitive"], "pass": cols["pass"], "dtype": cols["dtype"],
         "op": cols["op"], "iteration": lk.dev_iteration,
         **feats,
         "process_group": cols["process_group"], "process_group_desc": cols["process_group_desc"],
-        "seq": pd.array(cols["seq"], dtype="Int64"), "wait_us": np.full(n, np.nan), "layer": cols["layer"],
+        "comm_seq": pd.array(cols["comm_seq"], dtype="Int64"), "wait_us": np.full(n, np.nan), "layer": cols["layer"],
         "launch_ts_us": lk.dev_launch_ts,
     })
     return frame

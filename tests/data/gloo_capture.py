@@ -1,0 +1,43 @@
+"""Capture a tiny 2-rank CPU run (gloo) with torch.profiler: matmuls and all_reduces, one trace per rank.
+
+Usage: python gloo_capture.py OUT_DIR PORT   (writes OUT_DIR/rank{0,1}.pt.trace.json)
+"""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.profiler import ProfilerActivity, profile, schedule
+
+STEPS = 3  # active profiler steps
+
+
+def cpu_model() -> str:
+    with open("/proc/cpuinfo") as handle:
+        for line in handle:
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def run(rank: int, world: int, out: str, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    a, b = torch.randn(64, 128), torch.randn(128, 32)
+    grad = torch.randn(1000)
+    path = os.path.join(out, f"rank{rank}.pt.trace.json")
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                 schedule=schedule(wait=0, warmup=1, active=STEPS),
+                 on_trace_ready=lambda prof: prof.export_chrome_trace(path)) as prof:
+        prof.add_metadata("cpu_model", cpu_model())
+        for _ in range(STEPS + 1):
+            c = torch.mm(a, b)
+            dist.all_reduce(grad)
+            dist.all_reduce(c)
+            prof.step()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mp.spawn(run, args=(2, sys.argv[1], int(sys.argv[2])), nprocs=2)

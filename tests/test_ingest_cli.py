@@ -1,0 +1,145 @@
+"""`tracekit ingest` end to end: tables/JSON, bad inputs (one line each, exit codes, store untouched),
+idempotent re-ingest, redaction of the trace environment, and B/E event pairs."""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from pathlib import Path
+
+import orjson
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from extractors.kineto import read_trace
+from tracekit.cli import app
+from tracekit.core.store import SampleStore
+from tests.conftest import KINETO, TRACES
+
+NCCL = KINETO / "hta" / "nccl_parser_config_nccl_data.json.gz"
+BERT = KINETO / "tracelens" / "h100__gaunernst_bert-small-uncased__1016001.json.gz"
+CHAKRA = KINETO / "hta" / "execution_trace_benchmark_simple_add_et.json.gz"
+runner = CliRunner()
+
+
+def ingest(*args: str):
+    return runner.invoke(app, ["ingest", *args])
+
+
+def tree_digest(root: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*")):
+        digest.update(str(path.relative_to(root)).encode())
+        if path.is_file():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@pytest.fixture()
+def bad_inputs(tmp_path) -> dict:
+    """Each bad input is derived from a real file; value = words the error line must contain."""
+    truncated = tmp_path / "truncated.json.gz"
+    truncated.write_bytes(NCCL.read_bytes()[:200_000])
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model": "gpt", "layers": 2}))
+    untimed = tmp_path / "untimed.json"
+    data = orjson.loads(gzip.decompress(BERT.read_bytes()))
+    data = {"schemaVersion": 1, "traceEvents": [e for e in data["traceEvents"] if e.get("ph") in ("M", "i")]}
+    untimed.write_bytes(orjson.dumps(data))
+    empty = tmp_path / "empty_dir"
+    empty.mkdir()
+    return {CHAKRA: "Chakra execution trace", truncated: "truncated gzip", config: "not a Kineto trace",
+            untimed: "nothing timed", empty: "no trace files"}
+
+
+def test_bad_inputs_one_line_each_exit_2_store_unchanged(tmp_path, bad_inputs):
+    store = tmp_path / "store"
+    assert ingest(str(TRACES / "kineto" / "nccl_parser_config_nccl_data.json.gz"), "--store", str(store)).exit_code == 0
+    before = tree_digest(store)
+    for path, words in bad_inputs.items():
+        result = ingest(str(path), "--store", str(store))
+        assert result.exit_code == 2, result.output
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and str(path) in lines[0] and words in lines[0], lines
+        assert tree_digest(store) == before
+    result = ingest(*map(str, bad_inputs), "--store", str(store), "--json")
+    assert result.exit_code == 2
+    doc = json.loads(result.stdout)
+    assert doc["traces"] == [] and len(doc["errors"]) == len(bad_inputs)
+    assert tree_digest(store) == before
+
+
+def test_partial_failure_exits_1_and_ingests_the_rest(tmp_path, bad_inputs):
+    store = tmp_path / "store"
+    result = ingest(str(NCCL), str(CHAKRA), "--store", str(store), "--json")
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert [Path(t["path"]).name for t in doc["traces"]] == [NCCL.name]
+    assert [Path(e["path"]).name for e in doc["errors"]] == [CHAKRA.name]
+
+
+def test_json_schema_and_idempotent_reingest(tmp_path):
+    store = tmp_path / "store"
+    first = ingest(str(NCCL), "--store", str(store), "--json")
+    assert first.exit_code == 0, first.output
+    doc = json.loads(first.stdout)
+    assert set(doc) == {"traces", "errors"} and doc["errors"] == []
+    (report,) = doc["traces"]
+    assert set(report) == {"path", "hardware", "rank", "world_size", "iterations", "kernels", "gpu_busy_us",
+                           "primitives", "unclassified_share", "samples_written"}
+    assert (report["hardware"], report["rank"], report["world_size"]) == ("A100-PG509-200", 0, 2)
+    assert report["kernels"] == 2700 and report["iterations"] == 3
+    device_events = 2700 + 114 + 960  # kernels + memsets + memcpys in the file
+    assert report["samples_written"] == device_events
+    assert sum(p["count"] for p in report["primitives"].values()) == device_events
+    assert all(set(p) == {"count", "time_us"} for p in report["primitives"].values())
+    assert 0 <= report["unclassified_share"] < 1
+    before = tree_digest(store)
+    again = json.loads(ingest(str(NCCL), "--store", str(store), "--json").stdout)
+    assert again["traces"][0]["samples_written"] == 0
+    assert tree_digest(store) == before
+    assert len(SampleStore(store).read()) == device_events
+    table = ingest(str(NCCL), "--store", str(store))
+    assert "A100-PG509-200" in table.stdout and "all_reduce" in table.stdout
+
+
+def test_trace_environment_is_never_stored_or_printed(tmp_path):
+    env = orjson.loads(gzip.decompress(BERT.read_bytes()))["metadata"]["system"]["env"]
+    secrets = ["HF_TOKEN", "MOCA_LOG_FILE", "KMP_DUPLICATE_LIB_OK", "<REDACTED>"]
+    secrets += [v for k, v in env.items() if k in ("HOSTNAME", "HF_HOME") and isinstance(v, str) and len(v) > 5]
+    store = tmp_path / "store"
+    outputs = [ingest(str(BERT), "--store", str(store), "--json"), ingest(str(BERT), "--store", str(store))]
+    text = "".join(o.output for o in outputs)
+    blobs = b"".join(p.read_bytes() for p in store.rglob("*") if p.is_file())
+    frame = SampleStore(store).read()
+    cells = " ".join(str(v) for v in frame.astype(str).to_numpy().ravel()) + json.dumps(SampleStore(store).sources())
+    for secret in secrets:
+        assert secret not in text and secret.encode() not in blobs and secret not in cells, secret
+
+
+def test_begin_end_pairs_read_like_complete_events(tmp_path):
+    """The same real trace with every X event rewritten as a B/E pair gives the same device events."""
+    data = orjson.loads(gzip.decompress(NCCL.read_bytes()))
+    paired = []
+    for e in data["traceEvents"]:
+        if e.get("ph") != "X":
+            paired.append((e.get("ts", 0), 2, 0, e))
+            continue
+        begin = {k: v for k, v in e.items() if k != "dur"} | {"ph": "B"}
+        end = {"ph": "E", "pid": e["pid"], "tid": e["tid"], "ts": e["ts"] + e["dur"]}
+        paired.append((e["ts"], 1, -e["dur"], begin))
+        paired.append((e["ts"] + e["dur"], 0, -e["ts"], end))
+    paired.sort(key=lambda item: item[:3])
+    data["traceEvents"] = [item[3] for item in paired]
+    path = tmp_path / "paired.json"
+    path.write_bytes(orjson.dumps(data))
+    original = read_trace(NCCL).device_events
+    rewritten = read_trace(path).device_events
+    key = ["ts_us", "name"]
+    original = original.sort_values(key, kind="stable").reset_index(drop=True)
+    rewritten = rewritten.sort_values(key, kind="stable").reset_index(drop=True)
+    assert len(rewritten) == len(original) == 3774
+    assert rewritten["dur_us"].to_numpy() == pytest.approx(original["dur_us"].to_numpy(), abs=1e-3)
+    for column in ("name", "primitive", "pass", "op", "iteration", "bytes", "m", "n", "k"):
+        pd.testing.assert_series_equal(rewritten[column], original[column], check_names=False)
