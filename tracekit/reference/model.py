@@ -9,7 +9,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from .parallel import (ColumnParallelLinear, RowParallelLinear, Topology, VocabParallelEmbedding, copy_to_tp,
-                       gather_from_sp, reduce_from_tp, reduce_scatter_to_sp, vocab_parallel_cross_entropy)
+                       gather_from_sp, init_shard, reduce_from_tp, reduce_scatter_to_sp, vocab_parallel_cross_entropy)
 
 
 def _norm(args, topo: Topology, dtype) -> nn.Module:
@@ -31,13 +31,17 @@ class TransformerLayer(nn.Module):
         out_std = std / (2.0 * args.num_layers) ** 0.5  # Megatron's scaled init of the output projections
         self.heads = args.num_attention_heads // tp
         self.head_dim = args.kv_channels
+        seed = args.seed + 10 * (number + 1)  # per layer, not per rank: every tp/pp split starts from one model
         self.input_norm = _norm(args, topo, dtype)
-        self.qkv = ColumnParallelLinear(topo, h, 3 * args.num_attention_heads * self.head_dim, bias, sp, std, dtype)
-        self.proj = RowParallelLinear(topo, args.num_attention_heads * self.head_dim, h, bias, sp, out_std, dtype)
+        self.qkv = ColumnParallelLinear(topo, h, 3 * args.num_attention_heads * self.head_dim, bias, sp, std, dtype,
+                                        seed)  # output features ordered [head, q/k/v, head_dim]
+        self.proj = RowParallelLinear(topo, args.num_attention_heads * self.head_dim, h, bias, sp, out_std, dtype,
+                                      seed + 1)
         self.mlp_norm = _norm(args, topo, dtype)
         fc1_out = 2 * args.ffn_hidden_size if args.swiglu else args.ffn_hidden_size
-        self.fc1 = ColumnParallelLinear(topo, h, fc1_out, bias, sp, std, dtype)
-        self.fc2 = RowParallelLinear(topo, args.ffn_hidden_size, h, bias, sp, out_std, dtype)
+        self.fc1 = ColumnParallelLinear(topo, h, fc1_out, bias, sp, std, dtype, seed + 2,
+                                        parts=2 if args.swiglu else 1)
+        self.fc2 = RowParallelLinear(topo, args.ffn_hidden_size, h, bias, sp, out_std, dtype, seed + 3)
 
     def forward(self, x):
         args = self.args
@@ -73,17 +77,20 @@ class GPTStage(nn.Module):
         self.layers = nn.ModuleList(TransformerLayer(args, topo, first + i, dtype) for i in range(per_stage))
         self.word_embeddings = self.position_embeddings = self.final_norm = self.output_weight = None
         if topo.first_stage or (topo.last_stage and not args.untie_embeddings_and_output_weights):
-            self.word_embeddings = VocabParallelEmbedding(topo, args.padded_vocab_size, args.hidden_size, std, dtype)
+            self.word_embeddings = VocabParallelEmbedding(topo, args.padded_vocab_size, args.hidden_size, std, dtype,
+                                                          args.seed + 1)
         if topo.first_stage:
             self.position_embeddings = nn.Embedding(args.max_position_embeddings, args.hidden_size,
                                                     device=topo.device, dtype=dtype)
-            nn.init.normal_(self.position_embeddings.weight, std=std)
+            with torch.no_grad():
+                generator = torch.Generator().manual_seed(args.seed + 2)
+                self.position_embeddings.weight.copy_(
+                    torch.randn(self.position_embeddings.weight.shape, generator=generator) * std)
         if topo.last_stage:
             self.final_norm = _norm(args, topo, dtype)
             if args.untie_embeddings_and_output_weights:
-                self.output_weight = nn.Parameter(
-                    (torch.randn(args.padded_vocab_size // topo.tp, args.hidden_size, device=topo.device) * std).to(dtype)
-                )
+                self.output_weight = init_shard((args.padded_vocab_size, args.hidden_size), 0, topo, std, dtype,
+                                                args.seed + 3)
 
     def shared_embedding(self) -> nn.Parameter | None:
         """The word-embedding weight the first and last stage share (tied, pp > 1), else None."""

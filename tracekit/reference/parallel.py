@@ -165,20 +165,24 @@ def reduce_scatter_to_sp(x, group):
 
 
 # -- parallel layers ------------------------------------------------------------------------------------------------
-def _init(shape, std: float, dtype, device) -> nn.Parameter:
-    weight = torch.empty(shape, dtype=torch.float32, device=device)
-    nn.init.normal_(weight, mean=0.0, std=std)
-    return nn.Parameter(weight.to(dtype))
+def init_shard(full_shape: tuple[int, int], dim: int, topo: Topology, std: float, dtype, seed: int,
+               parts: int = 1) -> nn.Parameter:
+    """This rank's slice of a full N(0, std) weight drawn from `seed` (as Megatron's CPU initialization does), so a
+    model starts identical whatever its tp/pp split. The full weight is cut into `parts` blocks along `dim` (e.g. the
+    gate and up halves of a SwiGLU FC1) and each block is split across the tp ranks."""
+    full = torch.randn(full_shape, generator=torch.Generator().manual_seed(seed)) * std
+    blocks = [block.chunk(topo.tp, dim)[topo.tp_rank] for block in full.chunk(parts, dim)]
+    return nn.Parameter(torch.cat(blocks, dim).to(device=topo.device, dtype=dtype).contiguous())
 
 
 class ColumnParallelLinear(nn.Module):
     """Y = X·Wᵀ with W split by output rows across the tp group; the input enters through copy/all-gather."""
 
     def __init__(self, topo: Topology, in_features: int, out_features: int, bias: bool, sequence_parallel: bool,
-                 std: float, dtype):
+                 std: float, dtype, seed: int, parts: int = 1):
         super().__init__()
         self.topo, self.sp = topo, sequence_parallel
-        self.weight = _init((out_features // topo.tp, in_features), std, dtype, topo.device)
+        self.weight = init_shard((out_features, in_features), 0, topo, std, dtype, seed, parts)
         self.bias = nn.Parameter(torch.zeros(out_features // topo.tp, dtype=dtype, device=topo.device)) if bias else None
 
     def forward(self, x):
@@ -190,10 +194,10 @@ class RowParallelLinear(nn.Module):
     """Y = X·Wᵀ with W split by input columns; partial sums are all-reduced (or reduce-scattered with SP)."""
 
     def __init__(self, topo: Topology, in_features: int, out_features: int, bias: bool, sequence_parallel: bool,
-                 std: float, dtype):
+                 std: float, dtype, seed: int):
         super().__init__()
         self.topo, self.sp = topo, sequence_parallel
-        self.weight = _init((out_features, in_features // topo.tp), std, dtype, topo.device)
+        self.weight = init_shard((out_features, in_features), 1, topo, std, dtype, seed)
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=topo.device)) if bias else None
         if self.bias is not None:
             self.bias.sequence_parallel = sequence_parallel
@@ -207,12 +211,12 @@ class RowParallelLinear(nn.Module):
 class VocabParallelEmbedding(nn.Module):
     """Word embedding with the vocabulary split across tp; lookups outside my slice are zero, then summed."""
 
-    def __init__(self, topo: Topology, vocab: int, hidden: int, std: float, dtype):
+    def __init__(self, topo: Topology, vocab: int, hidden: int, std: float, dtype, seed: int):
         super().__init__()
         self.topo = topo
         per_rank = vocab // topo.tp
         self.start, self.end = topo.tp_rank * per_rank, (topo.tp_rank + 1) * per_rank
-        self.weight = _init((per_rank, hidden), std, dtype, topo.device)
+        self.weight = init_shard((vocab, hidden), 0, topo, std, dtype, seed)
 
     def forward(self, tokens):  # tokens [b, s] → partial embeddings [b, s, h] (summed by the caller)
         outside = (tokens < self.start) | (tokens >= self.end)

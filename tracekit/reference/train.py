@@ -80,8 +80,10 @@ def _profiler(args, topo: Topology):
 
 
 def _batch(args, topo: Topology, iteration: int, micro: int):
-    """Mock data as Megatron's mock dataset gives it: random tokens, labels shifted by one."""
-    generator = torch.Generator().manual_seed(args.seed + 7919 * iteration + 104729 * topo.dp_rank + micro)
+    """Mock data as Megatron's mock dataset gives it: random tokens, labels shifted by one. Samples are numbered
+    globally (data-parallel rank r takes micro-batches r·n … r·n + n − 1), so every split sees the same batch."""
+    index = topo.dp_rank * args.num_micro_batches + micro
+    generator = torch.Generator().manual_seed(args.seed + 7919 * iteration + index)
     tokens = torch.randint(0, args.vocab_size, (args.micro_batch_size, args.seq_length + 1), generator=generator)
     tokens = tokens.to(topo.device)
     return tokens[:, :-1], tokens[:, 1:]
@@ -102,7 +104,7 @@ def train(argv: list[str] | None = None) -> int:
     if topo.rank == 0:
         print(arguments_block(args), flush=True)
     dtype = DTYPES[args.params_dtype]
-    torch.manual_seed(args.seed + 100 * topo.pp_rank + topo.tp_rank)  # dp replicas start identical
+    torch.manual_seed(args.seed + 100 * topo.pp_rank + topo.tp_rank)  # dropout streams; weights are seeded per layer
     model = GPTStage(args, topo, dtype)
     shared = model.shared_embedding()
     if shared is not None:  # Megatron zeroes the last stage's copy and sums it from the first stage

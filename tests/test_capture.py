@@ -1,0 +1,218 @@
+"""`tracekit capture` on real 2-rank reference-trainer runs (gloo on this CPU): manifest, trace locations for both
+Megatron layouts, exit-code pass-through, and the collectives ingest finds (sizes computed from the configuration)."""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tracekit.capture import Manifest, capture
+from tracekit.reference.launch import launch_argv
+
+TRACEKIT = [sys.executable, "-c", "from tracekit.cli import main; main()"]
+MODEL = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, micro_batch_size=2,
+             vocab_size=1000, train_iters=7, log_interval=1)
+STEPS = "2-5"  # three active steps
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*TRACEKIT, *args], capture_output=True, text=True, timeout=300)
+
+
+def _load(path: Path) -> dict:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as handle:
+        return json.load(handle)
+
+
+def _log_times(log: Path) -> list[float]:
+    """Iteration times read straight from the log lines (independent of tracekit's parser)."""
+    return [float(m) for m in re.findall(r"elapsed time per iteration \(ms\): ([\d.]+)", log.read_text())]
+
+
+@pytest.fixture(scope="module")
+def tp_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, Path]:
+    """TP=2 (fp32, global batch 4 → 2 micro-batches), Megatron ≤ 0.16 layout, through the CLI, ingesting."""
+    out = tmp_path_factory.mktemp("tp") / "capture"
+    store = out.parent / "store"
+    argv = launch_argv(2, **MODEL, global_batch_size=4, tensor_model_parallel_size=2)
+    done = _cli("capture", "--out", str(out), "--steps", STEPS, "--store", str(store), "--", *argv)
+    return out, done, store
+
+
+@pytest.fixture(scope="module")
+def pp_run(tmp_path_factory) -> tuple[Path, Manifest]:
+    """PP=2 bf16 (4 micro-batches), Megatron ≥ 0.17 layout, through the library function, no ingest."""
+    out = tmp_path_factory.mktemp("pp") / "capture"
+    argv = launch_argv(2, **MODEL, global_batch_size=8, pipeline_model_parallel_size=2, bf16=True)
+    return out, capture(out, argv, steps=STEPS, layout="torch_profile", ingest=False, echo=False)
+
+
+def test_tp_manifest_holds_the_configuration_and_the_logged_times(tp_run):
+    out, done, _ = tp_run
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "ok" and manifest["exit_code"] == 0
+    config = manifest["configuration"]
+    assert manifest["configuration_source"] == "log"
+    for name, value in MODEL.items():
+        if name in config:
+            assert config[name] == value, name
+    assert config["tensor_model_parallel_size"] == 2 and config["global_batch_size"] == 4
+    assert config["ffn_hidden_size"] == 4 * 64          # Megatron's default 4h
+    assert config["data_parallel_size"] == 2 // (2 * 1)  # world / (tp·pp)
+    assert config["precision"] == "fp32"
+    assert manifest["world_size"] == 2 and manifest["topology"]["ranks_per_node"] == 2
+    times = _log_times(out / "train.log")
+    assert len(times) == MODEL["train_iters"]
+    assert manifest["iteration_times_ms"] == times
+    assert "elapsed time per iteration" in done.stdout  # the command's output passed through
+    assert manifest["software"]["torch"].startswith("2.")
+
+
+def test_tp_traces_land_where_megatron_016_puts_them(tp_run):
+    out, _, _ = tp_run
+    traces = sorted((out / "tensorboard").iterdir())
+    host = re.escape(socket.gethostname())
+    assert len(traces) == 2 and all(re.fullmatch(rf"{host}_\d+\.\d+\.pt\.trace\.json", p.name) for p in traces)
+    ranks = set()
+    for path in traces:
+        trace = _load(path)
+        ranks.add(trace["distributedInfo"]["rank"])
+        names = {e["name"] for e in trace["traceEvents"]}
+        assert len({n for n in names if n.startswith("ProfilerStep#")}) == 3
+        assert {"layer_0/attention", "layer_1/mlp", "embedding", "output_layer"} <= names
+        assert trace.get("record_shapes") in (1, True) or any("Input Dims" in e.get("args", {})
+                                                             for e in trace["traceEvents"])
+    assert ranks == {0, 1}
+
+
+def test_tp_trace_all_reduces_have_the_activation_size(tp_run):
+    """Fact of the trace: each layer's TP all-reduces move [seq, micro_batch, hidden] activations."""
+    out, _, _ = tp_run
+    trace = _load(next((out / "tensorboard").iterdir()))
+    dims = [e["args"]["Input Dims"][0][0] for e in trace["traceEvents"]
+            if e.get("name") == "c10d::allreduce_" and e.get("args", {}).get("Input Dims")]
+    activation = [MODEL["seq_length"], MODEL["micro_batch_size"], MODEL["hidden_size"]]
+    # per micro-batch: 2 layers × 2 row-parallel outputs + embedding = 5 forward, 2 layers × 2 column-parallel
+    # inputs + LM head input = 5 backward; 2 micro-batches per step, 3 profiled steps
+    assert dims.count(activation) == 3 * 2 * (5 + 5)
+
+
+def test_tp_ingest_finds_the_tp_collectives_with_bytes_from_the_configuration(tp_run):
+    out, done, store_dir = tp_run
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["ingest"]["status"] == "ok", manifest["ingest"]
+    assert done.returncode == 0, done.stderr[-2000:]
+    from tracekit.core.store import SampleStore
+
+    samples = SampleStore(store_dir).read(primitive="all_reduce")
+    activation_bytes = MODEL["seq_length"] * MODEL["micro_batch_size"] * MODEL["hidden_size"] * 4  # fp32
+    tp = samples[samples["bytes"] == activation_bytes]
+    assert len(tp) >= 3 * 2 * (5 + 5)  # at least rank 0's, see the trace test
+    assert set(tp["group_size"]) == {2.0}
+
+
+def test_pp_run_uses_the_017_layout_and_derives_the_split(pp_run):
+    out, manifest = pp_run
+    assert manifest.status == "ok", (out / "train.log").read_text()[-2000:]
+    assert sorted(manifest.traces) == ["torch_profile/rank-0.json.gz", "torch_profile/rank-1.json.gz"]
+    config = manifest.config()
+    assert (config.pp, config.tp, config.dp, config.precision) == (2, 1, 1, "bf16")
+    assert config.num_microbatches == 8 // (2 * 1)
+    assert manifest.iteration_times_ms == _log_times(out / "train.log")
+    assert json.loads((out / "manifest.json").read_text())["layout"] == "torch_profile"
+
+
+def test_pp_trace_has_the_pipeline_sends_of_one_activation(pp_run):
+    """Fact of the trace: stage 0 sends [seq, micro_batch, hidden] bf16 activations once per micro-batch."""
+    out, _ = pp_run
+    trace = _load(out / "torch_profile" / "rank-0.json.gz")
+    assert trace["distributedInfo"]["rank"] == 0
+    sends = [e for e in trace["traceEvents"] if e.get("name") == "c10d::send"]
+    assert len(sends) == 3 * 4  # 4 micro-batches × 3 profiled steps
+    assert all(e["args"]["Input Dims"][0] == [[32, 2, 64]] for e in sends)
+
+
+def test_failing_launch_passes_its_exit_code_and_keeps_what_it_captured(tmp_path):
+    """A plain PyTorch script (import-hook mode) that dies after the profiled steps."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys, torch\n"
+        "model = torch.nn.Linear(16, 16)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for step in range(6):\n"
+        "    opt.zero_grad(); model(torch.randn(8, 16)).square().mean().backward(); opt.step()\n"
+        "print('elapsed time per iteration (ms): 1.5', flush=True)\n"
+        "sys.exit(3)\n"
+    )
+    out = tmp_path / "capture"
+    done = _cli("capture", "--out", str(out), "--steps", "2-5", "--no-ingest", "--", sys.executable, str(script))
+    assert done.returncode == 3
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["status"], manifest["exit_code"], manifest["mode"]) == ("failed", 3, "hook")
+    assert manifest["traces"] == ["traces/rank-0.pt.trace.json"]
+    assert manifest["iteration_times_ms"] == [1.5]
+    steps = {e["name"] for e in _load(out / "traces" / "rank-0.pt.trace.json")["traceEvents"]
+             if e["name"].startswith("ProfilerStep#")}
+    assert len(steps) == 3
+
+
+def test_missing_command_fails_cleanly(tmp_path):
+    done = _cli("capture", "--out", str(tmp_path / "c"), "--no-ingest", "--", "no-such-command-xyz", "--num-layers", "2")
+    assert done.returncode == 127
+    assert json.loads((tmp_path / "c" / "manifest.json").read_text())["status"] == "failed"
+    again = _cli("capture", "--out", str(tmp_path / "c"), "--", "true")
+    assert again.returncode == 2 and again.stderr.count("\n") == 1 and "already holds a capture" in again.stderr
+
+
+def test_hook_gives_one_trace_per_rank_of_a_plain_script(tmp_path):
+    script = tmp_path / "ddp.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))\n"
+        "opt = torch.optim.Adam(model.parameters())\n"
+        "for step in range(7):\n"
+        "    opt.zero_grad(); model(torch.randn(16, 32)).square().mean().backward()\n"
+        "    for p in model.parameters(): dist.all_reduce(p.grad)\n"
+        "    opt.step()\n"
+        "dist.destroy_process_group()\n"
+    )
+    out = tmp_path / "capture"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    manifest = capture(out, argv, steps="3-6", ingest=False, echo=False)
+    assert (manifest.status, manifest.mode, manifest.world_size) == ("ok", "hook", 2)
+    assert manifest.configuration is None and manifest.configuration_error
+    ranks = set()
+    for name in manifest.traces:
+        trace = _load(out / name)
+        ranks.add(trace["distributedInfo"]["rank"])
+        events = trace["traceEvents"]
+        assert len({e["name"] for e in events if e["name"].startswith("ProfilerStep#")}) == 3
+        grads = [e for e in events if e.get("name") == "c10d::allreduce_"]
+        assert len(grads) == 3 * 4  # 4 parameter tensors per step
+    assert ranks == {0, 1} and len(manifest.traces) == 2
+
+
+def test_megatron_args_both_layouts_and_ranks():
+    old = _cli("megatron-args", "--steps", "10-13", "--ranks", "0,2", "--out", "runs/a")
+    assert old.returncode == 0
+    assert old.stdout.split() == ["--profile", "--use-pytorch-profiler", "--profile-step-start", "10",
+                                  "--profile-step-end", "13", "--profile-ranks", "0", "2",
+                                  "--tensorboard-dir", "runs/a/tensorboard"]
+    new = json.loads(_cli("megatron-args", "--layout", "torch_profile", "--ranks", "all", "--world-size", "4",
+                          "--out", "runs/b", "--json").stdout)
+    assert new["flags"][-1] == "--pytorch-profiler-collect-shapes"
+    assert new["flags"][new["flags"].index("--profile-ranks") + 1:][:4] == ["0", "1", "2", "3"]
+    assert new["trace_globs"] == ["runs/b/torch_profile/rank-*.json.gz"]
+    no_shapes = _cli("megatron-args", "--layout", "torch_profile", "--no-shapes")
+    assert "--pytorch-profiler-collect-shapes" not in no_shapes.stdout
+    for bad in (["--ranks", "all"], ["--ranks", "0,x"], ["--ranks", "5", "--world-size", "4"], ["--steps", "10-11"]):
+        done = _cli("megatron-args", *bad)
+        assert done.returncode == 2 and done.stderr.startswith("error:") and done.stderr.count("\n") == 1, bad
