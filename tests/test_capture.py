@@ -48,10 +48,10 @@ def tp_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, Path]:
 
 @pytest.fixture(scope="module")
 def pp_run(tmp_path_factory) -> tuple[Path, Manifest]:
-    """PP=2 bf16 (4 micro-batches), Megatron ≥ 0.17 layout, through the library function, no ingest."""
+    """PP=2 bf16 (4 micro-batches), Megatron ≥ 0.17 layout, through the library function, ingesting."""
     out = tmp_path_factory.mktemp("pp") / "capture"
     argv = launch_argv(2, **MODEL, global_batch_size=8, pipeline_model_parallel_size=2, bf16=True)
-    return out, capture(out, argv, steps=STEPS, layout="torch_profile", ingest=False, echo=False)
+    return out, capture(out, argv, steps=STEPS, layout="torch_profile", store=out.parent / "store", echo=False)
 
 
 def test_tp_manifest_holds_the_configuration_and_the_logged_times(tp_run):
@@ -114,8 +114,23 @@ def test_tp_ingest_finds_the_tp_collectives_with_bytes_from_the_configuration(tp
     samples = SampleStore(store_dir).read(primitive="all_reduce")
     activation_bytes = MODEL["seq_length"] * MODEL["micro_batch_size"] * MODEL["hidden_size"] * 4  # fp32
     tp = samples[samples["bytes"] == activation_bytes]
-    assert len(tp) >= 3 * 2 * (5 + 5)  # at least rank 0's, see the trace test
+    assert len(tp) == 2 * 3 * 2 * (5 + 5)  # both ranks, see the trace test
     assert set(tp["group_size"]) == {2.0}
+    assert set(samples["hardware"]) == {manifest["hardware"]}  # the CPU named in the trace = the manifest's
+
+
+@pytest.mark.xfail(reason="ingest (#2) skips gloo send/recv on CPU: the gloo:send/recv annotations sit inside "
+                          "c10d::send/c10d::recv_ on the calling thread and both are dropped", strict=False)
+def test_pp_ingest_finds_the_pipeline_transfers(pp_run):
+    out, manifest = pp_run
+    assert manifest.ingest["status"] == "ok", manifest.ingest
+    from tracekit.core.store import SampleStore
+
+    p2p = SampleStore(out.parent / "store").read(primitive="send_recv")
+    activation_bytes = MODEL["seq_length"] * MODEL["micro_batch_size"] * MODEL["hidden_size"] * 2  # bf16
+    # per step and micro-batch: one activation forward (0 → 1) and one gradient back (1 → 0), each seen by both
+    assert (p2p["bytes"] == activation_bytes).sum() == 3 * 4 * 2 * 2
+    assert set(p2p["hardware"]) == {manifest.hardware}
 
 
 def test_pp_run_uses_the_017_layout_and_derives_the_split(pp_run):

@@ -2,6 +2,7 @@
 log lines, and its PyTorch-profiler integration (same schedule, same trace locations)."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -10,6 +11,8 @@ from datetime import datetime
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from tracekit.core.hardware import cpu_hardware_id
 
 from .arguments import arguments_block, parse_args
 from .model import GPTStage
@@ -71,12 +74,15 @@ def _profiler(args, topo: Topology):
         handler, record_shapes = tensorboard_trace_handler(args.tensorboard_dir), True
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if topo.device.type == "cuda" else [])
     start, end = args.profile_step_start, args.profile_step_end
-    return profile(
+    prof = profile(
         activities=activities,
         schedule=schedule(wait=max(start - 1, 0), warmup=1 if start > 0 else 0, active=end - start, repeat=1),
         on_trace_ready=handler,
         record_shapes=record_shapes,
     )
+    if topo.device.type == "cpu":  # tracekit's convention: CPU traces name their CPU (torch does not)
+        prof.preset_metadata_json("cpu_model", json.dumps(cpu_hardware_id().removeprefix("cpu-")))
+    return prof
 
 
 def _batch(args, topo: Topology, iteration: int, micro: int):

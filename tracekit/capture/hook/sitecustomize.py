@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import importlib.abc
+import json
 import importlib.machinery
 import importlib.util
 import os
@@ -55,6 +56,10 @@ class _StepProfiler:
             on_trace_ready=self._save,
             record_shapes=True,
         )
+        if not torch.cuda.is_available():  # tracekit's convention: CPU traces name their CPU (torch does not)
+            from tracekit.core.hardware import cpu_hardware_id
+
+            self.prof.preset_metadata_json("cpu_model", json.dumps(cpu_hardware_id().removeprefix("cpu-")))
         self.prof.start()
 
     def _save(self, prof) -> None:

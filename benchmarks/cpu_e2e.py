@@ -1,0 +1,151 @@
+"""End to end on this machine, no GPU: sample the CPU, capture a few small reference-trainer runs, ingest, train,
+then predict other configurations, run them, and compare predicted with measured iteration time.
+
+    .venv/bin/python benchmarks/cpu_e2e.py [--budget 90] [--repeats 3] [--work DIR]
+
+Steps (all through the `tracekit` command, as a user would run them):
+  1. tracekit sample --device cpu --ranks 2              (micro-benchmarks, gloo collectives over 2 processes)
+  2. tracekit capture -- torchrun ... -m tracekit.reference   (3 training configurations, 2 ranks each, ingested)
+  3. tracekit train --store S --out M
+  4. tracekit predict CONFIG --hardware cpu-... --gpus-per-node 2 --models M --json   (other configurations)
+  5. run each predicted configuration with the reference trainer (no profiler) and take the median iteration time
+     (iterations after the first WARMUP) from its log lines; one configuration is run --repeats times to show the
+     spread of measurements on this noisy shared machine.
+Prints one table: predicted vs measured per configuration, MAPE, and the measurement spread beside it.
+Goal (issue 6): MAPE ≤ 10 %.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tracekit.core.hardware import cpu_hardware_id
+from tracekit.reference.launch import launch_argv
+
+TRACEKIT = [sys.executable, "-c", "from tracekit.cli import main; main()"]
+COMMON = dict(vocab_size=1000, log_interval=1)
+TRAIN_ITERS = 12
+WARMUP = 3  # iterations left out of the measured median (start-up, allocator warm-up)
+
+#: Captured (training data) and predicted configurations; all run on 2 ranks (TP, PP or DP over 2).
+CAPTURED = {
+    "A tp2 h64 L2": dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, micro_batch_size=2,
+                         global_batch_size=4, tensor_model_parallel_size=2),
+    "B pp2 h128 L2": dict(num_layers=2, hidden_size=128, num_attention_heads=8, seq_length=64, micro_batch_size=2,
+                          global_batch_size=8, pipeline_model_parallel_size=2),
+    "C dp2 h64 L2": dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, micro_batch_size=4,
+                         global_batch_size=8),
+}
+PREDICTED = {
+    "1 tp2 h64 L4 (layers)": dict(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
+                                  micro_batch_size=2, global_batch_size=4, tensor_model_parallel_size=2),
+    "2 tp2 h128 mb1 (hidden, mb)": dict(num_layers=2, hidden_size=128, num_attention_heads=8, seq_length=64,
+                                        micro_batch_size=1, global_batch_size=4, tensor_model_parallel_size=2),
+    "3 pp2 h128 L4 mb4 (pp, layers, mb)": dict(num_layers=4, hidden_size=128, num_attention_heads=8,
+                                               seq_length=32, micro_batch_size=4, global_batch_size=16,
+                                               pipeline_model_parallel_size=2),
+    "4 dp2 h256 (dp, hidden)": dict(num_layers=2, hidden_size=256, num_attention_heads=8, seq_length=64,
+                                    micro_batch_size=2, global_batch_size=8),
+    "5 tp2+sp h128 (sp)": dict(num_layers=2, hidden_size=128, num_attention_heads=8, seq_length=64,
+                               micro_batch_size=2, global_batch_size=4, tensor_model_parallel_size=2,
+                               sequence_parallel=True),
+}
+
+
+class StepFailed(RuntimeError):
+    pass
+
+
+def tracekit(*args: str, step: str) -> str:
+    done = subprocess.run([*TRACEKIT, *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise StepFailed(f"{step}: `tracekit {' '.join(args[:2])} ...` exited {done.returncode}: "
+                         f"{done.stderr.strip().splitlines()[-1:] or done.stdout[-300:]}")
+    return done.stdout
+
+
+def measured_ms(model: dict) -> float:
+    """Median iteration time (ms) of one plain run, from Megatron-style log lines."""
+    done = subprocess.run(launch_argv(2, **model, **COMMON, train_iters=TRAIN_ITERS), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise StepFailed(f"reference run failed: {done.stderr[-500:]}")
+    times = [float(v) for v in re.findall(r"elapsed time per iteration \(ms\): ([\d.]+)", done.stdout)]
+    return statistics.median(times[WARMUP:])
+
+
+def predicted_ms(model: dict, models_dir: Path, hardware: str, work: Path, name: str) -> dict:
+    config = {**model, **COMMON, "world_size": 2, "precision": "fp32", "train_iters": TRAIN_ITERS}
+    config.pop("log_interval")
+    path = work / f"config-{re.sub(r'[^A-Za-z0-9]+', '_', name)}.json"
+    path.write_text(json.dumps(config))
+    out = tracekit("predict", str(path), "--hardware", hardware, "--gpus-per-node", "2", "--models", str(models_dir),
+                   "--json", step="predict")
+    return json.loads(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--budget", type=float, default=90, help="seconds for `tracekit sample` (default 90)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of one configuration for the spread")
+    parser.add_argument("--work", type=Path, default=None, help="working directory (default: a temporary one)")
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="tracekit-cpu-e2e-"))
+    work.mkdir(parents=True, exist_ok=True)
+    store, models_dir, hardware = work / "store", work / "models", cpu_hardware_id()
+    clock = {}
+
+    def timed(step: str, fn):
+        t0 = time.perf_counter()
+        result = fn()
+        clock[step] = time.perf_counter() - t0
+        print(f"[{step}] done in {clock[step]:.0f} s", file=sys.stderr, flush=True)
+        return result
+
+    print(f"hardware {hardware}; work dir {work}", file=sys.stderr)
+    timed("sample", lambda: tracekit("sample", "--device", "cpu", "--budget", str(args.budget), "--ranks", "2",
+                                     "--store", str(store), "--json", step="sample"))
+
+    def capture_all():
+        for i, (name, model) in enumerate(CAPTURED.items()):
+            argv = launch_argv(2, **model, **COMMON, train_iters=8)
+            tracekit("capture", "--out", str(work / f"capture-{i}"), "--steps", "3-6", "--store", str(store), "--",
+                     *argv, step=f"capture {name}")
+
+    timed("capture+ingest", capture_all)
+    timed("train", lambda: tracekit("train", "--store", str(store), "--out", str(models_dir), "--json", step="train"))
+    predictions = timed("predict", lambda: {name: predicted_ms(m, models_dir, hardware, work, name)
+                                            for name, m in PREDICTED.items()})
+    measured = timed("measure", lambda: {name: measured_ms(m) for name, m in PREDICTED.items()})
+    first = next(iter(PREDICTED))
+    repeats = timed("spread", lambda: [measured[first]] + [measured_ms(PREDICTED[first])
+                                                            for _ in range(args.repeats - 1)])
+
+    print(f"\nCPU end to end on {hardware} (2 ranks, gloo, fp32), models from `tracekit sample` + "
+          f"{len(CAPTURED)} captured runs")
+    print(f"{'configuration':38} {'predicted ms':>13} {'measured ms':>12} {'error':>8}")
+    errors = []
+    for name in PREDICTED:
+        pred = predictions[name]["iteration_time_s"] * 1e3
+        meas = measured[name]
+        errors.append(abs(pred - meas) / meas)
+        print(f"{name:38} {pred:13.1f} {meas:12.1f} {100 * (pred - meas) / meas:+7.1f}%")
+    spread = (max(repeats) - min(repeats)) / statistics.mean(repeats)
+    print(f"\nMAPE {100 * statistics.mean(errors):.1f}% over {len(errors)} configurations (goal ≤ 10%)")
+    print(f"measurement spread of '{first}' over {len(repeats)} runs: "
+          + ", ".join(f"{t:.1f}" for t in repeats) + f" ms → (max − min)/mean = {100 * spread:.1f}%")
+    print("step times: " + ", ".join(f"{k} {v:.0f} s" for k, v in clock.items()))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except StepFailed as exc:
+        print(f"blocked: {exc}", file=sys.stderr)
+        sys.exit(1)
