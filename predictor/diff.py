@@ -255,13 +255,15 @@ def check_same_configuration(predicted: Side, real: Side, config: dict[str, Any]
             f"configurations differ: the prediction is for {predicted.world_size} ranks, the real run has "
             f"{real.world_size}"
         )
-    for desc, size in predicted.groups.items():
-        if desc in real.groups and real.groups[desc] != size:
-            degree = GROUP_DEGREES.get(desc, desc)
-            raise ConfigError(
-                f"configurations differ: the prediction has {degree.upper()}={size}, the real run's {desc} has "
-                f"{real.groups[desc]} ranks"
-            )
+    differ = [
+        f"the prediction has {GROUP_DEGREES[desc].upper()}={size}, the real run's {desc} has {real.groups[desc]} "
+        f"rank{'s' if real.groups[desc] != 1 else ''}"
+        for desc, size in sorted(predicted.groups.items(), key=lambda kv: list(GROUP_DEGREES).index(kv[0])
+                                 if kv[0] in GROUP_DEGREES else 99)
+        if desc in GROUP_DEGREES and desc in real.groups and real.groups[desc] != size
+    ]
+    if differ:
+        raise ConfigError("configurations differ: " + "; ".join(differ))
     if config and not real.groups:
         allowed = _allowed_group_sizes(config)
         odd = sorted(s for s in real.group_sizes if s not in allowed)

@@ -7,7 +7,7 @@ from typing import Any, Optional
 import typer
 
 from .app import app
-from .output import console, fail, print_json, progress, user_errors
+from .output import EXIT_PARTIAL, console, fail, print_json, progress, user_errors
 
 
 @app.command("validate")
@@ -17,8 +17,9 @@ def validate(
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     html: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML report here."),
     rank: Optional[int] = typer.Option(None, "--rank", help="Rank whose timelines the HTML shows."),
-    refit: bool = typer.Option(False, "--refit", help="Ingest the run, retrain, and report the error before and "
-                                                     "after."),
+    refit: bool = typer.Option(False, "--refit", help="Ingest the run into the store, retrain on the whole store "
+                                                     "(into --models DIR, else <store>/models), and report the "
+                                                     "error before and after."),
     store: Optional[Path] = typer.Option(None, "--store", help="Sample store --refit ingests into (default: "
                                                                "$TRACEKIT_HOME or ./.tracekit)."),
     published: Optional[Path] = typer.Option(None, "--published", help="CSV of measured end-to-end results "
@@ -74,7 +75,13 @@ def _published(path: Path, hardware_map: list[str], models: Any, json_out: bool)
         result = validate_published(path, mapping, models, on_batch=lambda n: bar.advance(task, n))
     if json_out:
         print_json(result)
-        return
+    else:
+        _published_table(path, result)
+    if result["failed"]:
+        raise typer.Exit(EXIT_PARTIAL)
+
+
+def _published_table(path: Path, result: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(title=f"{path.name}: predicted vs measured iteration time (worst first)")

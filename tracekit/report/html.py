@@ -121,7 +121,8 @@ def _timeline_svg(svg_id: str, events: list[dict], span: float) -> str:
         )
     for frac in (0, 0.25, 0.5, 0.75, 1.0):
         x = left + frac * span * scale
-        out.append(f"<text x='{x:.1f}' y='10' text-anchor='middle'>{_fmt_s(frac * span / 1e6)}</text>")
+        anchor = "end" if frac == 1.0 else "start" if frac == 0 else "middle"
+        out.append(f"<text x='{x:.1f}' y='10' text-anchor='{anchor}'>{_fmt_s(frac * span / 1e6)}</text>")
     out.append("</svg>")
     return "".join(out)
 
