@@ -86,7 +86,7 @@ def summarize_traces(traces: Iterable[Any], label: str, pp: int = 1, ranks_per_s
     per_stage = ranks_per_stage or max(world // max(pp, 1), 1)
     ranks = {rank: _summarize_rank(trace, rank, rank // per_stage, pp > 1, drop_warmup)
              for rank, trace in seen.items()}
-    groups, sizes = _groups(traces)
+    groups, sizes = trace_groups(traces)
     for desc, size in (process_groups or {}).items():
         groups.setdefault(desc, int(size))
         sizes.add(int(size))
@@ -161,7 +161,8 @@ def _timeline(events: pd.DataFrame, start: float) -> list[dict]:
     ]
 
 
-def _groups(traces: list[Any]) -> tuple[dict[str, int], set[int]]:
+def trace_groups(traces: list[Any]) -> tuple[dict[str, int], set[int]]:
+    """(process-group description → size, every group size) of the traces' collectives."""
     groups: dict[str, int] = {}
     sizes: set[int] = set()
     for trace in traces:
@@ -476,17 +477,19 @@ def _by_stage(cells: pd.DataFrame, predicted: Side, real: Side, ranks: list[int]
 
 
 def _contributors(cells: pd.DataFrame, e2e_error_s: float | None) -> list[dict[str, Any]]:
-    cells = cells.assign(size=cells["error_us"].abs()).sort_values("size", ascending=False)
+    """The (stage, pass, primitive) cells with the largest absolute error, each with its share of the end-to-end
+    error (negative when it works against it)."""
+    ranked = cells.assign(size=cells["error_us"].abs()).sort_values("size", ascending=False)
     out = []
-    for row in cells.head(MAX_CONTRIBUTORS).itertuples(index=False):
-        if row.size <= 0:
+    for cell in ranked.head(MAX_CONTRIBUTORS).to_dict("records"):
+        if cell["size"] <= 0:
             break
-        error_s = float(row.error_us) / 1e6
+        error_s = float(cell["error_us"]) / 1e6
         share = error_s / e2e_error_s if e2e_error_s else None
-        what = f"{PASS_WORDS.get(getattr(row, '_1'), getattr(row, '_1'))} {row.primitive} on stage {int(row.stage)}"
+        what = f"{PASS_WORDS.get(cell['pass'], cell['pass'])} {cell['primitive']} on stage {int(cell['stage'])}"
         text = f"{what}: {_signed_ms(error_s)}" + (f", {_percent(share)} of the error" if share is not None else "")
-        out.append({"stage": int(row.stage), "pass": getattr(row, "_1"), "primitive": row.primitive,
-                    "real_s": float(row.real) / 1e6, "predicted_s": float(row.predicted) / 1e6,
+        out.append({"stage": int(cell["stage"]), "pass": cell["pass"], "primitive": cell["primitive"],
+                    "real_s": float(cell["real"]) / 1e6, "predicted_s": float(cell["predicted"]) / 1e6,
                     "error_s": error_s, "share_of_error": share, "text": text})
     return out
 

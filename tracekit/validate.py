@@ -213,6 +213,9 @@ def diff_paths(predicted: str | Path, real: Iterable[str | Path], rank: int | No
     """DiffReport of a prediction (predicted-trace folder/files or prediction JSON) against real trace files."""
     predicted = Path(predicted)
     prediction = read_prediction(predicted)
+    real = [Path(p) for p in real]
+    if config is None:
+        config = manifest_config(real)
     return diff_inputs(prediction if prediction is not None else read_traces([predicted]), read_traces(real),
                        rank=rank, config=config, use_hta=use_hta, predicted_source=str(predicted))
 
@@ -227,8 +230,12 @@ def diff_inputs(predicted: dict[str, Any] | list[Any], real_traces: list[Any], r
     config_dict = config.to_dict() if config is not None else None
     if isinstance(predicted, dict) and config_dict is None:
         config_dict = predicted.get("config")
-    pp = int((config_dict or {}).get("pipeline_model_parallel_size") or 1)
-    real_side = summarize_traces(real_traces, "real", pp=pp, process_groups=process_groups(real_traces))
+    real_groups = process_groups(real_traces)
+    if config_dict is not None:
+        pp = int(config_dict.get("pipeline_model_parallel_size") or 1)
+    else:
+        pp = pipeline_size([real_traces, predicted], [real_groups, process_groups(predicted)])
+    real_side = summarize_traces(real_traces, "real", pp=pp, process_groups=real_groups)
     per_stage = max(int(real_side.world_size or len(real_traces)) // pp, 1)
     if isinstance(predicted, dict):
         predicted_side = summarize_prediction(predicted, real_side.ranks, per_stage)
@@ -239,6 +246,35 @@ def diff_inputs(predicted: dict[str, Any] | list[Any], real_traces: list[Any], r
     if use_hta:
         apply_hta(real_side, real_traces, pp)
     return diff_sides(predicted_side, real_side, rank=rank, config=config_dict)
+
+
+def manifest_config(paths: list[Path]) -> Any:
+    """The training configuration of the capture run the real traces come from (its manifest.json in the given
+    folder or up to two levels above a given file/folder), or None."""
+    from tracekit.capture.manifest import MANIFEST_NAME, Manifest
+
+    for path in paths:
+        start = path if path.is_dir() else path.parent
+        for folder in (start, start.parent, start.parent.parent):
+            if (folder / MANIFEST_NAME).is_file():
+                try:
+                    return Manifest.load(folder).config()
+                except (InputError, TypeError):
+                    return None
+    return None
+
+
+def pipeline_size(trace_sets: list[list[Any]], groups: list[dict[str, int]]) -> int:
+    """Pipeline stages of traces without a configuration: a PIPELINE_MODEL_PARALLEL_GROUP's size in either side's
+    process groups or collectives, else 1."""
+    from predictor.diff import trace_groups
+
+    for traces, named in zip(trace_sets, groups):
+        sizes = dict(named)
+        sizes.update(trace_groups(traces)[0])
+        if sizes.get("PIPELINE_MODEL_PARALLEL_GROUP"):
+            return int(sizes["PIPELINE_MODEL_PARALLEL_GROUP"])
+    return 1
 
 
 # -- a captured run -------------------------------------------------------------------------------------------
