@@ -134,19 +134,17 @@ class _Builder:
 
     # -- building blocks ---------------------------------------------------------------------------------------
     def gemm(self, name: str, variant: str, m: int, n: int, k: int, per_layer: bool = True):
-        return self.compute(name, "gemm", variant, 2.0 * m * n * k, per_layer,
-                            m=m, n=n, k=k, batch=1, tp=self.t)
+        return self.compute(name, "gemm", variant, 2.0 * m * n * k, per_layer, m=m, n=n, k=k, batch=1)
 
     def norm(self, name: str, per_layer: bool = True):
         variant = "RMSlayernorm" if self.c.normalization == "RMSNorm" else "layernorm"
         rows = self.sp_tokens
-        return self.compute(name, "norm", variant, 0.0, per_layer, rows=rows, width=self.h, numel=rows * self.h,
-                            batch=self.b, seq=rows // self.b)
+        return self.compute(name, "norm", variant, 0.0, per_layer, rows=rows, width=self.h, numel=rows * self.h)
 
     def residual(self, name: str, per_layer: bool = True):
         rows = self.sp_tokens
         return self.compute(name, "elementwise", "res_add", 0.0, per_layer, rows=rows, width=self.h,
-                            numel=rows * self.h, batch=self.b, seq=rows // self.b)
+                            numel=rows * self.h)
 
     def layer(self) -> tuple[list[OpUse], list[OpUse], list[OpUse]]:
         """(forward ops, backward ops in execution order, ops replayed before backward) of one layer."""
@@ -180,8 +178,7 @@ class _Builder:
         fwd.append(self.gemm("self_attention.linear_qkv", "linear1", rows, (a_t + 2 * g_t) * d, h))
         if c.position_embedding_type == "rope":
             fwd.append(self.compute("self_attention.rotary", "elementwise", "RoPE", 0.0, True,
-                                    rows=rows, width=(a_t + g_t) * d, numel=rows * (a_t + g_t) * d,
-                                    batch=b, heads=a_t, seq=s, head_dim=d))
+                                    rows=rows * a_t, width=d, heads=a_t, head_dim=d, numel=rows * a_t * d))
         if c.cp > 1:  # ring attention: (cp−1) K/V block exchanges forward, twice that backward (dK/dV too)
             kv = 2 * rows * g_t * d * act
             for step in range(c.cp - 1):
@@ -195,12 +192,12 @@ class _Builder:
             replay_attn.append(core[0])
         else:
             scores = self.compute("self_attention.core_attention.baddbmm", "bmm", "baddbmm", attn_flops / 2,
-                                  True, batch=b * a_t, m=s, n=s * c.cp, k=d, heads=a_t, seq=s, head_dim=d)
+                                  True, batch=b * a_t, m=s, n=s * c.cp, k=d)
             softmax = self.compute("self_attention.core_attention.scale_mask_softmax", "softmax",
                                    "ScaledUpperTriangMaskedSoftmax", 0.0, True, batch=b, heads=a_t, seq=s,
-                                   rows=b * a_t * s, width=s * c.cp, numel=b * a_t * s * s * c.cp)
+                                   rows=b * a_t * s, width=s * c.cp, numel=b * a_t * s * s * c.cp, causal=1)
             context = self.compute("self_attention.core_attention.bmm", "bmm", "bmm", attn_flops / 2, True,
-                                   batch=b * a_t, m=s, n=d, k=s * c.cp, heads=a_t, seq=s, head_dim=d)
+                                   batch=b * a_t, m=s, n=d, k=s * c.cp)
             block = [scores, softmax]
             if c.attention_dropout > 0:
                 block.append(self.compute("self_attention.core_attention.dropout", "elementwise", "dropout",
@@ -218,7 +215,7 @@ class _Builder:
         fwd.append(self.gemm("mlp.linear_fc1", "linear3", rows, fc1_out, h))
         act_variant = "swiglu" if c.swiglu else "gelu"
         fwd.append(self.compute("mlp.activation", "activation", act_variant, 0.0, True,
-                                rows=rows, width=f_t, numel=rows * fc1_out, batch=b, seq=s))
+                                rows=rows, width=f_t, numel=rows * f_t))
         fwd.append(self.gemm("mlp.linear_fc2", "linear4", rows, h, f_t))
         tp_out("mlp.linear_fc2")
         fwd.append(self.residual("mlp.bias_dropout_add"))
@@ -238,8 +235,7 @@ class _Builder:
         c, rows, h = self.c, self.tokens, self.h
         fwd_ops, bwd_ops = [], []
         emb = self.compute("embedding.word_embeddings", "embedding", "embedding", 0.0, False,
-                           rows=rows, width=h, params=self.v // self.t, numel=rows * h, batch=self.b, seq=self.s,
-                           tp=self.t)
+                           rows=rows, width=h, params=self.v // self.t, numel=rows * h, tp=self.t)
         fwd_ops.append(emb[0])
         bwd_ops.append(emb[1])
         reduce = ("reduce_scatter", self.sp_tokens * h * self.bytes) if self.sp else \
@@ -264,7 +260,7 @@ class _Builder:
         lm = self.gemm("output_layer", "linear_final", rows, v_t, h, per_layer=False)
         fwd.append(lm[0])
         ce = self.compute("loss.vocab_parallel_cross_entropy", "cross_entropy", "parallel_cross_entropy_128",
-                          0.0, False, rows=rows, width=v_t, numel=rows * v_t, batch=self.b, seq=self.s, tp=self.t)
+                          0.0, False, rows=rows, width=v_t, numel=rows * v_t, tp=self.t)
         fwd.append(ce[0])
         for what in ("max", "predicted", "sum_exp"):  # the three TP all-reduces of vocab-parallel CE (fp32)
             op = self.collective(f"loss.all_reduce_{what}", "all_reduce", "tp", rows * 4, False)

@@ -46,6 +46,7 @@ from .schedule import Timeline, Work, simulate
 
 TENSOR_PRIMITIVES = ("gemm", "bmm", "attention")
 KEYS = ("hardware", "primitive", "pass", "dtype", "variant")
+BREAKDOWN = ("compute", "exposed_communication", "pipeline_bubble", "optimizer", "other")
 
 
 @dataclass
@@ -212,7 +213,7 @@ def calibrated_durations(graph: Graph, est: Estimates, cal: Calibration) -> np.n
 def _work(ops: list[OpUse], dur: np.ndarray, layers: int, cal: Calibration) -> Work:
     compute = comm = 0.0
     for op in ops:
-        t = op.count * dur[op.spec]
+        t = op.count * float(dur[op.spec])
         if op.group:
             comm += t
         else:
@@ -221,27 +222,37 @@ def _work(ops: list[OpUse], dur: np.ndarray, layers: int, cal: Calibration) -> W
     return Work(compute, comm, cal.microbatch_overhead_us + cal.layer_overhead_us * layers * passes)
 
 
-def compose(graph: Graph, est: Estimates, cluster: Cluster, notes: list[str] | None = None,
-            calibration: Calibration | None = None) -> Prediction:
-    """Schedule simulation and reporting for one prepared graph."""
-    cal = calibration or NONE
+def simulate_graph(graph: Graph, est: Estimates, cal: Calibration
+                   ) -> tuple[np.ndarray, list[list[Work]], list[list[Work]], Timeline]:
+    """Calibrated durations, per-segment work and the simulated timeline (the cheap part of `compose`, which
+    calibration fitting repeats)."""
     c = graph.config
-    pp, vp, m = c.pp, c.vp, c.num_microbatches
+    pp, vp = c.pp, c.vp
     dur = calibrated_durations(graph, est, cal)
     fwd = [[_work(graph.segment(s, k).fwd, dur, graph.segment(s, k).layers, cal) for k in range(vp)]
            for s in range(pp)]
     bwd = [[_work(graph.segment(s, k).bwd, dur, graph.segment(s, k).layers, cal) for k in range(vp)]
            for s in range(pp)]
-    buckets = [[dur[o.spec] for o in graph.grad_sync[s] if o.group == "dp"] for s in range(pp)]
-    embd = [sum(dur[o.spec] for o in graph.grad_sync[s] if o.group == "embd") for s in range(pp)]
+    buckets = [[float(dur[o.spec]) for o in graph.grad_sync[s] if o.group == "dp"] for s in range(pp)]
+    embd = [float(sum(dur[o.spec] for o in graph.grad_sync[s] if o.group == "embd")) for s in range(pp)]
     optimizer = [float(dur[graph.optimizer[s].spec]) for s in range(pp)]
-    gather = [sum(dur[o.spec] for o in graph.param_gather[s]) for s in range(pp)]
+    gather = [float(sum(dur[o.spec] for o in graph.param_gather[s])) for s in range(pp)]
     timeline = simulate(
-        fwd, bwd, m, p2p_us=float(dur[graph.p2p]) if graph.p2p is not None else 0.0,
+        fwd, bwd, c.num_microbatches, p2p_us=float(dur[graph.p2p]) if graph.p2p is not None else 0.0,
         grad_buckets_us=buckets, overlap_grad=c.overlap_grad_reduce, embedding_sync_us=embd,
         optimizer_us=optimizer, param_gather_us=gather, overlap_param_gather=c.overlap_param_gather,
         iteration_overhead_us=cal.iteration_overhead_us,
     )
+    return dur, fwd, bwd, timeline
+
+
+def compose(graph: Graph, est: Estimates, cluster: Cluster, notes: list[str] | None = None,
+            calibration: Calibration | None = None) -> Prediction:
+    """Schedule simulation and reporting for one prepared graph."""
+    cal = calibration or NONE
+    c = graph.config
+    m = c.num_microbatches
+    dur, fwd, bwd, timeline = simulate_graph(graph, est, cal)
     seconds = timeline.iteration_us / 1e6
     rates = throughput(c, graph.hardware, seconds)
     memory, mem_warnings = memory_per_gpu(graph)
@@ -255,7 +266,7 @@ def compose(graph: Graph, est: Estimates, cluster: Cluster, notes: list[str] | N
                         f"(see fallbacks); they account for about {100 * share:.0f}% of one GPU's busy time")
     return Prediction(
         config=c, cluster=cluster, hardware_used=graph.hardware, iteration_time_s=seconds,
-        breakdown={k: v / 1e6 for k, v in timeline.breakdown_us.items()},
+        breakdown={k: float(timeline.breakdown_us[k]) / 1e6 for k in BREAKDOWN},
         tflops_per_gpu=rates["tflops_per_gpu"], mfu=rates["mfu"], tokens_per_s=rates["tokens_per_s"],
         memory_gb_per_gpu=memory, warnings=warnings, top_operators=_top(graph, dur, m, crit, seconds),
         fallbacks=fallbacks, per_stage=_per_stage(graph, fwd, bwd, timeline), operators=operators,

@@ -50,6 +50,7 @@ class StageEnd:
     grad_sync_us: float  # total DP comm time (overlapped or not)
     exposed_sync_us: float
     exposed_gather_us: float
+    sync_intervals: list[tuple[float, float]] = field(default_factory=list)  # DP buckets, then embedding sync
 
 
 @dataclass
@@ -160,20 +161,21 @@ def simulate(fwd: list[list[Work]], bwd: list[list[Work]], m: int, *, p2p_us: fl
     embedding_sync_us = embedding_sync_us or [0.0] * pp
     optimizer_us = optimizer_us or [0.0] * pp
     param_gather_us = param_gather_us or [0.0] * pp
-    sync_ends, busy_ends = [], []
+    sync_ends, busy_ends, intervals = [], [], []
     for s in range(pp):
         last = tasks[s][-1]
         busy_ends.append(last.end)
-        t = last.end
         buckets = grad_buckets_us[s]
-        if overlap_grad and buckets:  # bucket i is ready after (i+1)/n of the stage's last backward
-            t = last.start
-            span = last.end - last.start
-            for i, dur in enumerate(buckets):
-                t = max(t, last.start + span * (i + 1) / len(buckets)) + dur
-            t = max(t, last.end)
-        else:
-            t += sum(buckets)
+        spans = []
+        t = last.start if overlap_grad else last.end
+        for i, dur in enumerate(buckets):  # overlapped: bucket i is ready after (i+1)/n of the last backward
+            ready = last.start + (last.end - last.start) * (i + 1) / len(buckets) if overlap_grad else t
+            spans.append((max(t, ready), max(t, ready) + dur))
+            t = spans[-1][1]
+        t = max(t, last.end)
+        if embedding_sync_us[s]:
+            spans.append((t, t + embedding_sync_us[s]))
+        intervals.append(spans)
         sync_ends.append(t + embedding_sync_us[s])
     opt_start = max(sync_ends)  # grad-norm / found-inf all-reduce over all ranks: a global barrier
     tails = []
@@ -181,7 +183,8 @@ def simulate(fwd: list[list[Work]], bwd: list[list[Work]], m: int, *, p2p_us: fl
         opt_end = opt_start + optimizer_us[s]
         gather = 0.0 if overlap_param_gather else param_gather_us[s]
         tails.append(StageEnd(busy_ends[s], sync_ends[s], opt_start, opt_end, opt_end + gather,
-                              sum(grad_buckets_us[s]) + embedding_sync_us[s], sync_ends[s] - busy_ends[s], gather))
+                              sum(grad_buckets_us[s]) + embedding_sync_us[s], sync_ends[s] - busy_ends[s], gather,
+                              intervals[s]))
     iteration = max(t.end for t in tails) + iteration_overhead_us
     busy = [sum(t.work.total + t.send for t in row) for row in tasks]
     crit = max(range(pp), key=lambda s: (busy[s], -s))

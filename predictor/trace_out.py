@@ -1,0 +1,284 @@
+"""The predicted timeline as Kineto-format Chrome traces (one `rank-{r}.json` per simulated rank), so Perfetto,
+HTA and `tracekit ingest` read predicted and real traces alike.
+
+Each operator instance becomes a `cpu_op` (named as PyTorch/Megatron name it: aten::mm with `Input Dims`/`Input
+type`, record_param_comms with the collective metadata of PyTorch ≥ 2.3) holding a `cudaLaunchKernel`
+`cuda_runtime` event, the kernel on its GPU stream (compute 7; tensor/context-parallel collectives 20; data-parallel
+24; pipeline send/recv 28) carrying `External id` and `correlation`, and an `ac2g` flow from launch to kernel.
+A linear's backward is written as its two GEMMs (dgrad, wgrad), half the estimated time each. Iterations are
+marked `ProfilerStep#N` (CPU user_annotation and GPU gpu_user_annotation). Times are µs relative to
+`baseTimeNanoseconds`. The simulated ranks are the first rank of every pipeline stage (tp = cp = dp = 0).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+from tracekit.core.atomic import atomic_write_bytes
+from tracekit.core.hardware import hardware_spec
+
+from .graph import Graph, OpUse
+from .placement import rank_coordinates, strides
+
+if TYPE_CHECKING:
+    from .predict import Prediction
+
+BASE_NS = 1_700_000_000_000_000_000
+PID, TID = 4242, 4242
+STREAMS = {"compute": 7, "tp": 20, "cp": 20, "dp": 24, "embd": 24, "pp": 28, "p2p": 28}
+GROUP_DESC = {"tp": "TENSOR_MODEL_PARALLEL_GROUP", "cp": "CONTEXT_PARALLEL_GROUP", "dp": "DATA_PARALLEL_GROUP",
+              "pp": "PIPELINE_MODEL_PARALLEL_GROUP", "p2p": "PIPELINE_MODEL_PARALLEL_GROUP",
+              "embd": "EMBEDDING_GROUP"}
+LAUNCH_US = 4.0  # CPU time of one launching op in the synthetic host timeline
+_NCCL = {"all_reduce": ("allreduce", "AllReduce_Sum_{dt}_RING_LL"), "all_gather": ("_allgather_base",
+         "AllGather_RING_LL"), "reduce_scatter": ("_reduce_scatter_base", "ReduceScatter_Sum_{dt}_RING_LL"),
+         "send_recv": ("send", "SendRecv")}
+_TORCH_DTYPE = {"fp16": ("c10::Half", "Half", "f16"), "bf16": ("c10::BFloat16", "BFloat16", "bf16"),
+                "fp32": ("float", "Float", "f32")}
+
+
+def default_ranks(graph: Graph) -> list[int]:
+    """The first global rank of every pipeline stage."""
+    c = graph.config
+    return [s * strides(c.tp, c.cp, c.dp, c.pp)["pp"] for s in range(c.pp)]
+
+
+def write_traces(prediction: "Prediction", out_dir: str | Path, ranks: list[int] | None = None,
+                 iterations: int = 2) -> list[Path]:
+    """Write one trace per simulated rank (default: first rank of each stage); returns the paths."""
+    graph = prediction.graph
+    ranks = ranks or default_ranks(graph)
+    out = []
+    for rank in ranks:
+        path = Path(out_dir) / f"rank-{rank}.json"
+        atomic_write_bytes(path, dumps(rank_trace(prediction, rank, iterations)))
+        out.append(path)
+    return out
+
+
+def dumps(doc: dict) -> bytes:
+    """Kineto's layout: header keys first, one event per line, `"rank": N` spaced as HTA's rank scan expects."""
+    import json
+
+    import orjson
+
+    head = [f'  "{k}": {json.dumps(v)}' for k, v in doc.items() if k != "traceEvents"]
+    events = b",\n".join(orjson.dumps(e, option=orjson.OPT_SERIALIZE_NUMPY) for e in doc["traceEvents"])
+    return ("{\n" + ",\n".join(head) + ',\n  "traceEvents": [\n').encode() + events + b"\n]}\n"
+
+
+class _Writer:
+    def __init__(self, graph: Graph, rank: int, dtype: str):
+        self.graph = graph
+        self.rank = rank
+        self.events: list[dict] = []
+        self.next_id = 1
+        self.cpu_free = 0.0
+        self.dtype = dtype
+        self.sm90 = not graph.hardware.upper().startswith(("A100", "A800", "V100"))
+
+    def launch(self, op: str, kernel: str, start: float, dur: float, stream: int, args: dict | None = None,
+               kernel_args: dict | None = None) -> None:
+        """cpu_op + cudaLaunchKernel + kernel + ac2g flow for one kernel at [start, start + dur) on the GPU."""
+        ext = self.next_id
+        corr = ext + 1_000_000
+        self.next_id += 1
+        cpu_start = max(self.cpu_free, start - LAUNCH_US - 1.0)
+        cpu_dur = LAUNCH_US
+        self.cpu_free = cpu_start + cpu_dur
+        ev = self.events
+        ev.append({"ph": "X", "cat": "cpu_op", "name": op, "pid": PID, "tid": TID, "ts": cpu_start,
+                   "dur": cpu_dur, "args": {"External id": ext, "Record function id": 0, **(args or {})}})
+        launch_ts = cpu_start + 1.0
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": PID, "tid": TID,
+                   "ts": launch_ts, "dur": 2.0, "args": {"External id": ext, "cbid": 211, "correlation": corr}})
+        ev.append({"ph": "X", "cat": "kernel", "name": kernel, "pid": 0, "tid": stream, "ts": start,
+                   "dur": max(dur, 0.001), "args": {"External id": ext, "queued": 0, "device": 0, "context": 1,
+                                                    "stream": stream, "correlation": corr, **(kernel_args or {})}})
+        ev.append({"ph": "s", "id": corr, "pid": PID, "tid": TID, "ts": launch_ts, "cat": "ac2g", "name": "ac2g"})
+        ev.append({"ph": "f", "id": corr, "pid": 0, "tid": stream, "ts": start, "cat": "ac2g", "name": "ac2g",
+                   "bp": "e"})
+
+    # -- one operator instance ---------------------------------------------------------------------------------
+    def op(self, use: OpUse, pass_: str, start: float, dur: float) -> None:
+        spec = self.graph.specs[use.spec]
+        prim = spec["primitive"]
+        if use.group:
+            self.collective(spec, use.group, start, dur)
+            return
+        torch_t = _TORCH_DTYPE[self.dtype][0]
+        if prim in ("gemm", "bmm"):
+            m, n, k = int(spec["m"]), int(spec["n"]), int(spec["k"])
+            b = int(spec.get("batch") or 1)
+            name = "aten::mm" if prim == "gemm" else f"aten::{spec['variant'] if spec['variant'] == 'baddbmm' else 'bmm'}"
+            shapes = ([[m, k], [k, n]], [[m, n], [n, k]], [[n, m], [m, k]]) if prim == "gemm" else \
+                ([[b, m, k], [b, k, n]], [[b, m, n], [b, n, k]], [[b, k, m], [b, m, n]])
+            kernel = self.gemm_kernel()
+            if pass_ == "bwd":  # dgrad then wgrad
+                self.launch(name, kernel, start, dur / 2, 7, {"Input Dims": shapes[1], "Input type": [torch_t] * 2})
+                self.launch(name, kernel, start + dur / 2, dur / 2, 7,
+                            {"Input Dims": shapes[2], "Input type": [torch_t] * 2})
+            else:
+                self.launch(name, kernel, start, dur, 7, {"Input Dims": shapes[0], "Input type": [torch_t] * 2})
+            return
+        op_name, kernel, dims = self.compute_names(spec, pass_)
+        self.launch(op_name, kernel, start, dur, 7, {"Input Dims": dims, "Input type": [torch_t] * len(dims)})
+
+    def gemm_kernel(self) -> str:
+        if self.sm90:
+            t = "bf16bf16_bf16f32_f32" if self.dtype == "bf16" else "f16f16_f16f32_f32"
+            return f"sm90_xmma_gemm_{t}_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"
+        t = {"bf16": "bf16", "fp16": "fp16", "fp32": "sgemm"}[self.dtype]
+        return f"ampere_{t}_s16816gemm_{t}_128x128_ldg8_f2f_stages_32x5_tn"
+
+    def compute_names(self, spec: dict, pass_: str) -> tuple[str, str, list]:
+        prim, variant = spec["primitive"], spec["variant"]
+        bwd = pass_ == "bwd"
+        half = _TORCH_DTYPE[self.dtype][0]
+        rows, width = int(spec.get("rows") or 0), int(spec.get("width") or 0)
+        if prim == "attention":
+            b, a, s, d = (int(spec[k]) for k in ("batch", "heads", "seq", "head_dim"))
+            kernel = "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel" if bwd else "flash_fwd_kernel"
+            return ("FlashAttnFuncBackward" if bwd else "FlashAttnFunc",
+                    f"void flash::{kernel}<Flash_kernel_traits<128, 128, 64, 4, {half}>, true>(Flash_params)",
+                    [[b, s, a, d]] * 3)
+        if prim == "softmax":
+            b, a, s = int(spec["batch"]), int(spec["heads"]), int(spec["seq"])
+            way = "backward" if bwd else "forward"
+            return (f"scaled_upper_triang_masked_softmax_cuda::{way}",
+                    f"void scaled_upper_triang_masked_softmax_warp_{way}<{half}, {half}, float, 11>", [[b * a, s, s]])
+        if prim == "norm":
+            rms = variant == "RMSlayernorm"
+            op = ("aten::_fused_rms_norm" if rms else "aten::native_layer_norm") + ("_backward" if bwd else "")
+            kern = ("rms_norm" if rms else "layer_norm") + ("_grad_input_kernel" if bwd else "_kernel")
+            return op, f"void at::native::(anonymous namespace)::vectorized_{kern}<{half}, float>", [[rows, width]]
+        if prim == "activation":
+            act = "silu" if variant == "swiglu" else "gelu"
+            return (f"aten::{act}_backward" if bwd else f"aten::{act}",
+                    f"void at::native::vectorized_elementwise_kernel<4, at::native::{act}_kernel<{half}>>",
+                    [[rows, width]])
+        if prim == "embedding":
+            return ("aten::embedding_dense_backward" if bwd else "aten::embedding",
+                    "void at::native::embedding_backward_feature_kernel" if bwd else
+                    "void at::native::(anonymous namespace)::indexSelectLargeIndex", [[int(spec["params"]), width],
+                                                                                      [rows]])
+        if prim == "cross_entropy":
+            return ("vocab_parallel_cross_entropy_backward" if bwd else "vocab_parallel_cross_entropy",
+                    f"void at::native::cross_entropy_reduce_kernel<{half}>", [[rows, width]])
+        if prim == "optimizer":
+            return "multi_tensor_adam", "void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float>>", \
+                [[int(spec.get("params") or 0)]]
+        what = {"res_add": "add", "dropout": "native_dropout", "RoPE": "mul"}.get(variant, "add")
+        kern = "fused_dropout_kernel_vec" if what == "native_dropout" else \
+            f"vectorized_elementwise_kernel<4, at::native::CUDAFunctor_{what}<{half}>>"
+        numel = int(spec.get("numel") or rows * width)
+        return (f"aten::{what}" + ("_backward" if bwd and what != "add" else ""), f"void at::native::{kern}",
+                [[numel], [numel]])
+
+    def collective(self, spec: dict, group: str, start: float, dur: float) -> None:
+        prim = spec["primitive"]
+        dtype = "fp32" if spec["bytes"] == 4 * spec["numel"] else self.dtype  # fp32 main grads, CE partials
+        _, torch_name, short = _TORCH_DTYPE[dtype]
+        name, kern = _NCCL[prim]
+        n = int(spec["group_size"])
+        numel = int(spec["numel"])
+        nelems_in, nelems_out = {"all_gather": (numel, numel * n), "reduce_scatter": (numel * n, numel)}.get(
+            prim, (numel, numel))
+        ranks = self.group_ranks(group, n)
+        meta = {"Collective name": name, "In msg nelems": nelems_in, "Out msg nelems": nelems_out,
+                "Group size": n, "dtype": torch_name, "In split size": "[]", "Out split size": "[]",
+                "Process Group Name": str(sorted(GROUP_DESC).index(group) + 1),
+                "Process Group Description": GROUP_DESC[group], "Process Group Ranks": str(ranks)}
+        kernel = f"ncclDevKernel_{kern.format(dt=short)}(ncclDevComm*, unsigned long, ncclWork*)"
+        self.launch("record_param_comms", kernel, start, dur, STREAMS[group],
+                    {**meta, "Input Dims": [[nelems_in]], "Input type": [_TORCH_DTYPE[dtype][0]]}, meta)
+
+    def group_ranks(self, group: str, n: int) -> list[int]:
+        c = self.graph.config
+        st = strides(c.tp, c.cp, c.dp, c.pp)
+        coords = rank_coordinates(self.rank, c.tp, c.cp, c.dp, c.pp)
+        if group in ("tp", "cp", "dp"):
+            base = self.rank - coords[group] * st[group]
+            return [base + i * st[group] for i in range(n)]
+        if group == "embd":
+            return [coords["tp"] + coords["cp"] * st["cp"] + coords["dp"] * st["dp"] + s * st["pp"]
+                    for s in (0, c.pp - 1)]
+        nxt = min(coords["pp"] + 1, c.pp - 1)
+        return sorted({self.rank, self.rank + (nxt - coords["pp"]) * st["pp"]})
+
+
+def _expand(ops: list[OpUse]) -> Iterator[OpUse]:
+    """Per-layer blocks repeated layer by layer, in execution order."""
+    i = 0
+    while i < len(ops):
+        if not ops[i].per_layer:
+            yield ops[i]
+            i += 1
+            continue
+        j = i
+        while j < len(ops) and ops[j].per_layer:
+            j += 1
+        for _ in range(ops[i].count):
+            yield from ops[i:j]
+        i = j
+
+
+def rank_trace(prediction: "Prediction", rank: int, iterations: int = 2) -> dict:
+    """The Kineto document of one simulated rank (`iterations` identical iterations back to back)."""
+    graph, tl, dur = prediction.graph, prediction.timeline, prediction.durations_us
+    c = graph.config
+    stage = rank_coordinates(rank, c.tp, c.cp, c.dp, c.pp)["pp"]
+    w = _Writer(graph, rank, c.precision)
+    period = tl.iteration_us
+    origin = 1000.0
+    for it in range(iterations):
+        t0 = origin + it * period
+        for task in tl.tasks[stage]:
+            seg = graph.segment(stage, task.chunk)
+            t = t0 + task.start + task.work.other
+            for use in _expand(seg.fwd if task.kind == "F" else seg.bwd):
+                d = float(dur[use.spec])
+                w.op(use, "fwd" if task.kind == "F" or use.recompute else "bwd", t, d)
+                t += d
+            if task.send and graph.p2p is not None:
+                w.op(OpUse("p2p.send", graph.p2p, group="pp"), "comm", t, task.send)
+        tail = tl.tails[stage]
+        sync_ops = graph.grad_sync[stage]
+        for use, (a, b) in zip(sync_ops, tail.sync_intervals):
+            w.op(use, "comm", t0 + a, b - a)
+        opt = graph.optimizer[stage]
+        w.op(opt, "optimizer", t0 + tail.opt_start, tail.opt_end - tail.opt_start)
+        t = t0 + tail.opt_end
+        if tail.exposed_gather_us:
+            for use in graph.param_gather[stage]:
+                d = float(dur[use.spec])
+                w.op(use, "comm", t, d)
+                t += d
+        step = {"External id": 0}
+        w.events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{it + 1}", "pid": PID,
+                         "tid": TID, "ts": t0 - 5.0, "dur": period, "args": dict(step)})
+        w.events.append({"ph": "X", "cat": "gpu_user_annotation", "name": f"ProfilerStep#{it + 1}", "pid": 0,
+                         "tid": 7, "ts": t0, "dur": period, "args": dict(step)})
+    w.events.sort(key=lambda e: e["ts"])
+    meta = [
+        {"name": "process_name", "ph": "M", "ts": 0, "pid": PID, "tid": 0, "args": {"name": "tracekit-predict"}},
+        {"name": "process_labels", "ph": "M", "ts": 0, "pid": PID, "tid": 0, "args": {"labels": "CPU"}},
+        {"name": "process_name", "ph": "M", "ts": 0, "pid": 0, "tid": 0, "args": {"name": "tracekit-predict"}},
+        {"name": "process_labels", "ph": "M", "ts": 0, "pid": 0, "tid": 0, "args": {"labels": "GPU 0"}},
+        {"name": "thread_name", "ph": "M", "ts": 0, "pid": PID, "tid": TID, "args": {"name": "thread 4242 (python)"}},
+    ] + [{"name": "thread_name", "ph": "M", "ts": 0, "pid": 0, "tid": s, "args": {"name": f"stream {s}"}}
+         for s in sorted(set(STREAMS.values()))]
+    hw = hardware_spec(graph.hardware)
+    device = {"id": 0, "name": f"NVIDIA {prediction.cluster.hardware}", "computeMajor": 9 if w.sm90 else 8,
+              "computeMinor": 0}
+    if hw is not None:
+        device.update(totalGlobalMem=int(hw.memory_gb * 2**30), numSms=hw.sms)
+    return {
+        "schemaVersion": 1,
+        "deviceProperties": [device],
+        "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": c.world_size},
+        "traceEvents": meta + w.events,
+        "traceName": f"tracekit predicted rank {rank}",
+        "displayTimeUnit": "ms",
+        "baseTimeNanoseconds": BASE_NS,
+    }
