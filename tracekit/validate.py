@@ -6,7 +6,6 @@ This is application code: it reads files (traces via `extractors.kineto`, predic
 """
 from __future__ import annotations
 
-import csv
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,27 +13,21 @@ from typing import Any, Iterable
 
 from tracekit.core.errors import ConfigError, InputError
 
-#: e2e CSV columns that describe the training configuration (TrainingConfig.from_mapping understands them).
-CONFIG_COLUMNS = (
-    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "seq_length",
-    "vocab_size", "global_batch_size", "micro_batch_size", "tp", "pp", "dp", "cp", "sequence_parallel",
-    "virtual_pipeline_stages", "activation_recompute", "precision", "num_gpus",
-)
-REQUIRED_COLUMNS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "hardware_gpu",
-                    "iteration_time_s")
+REQUIRED_COLUMNS = ("hardware_gpu", "iteration_time_s")
 
 
 # -- published end-to-end results -------------------------------------------------------------------------------
 @dataclass
 class PublishedRow:
-    """One measured end-to-end result: where it came from, its configuration, hardware and measured time."""
+    """One measured end-to-end result: its CSV line, configuration and cluster (or why it cannot be predicted),
+    and the measured iteration time."""
 
-    index: int  # 1-based data row number in the CSV
+    line: int  # line in the CSV file (the header is line 1)
     ref: str
-    config: Any  # TrainingConfig
-    hardware: str
-    gpus_per_node: int
+    config: Any  # TrainingConfig | None
+    cluster: Any  # Cluster | None
     measured_s: float
+    error: str | None
 
 
 def parse_hardware_map(items: Iterable[str]) -> dict[str, str]:
@@ -49,48 +42,43 @@ def parse_hardware_map(items: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def resolve_hardware(text: str, mapping: dict[str, str]) -> str:
-    """Hardware id for a CSV's free-text GPU description: the first mapping key it contains, else the
-    normalized description without its parenthesized note ('NVIDIA A100 (SXM …)' → 'A100')."""
-    from tracekit.core.hardware import normalize_hardware
+def parse_sets(items: Iterable[str]) -> dict[str, str]:
+    """`KEY=VALUE` Megatron settings (as `tracekit predict --set`)."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
 
-    for key, hardware in mapping.items():
-        if key.lower() in text.lower():
-            return hardware
-    return normalize_hardware(text.split("(")[0])
 
-
-def read_published(path: str | Path, hardware_map: dict[str, str] | None = None) -> list[PublishedRow]:
-    """Rows of an e2e CSV (../shared/corpus/e2e schema); InputError names the file and row of a bad one."""
-    from tracekit.core.config import TrainingConfig
+def read_published(path: str | Path, hardware_map: dict[str, str] | None = None,
+                   overrides: dict[str, Any] | None = None) -> list[PublishedRow]:
+    """Rows of an e2e CSV (the `predictor.batch` schema plus the measured `iteration_time_s`). Configurations and
+    clusters are parsed as `tracekit predict --batch` does; `hardware_map` picks the hardware id of rows by a
+    substring of their hardware_gpu text (else it is derived from that text)."""
+    from predictor.batch import parse_row, read_rows
 
     path = Path(path)
-    try:
-        with path.open(newline="") as handle:
-            reader = csv.DictReader(handle)
-            missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
-            if missing:
-                raise InputError(path, f"not an e2e results CSV: lacks column(s) {', '.join(missing)}")
-            records = list(reader)
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise InputError(path, f"cannot read as CSV ({exc})") from exc
-    if not records:
-        raise InputError(path, "no data rows")
+    header, cells = read_rows(path)
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise InputError(path, f"not an e2e results CSV: lacks column(s) {', '.join(missing)}")
     rows = []
-    for i, record in enumerate(records, start=1):
+    for i, row in enumerate(cells):
+        line = i + 2
         try:
-            config = TrainingConfig.from_mapping({k: record[k] for k in CONFIG_COLUMNS if record.get(k)}).validate()
-            measured = float(record["iteration_time_s"])
-        except (ConfigError, ValueError) as exc:
-            raise InputError(path, f"data row {i}: {exc}") from exc
-        rows.append(PublishedRow(
-            index=i,
-            ref=record.get("row_ref") or f"row {i}",
-            config=config,
-            hardware=resolve_hardware(record["hardware_gpu"], hardware_map or {}),
-            gpus_per_node=int(float(record.get("gpus_per_node") or 8)),
-            measured_s=measured,
-        ))
+            measured = float(row["iteration_time_s"])
+        except ValueError:
+            raise InputError(path, f"line {line}: iteration_time_s {row['iteration_time_s']!r} is not a number")
+        if not measured > 0:
+            raise InputError(path, f"line {line}: iteration_time_s must be positive, got {measured}")
+        text = row.get("hardware_gpu", "")
+        hardware = next((hw for key, hw in (hardware_map or {}).items() if key.lower() in text.lower()), None)
+        parsed = parse_row(row, line, hardware, None, overrides)
+        rows.append(PublishedRow(line, row.get("row_ref") or f"line {line}", parsed.config, parsed.cluster,
+                                 measured, parsed.error))
     return rows
 
 
@@ -103,43 +91,45 @@ def error_summary(measured: list[float], predicted: list[float]) -> dict[str, fl
 
 
 def validate_published(path: str | Path, hardware_map: dict[str, str] | None = None, models: Any = None,
+                       overrides: dict[str, Any] | None = None, calibration: Any = None,
                        on_batch=None, batch: int = 64) -> dict[str, Any]:
     """Predict every row of a published e2e CSV and score it: {"rows" (worst first), "mape", "median_ape",
-    "p90_ape", "failed"}. `models`: a ModelSet (default: the bundled models). Rows are predicted in batches
-    (`predict_many`); `on_batch(rows_done)` reports progress. A row whose configuration cannot be predicted is
-    listed under "failed" and left out of the error statistics."""
+    "p90_ape", "failed"}. `models`: a ModelSet (default: the bundled models); `overrides`: Megatron settings for
+    every row (like `predict --set`); `calibration`: a predictor Calibration. Rows are predicted in batches with
+    `predict_many`; `on_batch(rows_done)` reports progress. A row that cannot be predicted is listed under
+    "failed" and left out of the statistics."""
     from predictor.models import ModelSet
     from predictor.predict import predict_many
-    from tracekit.core.hardware import Cluster
 
     models = models if models is not None else ModelSet.load()
-    rows = read_published(path, hardware_map)
-    out_rows, failed = [], []
-    for first in range(0, len(rows), batch):
-        chunk = rows[first:first + batch]
-        clusters = [Cluster(r.hardware, gpus_per_node=r.gpus_per_node,
-                            nodes=max(1, -(-r.config.world_size // r.gpus_per_node))) for r in chunk]
-        for row, prediction in zip(chunk, predict_many([r.config for r in chunk], clusters, models)):
+    rows = read_published(path, hardware_map, overrides)
+    out_rows: list[dict[str, Any]] = []
+    failed = [{"line": r.line, "ref": r.ref, "error": r.error} for r in rows if r.error]
+    good = [r for r in rows if not r.error]
+    for first in range(0, len(good), batch):
+        chunk = good[first:first + batch]
+        results = predict_many([r.config for r in chunk], [r.cluster for r in chunk], models, calibration)
+        for row, prediction in zip(chunk, results):
             if isinstance(prediction, Exception):
-                failed.append({"row": row.index, "ref": row.ref, "error": str(prediction)})
+                failed.append({"line": row.line, "ref": row.ref, "error": str(prediction)})
                 continue
             predicted = float(prediction.iteration_time_s)
-            error = predicted - row.measured_s
+            c = row.config
             out_rows.append({
-                "row": row.index, "ref": row.ref, "hardware": row.hardware,
-                "hardware_used": prediction.hardware_used, "world_size": row.config.world_size,
-                "tp": row.config.tp, "pp": row.config.pp, "dp": row.config.dp,
-                "micro_batch_size": row.config.micro_batch_size, "global_batch_size": row.config.global_batch_size,
-                "num_layers": row.config.num_layers, "hidden_size": row.config.hidden_size,
-                "measured_s": row.measured_s, "predicted_s": predicted, "error_s": error,
-                "ape": abs(error) / row.measured_s,
+                "line": row.line, "ref": row.ref, "hardware": row.cluster.hardware,
+                "hardware_used": prediction.hardware_used, "world_size": c.world_size, "tp": c.tp, "pp": c.pp,
+                "dp": c.dp, "micro_batch_size": c.micro_batch_size, "global_batch_size": c.global_batch_size,
+                "num_layers": c.num_layers, "hidden_size": c.hidden_size,
+                "measured_s": row.measured_s, "predicted_s": predicted, "error_s": predicted - row.measured_s,
+                "ape": abs(predicted - row.measured_s) / row.measured_s,
             })
         if on_batch:
             on_batch(len(chunk))
     if not out_rows:
-        raise InputError(path, f"no row could be predicted (first failure: {failed[0]['error']})")
+        raise InputError(path, f"no row could be predicted (line {failed[0]['line']}: {failed[0]['error']})")
     summary = error_summary([r["measured_s"] for r in out_rows], [r["predicted_s"] for r in out_rows])
     out_rows.sort(key=lambda r: -r["ape"])
+    failed.sort(key=lambda f: f["line"])
     return {"file": str(path), "rows": out_rows, **summary, "failed": failed}
 
 

@@ -27,6 +27,10 @@ def validate(
     hardware_map: list[str] = typer.Option([], "--hardware-map", help="TEXT=HARDWARE_ID: rows whose hardware_gpu "
                                                                       "contains TEXT run on HARDWARE_ID "
                                                                       "(repeatable)."),
+    sets: list[str] = typer.Option([], "--set", help="KEY=VALUE Megatron setting for every --published row "
+                                                     "(repeatable), e.g. --set attention=unfused."),
+    calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration name or JSON file for the "
+                                                                          "--published predictions (default none)."),
 ) -> None:
     """Check predictions against measurements.
 
@@ -44,7 +48,7 @@ def validate(
 
         model_set = ModelSet.load(models) if models else None
         if published is not None:
-            _published(published, hardware_map, model_set, json_out)
+            _published(published, hardware_map, sets, calibration, model_set, json_out)
             return
         from tracekit.validate import validate_run, write_html
 
@@ -65,14 +69,17 @@ def validate(
             console.print(f"HTML report written to {html}")
 
 
-def _published(path: Path, hardware_map: list[str], models: Any, json_out: bool) -> None:
-    from tracekit.validate import parse_hardware_map, read_published, validate_published
+def _published(path: Path, hardware_map: list[str], sets: list[str], calibration: Optional[str], models: Any,
+               json_out: bool) -> None:
+    from predictor.calibration import load_calibration
+    from tracekit.validate import parse_hardware_map, parse_sets, read_published, validate_published
 
-    mapping = parse_hardware_map(hardware_map)
-    total = len(read_published(path, mapping))
+    mapping, overrides = parse_hardware_map(hardware_map), parse_sets(sets)
+    total = sum(1 for r in read_published(path, mapping, overrides) if not r.error)
     with progress(quiet=json_out) as bar:
         task = bar.add_task("predicting", total=total)
-        result = validate_published(path, mapping, models, on_batch=lambda n: bar.advance(task, n))
+        result = validate_published(path, mapping, models, overrides, load_calibration(calibration),
+                                    on_batch=lambda n: bar.advance(task, n))
     if json_out:
         print_json(result)
     else:
@@ -85,16 +92,16 @@ def _published_table(path: Path, result: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(title=f"{path.name}: predicted vs measured iteration time (worst first)")
-    for col in ("row", "hardware", "tp·pp·dp", "mbs/gbs", "layers×hidden", "measured", "predicted", "error"):
+    for col in ("line", "hardware", "tp·pp·dp", "mbs/gbs", "layers×hidden", "measured", "predicted", "error"):
         table.add_column(col, justify="right")
     for row in result["rows"]:
-        table.add_row(str(row["row"]), row["hardware"], f"{row['tp']}·{row['pp']}·{row['dp']}",
+        table.add_row(str(row["line"]), row["hardware"], f"{row['tp']}·{row['pp']}·{row['dp']}",
                       f"{row['micro_batch_size']}/{row['global_batch_size']}",
                       f"{row['num_layers']}×{row['hidden_size']}", f"{row['measured_s']:.4f} s",
                       f"{row['predicted_s']:.4f} s", f"{(row['predicted_s'] - row['measured_s']) / row['measured_s']:+.1%}")
     console.print(table)
     for row in result["failed"]:
-        console.print(f"[yellow]row {row['row']} not predicted:[/] {row['error']}")
+        console.print(f"[yellow]line {row['line']} not predicted:[/] {row['error']}")
     console.print(f"MAPE {result['mape']:.1%} · median APE {result['median_ape']:.1%} · "
                   f"p90 APE {result['p90_ape']:.1%} over {len(result['rows'])} rows")
 
