@@ -91,14 +91,15 @@ def _published(path: Path, hardware_map: list[str], sets: list[str], calibration
 def _published_table(path: Path, result: dict[str, Any]) -> None:
     from rich.table import Table
 
-    table = Table(title=f"{path.name}: predicted vs measured iteration time (worst first)")
-    for col in ("line", "hardware", "tp·pp·dp", "mbs/gbs", "layers×hidden", "measured", "predicted", "error"):
-        table.add_column(col, justify="right")
+    hardware = sorted({r["hardware"] for r in result["rows"]})
+    table = Table(title=f"{path.name} on {', '.join(hardware)}: predicted vs measured iteration time (worst first)")
+    for col in ("line", "tp·pp·dp", "mbs/gbs", "L×h", "measured", "predicted", "error"):
+        table.add_column(col, justify="right", no_wrap=True)
     for row in result["rows"]:
-        table.add_row(str(row["line"]), row["hardware"], f"{row['tp']}·{row['pp']}·{row['dp']}",
+        table.add_row(str(row["line"]), f"{row['tp']}·{row['pp']}·{row['dp']}",
                       f"{row['micro_batch_size']}/{row['global_batch_size']}",
                       f"{row['num_layers']}×{row['hidden_size']}", f"{row['measured_s']:.4f} s",
-                      f"{row['predicted_s']:.4f} s", f"{(row['predicted_s'] - row['measured_s']) / row['measured_s']:+.1%}")
+                      f"{row['predicted_s']:.4f} s", f"{row['error_s'] / row['measured_s']:+.1%}")
     console.print(table)
     for row in result["failed"]:
         console.print(f"[yellow]line {row['line']} not predicted:[/] {row['error']}")
