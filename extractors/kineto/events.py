@@ -1,8 +1,9 @@
 """Decode a trace's event array into compact per-kind columns.
 
 Events are decoded with typed msgspec Structs that name only the fields tracekit uses (everything else in an
-event is skipped by the parser). Large arrays are decoded in chunks: first split into raw JSON events, then
-decoded a chunk at a time and reduced to typed arrays, so peak memory stays near the size of the JSON itself.
+event is skipped by the parser). Large arrays are decoded in chunks of ~16 MB cut at `},{` boundaries (a cut that
+lands inside a string or nested object fails to decode, and then the array is split exactly into raw events
+first), each chunk reduced to typed arrays before the next, so peak memory stays near the size of the JSON.
 
 Handles complete events (`X`) and begin/end pairs (`B`/`E`, paired per thread); timestamps may be integer or
 float microseconds (kept as float64 µs on the file's own clock; `baseTimeNanoseconds` is reported, not added,
@@ -10,6 +11,7 @@ because adding an epoch would cost float precision).
 """
 from __future__ import annotations
 
+import re
 from array import array
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,8 +25,10 @@ _EMPTY = msgspec.Raw(b"")
 DEVICE_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset", "mtia_ccp_events": "kernel"}
 #: Host-side operator categories.
 OP_CATEGORIES = frozenset({"cpu_op", "user_annotation"})
-#: Chunk size of the chunked decoder, in events.
+#: Chunk sizes of the chunked decoder: bytes (boundary scan) and events (exact fallback).
+CHUNK_BYTES = 16 << 20
 CHUNK_EVENTS = 50_000
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 #: Arrays larger than this (bytes) are decoded in chunks.
 CHUNK_THRESHOLD = 16 << 20
 
@@ -60,6 +64,16 @@ class _Event(msgspec.Struct, gc=False):
 
 
 _EVENTS = msgspec.json.Decoder(list[_Event])
+
+#: category → role: 0 skipped, 1 host operator, 2 device activity, 3 runtime/driver call (filled lazily)
+_CATEGORY_ROLE: dict = {**{cat: 2 for cat in DEVICE_CATEGORIES}, **{cat: 1 for cat in OP_CATEGORIES}}
+
+
+def _role(cat) -> int:
+    role = 3 if isinstance(cat, str) and (cat.endswith("_runtime") or cat.endswith("_driver")) else 0
+    if isinstance(cat, str) or cat is None:
+        _CATEGORY_ROLE[cat] = role
+    return role
 _RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
 
 
@@ -170,75 +184,107 @@ class _Builder:
         return self.blobs.setdefault(data, data)
 
     def add(self, events: list) -> None:
-        dev_cats = DEVICE_CATEGORIES
-        op_cats = OP_CATEGORIES
-        strings = self.strings
         c = self.c
-        dev, op, rt = self.dev, self.op, self.rt
         c.events_total += len(events)
+        strings = self.strings
+        intern = strings.setdefault
+        blobs = self.blobs
+        thread = self.thread
+        op_ts, op_dur, op_thread = self.op["ts"].append, self.op["dur"].append, self.op["thread"].append
+        op_ann, op_ext = self.op["ann"].append, self.op["ext"].append
+        op_name, op_dims, op_types, op_conc = (c.op_name.append, c.op_dims.append, c.op_types.append,
+                                               c.op_concrete.append)
+        dev_ts, dev_dur, dev_stream = self.dev["ts"].append, self.dev["dur"].append, self.dev["stream"].append
+        dev_ext, dev_corr, dev_bytes = self.dev["ext"].append, self.dev["corr"].append, self.dev["bytes"].append
+        dev_name, dev_kind = c.dev_name.append, c.dev_kind.append
+        rt_ts, rt_thread, rt_corr, rt_name = (self.rt["ts"].append, self.rt["thread"].append,
+                                              self.rt["corr"].append, c.rt_name.append)
+        roles = _CATEGORY_ROLE
+        empty = _EMPTY
+        last_key, last_code = None, -1
         for e in events:
-            ph = e.ph
-            if ph != "X":
+            if e.ph != "X":
+                ph = e.ph
                 if ph == "B" or ph == "E":
                     e = self._pair(e)
                     if e is None:
                         continue
-                elif ph == "f" and e.cat == "fwdbwd":
-                    c.bwd_flow_ends.add((self.thread(e.pid, e.tid), float(e.ts)))
+                elif ph == "f" and e.cat == "fwdbwd" and e.ts is not None:
+                    c.bwd_flow_ends.add((thread(e.pid, e.tid), float(e.ts)))
                     continue
                 else:
                     continue
             cat = e.cat
-            ts = e.ts
-            if ts is None:
+            role = roles.get(cat)
+            if role is None:
+                role = _role(cat)
+            if role == 0 or e.ts is None:
                 continue
             a = e.args
-            if cat in op_cats:
-                op["ts"].append(ts)
-                op["dur"].append(e.dur or 0.0)
-                op["thread"].append(self.thread(e.pid, e.tid))
-                op["ann"].append(cat == "user_annotation")
-                name = e.name
-                c.op_name.append(strings.setdefault(name, name))
+            if role == 1:  # host operator
+                key = (e.pid, e.tid)
+                if key != last_key:
+                    last_key, last_code = key, thread(e.pid, e.tid)
+                op_ts(e.ts)
+                op_dur(e.dur or 0.0)
+                op_thread(last_code)
+                op_ann(cat == "user_annotation")
+                op_name(intern(e.name, e.name))
                 if a is None:
-                    op["ext"].append(-1)
-                    c.op_dims.append(b"")
-                    c.op_types.append(b"")
-                    c.op_concrete.append(b"")
+                    op_ext(-1)
+                    op_dims(b"")
+                    op_types(b"")
+                    op_conc(b"")
                     continue
-                op["ext"].append(_int(a.ext))
-                c.op_dims.append(self.blob(a.dims))
-                c.op_types.append(self.blob(a.types))
-                c.op_concrete.append(self.blob(a.concrete))
+                ext = a.ext
+                op_ext(ext if type(ext) is int else _int(ext))
+                raw = a.dims
+                if raw is empty:
+                    op_dims(b"")
+                else:
+                    data = bytes(raw)
+                    op_dims(blobs.setdefault(data, data))
+                raw = a.types
+                if raw is empty:
+                    op_types(b"")
+                else:
+                    data = bytes(raw)
+                    op_types(blobs.setdefault(data, data))
+                raw = a.concrete
+                if raw is empty:
+                    op_conc(b"")
+                else:
+                    data = bytes(raw)
+                    op_conc(blobs.setdefault(data, data))
                 if a.coll is not None or a.in_nelems is not None:
                     c.op_comm[len(c.op_name) - 1] = _comm(a)
-            elif cat in dev_cats:
-                kind = dev_cats[cat]
-                if cat == "mtia_ccp_events" and e.name.startswith("dma"):
-                    kind = "memcpy"  # MTIA DMA transfers
+            elif role == 2:  # device activity
+                kind = DEVICE_CATEGORIES[cat]
                 if cat == "kernel":
                     c.kernel_events += 1
-                dev["ts"].append(ts)
-                dev["dur"].append(e.dur or 0.0)
-                name = e.name
-                c.dev_name.append(strings.setdefault(name, name))
-                c.dev_kind.append(kind)
+                elif cat == "mtia_ccp_events" and e.name.startswith("dma"):
+                    kind = "memcpy"  # MTIA DMA transfers
+                dev_ts(e.ts)
+                dev_dur(e.dur or 0.0)
+                dev_name(intern(e.name, e.name))
+                dev_kind(kind)
                 if a is None:
-                    for k in ("stream", "ext", "corr", "bytes"):
-                        dev[k].append(-1)
+                    dev_stream(_int(e.tid))
+                    dev_ext(-1)
+                    dev_corr(-1)
+                    dev_bytes(-1)
                     continue
-                dev["stream"].append(_int(a.stream, _int(e.tid)))
-                dev["ext"].append(_int(a.ext))
-                dev["corr"].append(_int(a.correlation))
-                dev["bytes"].append(_int(a.nbytes))
+                dev_stream(_int(a.stream, _int(e.tid)))
+                dev_ext(_int(a.ext))
+                dev_corr(_int(a.correlation))
+                dev_bytes(_int(a.nbytes))
                 if a.coll is not None or a.in_nelems is not None:
                     c.dev_comm[len(c.dev_name) - 1] = _comm(a)
-            elif cat is not None and (cat.endswith("_runtime") or cat.endswith("_driver")):
-                rt["ts"].append(ts)
-                rt["thread"].append(self.thread(e.pid, e.tid))
-                rt["corr"].append(_int(a.correlation) if a is not None else -1)
-                name = e.name
-                c.rt_name.append(strings.setdefault(name, name))
+            else:  # runtime / driver call
+                rt_ts(e.ts)
+                rt_thread(thread(e.pid, e.tid))
+                rt_corr(_int(a.correlation) if a is not None else -1)
+                rt_name(intern(e.name, e.name))
 
     def _pair(self, e: _Event) -> _Event | None:
         """Turn a B/E pair on one thread into one complete event (returned when the E arrives)."""
@@ -269,13 +315,40 @@ class _Builder:
         return c
 
 
+def _byte_chunks(view: memoryview):
+    """Split a JSON event array at `},{` boundaries about CHUNK_BYTES apart; yields JSON arrays (bytes).
+
+    A boundary found inside a string or a nested object makes that chunk invalid JSON (or not a list of events),
+    which the caller detects by failing to decode it, and then falls back to the exact two-pass split.
+    """
+    end = len(view)
+    while end > 0 and view[end - 1:end] in (b" ", b"\n", b"\r", b"\t"):
+        end -= 1
+    if view[:1] != b"[" or view[end - 1:end] != b"]":
+        raise msgspec.DecodeError("event array is not a JSON array")
+    start = 1
+    while start < end - 1:
+        match = _BOUNDARY.search(view, start + CHUNK_BYTES, end - 1) if start + CHUNK_BYTES < end - 1 else None
+        stop = match.start() + 1 if match else end - 1
+        yield b"[" + view[start:stop] + b"]"
+        start = match.end() - 1 if match else end
+
+
 def decode_events(events_raw) -> EventColumns:
     """Decode a raw JSON event array into EventColumns (chunked when large). Raises msgspec errors."""
-    builder = _Builder()
     view = memoryview(events_raw)
     if len(view) <= CHUNK_THRESHOLD:
+        builder = _Builder()
         builder.add(_EVENTS.decode(view))
         return builder.finish()
+    builder = _Builder()
+    try:
+        for chunk in _byte_chunks(view):
+            builder.add(_EVENTS.decode(chunk))
+        return builder.finish()
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        pass
+    builder = _Builder()  # exact fallback: split into raw events first, then decode chunks of them
     raws = _RAW_LIST.decode(view)
     for start in range(0, len(raws), CHUNK_EVENTS):
         part = raws[start:start + CHUNK_EVENTS]

@@ -60,6 +60,11 @@ def to_table(rows: list[dict] | "pa.Table" | object) -> pa.Table:
         frame = rows.to_pandas()
     elif isinstance(rows, pd.DataFrame):
         frame = rows
+        if list(frame.columns) == list(COLUMNS):  # fast path: already in schema order with convertible dtypes
+            try:
+                return pa.Table.from_pandas(frame, schema=SCHEMA, preserve_index=False)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+                pass
     else:
         frame = pd.DataFrame(list(rows))
     unknown = set(frame.columns) - set(COLUMNS)
