@@ -1,0 +1,413 @@
+"""Sets of trained operator regressors: train, save, load and predict (vectorized).
+
+A model directory holds `index.json` (the list of models and the provenance of the data they were trained on),
+and per model `<id>.json` (features, trained ranges, sample count, CV error, outlier report, hash of the training
+samples) plus `<id>.ubj.gz` (the XGBoost booster in its UBJSON format, gzip-compressed; never pickle).
+
+Models are keyed by (hardware, primitive, pass, group). `group` is the sample `variant` for primitives whose
+variants are different kernels (the norms, softmaxes, element-wise ops, optimizer steps, activations) and `*`
+(all variants pooled) for the others. `predict` answers each operator row by one of three paths:
+- `model`: a model of that hardware, primitive and pass;
+- `derived`: a collective composed from related models on that hardware (reduce_scatter ≈ all_gather at the same
+  per-rank bytes, all_reduce ≈ reduce_scatter + all_gather of bytes/n, ...), or a compute primitive from a model of
+  a sibling device (A100 40 GB ↔ 80 GB) scaled by the ratio of their roofline estimates;
+- `roofline`: the roofline estimate of `predictor.roofline` (no model covers the row).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from tracekit.core.atomic import atomic_write_json
+from tracekit.core.errors import ModelError
+from tracekit.core.hardware import hardware_spec
+from tracekit.core.samples import COLLECTIVE_PRIMITIVES
+
+from .features import shape_features
+from .regressor import FitResult, design, fit
+from .roofline import estimate_us
+
+FORMAT = "tracekit-models/1"
+INDEX = "index.json"
+#: Primitives whose variants are different kernels: one model per variant with at least MIN_GROUP_ROWS rows.
+SPLIT_BY_VARIANT = ("softmax", "norm", "elementwise", "optimizer", "activation")
+MIN_GROUP_ROWS = 30
+POOLED = "*"
+#: Group used when a row names no variant (or an unknown one) and no pooled model exists; first present wins.
+DEFAULT_GROUPS = {
+    "norm": ("layernorm", "RMSlayernorm"),
+    "elementwise": ("res_add",),
+    "softmax": ("softmax", "ScaledUpperTriangMaskedSoftmax"),
+    "optimizer": ("middleStage_optimizer", "optimizer"),
+    "activation": ("gelu",),
+}
+#: Variant hints the predictor may send, normalized (lower case, letters and digits only) → group name.
+ALIASES = {
+    "rmsnorm": "RMSlayernorm", "rmslayernorm": "RMSlayernorm", "layernorm": "layernorm",
+    "rope": "RoPE", "rotary": "RoPE", "rotaryembedding": "RoPE",
+    "resadd": "res_add", "residual": "res_add", "add": "res_add", "biasdropoutadd": "res_add",
+    "scaleduppertriangmaskedsoftmax": "ScaledUpperTriangMaskedSoftmax", "causalsoftmax":
+        "ScaledUpperTriangMaskedSoftmax", "fusedsoftmax": "ScaledUpperTriangMaskedSoftmax",
+    "fillmask": "fillmask", "maskedsoftmax": "fillmask", "softmax": "softmax",
+    "firststage": "firstStage_optimizer", "firststageoptimizer": "firstStage_optimizer",
+    "middlestage": "middleStage_optimizer", "middlestageoptimizer": "middleStage_optimizer",
+    "laststage": "lastStage_optimizer", "laststageoptimizer": "lastStage_optimizer",
+    "optimizer": "optimizer", "adam": "optimizer", "gelu": "gelu",
+}
+OUTPUT_COLUMNS = ("duration_us", "path", "out_of_range")
+
+
+def _norm(text: object) -> str:
+    return re.sub(r"[^a-z0-9]", "", str(text).lower()) if isinstance(text, str) else ""
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", text).strip("_")
+
+
+def model_id(hardware: str, primitive: str, pass_: str, group: str) -> str:
+    return "__".join(_slug(p if p != POOLED else "all") for p in (hardware, primitive, pass_, group))
+
+
+def groups_of(samples: pd.DataFrame) -> pd.Series:
+    """The model group of each sample row (see module docstring)."""
+    variant = samples["variant"].astype("string").fillna(POOLED)
+    split = samples["primitive"].isin(SPLIT_BY_VARIANT)
+    counts = variant.groupby([samples["hardware"], samples["primitive"], samples["pass"], variant]).transform("size")
+    return variant.where(split & (counts >= MIN_GROUP_ROWS) & (variant != POOLED), POOLED).astype(str)
+
+
+def deduplicate(samples: pd.DataFrame) -> pd.DataFrame:
+    """Drop exact duplicate measurements (same hardware, op, shape and duration), e.g. rows present both in a
+    sample file and in a combined file of the same sweep."""
+    from tracekit.core.samples import FEATURE_COLUMNS
+
+    cols = ["hardware", "primitive", "pass", "variant", *FEATURE_COLUMNS, "duration_us"]
+    return samples.drop_duplicates(subset=[c for c in cols if c in samples.columns])
+
+
+@dataclass
+class TrainedModel:
+    """One entry of a model set: its key, metadata and (lazily loaded) booster."""
+
+    id: str
+    hardware: str
+    primitive: str
+    pass_: str
+    group: str
+    meta: dict
+    path: Path
+    _booster: object = None
+
+    @property
+    def booster(self):
+        if self._booster is None:
+            import xgboost as xgb
+
+            booster = xgb.Booster()
+            try:
+                booster.load_model(bytearray(gzip.decompress((self.path / f"{self.id}.ubj.gz").read_bytes())))
+            except (OSError, ValueError, xgb.core.XGBoostError) as exc:
+                raise ModelError(f"{self.path / self.id}.ubj.gz: unreadable model ({exc})") from exc
+            booster.set_param({"nthread": 1})
+            self._booster = booster
+        return self._booster
+
+
+def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict | None = None,
+                 folds: int = 5, threads: int = 1, on_model: Callable[[dict], None] | None = None) -> list[dict]:
+    """Train one model per (hardware, primitive, pass, group) and write the set to `out` atomically (the old set
+    stays intact until the new one is complete). Returns the per-model summaries written to the index."""
+    samples = deduplicate(samples[samples["duration_us"] > 0])
+    if samples.empty:
+        raise ModelError("no samples to train on")
+    samples = samples.assign(group=groups_of(samples))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    summaries: list[dict] = []
+    try:
+        keys = samples.groupby(["hardware", "primitive", "pass", "group"], sort=True).groups
+        for (hardware, primitive, pass_, group), index in keys.items():
+            frame = samples.loc[index]
+            result = fit(frame, primitive, folds=folds, threads=threads)
+            if result.booster is None:
+                continue
+            mid = model_id(hardware, primitive, pass_, group)
+            meta = _metadata(mid, hardware, primitive, pass_, group, frame, result)
+            (staging / f"{mid}.ubj.gz").write_bytes(gzip.compress(bytes(result.booster.save_raw("ubj")), 9, mtime=0))
+            atomic_write_json(staging / f"{mid}.json", meta)
+            summaries.append(meta)
+            if on_model:
+                on_model(meta)
+        atomic_write_json(staging / INDEX, {
+            "format": FORMAT,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "provenance": provenance or {},
+            "models": [{k: m[k] for k in ("id", "hardware", "primitive", "pass", "group")} for m in summaries],
+        })
+        _swap_in(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    ModelSet.load.cache_clear()
+    return summaries
+
+
+def _metadata(mid, hardware, primitive, pass_, group, frame, result: FitResult) -> dict:
+    return {
+        "id": mid, "hardware": hardware, "primitive": primitive, "pass": pass_, "group": group,
+        "variants": sorted(frame["variant"].dropna().astype(str).unique().tolist()),
+        "features": result.features, "ranges": result.ranges, "samples": result.n_samples,
+        "cv": result.cv, "outliers": result.outliers, "params": result.params,
+        "train_hash": result.train_hash, "train_seconds": round(result.seconds, 2),
+        "sources": sorted(frame["source_path"].dropna().astype(str).unique().tolist())
+        if "source_path" in frame.columns else [],
+    }
+
+
+def _swap_in(staging: Path, out: Path) -> None:
+    if out.exists() and not (out / INDEX).exists() and any(out.iterdir()):
+        raise ModelError(f"{out}: exists and is not a model directory; refusing to replace it")
+    backup = out.with_name(f".{out.name}.old")
+    shutil.rmtree(backup, ignore_errors=True)
+    if out.exists():
+        os.replace(out, backup)
+    os.replace(staging, out)
+    shutil.rmtree(backup, ignore_errors=True)
+
+
+def bundled_models_dir() -> Path:
+    """The default models shipped inside the package."""
+    return Path(__file__).resolve().parent.parent / "tracekit" / "data" / "models"
+
+
+class ModelSet:
+    """A loaded model directory; `predict` answers operator rows by model, derived model or roofline."""
+
+    def __init__(self, path: Path, index: dict, models: list[TrainedModel]):
+        self.path = path
+        self.index = index
+        self.models = models
+        self._by_key: dict[tuple[str, str, str], dict[str, TrainedModel]] = {}
+        for model in models:
+            self._by_key.setdefault((model.hardware, model.primitive, model.pass_), {})[model.group] = model
+
+    @classmethod
+    @lru_cache(maxsize=8)
+    def load(cls, path: str | Path | None = None) -> "ModelSet":
+        """Load a model directory (None: the bundled defaults). Cached: loading the same path again is free."""
+        root = Path(path) if path is not None else bundled_models_dir()
+        index_path = root / INDEX
+        try:
+            index = json.loads(index_path.read_text())
+        except FileNotFoundError as exc:
+            raise ModelError(f"{root}: not a model directory (no {INDEX}); run `tracekit train --out {root}`") from exc
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ModelError(f"{index_path}: unreadable model index ({exc})") from exc
+        if index.get("format") != FORMAT:
+            raise ModelError(f"{index_path}: unknown model format {index.get('format')!r} (expected {FORMAT})")
+        models = []
+        for entry in index.get("models", []):
+            meta_path = root / f"{entry['id']}.json"
+            try:
+                meta = json.loads(meta_path.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise ModelError(f"{meta_path}: unreadable model metadata ({exc})") from exc
+            models.append(TrainedModel(meta["id"], meta["hardware"], meta["primitive"], meta["pass"], meta["group"],
+                                       meta, root))
+        return cls(root, index, models)
+
+    def hardware_ids(self) -> list[str]:
+        return sorted({m.hardware for m in self.models})
+
+    # -- resolution -------------------------------------------------------------------------------------------
+    def resolve(self, hardware: str, primitive: str, pass_: str, variant: object = None) -> TrainedModel | None:
+        """The model answering a row directly, or None."""
+        groups = self._by_key.get((hardware, primitive, pass_))
+        if not groups:
+            return None
+        if isinstance(variant, str) and variant in groups:
+            return groups[variant]
+        wanted = _norm(variant)
+        if wanted:
+            for name, model in groups.items():
+                if _norm(name) == wanted:
+                    return model
+            alias = ALIASES.get(wanted)
+            if alias in groups:
+                return groups[alias]
+        if POOLED in groups:
+            return groups[POOLED]
+        for name in DEFAULT_GROUPS.get(primitive, ()):
+            if name in groups:
+                return groups[name]
+        return max(groups.values(), key=lambda m: m.meta.get("samples", 0))
+
+    def _sibling(self, hardware: str, primitive: str, pass_: str) -> str | None:
+        """Another hardware id of the same GPU family with a model for this primitive and pass."""
+        spec = hardware_spec(hardware)
+        if spec is None:
+            return None
+        family = spec.name.split("-")[0]
+        for other in self.hardware_ids():
+            other_spec = hardware_spec(other)
+            if other != hardware and other_spec and other_spec.name.split("-")[0] == family \
+                    and (other, primitive, pass_) in self._by_key:
+                return other
+        return None
+
+    # -- prediction -------------------------------------------------------------------------------------------
+    def predict(self, ops: pd.DataFrame) -> pd.DataFrame:
+        """Duration (µs), path ('model' | 'derived' | 'roofline') and out_of_range for each operator row.
+
+        `out_of_range` is True when a shape feature lies outside the range the answering model was trained on, and
+        for roofline answers (no training data covers them)."""
+        frame = ops.reset_index(drop=True)
+        n = len(frame)
+        for col in ("hardware", "primitive", "pass"):
+            if col not in frame.columns:
+                raise ModelError(f"operator rows need a {col!r} column")
+        if "variant" not in frame.columns:
+            frame = frame.assign(variant=None)
+        duration = estimate_us(frame) if n else np.zeros(0)
+        path = np.full(n, "roofline", dtype=object)
+        oor = np.ones(n, dtype=bool)
+        done = self._predict_direct(frame, duration, path, oor, tag="model")
+        missing = np.flatnonzero(~done)
+        if len(missing):
+            self._predict_derived(frame, missing, duration, path, oor)
+        return pd.DataFrame({"duration_us": duration.astype("float64"), "path": path, "out_of_range": oor},
+                            index=ops.index)
+
+    def _predict_direct(self, frame: pd.DataFrame, duration: np.ndarray, path: np.ndarray, oor: np.ndarray,
+                        tag: str) -> np.ndarray:
+        """Fill rows answered by a model of their own hardware; returns the mask of rows answered."""
+        done = np.zeros(len(frame), dtype=bool)
+        if not len(frame):
+            return done
+        keys = frame[["hardware", "primitive", "pass", "variant"]].astype("object")
+        keys = keys.where(keys.notna(), None)
+        codes, uniques = pd.factorize(pd.MultiIndex.from_frame(keys))
+        chosen: dict[str, list[int]] = {}
+        for code, key in enumerate(uniques):
+            model = self.resolve(*key)
+            if model is not None:
+                chosen.setdefault(model.id, []).append(code)
+        by_id = {m.id: m for m in self.models}
+        for mid, code_list in chosen.items():
+            rows = np.flatnonzero(np.isin(codes, code_list))
+            self._run(by_id[mid], frame.iloc[rows], rows, duration, oor)
+            path[rows] = tag
+            done[rows] = True
+        return done
+
+    @staticmethod
+    def _run(model: TrainedModel, sub: pd.DataFrame, rows: np.ndarray, duration: np.ndarray, oor: np.ndarray):
+        features = model.meta["features"]
+        matrix, roof = design(sub, model.primitive, features)
+        log_roof = np.log10(np.where(np.isfinite(roof) & (roof > 0), roof, 1.0))
+        pred = model.booster.inplace_predict(matrix.to_numpy())
+        duration[rows] = 10 ** (np.asarray(pred, dtype="float64") + log_roof)
+        outside = np.zeros(len(sub), dtype=bool)
+        for name, (lo, hi) in model.meta["ranges"].items():
+            values = matrix[name].to_numpy()
+            tol = 1e-6 * max(abs(lo), abs(hi), 1.0)
+            outside |= (values < lo - tol) | (values > hi + tol)
+        oor[rows] = outside
+
+    def _predict_derived(self, frame: pd.DataFrame, rows: np.ndarray, duration: np.ndarray, path: np.ndarray,
+                         oor: np.ndarray) -> None:
+        sub = frame.iloc[rows]
+        prim = sub["primitive"].astype(str).to_numpy()
+        coll = np.isin(prim, COLLECTIVE_PRIMITIVES)
+        if coll.any():
+            self._derive_collectives(sub[coll], rows[coll], duration, path, oor)
+        compute = rows[~coll]
+        if len(compute):
+            self._derive_sibling(frame.iloc[compute], compute, duration, path, oor)
+
+    def _direct_only(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n = len(frame)
+        duration = np.full(n, np.nan)
+        path = np.full(n, "roofline", dtype=object)
+        oor = np.ones(n, dtype=bool)
+        done = self._predict_direct(frame, duration, path, oor, tag="model")
+        return np.where(done, duration, np.nan), oor, done
+
+    def _derive_collectives(self, sub: pd.DataFrame, rows: np.ndarray, duration, path, oor) -> None:
+        group = pd.to_numeric(sub.get("group_size"), errors="coerce").fillna(2.0).clip(lower=1.0).to_numpy()
+        nbytes = pd.to_numeric(sub.get("bytes"), errors="coerce").to_numpy(dtype="float64")
+        prim = sub["primitive"].astype(str).to_numpy()
+
+        def ask(kind: str, scale_bytes: np.ndarray, mask: np.ndarray, extra: dict | None = None):
+            part = sub[mask].assign(primitive=kind, bytes=nbytes[mask] * scale_bytes[mask], **(extra or {}))
+            return self._direct_only(part)
+
+        # (target, recipe): each recipe is a list of (kind, bytes scale, time factor); all parts must be answered.
+        recipes = {
+            "reduce_scatter": [[("all_gather", 1.0, 1.0)], [("all_reduce", group, 0.5)]],
+            "all_gather": [[("reduce_scatter", 1.0, 1.0)], [("all_reduce", group, 0.5)]],
+            "all_reduce": [[("reduce_scatter", 1.0 / group, 1.0), ("all_gather", 1.0 / group, 1.0)]],
+            "all_to_all": [[("all_gather", 1.0 / group, 1.0)], [("reduce_scatter", 1.0 / group, 1.0)]],
+            "broadcast": [[("all_reduce", 1.0, group / (2.0 * np.maximum(group - 1.0, 1.0)))]],
+            "send_recv": [[("all_gather", 1.0, 1.0)]],
+        }
+        for target, options in recipes.items():
+            todo = prim == target
+            for recipe in options:
+                if not todo.any():
+                    break
+                total = np.zeros(len(sub))
+                any_oor = np.zeros(len(sub), dtype=bool)
+                ok = todo.copy()
+                for kind, scale, factor in recipe:
+                    scale = np.broadcast_to(np.asarray(scale, dtype="float64"), (len(sub),))
+                    factor = np.broadcast_to(np.asarray(factor, dtype="float64"), (len(sub),))
+                    extra = {"group_size": 2.0} if target == "send_recv" else None
+                    part_t, part_oor, part_ok = ask(kind, scale, todo, extra)
+                    idx = np.flatnonzero(todo)
+                    good = np.zeros(len(sub), dtype=bool)
+                    good[idx[part_ok]] = True
+                    ok &= good
+                    total[idx[part_ok]] += part_t[part_ok] * factor[idx[part_ok]]
+                    any_oor[idx] |= part_oor
+                hit = np.flatnonzero(ok)
+                duration[rows[hit]] = total[hit]
+                path[rows[hit]] = "derived"
+                oor[rows[hit]] = any_oor[hit]
+                todo &= ~ok
+
+    def _derive_sibling(self, sub: pd.DataFrame, rows: np.ndarray, duration, path, oor) -> None:
+        keys = sub[["hardware", "primitive", "pass"]].astype(str)
+        for (hw, prim, pass_), idx in keys.groupby(["hardware", "primitive", "pass"]).groups.items():
+            other = self._sibling(hw, prim, pass_)
+            if other is None:
+                continue
+            pos = sub.index.get_indexer(idx)
+            part = sub.iloc[pos]
+            moved = part.assign(hardware=other)
+            t, part_oor, ok = self._direct_only(moved)
+            ratio = estimate_us(part) / estimate_us(moved)
+            good = ok & np.isfinite(ratio)
+            target = rows[pos[good]]
+            duration[target] = t[good] * ratio[good]
+            path[target] = "derived"
+            oor[target] = part_oor[good]
+
+    # -- reporting --------------------------------------------------------------------------------------------
+    def summaries(self) -> list[dict]:
+        """Per-model metadata (what `tracekit models` and `tracekit train` print)."""
+        return [m.meta for m in self.models]

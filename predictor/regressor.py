@@ -1,0 +1,168 @@
+"""Fit one operator regressor: XGBoost on shape + physics features, predicting log10(time / roofline estimate).
+
+Learning the ratio to the roofline estimate (an efficiency) instead of the raw time lets the trees spend their
+splits on what physics does not explain, and keeps predictions sensible a little outside the trained ranges.
+
+Before fitting, samples that cannot be real measurements of the same operator are set aside and reported:
+- *impossible* (collectives): faster than `IMPOSSIBLE_FACTOR` × the datasheet link bandwidth allows (e.g. a 1 GB
+  all-gather "done" in 117 µs, which would need tens of TB/s of network bandwidth);
+- *separate mode*: a minority cluster of the residuals separated from the main one by a gap of more than
+  `MODE_GAP` decades (e.g. an optimizer step that took seconds in one stretch of a sweep and milliseconds at
+  larger shapes in the rest).
+Hyper-parameters (tree depth, rounds) are chosen by k-fold cross-validation on out-of-fold MAPE.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from tracekit.core.samples import COLLECTIVE_PRIMITIVES
+
+from .features import PHYSICS_FEATURES, physics_features, shape_features
+from .roofline import estimate_us, hardware_rates
+
+IMPOSSIBLE_FACTOR = 4.0
+MODE_GAP = 1.0  # decades
+MIN_MODE_ROWS = 20
+#: (max_depth, min_child_weight) tried; rounds are picked from ROUND_STEPS on the same fits.
+DEPTHS = (4, 6, 8)
+ROUND_STEPS = (100, 200, 400)
+ETA = 0.1
+
+
+@dataclass
+class FitResult:
+    """A trained booster and what to save beside it."""
+
+    booster: object
+    features: list[str]
+    ranges: dict[str, list[float]]
+    params: dict
+    n_samples: int
+    cv: dict
+    outliers: dict
+    train_hash: str
+    seconds: float
+    oof: pd.Series = field(repr=False, default=None)  # out-of-fold predicted duration (µs), index of the input
+
+
+def design(frame: pd.DataFrame, primitive: str, features: list[str] | None = None) -> tuple[pd.DataFrame, np.ndarray]:
+    """Feature matrix (shape + physics features) and roofline estimate (µs) for rows of one primitive."""
+    roof = estimate_us(frame)
+    sms = hardware_rates(frame["hardware"].astype("string").fillna(""))["sms"]
+    phys = physics_features(frame, sms, roof)
+    shapes = list(shape_features(primitive))
+    matrix = pd.DataFrame(index=frame.index)
+    for name in shapes:
+        matrix[name] = pd.to_numeric(frame[name], errors="coerce") if name in frame.columns else np.nan
+    for name in PHYSICS_FEATURES:
+        matrix[name] = phys[name]
+    if features is not None:
+        matrix = matrix.reindex(columns=features)
+    return matrix.astype("float64"), roof
+
+
+def flag_outliers(residual: np.ndarray, check_physics: np.ndarray) -> tuple[np.ndarray, dict]:
+    """Boolean mask of rows to set aside and a report {kind: count, ...} (see module docstring)."""
+    n = len(residual)
+    impossible = check_physics & (residual < -np.log10(IMPOSSIBLE_FACTOR))
+    mode = np.zeros(n, dtype=bool)
+    rest = np.flatnonzero(~impossible & np.isfinite(residual))
+    if len(rest) >= MIN_MODE_ROWS:
+        order = rest[np.argsort(residual[rest])]
+        gaps = np.diff(residual[order])
+        cuts = np.flatnonzero(gaps > MODE_GAP)
+        if len(cuts):
+            clusters = np.split(order, cuts + 1)
+            main = max(clusters, key=len)
+            for cluster in clusters:
+                if cluster is not main:
+                    mode[cluster] = True
+    report = {"impossible": int(impossible.sum()), "separate_mode": int(mode.sum())}
+    return impossible | mode, report
+
+
+def sample_hash(frame: pd.DataFrame, columns: list[str]) -> str:
+    """Order-independent hash of the training rows (features and durations)."""
+    rows = pd.util.hash_pandas_object(frame[columns], index=False).to_numpy()
+    return hashlib.blake2b(np.sort(rows).tobytes(), digest_size=8).hexdigest()
+
+
+def ape_stats(pred: np.ndarray, true: np.ndarray) -> dict:
+    """MAPE, median and p90 absolute percentage error as fractions."""
+    ape = np.abs(pred - true) / true
+    if not len(ape):
+        return {"mape": None, "median_ape": None, "p90_ape": None}
+    return {"mape": float(np.mean(ape)), "median_ape": float(np.median(ape)), "p90_ape": float(np.quantile(ape, 0.9))}
+
+
+def _train(x: np.ndarray, y: np.ndarray, depth: int, rounds: int, seed: int, threads: int):
+    import xgboost as xgb
+
+    params = {
+        "objective": "reg:squarederror", "eta": ETA, "max_depth": depth, "min_child_weight": 1,
+        "subsample": 0.8, "colsample_bytree": 1.0, "tree_method": "hist", "nthread": threads, "seed": seed,
+        "verbosity": 0,
+    }
+    return xgb.train(params, xgb.DMatrix(x, label=y), num_boost_round=rounds)
+
+
+def fit(frame: pd.DataFrame, primitive: str, folds: int = 5, seed: int = 0, threads: int = 1,
+        depths: tuple[int, ...] = DEPTHS, round_steps: tuple[int, ...] = ROUND_STEPS) -> FitResult:
+    """Fit one model on samples of a single (hardware, primitive, pass, group); `frame` needs duration_us."""
+    import xgboost as xgb
+
+    start = time.perf_counter()
+    matrix, roof = design(frame, primitive)
+    keep = [c for c in matrix.columns if matrix[c].notna().any()]
+    matrix = matrix[keep]
+    has_roof = np.isfinite(roof) & (roof > 0)
+    log_roof = np.log10(np.where(has_roof, roof, 1.0))
+    duration = frame["duration_us"].to_numpy(dtype="float64")
+    residual = np.log10(duration) - log_roof
+    drop, outliers = flag_outliers(residual, has_roof & (primitive in COLLECTIVE_PRIMITIVES))
+    outliers["rows"] = int(len(frame))
+    x_all = matrix.to_numpy()
+    x, y, t = x_all[~drop], residual[~drop], duration[~drop]
+    n = len(y)
+
+    oof = np.full((len(depths), len(round_steps), n), np.nan)
+    k = min(folds, n) if n >= 4 else 0
+    if k >= 2:
+        perm = np.random.default_rng(seed).permutation(n)
+        for fold in range(k):
+            test = perm[fold::k]
+            train = np.setdiff1d(perm, test)
+            dtest = xgb.DMatrix(x[test])
+            for i, depth in enumerate(depths):
+                booster = _train(x[train], y[train], depth, max(round_steps), seed, threads)
+                for j, rounds in enumerate(round_steps):
+                    oof[i, j, test] = booster.predict(dtest, iteration_range=(0, rounds))
+        pred_t = 10 ** (oof + log_roof[~drop])
+        mape = np.nanmean(np.abs(pred_t - t) / t, axis=2)
+        i, j = np.unravel_index(np.nanargmin(mape), mape.shape)
+        depth, rounds = depths[i], round_steps[j]
+        cv = {"folds": k, **ape_stats(pred_t[i, j], t)}
+        oof_series = pd.Series(np.nan, index=frame.index)
+        oof_series[~drop] = pred_t[i, j]
+    else:
+        depth, rounds = min(depths), min(round_steps)
+        cv = {"folds": 0, "mape": None, "median_ape": None, "p90_ape": None}
+        oof_series = pd.Series(np.nan, index=frame.index)
+    booster = _train(x, y, depth, rounds, seed, threads) if n else None
+    ranges = {
+        c: [float(np.nanmin(matrix[c][~drop])), float(np.nanmax(matrix[c][~drop]))]
+        for c in keep if c in shape_features(primitive) and matrix[c][~drop].notna().any()
+    }
+    hash_cols = [c for c in shape_features(primitive) if c in frame.columns] + ["duration_us"]
+    return FitResult(
+        booster=booster, features=keep, ranges=ranges,
+        params={"max_depth": depth, "rounds": rounds, "eta": ETA, "objective": "reg:squarederror",
+                "target": "log10(duration_us / roofline_us)"},
+        n_samples=n, cv=cv, outliers=outliers, train_hash=sample_hash(frame, hash_cols),
+        seconds=time.perf_counter() - start, oof=oof_series,
+    )

@@ -1,0 +1,117 @@
+"""Roofline estimates: an operator's time from its work and the hardware's peak rates.
+
+GPU peaks come from the datasheet table in `tracekit.core.hardware.SPECS`; a `cpu-*` hardware id uses this
+machine's CPU, measured once per process (a float32 matmul and a large copy) and cached. The estimate is derated by
+typical achievable fractions (below) so that it is a usable fallback rather than an unreachable bound.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+
+from tracekit.core.hardware import hardware_spec
+from tracekit.core.samples import COLLECTIVE_PRIMITIVES
+
+from .features import compute_work, dtype_bytes, ring_traffic
+
+#: Achievable fractions of peak (large well-shaped kernels reach these; small ones are slower).
+COMPUTE_EFFICIENCY = 0.7
+MEMORY_EFFICIENCY = 0.8
+LINK_EFFICIENCY = 0.8
+#: Fixed cost of one kernel launch and of one ring step, µs.
+KERNEL_OVERHEAD_US = 5.0
+STEP_LATENCY_US = {"intra": 3.0, "inter": 10.0}
+TENSOR_CORE_PRIMITIVES = ("gemm", "bmm", "attention")
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Peak rates of one hardware id: FLOP/s (tensor / vector), memory and link bytes/s, SM count."""
+
+    tensor_flops: float
+    vector_flops: float
+    mem_bw: float
+    intra_bw: float
+    inter_bw: float
+    sms: int
+
+
+@lru_cache(maxsize=1)
+def measure_cpu() -> Rates:
+    """This CPU's float32 matmul rate and copy bandwidth, measured once per process (≈0.3 s)."""
+    a = np.random.default_rng(0).standard_normal((1024, 1024), dtype=np.float32)
+    np.dot(a, a)
+    start, reps = time.perf_counter(), 0
+    while time.perf_counter() - start < 0.15:
+        np.dot(a, a)
+        reps += 1
+    flops = 2 * 1024**3 * reps / (time.perf_counter() - start)
+    src = np.ones(16 << 20, dtype=np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    start, reps = time.perf_counter(), 0
+    while time.perf_counter() - start < 0.15:
+        np.copyto(dst, src)
+        reps += 1
+    bw = 2 * src.nbytes * reps / (time.perf_counter() - start)
+    return Rates(flops, flops, bw, bw / 4, 1.25e9, 1)
+
+
+@lru_cache(maxsize=64)
+def rates(hardware: str) -> Rates | None:
+    """Peak rates for a hardware id; None when it is neither in the datasheet table nor a CPU."""
+    if hardware.startswith("cpu-"):
+        return measure_cpu()
+    spec = hardware_spec(hardware)
+    if spec is None:
+        return None
+    return Rates(spec.peak_tflops_fp16 * 1e12, spec.peak_tflops_fp32 * 1e12, spec.mem_bw_gbs * 1e9,
+                 spec.intra_node_gbs * 1e9, spec.inter_node_gbs * 1e9, spec.sms)
+
+
+def hardware_rates(hardware: pd.Series) -> dict[str, np.ndarray]:
+    """Per-row peak rates (NaN for unknown hardware)."""
+    names = ("tensor_flops", "vector_flops", "mem_bw", "intra_bw", "inter_bw", "sms")
+    out = {name: np.full(len(hardware), np.nan) for name in names}
+    for hw, idx in pd.Series(np.arange(len(hardware))).groupby(hardware.to_numpy()).groups.items():
+        r = rates(str(hw))
+        if r is None:
+            continue
+        for name in names:
+            out[name][np.asarray(idx)] = getattr(r, name)
+    return out
+
+
+def estimate_us(frame: pd.DataFrame) -> np.ndarray:
+    """Roofline time (µs) per row: max(FLOPs / peak, bytes / bandwidth) + launch overhead; collectives: ring
+    traffic / link bandwidth + per-step latency. NaN where the hardware or the work is unknown."""
+    hw = hardware_rates(frame["hardware"].astype("string").fillna(""))
+    prim = frame["primitive"].astype("string").fillna("").to_numpy()
+    flops, moved, _ = compute_work(frame)
+    half = dtype_bytes(frame["dtype"] if "dtype" in frame.columns else None, len(frame)) <= 2
+    tensor = np.isin(prim, TENSOR_CORE_PRIMITIVES) & half
+    peak = np.where(tensor, hw["tensor_flops"], hw["vector_flops"]) * COMPUTE_EFFICIENCY
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t_compute = np.nan_to_num(flops / peak, nan=0.0)
+        t_memory = np.nan_to_num(moved / (hw["mem_bw"] * MEMORY_EFFICIENCY), nan=0.0)
+        compute_est = np.maximum(t_compute, t_memory) * 1e6 + KERNEL_OVERHEAD_US
+        compute_est = np.where(np.isnan(flops) & np.isnan(moved), np.nan, compute_est)
+
+        nodes = np.nan_to_num(pd.to_numeric(frame.get("nodes"), errors="coerce").to_numpy(dtype="float64"), nan=1.0) \
+            if "nodes" in frame.columns else np.ones(len(frame))
+        group = pd.to_numeric(frame["group_size"], errors="coerce").to_numpy(dtype="float64") \
+            if "group_size" in frame.columns else np.full(len(frame), np.nan)
+        nbytes = pd.to_numeric(frame["bytes"], errors="coerce").to_numpy(dtype="float64") \
+            if "bytes" in frame.columns else np.full(len(frame), np.nan)
+        group = np.where(np.isnan(group), 2.0, group)
+        inter = nodes > 1
+        link = np.where(inter, hw["inter_bw"], hw["intra_bw"]) * LINK_EFFICIENCY
+        steps = np.where(prim == "all_reduce", 2.0 * (group - 1.0), np.where(prim == "send_recv", 1.0, group - 1.0))
+        latency = steps * np.where(inter, STEP_LATENCY_US["inter"], STEP_LATENCY_US["intra"])
+        comm_est = ring_traffic(prim, nbytes, group) / link * 1e6 + latency + KERNEL_OVERHEAD_US
+    is_coll = np.isin(prim, COLLECTIVE_PRIMITIVES)
+    return np.where(is_coll, comm_est, compute_est)
