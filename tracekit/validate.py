@@ -324,7 +324,7 @@ def _refit(paths: list[Path], config: Any, cluster: Any, before: Any, store: str
     if ingested.errors:
         first = ingested.errors[0]
         raise InputError(first["path"], f"cannot ingest for --refit: {first['error']}")
-    added = sum(int(t.get("samples", t.get("rows", 0)) or 0) for t in ingested.traces)
+    added = sum(int(t["samples_written"]) for t in ingested.traces)
     out = Path(models_path) if models_path is not None else sample_store.root / "models"
     trained = train_models(sample_store.read(), out, provenance={"store": str(sample_store.root),
                                                                  "refit_on": [str(p) for p in paths]})
