@@ -94,6 +94,9 @@ def capture(out_dir: str | Path, argv: list[str], steps: str | StepRange = "10-1
     env = dict(os.environ)
     if mode == "megatron":
         per_node, nodes = launcher_world(argv)
+        if per_node is None and ranks.strip().lower() == "all":
+            raise ConfigError("cannot tell the world size from the launch command (torchrun --nproc-per-node N); "
+                              "give --ranks 0,1,... explicitly")
         rank_list = parse_ranks(ranks, per_node * nodes if per_node else None)
         run_argv = list(argv) + profiling_flags(out.resolve(), step_range, rank_list, layout, shapes)
     else:

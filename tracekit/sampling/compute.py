@@ -73,7 +73,8 @@ def time_case(case: Case, dtype_name: str, timer: Timer) -> dict[str, float]:
     elif kind == "attention":
         shape = (int(f["batch"]), int(f["heads"]), int(f["seq"]), int(f["head_dim"]))
         q, k, v = (_leaf(shape, dtype, dev) for _ in range(3))
-        fwd, bwd = timer.fwd_bwd([q, k, v], lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        fwd, bwd = timer.fwd_bwd([q, k, v], lambda: F.scaled_dot_product_attention(  # Megatron default dropout
+            q, k, v, is_causal=True, dropout_p=0.1))
     elif kind == "norm":
         x = _leaf((int(f["rows"]), int(f["width"])), dtype, dev)
         norm = torch.nn.LayerNorm(int(f["width"]), device=dev, dtype=dtype)
