@@ -29,6 +29,7 @@ OP_CATEGORIES = frozenset({"cpu_op", "user_annotation"})
 CHUNK_BYTES = 16 << 20
 CHUNK_EVENTS = 50_000
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+_WANTS_CONCRETE = re.compile(r"attention|attn|fmha", re.I).search
 #: Arrays larger than this (bytes) are decoded in chunks.
 CHUNK_THRESHOLD = 16 << 20
 
@@ -117,7 +118,7 @@ class EventColumns:
     op_is_annotation: np.ndarray = None
     op_dims: list = field(default_factory=list)  # raw JSON bytes of Input Dims (shared between equal values)
     op_types: list = field(default_factory=list)
-    op_concrete: list = field(default_factory=list)
+    op_concrete: list = field(default_factory=list)  # Concrete Inputs, kept for attention ops only
     op_comm: dict = field(default_factory=dict)  # row → CommFields
     # runtime / driver API calls
     rt_ts: np.ndarray = None
@@ -170,6 +171,7 @@ class _Builder:
         self.op = {k: array("d") for k in ("ts", "dur")} | {k: array("q") for k in ("thread", "ext", "ann")}
         self.rt = {"ts": array("d"), "thread": array("q"), "corr": array("q")}
         self.open_spans: dict = {}
+        self.wants_concrete: dict = {}
 
     def thread(self, pid: Any, tid: Any) -> int:
         key = (pid, tid)
@@ -201,6 +203,7 @@ class _Builder:
                                               self.rt["corr"].append, c.rt_name.append)
         roles = _CATEGORY_ROLE
         empty = _EMPTY
+        wants_concrete = self.wants_concrete
         last_key, last_code = None, -1
         for e in events:
             if e.ph != "X":
@@ -251,7 +254,10 @@ class _Builder:
                     data = bytes(raw)
                     op_types(blobs.setdefault(data, data))
                 raw = a.concrete
-                if raw is empty:
+                wanted = wants_concrete.get(e.name)
+                if wanted is None:
+                    wanted = wants_concrete[e.name] = bool(_WANTS_CONCRETE(e.name))
+                if raw is empty or not wanted:  # only attention ops' flags (is_causal) are used
                     op_conc(b"")
                 else:
                     data = bytes(raw)
@@ -274,16 +280,24 @@ class _Builder:
                     dev_corr(-1)
                     dev_bytes(-1)
                     continue
-                dev_stream(_int(a.stream, _int(e.tid)))
-                dev_ext(_int(a.ext))
-                dev_corr(_int(a.correlation))
-                dev_bytes(_int(a.nbytes))
+                value = a.stream
+                dev_stream(value if type(value) is int else _int(value, _int(e.tid)))
+                value = a.ext
+                dev_ext(value if type(value) is int else _int(value))
+                value = a.correlation
+                dev_corr(value if type(value) is int else _int(value))
+                value = a.nbytes
+                dev_bytes(value if type(value) is int else _int(value))
                 if a.coll is not None or a.in_nelems is not None:
                     c.dev_comm[len(c.dev_name) - 1] = _comm(a)
             else:  # runtime / driver call
+                key = (e.pid, e.tid)
+                if key != last_key:
+                    last_key, last_code = key, thread(e.pid, e.tid)
                 rt_ts(e.ts)
-                rt_thread(thread(e.pid, e.tid))
-                rt_corr(_int(a.correlation) if a is not None else -1)
+                rt_thread(last_code)
+                value = a.correlation if a is not None else -1
+                rt_corr(value if type(value) is int else _int(value))
                 rt_name(intern(e.name, e.name))
 
     def _pair(self, e: _Event) -> _Event | None:
@@ -316,7 +330,7 @@ class _Builder:
 
 
 def _byte_chunks(view: memoryview):
-    """Split a JSON event array at `},{` boundaries about CHUNK_BYTES apart; yields JSON arrays (bytes).
+    """Split a JSON event array at `},{` boundaries about CHUNK_BYTES apart; yields JSON arrays (bytearrays).
 
     A boundary found inside a string or a nested object makes that chunk invalid JSON (or not a list of events),
     which the caller detects by failing to decode it, and then falls back to the exact two-pass split.
@@ -330,7 +344,10 @@ def _byte_chunks(view: memoryview):
     while start < end - 1:
         match = _BOUNDARY.search(view, start + CHUNK_BYTES, end - 1) if start + CHUNK_BYTES < end - 1 else None
         stop = match.start() + 1 if match else end - 1
-        yield b"[" + view[start:stop] + b"]"
+        chunk = bytearray(b"[")
+        chunk += view[start:stop]
+        chunk += b"]"
+        yield chunk
         start = match.end() - 1 if match else end
 
 

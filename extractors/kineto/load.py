@@ -7,7 +7,13 @@ raw JSON (`events_raw`) for `events.py` to decode in bounded chunks.
 from __future__ import annotations
 
 import gzip
+import re
 import zlib
+
+try:  # ISA-L's gzip decoder is ~1.6x faster than zlib's; same errors, same output
+    from isal.igzip import decompress as _gunzip
+except ImportError:  # pragma: no cover - optional speed-up
+    _gunzip = gzip.decompress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +23,7 @@ import msgspec
 from tracekit.core.errors import InputError
 from tracekit.core.redact import redact
 
+_NOT_BLANK = re.compile(rb"\S")
 #: File names ingest picks up from a directory or glob.
 TRACE_SUFFIXES = (".json", ".json.gz")
 
@@ -64,7 +71,7 @@ def read_bytes(path: Path) -> bytes:
         raise InputError(path, f"cannot read the file ({exc.strerror or exc})") from exc
     if data[:2] == b"\x1f\x8b":
         try:
-            data = gzip.decompress(data)
+            data = _gunzip(data)
         except EOFError as exc:
             raise InputError(path, "truncated gzip file (the compressed stream ends early)") from exc
         except (OSError, zlib.error) as exc:
@@ -78,7 +85,7 @@ def open_trace(path: str | Path) -> TraceFile:
     """Parse the header of a Kineto trace; refuse files that are not Kineto traces, saying why."""
     path = Path(path)
     data = read_bytes(path)
-    if not data.strip():
+    if not _NOT_BLANK.search(data):
         raise InputError(path, "empty file")
     try:
         header = _HEADER.decode(data)

@@ -151,6 +151,24 @@ def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None):
     return frame
 
 
+def _hardware(properties: list) -> str:
+    """Hardware id from deviceProperties; a generic marketing name ('AMD Radeon Graphics', as some ROCm builds
+    report an MI250 GCD) is made specific with the device's architecture, compute units and memory."""
+    if not properties or not properties[0].get("name"):
+        return "unknown"
+    first = properties[0]
+    hardware = normalize_hardware(str(first["name"]))
+    if hardware in ("GRAPHICS", "GPU", "DEVICE", "unknown"):
+        vendor = "AMD" if "amd" in str(first["name"]).lower() else "GPU"
+        parts = [vendor, f"cc{first.get('computeMajor', '')}{first.get('computeMinor', '')}"]
+        if first.get("numSms"):
+            parts.append(f"{first['numSms']}CU")
+        if first.get("totalGlobalMem"):
+            parts.append(f"{round(first['totalGlobalMem'] / 2**30)}GB")
+        hardware = "-".join(parts)
+    return hardware
+
+
 def _gpu_listed(header_devices: list, backend: str | None) -> bool:
     return bool(header_devices) or bool(backend and re.search(r"nccl|hccl|rccl", str(backend), re.I))
 
@@ -171,8 +189,7 @@ def read_trace(path: str | Path) -> KinetoTrace:
     if len(c.dev_ts):
         lk = link(c)
         frame = _gpu_events(c, lk, world)
-        hardware = normalize_hardware(devices[0]) if devices and devices[0] else "unknown"
-        return KinetoTrace(hardware=hardware, iterations=lk.iterations, device_events=frame, **base)
+        return KinetoTrace(hardware=_hardware(tf.device_properties), iterations=lk.iterations, device_events=frame, **base)
     timed = np.count_nonzero(c.op_dur > 0) if len(c.op_dur) else 0
     if not timed:
         raise InputError(path, "nothing timed in it (no device kernels and no operators with durations)")

@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .atomic import atomic_write_json
@@ -62,13 +63,15 @@ class SampleStore:
             raise StoreError(f"samples of source {source_id} carry another source id")
         staged: list[tuple[Path, Path]] = []
         try:
-            frame = table.to_pandas()
-            for (hardware, primitive), group in frame.groupby(["hardware", "primitive"], sort=True):
+            hardware_col, primitive_col = table.column("hardware"), table.column("primitive")
+            keys = pa.table({"h": hardware_col, "p": primitive_col}).group_by(["h", "p"]).aggregate([])
+            for hardware, primitive in sorted(zip(keys["h"].to_pylist(), keys["p"].to_pylist())):
                 folder = self.root / "samples" / f"hardware={_part(hardware)}" / f"primitive={_part(primitive)}"
                 folder.mkdir(parents=True, exist_ok=True)
                 final = folder / f"{source_id}.parquet"
                 tmp = folder / f".{source_id}.parquet.tmp"
-                pq.write_table(pa.Table.from_pandas(group, schema=SCHEMA, preserve_index=False), tmp)
+                rows_of_part = pc.and_(pc.equal(hardware_col, hardware), pc.equal(primitive_col, primitive))
+                pq.write_table(table.filter(rows_of_part), tmp)
                 staged.append((tmp, final))
             for tmp, final in staged:
                 os.replace(tmp, final)
