@@ -101,8 +101,8 @@ def validate_published(path: str | Path, hardware_map: dict[str, str] | None = N
     from predictor.models import ModelSet
     from predictor.predict import predict_many
 
-    models = models if models is not None else ModelSet.load()
     rows = read_published(path, hardware_map, overrides)
+    models = models if models is not None else ModelSet.load()
     out_rows: list[dict[str, Any]] = []
     failed = [{"line": r.line, "ref": r.ref, "error": r.error} for r in rows if r.error]
     good = [r for r in rows if not r.error]
