@@ -276,6 +276,20 @@ def check_same_configuration(predicted: Side, real: Side, config: dict[str, Any]
             )
 
 
+def check_same_split(predicted: dict[str, Any], run: dict[str, Any]) -> None:
+    """Raise ConfigError when a prediction's configuration splits the job differently from the run's (both
+    TrainingConfig dicts)."""
+    names = (("TP", "tensor_model_parallel_size"), ("PP", "pipeline_model_parallel_size"),
+             ("CP", "context_parallel_size"), ("DP", "data_parallel_size"), ("world size", "world_size"))
+    differ = [(label, predicted.get(key), run.get(key)) for label, key in names
+              if predicted.get(key) is not None and run.get(key) is not None
+              and int(predicted[key]) != int(run[key])]
+    if differ:
+        ours = ", ".join(f"{label}={a}" for label, a, _ in differ)
+        theirs = ", ".join(f"{label}={b}" for label, _, b in differ)
+        raise ConfigError(f"configurations differ: the prediction has {ours}, the real run {theirs}")
+
+
 def _allowed_group_sizes(config: dict[str, Any]) -> set[int]:
     tp = int(config.get("tensor_model_parallel_size") or 1)
     pp = int(config.get("pipeline_model_parallel_size") or 1)

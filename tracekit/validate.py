@@ -215,11 +215,14 @@ def diff_inputs(predicted: dict[str, Any] | list[Any], real_traces: list[Any], r
     """DiffReport of a prediction dict or parsed predicted traces against parsed real traces. `config`: the run's
     TrainingConfig when known (validate passes the manifest's); it maps ranks to pipeline stages and is checked
     against both sides (else the prediction's own configuration is used)."""
-    from predictor.diff import diff_sides, summarize_prediction, summarize_traces
+    from predictor.diff import check_same_split, diff_sides, summarize_prediction, summarize_traces
 
     config_dict = config.to_dict() if config is not None else None
-    if isinstance(predicted, dict) and config_dict is None:
-        config_dict = predicted.get("config")
+    if isinstance(predicted, dict):
+        if config_dict is None:
+            config_dict = predicted.get("config")
+        else:
+            check_same_split(predicted.get("config") or {}, config_dict)
     real_groups = process_groups(real_traces)
     if config_dict is not None:
         pp = int(config_dict.get("pipeline_model_parallel_size") or 1)
