@@ -9,6 +9,7 @@ import re
 from functools import lru_cache
 
 _OP_RULES = (  # (regex on the op name without namespace, primitive); first match wins
+    (re.compile(r"reshape_and_cache|copy_blocks|swap_blocks"), "elementwise"),  # paged KV-cache copies
     (re.compile(r"^(bmm|baddbmm|addbmm)$"), "bmm"),
     (re.compile(r"^(mm|addmm|_addmm_activation|matmul|linear|addmv|mv|_scaled_mm|_int_mm|dot)$"), "gemm"),
     (re.compile(r"attention|^_flash_attn|flash_attn|^_efficient_attention|fmha|FlashAttn|FusedAttn", re.I), "attention"),
@@ -29,13 +30,13 @@ _KERNEL_RULES = (
     (re.compile(r"log_softmax|cross_entropy|nll_loss", re.I), "cross_entropy"),
     (re.compile(r"flash|fmha|attn|attention", re.I), "attention"),
     (re.compile(r"softmax", re.I), "softmax"),
-    (re.compile(r"gemm|gemv|cublas|nvjet|^Cijk_|xmma|cutlass.*tensorop|_mma_|wgmma|matmul", re.I), "gemm"),
+    (re.compile(r"gemm|gemv|cublas|nvjet|^Cijk_|xmma|cutlass.*tensorop|_mma_|wgmma|matmul|^bmm_", re.I), "gemm"),
     (re.compile(r"layer_?norm|rms_?norm|batch_?norm|bn_fw|bn_bw|group_?norm|welford", re.I), "norm"),
     (re.compile(r"gelu|silu|swiglu|relu|sigmoid|tanh_|act_and_mul", re.I), "activation"),
     (re.compile(r"embedding|indexSelect|index_select", re.I), "embedding"),
     (re.compile(r"adam|multi_tensor_apply|lamb_|sgd_", re.I), "optimizer"),
     (re.compile(r"elementwise|vectorized|unrolled|reduce_kernel|fill|copy|CatArray|cat_|index|dropout|scatter|"
-                r"gather|where|rope|rotary|transpose|permute|reduce", re.I), "elementwise"),
+                r"gather|where|rope|rotary|transpose|permute|reduce|quant", re.I), "elementwise"),
 )
 
 _NCCL_KERNEL = re.compile(r"nccl|rccl", re.I)
@@ -81,10 +82,26 @@ def op_primitive(op: str | None) -> str | None:
     return None
 
 
+def kernel_signature_head(kernel: str) -> str:
+    """The kernel's name and template arguments, without `void ` and its parameter list (parameter types such as
+    `flashinfer::...Layout` say nothing about what the kernel computes)."""
+    text = kernel[5:] if kernel.startswith("void ") else kernel
+    depth = 0
+    for i, ch in enumerate(text):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0 and i > 0 and text[i - 1] not in " <,:":
+            return text[:i]
+    return text
+
+
 @lru_cache(maxsize=65536)
 def kernel_primitive(kernel: str) -> str:
+    head = kernel_signature_head(kernel)
     for pattern, primitive in _KERNEL_RULES:
-        if pattern.search(kernel):
+        if pattern.search(head):
             return primitive
     return "other"
 
