@@ -89,14 +89,15 @@ def assign_sequence(process_group: list, launch_order: np.ndarray, recorded: lis
 class MatchReport:
     matched: int  # collectives matched across all their ranks
     unmatched: int  # collective rows left without a full set of peers
-    mismatched_kind: int  # keys where ranks disagree on the kind (left unmatched)
+    mismatched_kind: int  # keys where ranks disagree on the kind or message size (left unmatched)
 
 
 def match_collectives(frames: list) -> MatchReport:
     """Match the collectives of one run's ranks (device_events frames, edited in place: `wait_us`).
 
     Only frames with distinct ranks should be passed. A collective is matched when every rank that took part
-    (its group size, or all frames given when the size is unknown) has an entry with the same key and kind;
+    (its group size, or all frames given when the size is unknown) has an entry with the same key, kind and
+    message size (the size check keeps traces without process-group names from pairing different groups);
     collectives whose group has members outside the given frames stay unmatched.
     """
     import pandas as pd
@@ -109,7 +110,7 @@ def match_collectives(frames: list) -> MatchReport:
         parts.append(pd.DataFrame({
             "frame": f_index, "row": comm.index, "pg": comm["process_group"].fillna("default").to_numpy(),
             "seq": comm["comm_seq"].to_numpy(), "kind": comm["primitive"].to_numpy(), "dur": comm["dur_us"].to_numpy(),
-            "size": comm["group_size"].to_numpy(),
+            "size": comm["group_size"].to_numpy(), "bytes": comm["bytes"].to_numpy(),
         }))
     if not parts:
         return MatchReport(0, 0, 0)
@@ -119,7 +120,7 @@ def match_collectives(frames: list) -> MatchReport:
     for _, group in allc.groupby(["pg", "seq"], sort=False):
         expected = group["size"].iloc[0]
         expected = int(expected) if pd.notna(expected) and expected > 0 else n_frames
-        if group["kind"].nunique() > 1:
+        if group["kind"].nunique() > 1 or group["bytes"].nunique() > 1:
             mismatched += 1
             unmatched += len(group)
             continue

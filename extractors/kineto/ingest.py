@@ -166,6 +166,8 @@ def ingest_paths(paths, store, progress: Callable | None = None) -> IngestResult
                 result.errors.append({"path": exc.path, "error": exc.reason})
             except TracekitError as exc:
                 result.errors.append({"path": str(path), "error": str(exc)})
+            except (ValueError, KeyError, TypeError, IndexError, OverflowError) as exc:  # a trace we misread
+                result.errors.append({"path": str(path), "error": f"could not be read ({type(exc).__name__}: {exc})"})
             done += 1
             if progress:
                 progress(done, total, path)
