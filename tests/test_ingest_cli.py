@@ -143,3 +143,15 @@ def test_begin_end_pairs_read_like_complete_events(tmp_path):
     assert rewritten["dur_us"].to_numpy() == pytest.approx(original["dur_us"].to_numpy(), abs=1e-3)
     for column in ("name", "primitive", "pass", "op", "iteration", "bytes", "m", "n", "k"):
         pd.testing.assert_series_equal(rewritten[column], original[column], check_names=False)
+
+
+def test_bundled_demo_traces_ingest_cleanly(tmp_path):
+    """`make demo` ingests traces/: every bundled trace must ingest, and the 8 DLRM ranks match up."""
+    result = ingest(str(TRACES), "--store", str(tmp_path / "store"), "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["errors"] == []
+    names = sorted(Path(t["path"]).name for t in doc["traces"])
+    assert names == sorted(p.name for p in TRACES.rglob("*.json*"))
+    table = ingest(str(TRACES), "--store", str(tmp_path / "store2"))
+    assert "collectives matched across ranks: 8" in table.stdout
