@@ -19,7 +19,7 @@ CONSTANTS = {
     "memory_scale": "× memory-bound ops (norm, softmax, activation, elementwise, embedding, cross-entropy, optimizer)",
     "comm_scale": "× collectives and P2P transfers",
     "microbatch_overhead_us": "+ per forward or backward call of one micro-batch on one model chunk",
-    "layer_overhead_us": "+ per layer per forward, backward or recompute pass",
+    "host_op_us": "host (CPU) time to issue one modelled operator: a layer pass takes at least this × its ops",
     "iteration_overhead_us": "+ per iteration",
 }
 
@@ -31,7 +31,7 @@ class Calibration:
     memory_scale: float = 1.0
     comm_scale: float = 1.0
     microbatch_overhead_us: float = 0.0
-    layer_overhead_us: float = 0.0
+    host_op_us: float = 0.0
     iteration_overhead_us: float = 0.0
     description: str = ""
     fit: dict[str, Any] = field(default_factory=dict)  # how it was obtained (data, rows, error before/after)

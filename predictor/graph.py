@@ -103,12 +103,14 @@ class _Builder:
 
     # -- specs -----------------------------------------------------------------------------------------------
     def spec(self, primitive: str, pass_: str, variant: str, **features: float) -> int:
-        key = (primitive, pass_, variant, tuple(sorted(features.items())))
+        key = (primitive, pass_, variant, *features.items())  # call sites pass features in a fixed order
         found = self.index.get(key)
         if found is not None:
             return found
         row = {"hardware": self.hardware, "primitive": primitive, "pass": pass_, "dtype": self.dtype,
-               "variant": variant, **{k: float(v) for k, v in features.items()}}
+               "variant": variant}
+        for name, value in features.items():
+            row[name] = float(value)
         self.specs.append(row)
         self.index[key] = len(self.specs) - 1
         return self.index[key]

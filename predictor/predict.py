@@ -70,15 +70,27 @@ class Prediction:
     tokens_per_s: float
     memory_gb_per_gpu: dict[str, float]
     warnings: list[str]
-    top_operators: list[dict]
     fallbacks: list[dict]
-    per_stage: list[dict]
-    operators: list[dict]
     critical_stage: int
     calibration: Calibration
     graph: Graph = field(repr=False)
     timeline: Timeline = field(repr=False)
     durations_us: np.ndarray = field(repr=False)  # calibrated, per spec of `graph`
+    counts: np.ndarray = field(repr=False)  # instances per iteration, (stage, spec)
+    work: tuple = field(repr=False)  # (fwd, bwd): Work per [stage][chunk] for one micro-batch
+
+    @property
+    def top_operators(self) -> list[dict]:
+        """The busiest stage's operators by time per iteration (top 10)."""
+        return _top(self.graph, self.durations_us, self.critical_stage, self.iteration_time_s)
+
+    @property
+    def operators(self) -> list[dict]:
+        return _operators(self.graph, self.durations_us, self.counts)
+
+    @property
+    def per_stage(self) -> list[dict]:
+        return _per_stage(self.graph, *self.work, self.timeline)
 
     def to_dict(self) -> dict[str, Any]:
         c = self.config
@@ -211,15 +223,25 @@ def calibrated_durations(graph: Graph, est: Estimates, cal: Calibration) -> np.n
 
 
 def _work(ops: list[OpUse], dur: np.ndarray, layers: int, cal: Calibration) -> Work:
-    compute = comm = 0.0
+    """One micro-batch of a segment's forward or backward. Each layer pass lasts at least the host time to issue
+    its operators (`host_op_us` per op: a launch-bound layer waits on the CPU); the excess counts as `other`."""
+    compute = comm = layer_compute = layer_comm = 0.0
+    layer_ops = 0
     for op in ops:
-        t = op.count * float(dur[op.spec])
-        if op.group:
-            comm += t
+        t = float(dur[op.spec])
+        if op.per_layer:
+            if op.group:
+                layer_comm += t
+            else:
+                layer_compute += t
+                layer_ops += 1
+        elif op.group:
+            comm += op.count * t
         else:
-            compute += t
-    passes = 1 + any(op.recompute for op in ops)  # a backward with recompute runs each layer twice
-    return Work(compute, comm, cal.microbatch_overhead_us + cal.layer_overhead_us * layers * passes)
+            compute += op.count * t
+    excess = max(0.0, cal.host_op_us * layer_ops - layer_compute)
+    return Work(compute + layer_compute * layers, comm + layer_comm * layers,
+                cal.microbatch_overhead_us + excess * layers)
 
 
 def simulate_graph(graph: Graph, est: Estimates, cal: Calibration
@@ -251,81 +273,90 @@ def compose(graph: Graph, est: Estimates, cluster: Cluster, notes: list[str] | N
     """Schedule simulation and reporting for one prepared graph."""
     cal = calibration or NONE
     c = graph.config
-    m = c.num_microbatches
     dur, fwd, bwd, timeline = simulate_graph(graph, est, cal)
     seconds = timeline.iteration_us / 1e6
     rates = throughput(c, graph.hardware, seconds)
     memory, mem_warnings = memory_per_gpu(graph)
-    operators = _operators(graph, dur, m)
-    crit = timeline.critical_stage
+    counts = instance_counts(graph)
     warnings = list(notes or []) + mem_warnings
-    fallbacks = _fallbacks(graph, est, dur, m)
+    fallbacks = _fallbacks(graph, est, dur, counts)
     if fallbacks:
         share = sum(f["time_s"] for f in fallbacks) / max(seconds, 1e-12)
         warnings.append(f"{len(fallbacks)} operator kinds were not estimated by a trained model within its range "
-                        f"(see fallbacks); they account for about {100 * share:.0f}% of one GPU's busy time")
+                        f"(see fallbacks); they take about {100 * share:.0f}% of an average GPU's iteration")
     return Prediction(
         config=c, cluster=cluster, hardware_used=graph.hardware, iteration_time_s=seconds,
         breakdown={k: float(timeline.breakdown_us[k]) / 1e6 for k in BREAKDOWN},
         tflops_per_gpu=rates["tflops_per_gpu"], mfu=rates["mfu"], tokens_per_s=rates["tokens_per_s"],
-        memory_gb_per_gpu=memory, warnings=warnings, top_operators=_top(graph, dur, m, crit, seconds),
-        fallbacks=fallbacks, per_stage=_per_stage(graph, fwd, bwd, timeline), operators=operators,
-        critical_stage=crit, calibration=cal, graph=graph, timeline=timeline, durations_us=dur,
+        memory_gb_per_gpu=memory, warnings=warnings, fallbacks=fallbacks, critical_stage=timeline.critical_stage,
+        calibration=cal, graph=graph, timeline=timeline, durations_us=dur, counts=counts, work=(fwd, bwd),
     )
 
 
-def _stage_ops(graph: Graph, stage: int, m: int):
-    """(op, pass, instances per iteration) of everything one GPU of `stage` runs."""
+def _stage_ops(graph: Graph, stage: int):
+    """(op, instances per iteration) of everything one GPU of `stage` runs."""
+    m = graph.config.num_microbatches
     for k in range(graph.config.vp):
         seg = graph.segment(stage, k)
         for op in seg.fwd:
-            yield op, "comm" if op.group else "fwd", op.count * m
+            yield op, op.count * m
         for op in seg.bwd:
-            yield op, "comm" if op.group else ("fwd" if op.recompute else "bwd"), op.count * m
+            yield op, op.count * m
     if graph.p2p is not None:
         sends = (graph.config.vp * 2 - (stage == 0) - (stage == graph.config.pp - 1)) * m
-        yield OpUse("p2p.send_recv", graph.p2p, group="pp"), "comm", sends
+        yield OpUse("p2p.send_recv", graph.p2p, group="pp"), sends
     for op in graph.grad_sync[stage] + graph.param_gather[stage]:
-        yield op, "comm", 1
-    yield graph.optimizer[stage], "optimizer", 1
+        yield op, 1
+    yield graph.optimizer[stage], 1
 
 
-def _operators(graph: Graph, dur: np.ndarray, m: int) -> list[dict]:
+def instance_counts(graph: Graph) -> np.ndarray:
+    """Instances per iteration of every spec on one GPU of each stage, shape (pp, specs)."""
+    counts = np.zeros((graph.config.pp, len(graph.specs)))
+    for stage in range(graph.config.pp):
+        row = counts[stage]
+        for op, n in _stage_ops(graph, stage):
+            row[op.spec] += n
+    return counts
+
+
+def _operators(graph: Graph, dur: np.ndarray, counts: np.ndarray) -> list[dict]:
+    """Per stage, per (primitive, pass): time and instances per iteration (a spec's pass: recomputed forward ops
+    are `fwd`, collectives and P2P `comm`)."""
+    keys = [(s["primitive"], s["pass"]) for s in graph.specs]
     out = []
     for stage in range(graph.config.pp):
         agg: dict[tuple[str, str], list[float]] = {}
-        for op, pass_, n in _stage_ops(graph, stage, m):
-            key = (graph.specs[op.spec]["primitive"], pass_)
-            slot = agg.setdefault(key, [0.0, 0])
-            slot[0] += n * dur[op.spec]
-            slot[1] += n
-        out.extend({"stage": stage, "primitive": p, "pass": ps, "time_s": t / 1e6, "count": int(n)}
+        for i, key in enumerate(keys):
+            n = counts[stage, i]
+            if n:
+                slot = agg.setdefault(key, [0.0, 0.0])
+                slot[0] += n * dur[i]
+                slot[1] += n
+        out.extend({"stage": stage, "primitive": p, "pass": ps, "time_s": float(t) / 1e6, "count": int(n)}
                    for (p, ps), (t, n) in sorted(agg.items()))
     return out
 
 
-def _top(graph: Graph, dur: np.ndarray, m: int, stage: int, seconds: float, limit: int = 10) -> list[dict]:
+def _top(graph: Graph, dur: np.ndarray, stage: int, seconds: float, limit: int = 10) -> list[dict]:
     agg: dict[tuple[str, str], list] = {}
-    for op, pass_, n in _stage_ops(graph, stage, m):
+    for op, n in _stage_ops(graph, stage):
         spec = graph.specs[op.spec]
-        slot = agg.setdefault((op.name, pass_), [0.0, spec["primitive"], spec["variant"]])
+        slot = agg.setdefault((op.name, spec["pass"]), [0.0, spec["primitive"], spec["variant"]])
         slot[0] += n * dur[op.spec]
     ranked = sorted(agg.items(), key=lambda kv: -kv[1][0])[:limit]
-    return [{"name": name, "pass": ps, "primitive": prim, "variant": var, "time_s": t / 1e6,
-             "share": t / 1e6 / seconds if seconds else 0.0} for (name, ps), (t, prim, var) in ranked]
+    return [{"name": name, "pass": ps, "primitive": prim, "variant": var, "time_s": float(t) / 1e6,
+             "share": float(t) / 1e6 / seconds if seconds else 0.0} for (name, ps), (t, prim, var) in ranked]
 
 
-def _fallbacks(graph: Graph, est: Estimates, dur: np.ndarray, m: int) -> list[dict]:
-    time_of = np.zeros(len(graph.specs))
-    for stage in range(graph.config.pp):
-        for op, _, n in _stage_ops(graph, stage, m):
-            time_of[op.spec] += n * dur[op.spec]
-    out = []
-    for i, spec in enumerate(graph.specs):
-        if est.path[i] != "model" or est.out_of_range[i]:
-            out.append({"primitive": spec["primitive"], "pass": spec["pass"], "variant": spec["variant"],
-                        "path": est.path[i], "out_of_range": bool(est.out_of_range[i]),
-                        "time_s": time_of[i] / 1e6 / graph.config.pp})
+def _fallbacks(graph: Graph, est: Estimates, dur: np.ndarray, counts: np.ndarray) -> list[dict]:
+    flagged = [i for i in range(len(graph.specs)) if est.path[i] != "model" or est.out_of_range[i]]
+    if not flagged:
+        return []
+    time_of = counts.mean(axis=0) * dur  # average GPU's time per iteration
+    out = [{"primitive": graph.specs[i]["primitive"], "pass": graph.specs[i]["pass"],
+            "variant": graph.specs[i]["variant"], "path": est.path[i], "out_of_range": bool(est.out_of_range[i]),
+            "time_s": float(time_of[i]) / 1e6} for i in flagged]
     return sorted(out, key=lambda f: -f["time_s"])
 
 

@@ -76,17 +76,22 @@ class _Writer:
         self.cpu_free = 0.0
         self.dtype = dtype
         self.sm90 = not graph.hardware.upper().startswith(("A100", "A800", "V100"))
+        self.parent: str | None = None
 
     def launch(self, op: str, kernel: str, start: float, dur: float, stream: int, args: dict | None = None,
                kernel_args: dict | None = None) -> None:
-        """cpu_op + cudaLaunchKernel + kernel + ac2g flow for one kernel at [start, start + dur) on the GPU."""
+        """cpu_op + cudaLaunchKernel + kernel + ac2g flow for one kernel at [start, start + dur) on the GPU; inside
+        the current `parent` op (autograd's evaluate_function in backward, Optimizer.step), as PyTorch nests them."""
         ext = self.next_id
         corr = ext + 1_000_000
         self.next_id += 1
-        cpu_start = max(self.cpu_free, start - LAUNCH_US - 1.0)
+        cpu_start = max(self.cpu_free, start - LAUNCH_US - 1.0) + (0.5 if self.parent else 0.0)
         cpu_dur = LAUNCH_US
-        self.cpu_free = cpu_start + cpu_dur
+        self.cpu_free = cpu_start + cpu_dur + (0.5 if self.parent else 0.0)
         ev = self.events
+        if self.parent:
+            ev.append({"ph": "X", "cat": "cpu_op", "name": self.parent, "pid": PID, "tid": TID, "ts": cpu_start - 0.5,
+                       "dur": cpu_dur + 1.0, "args": {"External id": ext + 500_000, "Record function id": 0}})
         ev.append({"ph": "X", "cat": "cpu_op", "name": op, "pid": PID, "tid": TID, "ts": cpu_start,
                    "dur": cpu_dur, "args": {"External id": ext, "Record function id": 0, **(args or {})}})
         launch_ts = cpu_start + 1.0
@@ -103,6 +108,8 @@ class _Writer:
     def op(self, use: OpUse, pass_: str, start: float, dur: float) -> None:
         spec = self.graph.specs[use.spec]
         prim = spec["primitive"]
+        self.parent = {"bwd": f"autograd::engine::evaluate_function: {prim.title()}Backward0",
+                       "optimizer": "Optimizer.step#FusedAdam.step"}.get(pass_)
         if use.group:
             self.collective(spec, use.group, start, dur)
             return

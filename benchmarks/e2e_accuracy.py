@@ -1,0 +1,180 @@
+"""End-to-end accuracy of `tracekit predict` on measured Megatron iterations.
+
+Predicts every row of ../shared/corpus/e2e/vtrain_a100_single_node.csv (727 measured Megatron-DeepSpeed GPT
+iterations on one 8×A100 node) with operator models trained ONLY on the seed paper's A100 operator samples and
+all-reduce tables (the bundled models, or `--models DIR`), and prints MAPE overall, per parallel shape (tp/pp/dp)
+and the worst rows — first uncalibrated, then with a calibration of six GLOBAL constants (predictor.calibration)
+fitted on these rows by Gauss–Newton on relative error. The calibration is also scored by 5-fold cross-validation
+(fit on 4/5 of the rows, score the held-out 1/5), which is the honest figure. `--write-calibration` stores the
+all-rows fit as tracekit/data/calibration/vtrain-a100.json (`tracekit predict --calibration vtrain-a100`).
+
+Facts of those runs fed to every row (from the CSV and vTrain's configs, not fitted): fp16, full recompute, 1F1B,
+DDP without the distributed optimizer or overlap; unfused attention (2023 Megatron-DeepSpeed: baddbmm + fused
+masked softmax + bmm), learned positions, GeLU, LayerNorm, biases.
+
+Also predicts the seed paper's example (Llemma-7B-like: 32 layers, hidden 4096, 32 heads, seq 4096, micro-batch 4,
+8 micro-batches, pp 4, tp 2, dp 2, A100 4 per node) beside the paper's released tool's 9.48 s.
+
+Run: .venv/bin/python benchmarks/e2e_accuracy.py [--models DIR] [--write-calibration]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from predictor import batch as B  # noqa: E402
+from predictor.calibration import CALIBRATION_DIR, CONSTANTS, NONE, Calibration  # noqa: E402
+from predictor.models import ModelSet  # noqa: E402
+from predictor.predict import predict, prepare_many, simulate_graph  # noqa: E402
+from tracekit.core.atomic import atomic_write_json  # noqa: E402
+from tracekit.core.config import TrainingConfig  # noqa: E402
+from tracekit.core.hardware import Cluster  # noqa: E402
+
+E2E = ROOT.parent / "shared" / "corpus" / "e2e" / "vtrain_a100_single_node.csv"
+STACK = {"attention": "unfused"}  # 2023 Megatron-DeepSpeed: no flash attention
+PAPER_TOOL_S = 9.48
+NAMES = tuple(CONSTANTS)
+#: Lower bounds of the constants (scales stay positive, overheads non-negative).
+LOWER = np.array([0.2, 0.2, 0.2, 0.0, 0.0, 0.0])
+
+
+def iteration_s(prepared, cal: Calibration) -> np.ndarray:
+    return np.array([simulate_graph(g, est, cal)[3].iteration_us / 1e6 for g, est, _, _ in prepared])
+
+
+def fit(prepared, measured: np.ndarray, rounds: int = 5) -> tuple[Calibration, list[float]]:
+    """Gauss–Newton on relative error from a few starting host costs (the host floor is a max(): its derivative is
+    zero until it binds); the best fit wins."""
+    best = None
+    for host in (0.0, 40.0, 80.0, 120.0):
+        cal, history = _gauss_newton(prepared, measured, np.array([1.0, 1.0, 1.0, 0.0, host, 0.0]), rounds)
+        if best is None or history[-1] < best[1][-1]:
+            best = (cal, history)
+    return best
+
+
+def _gauss_newton(prepared, measured: np.ndarray, theta: np.ndarray, rounds: int) -> tuple[Calibration, list[float]]:
+    """Gauss–Newton on relative error; the simulated time is piecewise linear in every constant."""
+    steps = np.array([0.05, 0.05, 0.05, 50.0, 5.0, 500.0])
+    history = []
+    for _ in range(rounds):
+        base_cal = NONE.with_values(**dict(zip(NAMES, theta)))
+        base = iteration_s(prepared, base_cal)
+        history.append(float(np.mean(np.abs(base - measured) / measured)))
+        jac = np.empty((len(measured), len(theta)))
+        for j in range(len(theta)):
+            bumped = theta.copy()
+            bumped[j] += steps[j]
+            jac[:, j] = (iteration_s(prepared, NONE.with_values(**dict(zip(NAMES, bumped)))) - base) / steps[j]
+        resid = (measured - base) / measured
+        delta, *_ = np.linalg.lstsq(jac / measured[:, None], resid, rcond=None)
+        theta = np.maximum(theta + delta, LOWER)
+    final = NONE.with_values(**dict(zip(NAMES, theta)))
+    history.append(float(np.mean(np.abs(iteration_s(prepared, final) - measured) / measured)))
+    return final, history
+
+
+def report(label: str, rows, predicted: np.ndarray, measured: np.ndarray, worst: int = 0) -> float:
+    err = np.abs(predicted - measured) / measured
+    print(f"\n== {label}: MAPE {100 * err.mean():.2f}% (median {100 * np.median(err):.2f}%, "
+          f"p90 {100 * np.quantile(err, 0.9):.2f}%, {len(err)} rows)")
+    if worst:
+        shapes: dict[tuple, list[float]] = {}
+        signed: dict[tuple, list[float]] = {}
+        for r, e, p, m in zip(rows, err, predicted, measured):
+            key = (r.config.tp, r.config.pp, r.config.dp)
+            shapes.setdefault(key, []).append(e)
+            signed.setdefault(key, []).append((p - m) / m)
+        print(f"{'tp':>3} {'pp':>3} {'dp':>3} {'rows':>5} {'MAPE %':>8} {'bias %':>8}")
+        for key in sorted(shapes):
+            print(f"{key[0]:>3} {key[1]:>3} {key[2]:>3} {len(shapes[key]):>5} {100 * np.mean(shapes[key]):>8.2f} "
+                  f"{100 * np.mean(signed[key]):>+8.2f}")
+        print(f"worst {worst} rows:")
+        for i in np.argsort(-err)[:worst]:
+            c = rows[i].config
+            print(f"  line {rows[i].line}: L{c.num_layers} h{c.hidden_size} gbs {c.global_batch_size} mb "
+                  f"{c.micro_batch_size} tp{c.tp} pp{c.pp} dp{c.dp}: measured {measured[i]:.4f} s, predicted "
+                  f"{predicted[i]:.4f} s ({100 * (predicted[i] - measured[i]) / measured[i]:+.1f}%)")
+    return float(err.mean())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=None, help="model directory (default: bundled)")
+    parser.add_argument("--csv", default=str(E2E))
+    parser.add_argument("--write-calibration", action="store_true")
+    parser.add_argument("--folds", type=int, default=5)
+    args = parser.parse_args()
+
+    models = ModelSet.load(args.models)
+    header, cells = B.read_rows(args.csv)
+    rows = [B.parse_row(c, i + 2, None, None, STACK) for i, c in enumerate(cells)]
+    bad = [r for r in rows if r.error]
+    rows = [r for r in rows if not r.error]
+    measured = np.array([float(r.cells["iteration_time_s"]) for r in rows])
+    t0 = time.perf_counter()
+    prepared = prepare_many([r.config for r in rows], [r.cluster for r in rows], models)
+    failed = [(r, p) for r, p in zip(rows, prepared) if isinstance(p, Exception)]
+    keep = [i for i, p in enumerate(prepared) if not isinstance(p, Exception)]
+    rows, prepared, measured = [rows[i] for i in keep], [prepared[i] for i in keep], measured[keep]
+    print(f"{len(rows)} rows predicted from models {models.path} ({', '.join(models.hardware_ids())}) in "
+          f"{time.perf_counter() - t0:.2f} s; {len(bad) + len(failed)} rows could not be predicted")
+    print(f"hardware models used: {sorted({g.hardware for g, _, _, _ in prepared})}")
+
+    raw = iteration_s(prepared, NONE)
+    raw_mape = report("uncalibrated", rows, raw, measured, worst=5)
+
+    cal, history = fit(prepared, measured)
+    fitted = iteration_s(prepared, cal)
+    fit_mape = report("calibrated (fit on all rows)", rows, fitted, measured, worst=10)
+    print("\ncalibration constants (global, fitted on all rows):")
+    for name in NAMES:
+        print(f"  {name:<24} {getattr(cal, name):>10.4g}   {CONSTANTS[name]}")
+    print("  Gauss–Newton MAPE by round: " + " → ".join(f"{100 * h:.2f}%" for h in history))
+
+    rng = np.random.default_rng(0)
+    fold = rng.permutation(len(rows)) % args.folds
+    cv = np.empty(len(rows))
+    for k in range(args.folds):
+        train, test = np.flatnonzero(fold != k), np.flatnonzero(fold == k)
+        cal_k, _ = fit([prepared[i] for i in train], measured[train], rounds=3)
+        cv[test] = iteration_s([prepared[i] for i in test], cal_k)
+    cv_mape = report(f"calibrated, {args.folds}-fold cross-validated (constants never see the scored rows)", rows, cv,
+                     measured)
+
+    llemma = TrainingConfig(num_layers=32, hidden_size=4096, num_attention_heads=32, seq_length=4096,
+                            micro_batch_size=4, global_batch_size=4 * 8 * 2, tensor_model_parallel_size=2,
+                            pipeline_model_parallel_size=4, data_parallel_size=2, precision="fp16",
+                            attention="flash", position_embedding_type="rope")
+    seed = predict(llemma, Cluster("A100-SXM4-80GB", 4), models)
+    print("\n== seed paper example (Llemma-7B-like, 16 × A100 4/node, tp2 pp4 dp2, mb 4 × 8, flash, RoPE)")
+    print(f"{'predictor':<36} {'iteration s':>12} {'ratio to paper tool':>20}")
+    print(f"{'estimate-train-time (paper tool)':<36} {PAPER_TOOL_S:>12.2f} {1.0:>20.3f}")
+    print(f"{'tracekit (no calibration)':<36} {seed.iteration_time_s:>12.2f} {seed.iteration_time_s / PAPER_TOOL_S:>20.3f}")
+    print("  breakdown: " + ", ".join(f"{k} {v:.2f} s" for k, v in seed.breakdown.items()))
+
+    print(f"\nsummary: MAPE uncalibrated {100 * raw_mape:.2f}%, calibrated {100 * fit_mape:.2f}% (in-sample), "
+          f"{100 * cv_mape:.2f}% ({args.folds}-fold CV); goal ≤ 8%; vTrain reports 8.37% on its single-node set")
+    if args.write_calibration:
+        out = CALIBRATION_DIR / "vtrain-a100.json"
+        doc = cal.to_dict()
+        doc.update(name="vtrain-a100", description=(
+            "Global constants adapting the A100-SXM4-80GB operator models (seed paper samples, GPT-NeoX stack) to "
+            "vTrain's 2023 Megatron-DeepSpeed fp16 runs on one 8×A100 node (possibly 40 GB parts). Fitted by "
+            "benchmarks/e2e_accuracy.py on every row of the shared e2e/vtrain_a100_single_node.csv."),
+            fit={"data": "e2e/vtrain_a100_single_node.csv", "rows": len(rows), "stack": STACK,
+                 "mape_uncalibrated": raw_mape, "mape_in_sample": fit_mape, f"mape_{args.folds}fold_cv": cv_mape,
+                 "models": str(models.index.get("provenance", {}).get("name", models.path.name))})
+        atomic_write_json(out, doc)
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
