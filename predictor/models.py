@@ -36,7 +36,7 @@ from tracekit.core.hardware import hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES
 
 from .features import shape_features
-from .regressor import FitResult, design, fit
+from .regressor import FitResult, fit, predict
 from .roofline import estimate_us
 
 FORMAT = "tracekit-models/1"
@@ -316,11 +316,7 @@ class ModelSet:
 
     @staticmethod
     def _run(model: TrainedModel, sub: pd.DataFrame, rows: np.ndarray, duration: np.ndarray, oor: np.ndarray):
-        features = model.meta["features"]
-        matrix, roof = design(sub, model.primitive, features)
-        log_roof = np.log10(np.where(np.isfinite(roof) & (roof > 0), roof, 1.0))
-        pred = model.booster.inplace_predict(matrix.to_numpy())
-        duration[rows] = 10 ** (np.asarray(pred, dtype="float64") + log_roof)
+        duration[rows], matrix = predict(model.booster, model.meta["features"], model.primitive, sub)
         outside = np.zeros(len(sub), dtype=bool)
         for name, (lo, hi) in model.meta["ranges"].items():
             values = matrix[name].to_numpy()

@@ -30,8 +30,10 @@ MODE_GAP = 1.0  # decades
 MIN_MODE_ROWS = 20
 #: (max_depth, min_child_weight) tried; rounds are picked from ROUND_STEPS on the same fits.
 DEPTHS = (4, 6, 8)
-ROUND_STEPS = (100, 200, 400)
-ETA = 0.1
+ROUND_STEPS = (60, 120, 240)
+ETA = 0.15
+#: Parsimony: the smallest model (depth × rounds) whose CV MAPE is within this factor of the best one is kept.
+PARSIMONY = 1.05
 
 
 @dataclass
@@ -84,6 +86,14 @@ def flag_outliers(residual: np.ndarray, check_physics: np.ndarray) -> tuple[np.n
                     mode[cluster] = True
     report = {"impossible": int(impossible.sum()), "separate_mode": int(mode.sum())}
     return impossible | mode, report
+
+
+def predict(booster, features: list[str], primitive: str, frame: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
+    """Predicted duration (µs) of each row and the feature matrix it was computed from."""
+    matrix, roof = design(frame, primitive, features)
+    log_roof = np.log10(np.where(np.isfinite(roof) & (roof > 0), roof, 1.0))
+    pred = np.asarray(booster.inplace_predict(matrix.to_numpy()), dtype="float64")
+    return 10 ** (pred + log_roof), matrix
 
 
 def sample_hash(frame: pd.DataFrame, columns: list[str]) -> str:
@@ -144,7 +154,8 @@ def fit(frame: pd.DataFrame, primitive: str, folds: int = 5, seed: int = 0, thre
                     oof[i, j, test] = booster.predict(dtest, iteration_range=(0, rounds))
         pred_t = 10 ** (oof + log_roof[~drop])
         mape = np.nanmean(np.abs(pred_t - t) / t, axis=2)
-        i, j = np.unravel_index(np.nanargmin(mape), mape.shape)
+        good = np.argwhere(mape <= np.nanmin(mape) * PARSIMONY + 1e-4)
+        i, j = min(good, key=lambda ij: (2 ** depths[ij[0]] * round_steps[ij[1]], mape[tuple(ij)]))
         depth, rounds = depths[i], round_steps[j]
         cv = {"folds": k, **ape_stats(pred_t[i, j], t)}
         oof_series = pd.Series(np.nan, index=frame.index)
@@ -161,7 +172,7 @@ def fit(frame: pd.DataFrame, primitive: str, folds: int = 5, seed: int = 0, thre
     hash_cols = [c for c in shape_features(primitive) if c in frame.columns] + ["duration_us"]
     return FitResult(
         booster=booster, features=keep, ranges=ranges,
-        params={"max_depth": depth, "rounds": rounds, "eta": ETA, "objective": "reg:squarederror",
+        params={"max_depth": int(depth), "rounds": int(rounds), "eta": ETA, "objective": "reg:squarederror",
                 "target": "log10(duration_us / roofline_us)"},
         n_samples=n, cv=cv, outliers=outliers, train_hash=sample_hash(frame, hash_cols),
         seconds=time.perf_counter() - start, oof=oof_series,

@@ -1,1 +1,123 @@
-"""PLACEHOLDER: replaced by the module that implements this command (see the issue that names it)."""
+"""`tracekit evaluate`: run trained models on another sample set and report their error per operator variant."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .app import app
+from .output import console, err_console, print_json, user_errors
+
+KEYS = ["hardware", "primitive", "pass", "variant"]
+
+
+def error_table(samples, predictions):
+    """Per (hardware, primitive, pass, variant): n, mape, median_ape, p90_ape (fractions), out_of_range (count)
+    and how many rows each prediction path answered."""
+    import numpy as np
+    import pandas as pd
+
+    frame = samples[KEYS].copy()
+    frame["variant"] = frame["variant"].astype("string").fillna("")
+    frame["ape"] = (predictions["duration_us"].to_numpy() - samples["duration_us"].to_numpy()) \
+        / samples["duration_us"].to_numpy()
+    frame["ape"] = frame["ape"].abs()
+    frame["oor"] = predictions["out_of_range"].to_numpy()
+    frame["path"] = predictions["path"].to_numpy()
+    rows = []
+    for key, group in frame.groupby(KEYS, sort=True):
+        ape = group["ape"].to_numpy()
+        rows.append({
+            **dict(zip(KEYS, key)), "n": int(len(group)), "mape": float(np.mean(ape)),
+            "median_ape": float(np.median(ape)), "p90_ape": float(np.quantile(ape, 0.9)),
+            "out_of_range": int(group["oor"].sum()),
+            "paths": {p: int(c) for p, c in group["path"].value_counts().items()},
+        })
+    return pd.DataFrame(rows)
+
+
+def load_samples(paths: list[str], fmt: str, store: Path | None, hardware: str | None):
+    """Samples to evaluate on: the given files (read like `tracekit import`/`ingest`, nothing stored) or a store."""
+    import tempfile
+
+    import pandas as pd
+
+    from tracekit.core.errors import InputError
+    from tracekit.core.store import SampleStore
+
+    if not paths:
+        return SampleStore(store).read(hardware=hardware)
+    if fmt == "kineto":
+        from extractors.kineto import ingest_paths
+
+        with tempfile.TemporaryDirectory(prefix="tracekit-eval-") as tmp:
+            scratch = SampleStore(tmp)
+            result = ingest_paths(paths, scratch)
+            for error in result.errors:
+                err_console.print(f"error: {error['path']}: {error['error']}", markup=False, soft_wrap=True)
+            frame = scratch.read(hardware=hardware)
+            return frame[frame["primitive"] != "other"]
+    from .import_samples import list_sources, read_sources
+
+    files, _ = list_sources(paths, fmt)
+    frames = []
+    for source in read_sources(files, fmt):
+        if source.error:
+            raise InputError(source.path, source.error.split(": ", 1)[-1])
+        frames.append(source.samples)
+    if not frames:
+        raise InputError(", ".join(paths), f"no {fmt} sample files found")
+    frame = pd.concat(frames, ignore_index=True)
+    return frame if hardware is None else frame[frame["hardware"] == hardware]
+
+
+@app.command(
+    "evaluate",
+    help=(
+        "Run trained models on another sample set (held-out rows, samples from a new trace) and print MAPE, median "
+        "and p90 absolute percentage error and how many samples fell outside the trained ranges, per (hardware, "
+        "primitive, pass, variant). Rows without a model are answered by the roofline estimate and counted.\n\n"
+        "Example: tracekit evaluate --models models/ heldout/ --format ett --json"
+    ),
+)
+def evaluate(
+    paths: Optional[List[str]] = typer.Argument(None, metavar="[PATH...]", help="Sample files/folders (else --store)."),
+    models: Optional[Path] = typer.Option(None, "--models", help="Model directory (default: the bundled models)."),
+    store: Optional[Path] = typer.Option(None, "--store", help="Sample store to evaluate on (when no PATH)."),
+    fmt: str = typer.Option("ett", "--format", help="Format of PATH: ett | nccl-tests | kineto."),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="Only samples of this hardware id."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a table."),
+) -> None:
+    from predictor.models import ModelSet
+    from tracekit.core.errors import InputError
+    from tracekit.core.hardware import normalize_hardware
+
+    with user_errors():
+        wanted = normalize_hardware(hardware) if hardware else None
+        samples = load_samples(paths or [], fmt, store, wanted)
+        samples = samples[samples["duration_us"] > 0].reset_index(drop=True)
+        if samples.empty:
+            raise InputError(", ".join(paths or []) or str(store or "store"), "no samples to evaluate on")
+        model_set = ModelSet.load(models)
+        table = error_table(samples, model_set.predict(samples))
+    if as_json:
+        print_json({"models": [{k: row[k] for k in (*KEYS, "n", "mape", "median_ape", "p90_ape", "out_of_range")}
+                               for row in table.to_dict("records")]})
+        return
+    _print(table, model_set.path)
+
+
+def _print(table, models_path: Path) -> None:
+    from rich.table import Table
+
+    out = Table(caption=f"models: {models_path}", caption_justify="left")
+    for name, justify in (("hardware", "left"), ("primitive", "left"), ("pass", "left"), ("variant", "left"),
+                          ("n", "right"), ("MAPE", "right"), ("median", "right"), ("p90", "right"),
+                          ("out of range", "right"), ("paths", "left")):
+        out.add_column(name, justify=justify)
+    for row in table.to_dict("records"):
+        out.add_row(row["hardware"], row["primitive"], row["pass"], row["variant"], str(row["n"]),
+                    f"{100 * row['mape']:.2f}%", f"{100 * row['median_ape']:.2f}%", f"{100 * row['p90_ape']:.2f}%",
+                    str(row["out_of_range"]), ", ".join(f"{k} {v}" for k, v in row["paths"].items()))
+    console.print(out)

@@ -1,1 +1,158 @@
-"""PLACEHOLDER: replaced by the module that implements this command (see the issue that names it)."""
+"""`tracekit import`: published operator samples (the seed paper's CSVs, nccl-tests tables) → the sample store."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .app import app
+from .output import EXIT_FAILED, EXIT_PARTIAL, console, err_console, print_json, progress, user_errors
+
+FORMATS = ("ett", "nccl-tests")
+
+
+@dataclass
+class SourceFile:
+    """One file of an import: its samples (every row validated) or the error that rejected it."""
+
+    path: Path
+    digest: str
+    samples: object = None  # pandas DataFrame
+    error: str | None = None
+
+
+@dataclass
+class ImportReport:
+    files: list[dict] = field(default_factory=list)
+    errors: list[dict] = field(default_factory=list)
+    skipped_summaries: list[str] = field(default_factory=list)
+
+
+def list_sources(paths: list[str], fmt: str) -> tuple[list[Path], list[str]]:
+    """Files to read for each PATH (folders are walked) and the seed paper's fit summaries skipped."""
+    from extractors import ett, nccl_tests
+
+    if fmt not in FORMATS:
+        from tracekit.core.errors import InputError
+
+        raise InputError(fmt, f"unknown format (choose from {', '.join(FORMATS)})")
+    files, summaries = [], []
+    for raw in paths:
+        root = Path(raw)
+        if fmt == "ett":
+            files += ett.list_files(root)
+            if root.is_dir():
+                summaries += sorted(str(p) for p in root.rglob("*.csv") if ett.is_fit_summary(p))
+        else:
+            files += nccl_tests.list_files(root)
+    return files, summaries
+
+
+def read_sources(files: list[Path], fmt: str, hardware: str | None = None, gpus_per_node: int | None = None,
+                 nodes: int | None = None, collective: str | None = None):
+    """Read and validate each file completely; yields SourceFile (samples or error), one per file."""
+    from extractors import ett, nccl_tests
+    from tracekit.core.errors import InputError
+    from tracekit.core.hardware import normalize_hardware
+    from tracekit.core.hashing import file_digest
+
+    for path in files:
+        try:
+            digest = file_digest(path)
+        except OSError as exc:
+            yield SourceFile(path, "", error=f"{path}: unreadable ({exc.strerror or exc})")
+            continue
+        try:
+            if fmt == "ett":
+                frame = ett.read_file(path, source=digest)
+                if hardware:
+                    frame["hardware"] = normalize_hardware(hardware)
+            else:
+                frame = nccl_tests.read_file(path, hardware=hardware, gpus_per_node=gpus_per_node, nodes=nodes,
+                                             collective=collective, source=digest)
+        except InputError as exc:
+            yield SourceFile(path, digest, error=str(exc))
+            continue
+        yield SourceFile(path, digest, samples=frame)
+
+
+@app.command(
+    "import",
+    help=(
+        "Import published operator samples into the sample store (idempotent: a file already imported adds "
+        "nothing; a file with any malformed row is rejected whole, naming the line).\n\n"
+        "--format ett: a folder tree of the seed paper's CSVs (estimate-train-time: <GPU>_<op>_fp16[_<nodes>_<gpus>]"
+        ".csv); hardware from the file names. --format nccl-tests: nccl-tests output or its CSV tables; topology "
+        "from --gpus-per-node/--nodes, the device list or the file name (AR_GPU8_...).\n\n"
+        "Example: tracekit import corpus/operator-samples/estimate-train-time --format ett --store .tracekit"
+    ),
+)
+def import_command(
+    paths: List[str] = typer.Argument(..., metavar="PATH...", help="Sample files or folders."),
+    fmt: str = typer.Option(..., "--format", help="ett | nccl-tests"),
+    store: Optional[Path] = typer.Option(None, "--store", help="Sample store directory (default $TRACEKIT_HOME or ./.tracekit)."),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="Hardware id (overrides the files' own)."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=1, help="nccl-tests: GPUs per node."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", min=1, help="nccl-tests: number of nodes."),
+    collective: Optional[str] = typer.Option(None, "--collective", help="nccl-tests: all_reduce, all_gather, ... when the file does not say."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a table."),
+) -> None:
+    from tracekit.core.store import SampleStore
+
+    report = ImportReport()
+    with user_errors():
+        sample_store = SampleStore(store)
+        files, report.skipped_summaries = list_sources(paths, fmt)
+        if not files:
+            from tracekit.core.errors import InputError
+
+            raise InputError(", ".join(paths), f"no {fmt} sample files found")
+        with progress(quiet=as_json) as bar:
+            task = bar.add_task("importing", total=len(files))
+            for source in read_sources(files, fmt, hardware, gpus_per_node, nodes, collective):
+                bar.update(task, advance=1, description=f"importing {source.path.name}")
+                if source.error:
+                    report.errors.append({"path": str(source.path), "error": source.error})
+                    continue
+                frame = source.samples
+                written = sample_store.add(source.digest, frame, {
+                    "path": source.path.name, "kind": f"import:{fmt}",
+                    "hardware": sorted(frame["hardware"].unique().tolist()),
+                    "primitives": sorted(frame["primitive"].unique().tolist()),
+                })
+                report.files.append({
+                    "path": str(source.path), "source": source.digest, "rows": int(len(frame)),
+                    "written": int(written), "hardware": ",".join(sorted(frame["hardware"].unique())),
+                    "primitive": ",".join(sorted(frame["primitive"].unique())),
+                    "variant": ",".join(sorted(frame["variant"].astype(str).unique())),
+                })
+    for error in report.errors:
+        err_console.print(f"error: {error['error']}", markup=False, soft_wrap=True)
+    if as_json:
+        print_json({"store": str(sample_store.root), "files": report.files, "errors": report.errors,
+                    "skipped_fit_summaries": report.skipped_summaries})
+    else:
+        _print(report, sample_store.root)
+    if not report.files:
+        raise typer.Exit(EXIT_FAILED)
+    if report.errors:
+        raise typer.Exit(EXIT_PARTIAL)
+
+
+def _print(report: ImportReport, root: Path) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"imported into {root}", title_justify="left")
+    for name, justify in (("file", "left"), ("hardware", "left"), ("primitive", "left"), ("variant", "left"),
+                          ("rows", "right"), ("new", "right")):
+        table.add_column(name, justify=justify)
+    for f in report.files:
+        table.add_row(Path(f["path"]).name, f["hardware"], f["primitive"], f["variant"], str(f["rows"]),
+                      str(f["written"]))
+    console.print(table)
+    new = sum(f["written"] for f in report.files)
+    console.print(f"{len(report.files)} file(s), {new} new samples"
+                  + (f"; {len(report.skipped_summaries)} fit-summary file(s) skipped (not samples)"
+                     if report.skipped_summaries else ""))

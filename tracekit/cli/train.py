@@ -1,1 +1,115 @@
-"""PLACEHOLDER: replaced by the module that implements this command (see the issue that names it)."""
+"""`tracekit train`: per-(hardware, primitive, pass) XGBoost regressors from the sample store."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .app import app
+from .output import console, print_json, progress, user_errors
+
+
+@app.command(
+    "train",
+    help=(
+        "Train one regressor per (hardware, primitive, pass) — per variant where variants are different kernels — "
+        "on the samples in the store: XGBoost on shape + physics features predicting log(time / roofline), "
+        "hyper-parameters by 5-fold cross-validation (≈1–3 min on 2 cores for the ~170k published samples). "
+        "Samples that cannot be real (faster than the link allows) or form a separate mode orders of magnitude "
+        "away are set aside and reported. Writes XGBoost UBJ + JSON metadata (never pickle) to --out.\n\n"
+        "Example: tracekit train --store .tracekit --out models/ --hardware A100-SXM4-80GB"
+    ),
+)
+def train(
+    store: Optional[Path] = typer.Option(None, "--store", help="Sample store (default $TRACEKIT_HOME or ./.tracekit)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Model directory to write (default <store>/models)."),
+    hardware: Optional[List[str]] = typer.Option(None, "--hardware", help="Only these hardware ids (repeatable)."),
+    primitive: Optional[List[str]] = typer.Option(None, "--primitive", help="Only these primitives (repeatable)."),
+    folds: int = typer.Option(5, "--folds", min=2, max=10, help="Cross-validation folds."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a table."),
+) -> None:
+    import time
+
+    from predictor.models import train_models
+    from tracekit.core.errors import ModelError
+    from tracekit.core.hardware import normalize_hardware
+    from tracekit.core.store import SampleStore
+
+    with user_errors():
+        sample_store = SampleStore(store)
+        wanted = [normalize_hardware(h) for h in hardware or []] or None
+        samples = sample_store.read(hardware=wanted, primitive=primitive or None)
+        if samples.empty:
+            raise ModelError(f"{sample_store.root}: no samples to train on"
+                             + (f" for {', '.join(wanted)}" if wanted else "") + " (run tracekit import/ingest first)")
+        out = out or sample_store.root / "models"
+        sources = sample_store.sources()
+        used = samples["source"].value_counts()
+        provenance = {
+            "store": str(sample_store.root),
+            "samples": int(len(samples)),
+            "hardware": sorted(samples["hardware"].unique().tolist()),
+            "sources": [{"id": sid, "path": sources.get(sid, {}).get("path"), "rows": int(n)}
+                        for sid, n in sorted(used.items())],
+        }
+        start = time.perf_counter()
+        keys = samples.groupby(["hardware", "primitive", "pass"]).ngroups
+        with progress(quiet=as_json) as bar:
+            task = bar.add_task("training", total=keys)
+            seen: set = set()
+
+            def advance(meta: dict) -> None:
+                seen.add((meta["hardware"], meta["primitive"], meta["pass"]))
+                bar.update(task, completed=len(seen), description=f"training {meta['id']}")
+
+            summaries = train_models(samples, out, provenance, folds=folds, on_model=advance)
+        seconds = time.perf_counter() - start
+    if as_json:
+        print_json({"out": str(out), "seconds": round(seconds, 1), "models": [model_row(m) for m in summaries]})
+    else:
+        print_models(summaries, f"{len(summaries)} models written to {out} in {seconds:.0f} s")
+
+
+def model_row(meta: dict) -> dict:
+    """The per-model summary printed by train and models (errors as fractions)."""
+    cv = meta.get("cv", {})
+    out = meta.get("outliers", {})
+    return {
+        "id": meta["id"], "hardware": meta["hardware"], "primitive": meta["primitive"], "pass": meta["pass"],
+        "group": meta["group"], "samples": meta["samples"], "cv_mape": cv.get("mape"),
+        "median_ape": cv.get("median_ape"), "p90_ape": cv.get("p90_ape"),
+        "outliers": {"impossible": out.get("impossible", 0), "separate_mode": out.get("separate_mode", 0)},
+        "note": outlier_note(meta),
+    }
+
+
+def outlier_note(meta: dict) -> str:
+    """Human note on the rows a model set aside (empty when none)."""
+    out = meta.get("outliers", {})
+    rows = out.get("rows") or 0
+    parts = []
+    if out.get("impossible"):
+        parts.append(f"{out['impossible']}/{rows} faster than the link allows (set aside)")
+    if out.get("separate_mode"):
+        parts.append(f"{out['separate_mode']}/{rows} in a separate mode >10× away (set aside)")
+    return "; ".join(parts)
+
+
+def _pct(value) -> str:
+    return "—" if value is None else f"{100 * value:.2f}%"
+
+
+def print_models(metas: list[dict], caption: str) -> None:
+    from rich.table import Table
+
+    table = Table(caption=caption, caption_justify="left")
+    for name, justify in (("hardware", "left"), ("primitive", "left"), ("pass", "left"), ("group", "left"),
+                          ("samples", "right"), ("CV MAPE", "right"), ("median", "right"), ("p90", "right"),
+                          ("note", "left")):
+        table.add_column(name, justify=justify, overflow="fold")
+    for meta in metas:
+        row = model_row(meta)
+        table.add_row(row["hardware"], row["primitive"], row["pass"], row["group"], str(row["samples"]),
+                      _pct(row["cv_mape"]), _pct(row["median_ape"]), _pct(row["p90_ape"]), row["note"])
+    console.print(table)

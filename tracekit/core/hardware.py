@@ -77,7 +77,8 @@ SPECS: dict[str, HardwareSpec] = {
     "H100-80GB-HBM3": HardwareSpec("H100-80GB-HBM3", 989, 67, 3350, 80, 132, 450, 50),
     "H800-80GB-HBM3": HardwareSpec("H800-80GB-HBM3", 989, 67, 3350, 80, 132, 200, 50),
     "H200-141GB": HardwareSpec("H200-141GB", 989, 67, 4800, 141, 132, 450, 50),
-    "GH200-120GB": HardwareSpec("GH200-120GB", 989, 67, 4000, 96, 132, 450, 25),
+    # GH200 nodes ship with one 400 Gb/s NIC per superchip (TACC Vista: NDR400; its all-reduces reach 48 GB/s).
+    "GH200-120GB": HardwareSpec("GH200-120GB", 989, 67, 4000, 96, 132, 450, 50),
     "B200-180GB": HardwareSpec("B200-180GB", 2250, 80, 8000, 180, 148, 900, 50),
     "MI250X": HardwareSpec("MI250X", 383, 47.9, 3277, 128, 220, 200, 25),
     "MI300X": HardwareSpec("MI300X", 1307, 163, 5300, 192, 304, 448, 50),
