@@ -48,3 +48,15 @@ def test_chunk_cut_inside_a_string_falls_back_to_the_exact_split(tmp_path, monke
             undecodable += 1
     assert undecodable  # a cut landed inside the string: the fast split fails and the fallback must be exact
     same_columns(whole, events_module.decode_events(open_trace(path).events_raw))
+
+
+def test_bare_event_array_reads_like_the_object_form(tmp_path):
+    """Chrome's JSON Array Format (just the events) is a trace too; without deviceProperties hardware is unknown."""
+    from extractors.kineto import read_trace
+
+    data = orjson.loads(gzip.decompress(NCCL.read_bytes()))
+    path = tmp_path / "array.json"
+    path.write_bytes(orjson.dumps(data["traceEvents"]))
+    bare, full = read_trace(path), read_trace(NCCL)
+    assert bare.hardware == "unknown" and bare.rank is None and bare.kernels == full.kernels == 2700
+    assert bare.device_events["primitive"].tolist() == full.device_events["primitive"].tolist()
