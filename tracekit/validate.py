@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from tracekit.core.errors import ConfigError, InputError
+from tracekit.core.errors import ConfigError, InputError, ModelError
 
 REQUIRED_COLUMNS = ("hardware_gpu", "iteration_time_s")
 
@@ -329,8 +329,14 @@ def _refit(paths: list[Path], config: Any, cluster: Any, before: Any, store: str
         raise InputError(first["path"], f"cannot ingest for --refit: {first['error']}")
     added = sum(int(t["samples_written"]) for t in ingested.traces)
     out = Path(models_path) if models_path is not None else sample_store.root / "models"
-    trained = train_models(sample_store.read(), out, provenance={"store": str(sample_store.root),
-                                                                 "refit_on": [str(p) for p in paths]})
+    try:
+        trained = train_models(sample_store.read(), out, provenance={"store": str(sample_store.root),
+                                                                     "refit_on": [str(p) for p in paths]})
+    except ModelError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a trainer failure is reported as one line; the old models stay
+        raise ModelError(f"{sample_store.root}: retraining failed ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''}); the models in {out} are unchanged") from exc
     after_prediction = predict(config, cluster, ModelSet.load(out))
     real_s = before.iteration_time_s["real"]
 

@@ -1,0 +1,274 @@
+"""`tracekit diff` / `tracekit validate` / the HTML report on one real 2-rank capture (reference trainer, TP=2,
+gloo on this CPU), against a prediction made from models trained on that capture's own samples.
+
+Facts are read independently of the code under test: ProfilerStep markers straight from the trace JSON, primitive
+totals from `tracekit ingest --json`, the prediction from `tracekit predict --json`, the DOM from headless Chromium.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SAMPLES
+from tracekit.reference.launch import launch_argv
+
+TRACEKIT = [sys.executable, "-c", "from tracekit.cli import main; main()"]
+MODEL = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, micro_batch_size=2,
+             global_batch_size=4, vocab_size=1000, train_iters=6, log_interval=1)
+TP = 2
+
+
+def cli(*args, check: bool = True):
+    """Run a tracekit command in this process (exit_code, stdout, stderr)."""
+    from typer.testing import CliRunner
+
+    from tracekit.cli import app
+
+    done = CliRunner().invoke(app, [str(a) for a in args])
+    if check:
+        assert done.exit_code == 0, (done.stderr[-3000:], done.exception)
+    return done
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> dict:
+    """One capture (ingested into its own store), its prediction and predicted traces. The models are a small real
+    set (the seed paper's A100 QKV-GEMM samples): on this CPU the predictor falls back to its roofline of the
+    measured CPU rates, which is what a user without CPU models gets."""
+    from extractors.ett import read_file
+    from predictor.models import train_models
+
+    base = tmp_path_factory.mktemp("diffrun")
+    out, store = base / "capture", base / "store"
+    done = subprocess.run([*TRACEKIT, "capture", "--out", str(out), "--steps", "2-5", "--store", str(store), "--",
+                           *launch_argv(2, **MODEL, tensor_model_parallel_size=TP)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    models = base / "models"
+    samples = read_file(SAMPLES / "estimate-train-time" / "Perlmutter" / "operator" /
+                        "NVIDIAA100-SXM4-80GB_linear1_fp16.csv")
+    train_models(samples[samples["pass"] == "fwd"], models, folds=2)
+    log = out / "train.log"
+    predicted = base / "predicted"
+    args = ["--megatron-log", log, "--hardware", manifest["hardware"], "--gpus-per-node", "2", "--models", models]
+    prediction = json.loads(cli("predict", *args, "--trace-out", predicted, "--json").stdout)
+    (base / "prediction.json").write_text(json.dumps(prediction))
+    return {"base": base, "out": out, "store": store, "models": models, "manifest": manifest, "log": log,
+            "predicted": predicted, "prediction": prediction, "prediction_file": base / "prediction.json",
+            "traces": [out / t for t in manifest["traces"]], "args": args}
+
+
+def _raw(path: Path) -> dict:
+    import gzip
+
+    data = path.read_bytes()
+    return json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
+
+
+def _steps(path: Path) -> dict[int, float]:
+    """ProfilerStep#N → duration (µs), read straight from the trace JSON (CPU annotation)."""
+    out = {}
+    for e in _raw(path)["traceEvents"]:
+        name = str(e.get("name", ""))
+        if name.startswith("ProfilerStep#") and e.get("cat") == "user_annotation":
+            out[int(name.split("#")[1])] = float(e["dur"])
+    return out
+
+
+def _ingest_totals(paths: list[Path], store: Path) -> dict[str, dict[str, float]]:
+    """Per-primitive count and time over the given traces, as `tracekit ingest --json` reports them."""
+    doc = json.loads(cli("ingest", *paths, "--store", store, "--json").stdout)
+    totals: dict[str, dict[str, float]] = {}
+    for trace in doc["traces"]:
+        for primitive, value in trace["primitives"].items():
+            slot = totals.setdefault(primitive, {"count": 0.0, "time_us": 0.0})
+            slot["count"] += value["count"]
+            slot["time_us"] += value["time_us"]
+    return totals
+
+
+@pytest.fixture(scope="module")
+def diff(run) -> dict:
+    html = run["base"] / "report.html"
+    done = cli("diff", run["predicted"], *run["traces"], "--json", "--html", html)
+    return {"report": json.loads(done.stdout), "html": html}
+
+
+def test_every_real_iteration_is_matched(run, diff):
+    report = diff["report"]
+    steps = {}
+    for path in run["traces"]:
+        rank = _raw(path)["distributedInfo"]["rank"]
+        steps[rank] = _steps(path)
+    assert sorted(a["rank"] for a in report["alignment"]) == sorted(steps) == [0, 1]
+    predicted_steps = sorted(_steps(p) for p in run["predicted"].glob("*.json"))[0]
+    for row in report["alignment"]:
+        real = sorted(steps[row["rank"]])
+        assert sorted(row["real_steps"] + row["dropped_steps"]) == real  # each step kept or named as warm-up
+        assert [m[0] for m in row["matched"]] == row["real_steps"]
+        assert {m[1] for m in row["matched"]} <= set(predicted_steps)
+        assert row["predicted_rank"] == 0  # predicted traces hold the first rank of each stage (pp = 1: rank 0)
+    # real iteration time: mean over the kept steps (and ranks) of the ProfilerStep durations in the files
+    kept = [steps[a["rank"]][s] for a in report["alignment"] for s in a["real_steps"]]
+    assert report["iteration_time_s"]["real"] == pytest.approx(sum(kept) / len(kept) / 1e6, rel=1e-6)
+    # predicted iteration time: the predicted traces' steps, which are the prediction's iteration time
+    pred = list(predicted_steps.values())
+    assert report["iteration_time_s"]["predicted"] == pytest.approx(sum(pred) / len(pred) / 1e6, rel=1e-6)
+    assert report["iteration_time_s"]["predicted"] == pytest.approx(run["prediction"]["iteration_time_s"], rel=0.01)
+
+
+def test_primitive_totals_equal_what_ingest_reports(run, diff):
+    report = diff["report"]
+    real = _ingest_totals(run["traces"], run["base"] / "store-real")
+    predicted = _ingest_totals(sorted(run["predicted"].glob("*.json")), run["base"] / "store-pred")
+    for side, expected in (("real", real), ("predicted", predicted)):
+        got = report["totals"][side]
+        assert set(got) == set(expected), side
+        for primitive, value in expected.items():
+            assert got[primitive]["count"] == value["count"], (side, primitive)
+            assert got[primitive]["time_us"] == pytest.approx(value["time_us"], abs=0.01), (side, primitive)
+    # TP=2 with sequence parallelism off: the real run's forward and backward all-reduces are there
+    assert real["all_reduce"]["count"] > 0
+
+
+def test_errors_and_contributors_add_up(run, diff):
+    report = diff["report"]
+    it = report["iteration_time_s"]
+    assert it["error"] == pytest.approx(it["predicted"] - it["real"])
+    for row in report["by_primitive"]:
+        assert row["error_s"] == pytest.approx(row["predicted_s"] - row["real_s"])
+    (stage,) = report["by_stage"]
+    assert stage["ranks"] == [0, 1]
+    assert stage["real_s"] == pytest.approx(sum(r["real_s"] for r in report["by_primitive"]))
+    top = report["largest_contributors"]
+    assert top and abs(top[0]["error_s"]) == max(abs(c["error_s"]) for c in top)
+    assert re.match(r"^(forward|backward|optimizer|communication) \w+ on stage 0: [+−][\d.]+ ms", top[0]["text"])
+    assert top[0]["share_of_error"] == pytest.approx(top[0]["error_s"] / it["error"])
+    parts = ("compute", "exposed_communication", "pipeline_bubble", "optimizer", "other")
+    real_parts = sum(report["breakdown"]["real"][p] for p in parts)
+    assert real_parts == pytest.approx(it["real"], rel=1e-6)  # the breakdown splits the iteration, nothing else
+
+
+def test_prediction_json_side(run):
+    report = json.loads(cli("diff", run["prediction_file"], run["out"] / "tensorboard", "--json").stdout)
+    prediction = run["prediction"]
+    assert report["iteration_time_s"]["predicted"] == pytest.approx(prediction["iteration_time_s"])
+    by_primitive = {r["primitive"]: r["predicted_s"] for r in report["by_primitive"]}
+    expected: dict[str, float] = {}
+    for op in prediction["operators"]:
+        expected[op["primitive"]] = expected.get(op["primitive"], 0.0) + op["time_s"]
+    for primitive, seconds in expected.items():
+        assert by_primitive[primitive] == pytest.approx(seconds)
+    assert report["breakdown"]["predicted"] == pytest.approx(prediction["breakdown"])
+
+
+def test_html_renders_in_headless_chromium(run, diff, tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "headless Chromium is required (Debian package `chromium`; .ci/run installs it)"
+    done = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
+         diff["html"].resolve().as_uri()], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    dom = done.stdout
+    report = diff["report"]
+    for svg in ("timeline-real", "timeline-predicted", "chart-primitives", "chart-stages", "chart-breakdown"):
+        assert re.search(rf'<svg[^>]*id="{svg}"', dom), svg
+    shown = [r for r in report["by_primitive"] if r["real_s"] > 0 or r["predicted_s"] > 0]
+    assert len(re.findall(r'<rect class="bar-real"', dom)) == len(shown)
+    assert len(re.findall(r'<rect class="bar-predicted"', dom)) == len(shown)
+    assert len(re.findall(r'<rect class="bar-stage"', dom)) == len(report["by_stage"]) == 1
+    # the real timeline holds rank 0's first kept step: as many device events as ingest sees in it
+    from extractors.kineto import read_trace
+
+    rank0 = next(read_trace(p) for p in run["traces"] if _raw(p)["distributedInfo"]["rank"] == 0)
+    first = report["alignment"][0]["real_steps"][0]
+    expected = int((rank0.device_events["iteration"] == first).sum())
+    real_svg = re.search(r'<svg[^>]*id="timeline-real".*?</svg>', dom, re.S).group(0)
+    assert real_svg.count('<rect class="ev"') == expected > 0
+    # self-contained: nothing fetched from anywhere
+    assert not re.search(r'(src|href)="(https?:)?//', dom)
+
+
+def test_validate_run_is_predict_then_diff(run, diff, tmp_path):
+    page = tmp_path / "validate.html"
+    doc = json.loads(cli("validate", run["out"], "--models", run["models"], "--json", "--html", page).stdout)
+    assert set(diff["report"]) <= set(doc)  # the same report shape as `tracekit diff --json`
+    assert doc["iteration_time_s"]["real"] == pytest.approx(diff["report"]["iteration_time_s"]["real"])
+    assert doc["totals"]["real"] == diff["report"]["totals"]["real"]
+    # the manifest's configuration on its hardware and ranks per node: what `tracekit predict` says for the log
+    assert doc["iteration_time_s"]["predicted"] == pytest.approx(run["prediction"]["iteration_time_s"])
+    assert doc["breakdown"]["predicted"] == pytest.approx(run["prediction"]["breakdown"])
+    assert '<svg id="chart-primitives"' in page.read_text().replace("'", '"')
+
+
+def test_mismatched_configurations_are_refused(run, tmp_path):
+    base = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+            "--micro-batch-size", "2", "--vocab-size", "1000"]
+    cases = (
+        # TP=4 needs 4 ranks: refused on the world size, for predicted traces and a prediction JSON alike
+        (["--tensor-model-parallel-size", "4", "--global-batch-size", "2"], "for 4 ranks, the real run has 2",
+         "the prediction has TP=4, world size=4, the real run TP=2, world size=2"),
+        # same 2 ranks but TP=1 × DP=2: the real run's process groups say TP=2 × DP=1
+        (["--tensor-model-parallel-size", "1", "--global-batch-size", "4", "--world-size", "2"],
+         "DP=2, the real run's DATA_PARALLEL_GROUP has 1 rank", "the prediction has TP=1, DP=2, the real run TP=2, DP=1"),
+    )
+    for i, (extra, trace_words, json_words) in enumerate(cases):
+        pred = tmp_path / f"pred-{i}"
+        argv = " ".join(base + extra)
+        doc = cli("predict", "--megatron-args", argv, "--hardware", run["manifest"]["hardware"], "--gpus-per-node",
+                  "2", "--models", run["models"], "--trace-out", pred, "--json").stdout
+        (tmp_path / f"pred-{i}.json").write_text(doc)
+        for predicted, words in ((pred, trace_words), (tmp_path / f"pred-{i}.json", json_words)):
+            done = cli("diff", predicted, *run["traces"], check=False)
+            assert done.exit_code == 2, done.stdout[-2000:]
+            line = done.stderr.strip()
+            assert len(line.splitlines()) == 1 and "configurations differ" in line and words in line, line
+
+
+def test_non_trace_inputs_give_one_line(run, tmp_path):
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"hello": 1}')
+    done = cli("diff", notes, *run["traces"], check=False)
+    assert done.exit_code == 2 and str(notes) in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    done = cli("diff", run["predicted"], run["log"], check=False)
+    assert done.exit_code == 2 and str(run["log"]) in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    done = cli("validate", tmp_path, check=False)
+    assert done.exit_code == 2 and "manifest.json" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def pp_run(run) -> dict:
+    """PP=2 on the same 2 ranks (4 micro-batches), predicted with the same models."""
+    out = run["base"] / "capture-pp"
+    done = subprocess.run([*TRACEKIT, "capture", "--out", str(out), "--steps", "2-5", "--no-ingest", "--",
+                           *launch_argv(2, **{**MODEL, "global_batch_size": 8}, pipeline_model_parallel_size=2)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    predicted = run["base"] / "predicted-pp"
+    hardware = json.loads((out / "manifest.json").read_text())["hardware"]
+    cli("predict", "--megatron-log", out / "train.log", "--hardware", hardware, "--gpus-per-node", "2",
+        "--models", run["models"], "--trace-out", predicted)
+    return {"out": out, "predicted": predicted}
+
+
+def test_pipeline_stages_are_aligned_stage_by_stage(pp_run):
+    # the real traces' folder sits in the capture run, whose manifest says pp = 2
+    report = json.loads(cli("diff", pp_run["predicted"], pp_run["out"] / "tensorboard", "--json").stdout)
+    assert [(s["stage"], s["ranks"]) for s in report["by_stage"]] == [(0, [0]), (1, [1])]
+    assert sorted(p.name for p in pp_run["predicted"].glob("*.json")) == ["rank-0.json", "rank-1.json"]
+    assert [(a["rank"], a["predicted_rank"]) for a in report["alignment"]] == [(0, 0), (1, 1)]
+    real = report["breakdown"]["real"]
+    assert real["pipeline_bubble"] > 0  # stages wait on each other
+    assert {c["stage"] for c in report["largest_contributors"]} <= {0, 1}
+    # one rank per stage: the stages' times add up to twice the per-primitive means over the two ranks
+    for side in ("real_s", "predicted_s"):
+        assert sum(s[side] for s in report["by_stage"]) == pytest.approx(
+            2 * sum(r[side] for r in report["by_primitive"]))
