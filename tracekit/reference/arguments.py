@@ -13,7 +13,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --micro-batch-size 2 "
         "--global-batch-size 4 --tensor-model-parallel-size 2 --train-iters 10 --log-interval 1",
     )
-    add = parser.add_argument
     model = parser.add_argument_group("model")
     model.add_argument("--num-layers", type=int, required=True)
     model.add_argument("--hidden-size", type=int, required=True)
@@ -60,10 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--tensorboard-dir", default=None)
     prof.add_argument("--pytorch-profiler-collect-shapes", action="store_true",
                       help="Megatron core ≥ 0.17: record shapes; implies the ≥ 0.17 trace layout")
-    add("--trace-layout", choices=("tensorboard", "torch_profile"), default=None,
-        help="reference trainer only: which Megatron's trace layout to emulate (core ≤ 0.16 tensorboard handler, "
-        "or ≥ 0.17 DIR/../torch_profile/rank-N.json.gz); default: torch_profile when "
-        "--pytorch-profiler-collect-shapes is given, else tensorboard")
+    prof.add_argument("--trace-layout", choices=("tensorboard", "torch_profile"), default=None,
+                      help="reference trainer only: which Megatron's trace layout to emulate (core ≤ 0.16 tensorboard "
+                      "handler, or ≥ 0.17 DIR/../torch_profile/rank-N.json.gz); default: torch_profile when "
+                      "--pytorch-profiler-collect-shapes is given, else tensorboard")
     return parser
 
 

@@ -232,7 +232,8 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def forward(ctx, logits, target, vocab_start, group):
         logits = logits.float()
         logits_max = logits.max(dim=-1)[0]
-        dist.all_reduce(logits_max, op=dist.ReduceOp.MAX, group=group) if dist.get_world_size(group) > 1 else None
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(logits_max, op=dist.ReduceOp.MAX, group=group)
         logits = logits - logits_max.unsqueeze(-1)
         vocab_end = vocab_start + logits.shape[-1]
         outside = (target < vocab_start) | (target >= vocab_end)

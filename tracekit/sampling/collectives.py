@@ -1,8 +1,10 @@
 """Time collectives over N local processes with torch.distributed (gloo on CPU, nccl on CUDA).
 
-`run_collectives` starts N copies of this module (`python -m tracekit.sampling.collectives`); each joins the group,
-times every case (barrier, operation, per-repeat maximum over ranks, median of repeats) and rank 0 prints one JSON
-line per finished case, which the parent turns into samples. Message sizes are bytes per rank: the whole tensor of
+`run_collectives` starts N copies of this module (`python -m tracekit.sampling.collectives`); each joins the group
+and times every case as nccl-tests does: after a barrier, a burst of back-to-back operations, time per operation =
+burst time / burst length (the slowest rank's), median over repeated bursts. Rank 0 prints one JSON line per
+finished case, which the parent turns into samples. (A single operation right after a barrier is several times
+quicker than the same operation inside a training step on a busy CPU; back-to-back bursts match the step.) Message sizes are bytes per rank: the whole tensor of
 an all-reduce, the input shard of an all-gather, the output shard of a reduce-scatter, the message of a send/recv.
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Callable, Iterator
 from .shapes import Case
 
 _CASE_PREFIX = "TRACEKIT_CASE "
+BURST = 10  # operations per timed burst
 
 
 def _free_port() -> int:
@@ -109,10 +112,11 @@ def _worker(spec: dict) -> None:
         for i in range(spec["warmup"] + spec["repeats"]):
             dist.barrier()
             t0 = time.perf_counter()
-            op()
+            for _ in range(BURST):
+                op()
             if cuda:
                 torch.cuda.synchronize(device)
-            elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+            elapsed = torch.tensor([(time.perf_counter() - t0) / BURST], dtype=torch.float64, device=device)
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
             if i >= spec["warmup"]:
                 times.append(float(elapsed))
