@@ -2,8 +2,10 @@
 per configuration on this machine because it refits its regressors on every call.
 
 Measures, in one run:
-- in-process latency of `predict()` per configuration once the models are loaded (goal ≤ 50 ms);
-- `predict_many` throughput on every row of the shared e2e CSV (goal ≥ 500 configurations/s), and the whole
+- in-process latency of `predict()` per configuration once the models are loaded (goal ≤ 50 ms), with every
+  operator estimate asked from the models (new shapes) and with estimates cached from earlier calls (a sweep);
+- `predict_many` throughput on every row of the shared e2e CSV, cache cleared first (goal ≥ 500 configurations/s),
+  and the whole
   `tracekit predict --batch` command on that file (process start, CSV in and out included);
 - the cold `tracekit predict` command for one configuration (goal < 2 s).
 
@@ -24,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from predictor import batch as B  # noqa: E402
 from predictor.models import ModelSet  # noqa: E402
-from predictor.predict import predict, predict_many  # noqa: E402
+from predictor.predict import clear_estimate_cache, predict, predict_many  # noqa: E402
 
 E2E = ROOT.parent / "shared" / "corpus" / "e2e" / "vtrain_a100_single_node.csv"
 PAPER_TOOL_S = 56.0
@@ -54,16 +56,19 @@ def main() -> None:
     rows = [r for r in rows if r.error is None]
     configs, clusters = [r.config for r in rows], [r.cluster for r in rows]
 
-    predict(configs[0], clusters[0], models)  # warm-up (first XGBoost call per model)
-    sample = list(range(0, len(configs), max(1, len(configs) // 100)))
-    single = []
-    for i in sample:
-        start = time.perf_counter()
-        predict(configs[i], clusters[i], models)
-        single.append(time.perf_counter() - start)
-    per_config = statistics.median(single)
+    predict(configs[0], clusters[0], models)  # warm-up (loads each booster once)
+    sample = list(range(0, len(configs), max(1, len(configs) // 50)))
+    cold, warm = [], []
+    for i in sample:  # cold: every operator estimate asked from the models; warm: a sweep's repeated shapes cached
+        clear_estimate_cache()
+        cold.append(timed(lambda: predict(configs[i], clusters[i], models), 1)[0])
+        warm.append(timed(lambda: predict(configs[i], clusters[i], models), 1)[0])
 
-    many = timed(lambda: predict_many(configs, clusters, models), args.repeat)
+    def batch() -> None:
+        clear_estimate_cache()
+        predict_many(configs, clusters, models)
+
+    many = timed(batch, args.repeat)
     batch_rate = len(configs) / min(many)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -80,7 +85,8 @@ def main() -> None:
     print(f"models: {models.path} ({len(models.models)} regressors); e2e rows: {len(configs)}")
     print(f"{'measure':<46} {'tracekit':>12} {'goal':>10} {'paper tool':>11} {'speed-up':>10}")
     lines = [
-        ("in-process predict(), median per config", per_config, "≤ 50 ms", PAPER_TOOL_S),
+        ("in-process predict(), new shapes (median)", statistics.median(cold), "≤ 50 ms", PAPER_TOOL_S),
+        ("in-process predict(), estimates cached (median)", statistics.median(warm), "≤ 50 ms", PAPER_TOOL_S),
         ("predict_many, per config (all rows)", 1 / batch_rate, "≤ 2 ms", PAPER_TOOL_S),
         ("`tracekit predict --batch` command, per config", cli_batch / len(configs), "", PAPER_TOOL_S),
         ("cold `tracekit predict` command (one config)", min(cold), "< 2 s", PAPER_TOOL_S),

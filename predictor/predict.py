@@ -8,8 +8,9 @@ Public API (stable; used by the CLI, `tracekit diff/validate` and capture):
 `models` is anything with `predict(frame) -> frame` and `hardware_ids()` (`predictor.models.ModelSet`): it gets one
 frame of operator rows (hardware, primitive, pass, dtype, variant + FEATURE_COLUMNS) and returns `duration_us`,
 `path` ('model' | 'derived' | 'roofline') and `out_of_range` on the same index. `predict_many` builds every
-configuration's graph, de-duplicates the operator rows of all of them and asks the models ONCE; a configuration that
-cannot be built (ConfigError...) yields its exception in place. `clusters` is one Cluster for all or one per config.
+configuration's graph, de-duplicates the operator rows of all of them and asks the models ONCE (only for rows not
+answered before by the same models object: estimates are cached per process, `clear_estimate_cache()` forgets them);
+a configuration that cannot be built (ConfigError...) yields its exception in place. `clusters` is one Cluster for all or one per config.
 
 Pipeline: graph (predictor.graph) → frame of distinct ops → durations (models) → calibration constants
 (predictor.calibration) → schedule simulation (predictor.schedule) → Prediction.
@@ -28,6 +29,7 @@ Pipeline: graph (predictor.graph) → frame of distinct ops → durations (model
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -189,12 +191,24 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
             mapping[i] = j
         spec_rows.append(mapping)
         built.append((graph, cluster, [note] if note else []))
-    if rows:
-        frame = pd.DataFrame(rows, columns=list(KEYS) + list(FEATURE_COLUMNS))
+    keys = list(row_of)
+    duration = np.empty(len(rows))
+    paths = np.empty(len(rows), dtype=object)
+    oor = np.zeros(len(rows), dtype=bool)
+    cache = _estimate_cache(models)
+    missing = [j for j, key in enumerate(keys) if key not in cache]
+    if missing:
+        frame = pd.DataFrame([rows[j] for j in missing], columns=list(KEYS) + list(FEATURE_COLUMNS))
         result = models.predict(frame)
-        duration = result["duration_us"].to_numpy(dtype="float64")
-        paths = result["path"].astype(str).to_numpy()
-        oor = result["out_of_range"].fillna(False).to_numpy(dtype=bool)
+        new_d = result["duration_us"].to_numpy(dtype="float64")
+        new_p = result["path"].astype(str).to_numpy()
+        new_o = result["out_of_range"].fillna(False).to_numpy(dtype=bool)
+        if len(cache) + len(missing) > CACHE_ROWS:
+            cache.clear()
+        for i, j in enumerate(missing):
+            cache[keys[j]] = (float(new_d[i]), str(new_p[i]), bool(new_o[i]))
+    for j, key in enumerate(keys):
+        duration[j], paths[j], oor[j] = cache[key]
     out: list = []
     it = iter(spec_rows)
     for item in built:
@@ -210,6 +224,23 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
             continue
         out.append((graph, est, cluster, notes))
     return out
+
+
+#: Estimates already answered, per models object: identical operator rows are asked once per process.
+CACHE_ROWS = 200_000
+_CACHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _estimate_cache(models) -> dict:
+    try:
+        return _CACHES.setdefault(models, {})
+    except TypeError:  # not weak-referenceable: no cache
+        return {}
+
+
+def clear_estimate_cache() -> None:
+    """Forget cached operator estimates (e.g. to time cold predictions)."""
+    _CACHES.clear()
 
 
 def calibrated_durations(graph: Graph, est: Estimates, cal: Calibration) -> np.ndarray:
