@@ -9,7 +9,8 @@ variants are different kernels (the norms, softmaxes, element-wise ops, optimize
 (all variants pooled) for the others. `predict` answers each operator row by one of three paths:
 - `model`: a model of that hardware, primitive and pass;
 - `derived`: a collective composed from related models on that hardware (reduce_scatter ≈ all_gather at the same
-  per-rank bytes, all_reduce ≈ reduce_scatter + all_gather of bytes/n, ...), or a compute primitive from a model of
+  per-rank bytes, all_reduce ≈ reduce_scatter + all_gather of bytes/n, all_to_all ≈ all_gather of bytes/n,
+  broadcast ≈ all_reduce · n/(2(n−1)), send_recv ≈ a 2-rank all_gather), or a compute primitive from a model of
   a sibling device (A100 40 GB ↔ 80 GB) scaled by the ratio of their roofline estimates;
 - `roofline`: the roofline estimate of `predictor.roofline` (no model covers the row).
 """
@@ -356,7 +357,8 @@ class ModelSet:
         recipes = {
             "reduce_scatter": [[("all_gather", 1.0, 1.0)], [("all_reduce", group, 0.5)]],
             "all_gather": [[("reduce_scatter", 1.0, 1.0)], [("all_reduce", group, 0.5)]],
-            "all_reduce": [[("reduce_scatter", 1.0 / group, 1.0), ("all_gather", 1.0 / group, 1.0)]],
+            "all_reduce": [[("reduce_scatter", 1.0 / group, 1.0), ("all_gather", 1.0 / group, 1.0)],
+                           [("all_gather", 1.0 / group, 2.0)], [("reduce_scatter", 1.0 / group, 2.0)]],
             "all_to_all": [[("all_gather", 1.0 / group, 1.0)], [("reduce_scatter", 1.0 / group, 1.0)]],
             "broadcast": [[("all_reduce", 1.0, group / (2.0 * np.maximum(group - 1.0, 1.0)))]],
             "send_recv": [[("all_gather", 1.0, 1.0)]],

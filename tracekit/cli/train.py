@@ -27,6 +27,7 @@ def train(
     hardware: Optional[List[str]] = typer.Option(None, "--hardware", help="Only these hardware ids (repeatable)."),
     primitive: Optional[List[str]] = typer.Option(None, "--primitive", help="Only these primitives (repeatable)."),
     folds: int = typer.Option(5, "--folds", min=2, max=10, help="Cross-validation folds."),
+    data: Optional[List[str]] = typer.Option(None, "--data", help="Provenance note on the training data, kept in the index (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a table."),
 ) -> None:
     import time
@@ -47,6 +48,7 @@ def train(
         sources = sample_store.sources()
         used = samples["source"].value_counts()
         provenance = {
+            "data": list(data or []),
             "store": str(sample_store.root),
             "samples": int(len(samples)),
             "hardware": sorted(samples["hardware"].unique().tolist()),

@@ -1,0 +1,70 @@
+"""`tracekit evaluate`: models trained on part of a real sample file, evaluated on the whole file; the JSON schema,
+counts per group, and out-of-range counts checked against the raw rows."""
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from extractors import ett
+from predictor.models import train_models
+from tracekit.cli import app
+from tests.conftest import SAMPLES
+
+FILE = SAMPLES / "estimate-train-time" / "Perlmutter" / "operator" / "NVIDIAA100-SXM4-80GB_layernorm_fp16.csv"
+runner = CliRunner()
+MAX_DIM = 4096
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    frame = ett.read_file(FILE)
+    out = tmp_path_factory.mktemp("eval") / "models"
+    train_models(frame[frame["width"] <= MAX_DIM], out, {}, folds=3)
+    return out
+
+
+def test_evaluate_json_counts_and_ranges(models, tmp_path):
+    src = tmp_path / "ett"
+    src.mkdir()
+    shutil.copy(FILE, src)
+    result = runner.invoke(app, ["evaluate", "--models", str(models), str(src), "--format", "ett", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert list(doc) == ["models"]
+    with open(FILE, newline="") as handle:
+        rows = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(handle)]
+    trained = [r for r in rows if r["dim"] <= MAX_DIM]
+    lb = [r["l"] * r["b"] for r in trained]
+    numel = [r["l"] * r["b"] * r["dim"] for r in trained]
+    outside = sum(r["dim"] > MAX_DIM or not min(lb) <= r["l"] * r["b"] <= max(lb)
+                  or not min(numel) <= r["l"] * r["b"] * r["dim"] <= max(numel) for r in rows)
+    assert outside > 0
+    assert [(m["pass"], m["variant"]) for m in doc["models"]] == [("bwd", "layernorm"), ("fwd", "layernorm")]
+    for entry in doc["models"]:
+        assert list(entry) == ["hardware", "primitive", "pass", "variant", "n", "mape", "median_ape", "p90_ape",
+                               "out_of_range"]
+        assert entry["hardware"] == "A100-SXM4-80GB" and entry["primitive"] == "norm"
+        assert entry["n"] == len(rows)
+        assert entry["out_of_range"] == outside
+        assert 0 < entry["median_ape"] <= entry["p90_ape"] and entry["mape"] < 0.5
+
+
+def test_evaluate_from_a_store_and_table(models, tmp_path):
+    store = tmp_path / "store"
+    imported = runner.invoke(app, ["import", str(FILE), "--format", "ett", "--store", str(store)])
+    assert imported.exit_code == 0
+    result = runner.invoke(app, ["evaluate", "--models", str(models), "--store", str(store)],
+                           env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "layernorm" in result.stdout and "model" in result.stdout
+
+
+def test_evaluate_errors(tmp_path):
+    missing = runner.invoke(app, ["evaluate", "--models", str(tmp_path / "none"), str(FILE), "--format", "ett"])
+    assert missing.exit_code == 2 and "not a model directory" in missing.stderr
+    empty = runner.invoke(app, ["evaluate", "--store", str(tmp_path / "empty-store")])
+    assert empty.exit_code == 2 and "no samples to evaluate on" in empty.stderr
