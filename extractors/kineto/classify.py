@@ -113,8 +113,8 @@ def classify(kind: str, kernel: str, op: str | None, in_optimizer: bool) -> str:
     primitive = op_primitive(op)
     if primitive is None:
         primitive = kernel_primitive(kernel)
-        if op and primitive in ("other", "elementwise") and op.startswith("aten::"):
-            primitive = "elementwise" if primitive == "elementwise" or _is_pointwise(op) else primitive
+        if primitive == "other" and op and is_pointwise_op(op):
+            primitive = "elementwise"
     if in_optimizer and primitive not in ("gemm", "bmm"):
         return "optimizer"
     return primitive
@@ -123,8 +123,9 @@ def classify(kind: str, kernel: str, op: str | None, in_optimizer: bool) -> str:
 _POINTWISE = re.compile(r"^aten::(add|sub|mul|div|copy_|to|_to_copy|clone|contiguous|fill_|zero_|zeros|ones|cat|"
                         r"where|masked_fill|pow|rsqrt|sqrt|exp|neg|cos|sin|sum|mean|max|min|argmax|dropout|"
                         r"native_dropout|index|scatter|gather|clamp|abs|lt|gt|eq|ne|le|ge|bitwise|cumsum|sort|topk|"
-                        r"arange|full|empty|expand|stack|split|narrow|slice|transpose|permute|view|reshape|t)")
+                        r"arange|full|empty|expand|stack|split|narrow|slice|transpose|permute|view|reshape|t)(_|$)")
 
 
-def _is_pointwise(op: str) -> bool:
+def is_pointwise_op(op: str) -> bool:
+    """aten ops that run elementwise / reduction / copy kernels (memory-bound, no shape-specific algorithm)."""
     return bool(_POINTWISE.match(op))

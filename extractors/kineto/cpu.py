@@ -10,12 +10,14 @@ Hardware is `cpu-<model>` from the trace's top-level `cpu_model` key (add it whi
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from tracekit.core.hardware import normalize_hardware
 from tracekit.core.samples import FEATURE_COLUMNS
 
-from .classify import _is_pointwise, op_primitive
+from .classify import is_pointwise_op, op_primitive
 from .collectives import assign_sequence, comm_info
 from .events import EventColumns
 from .linkage import link
@@ -26,7 +28,15 @@ def cpu_hardware(model: str | None) -> str:
     return normalize_hardware("cpu-" + model) if model else "cpu-unknown"
 
 
-def cpu_events(c: EventColumns, world_size: int | None, backward_op):
+def _camel_to_op(name: str) -> str | None:
+    """'autograd::engine::evaluate_function: AddmmBackward0' → 'aten::addmm' (None if no backward node)."""
+    m = re.search(r"(\w+?)Backward\d*$", name)
+    if not m:
+        return None
+    return "aten::" + re.sub(r"(?<!^)(?=[A-Z])", "_", m.group(1)).lower()
+
+
+def cpu_events(c: EventColumns, world_size: int | None):
     """device_events frame of a CPU run (same columns as a GPU trace's)."""
     import pandas as pd
 
@@ -68,8 +78,8 @@ def cpu_events(c: EventColumns, world_size: int | None, backward_op):
             comm_pg.append(info.process_group)
             comm_ts.append(row["ts_us"])
         else:
-            op = name if "::" in name and not name.startswith("autograd::") else (backward_op(name) or name)
-            primitive = op_primitive(op) or ("elementwise" if _is_pointwise(op) else "other")
+            op = name if "::" in name and not name.startswith("autograd::") else (_camel_to_op(name) or name)
+            primitive = op_primitive(op) or ("elementwise" if is_pointwise_op(op) else "other")
             if ctx.optimizer[i] and primitive not in ("gemm", "bmm"):
                 primitive = "optimizer"
             row.update(category="computation", primitive=primitive,

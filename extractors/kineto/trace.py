@@ -60,14 +60,6 @@ def _rank_info(dist: dict) -> tuple:
     return rank, world, dist.get("backend")
 
 
-def _camel_to_op(name: str) -> str | None:
-    """'autograd::engine::evaluate_function: AddmmBackward0' → 'aten::addmm' (None if no backward node)."""
-    m = re.search(r"(\w+?)Backward\d*$", name)
-    if not m:
-        return None
-    return "aten::" + re.sub(r"(?<!^)(?=[A-Z])", "_", m.group(1)).lower()
-
-
 def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None):
     import pandas as pd
 
@@ -196,7 +188,7 @@ def read_trace(path: str | Path) -> KinetoTrace:
     if _gpu_listed(devices, backend):
         raise InputError(path, "a GPU run whose trace holds no device kernels (GPU activity was not recorded); "
                                "its CPU-side operator times are not operator times")
-    frame = cpu_events(c, world, _camel_to_op)
+    frame = cpu_events(c, world)
     if frame.empty:
         raise InputError(path, "nothing timed in it (no device kernels, top-level operators or collectives)")
     return KinetoTrace(hardware=cpu_hardware(tf.cpu_model), iterations=profiler_steps(c), device_events=frame,
