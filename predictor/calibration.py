@@ -19,7 +19,7 @@ CONSTANTS = {
     "memory_scale": "× memory-bound ops (norm, softmax, activation, elementwise, embedding, cross-entropy, optimizer)",
     "comm_scale": "× collectives and P2P transfers",
     "microbatch_overhead_us": "+ per forward or backward call of one micro-batch on one model chunk",
-    "host_op_us": "host (CPU) time to issue one modelled operator: a layer pass takes at least this × its ops",
+    "host_op_us": "host time per compute op: a layer pass's compute takes ≥ this × its compute ops",
     "iteration_overhead_us": "+ per iteration",
 }
 

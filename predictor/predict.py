@@ -254,8 +254,9 @@ def calibrated_durations(graph: Graph, est: Estimates, cal: Calibration) -> np.n
 
 
 def _work(ops: list[OpUse], dur: np.ndarray, layers: int, cal: Calibration) -> Work:
-    """One micro-batch of a segment's forward or backward. Each layer pass lasts at least the host time to issue
-    its operators (`host_op_us` per op: a launch-bound layer waits on the CPU); the excess counts as `other`."""
+    """One micro-batch of a segment's forward or backward. A layer pass's compute lasts at least the host time to
+    issue its compute operators (`host_op_us` each: a launch-bound layer waits on the CPU); the excess counts as
+    `other`. Blocking collectives add to it."""
     compute = comm = layer_compute = layer_comm = 0.0
     layer_ops = 0
     for op in ops:
