@@ -56,3 +56,8 @@ def test_captured_gloo_run_ingests_as_cpu_samples(gloo_run, tmp_path):
     assert len(gemm) == 6
     assert set(zip(gemm["m"], gemm["k"], gemm["n"])) == {(64.0, 128.0, 32.0)}
     assert sorted(samples["iteration"].dropna().unique()) == [1, 2, 3]
+    # the gloo:send / gloo:recv work records sit inside c10d::send / c10d::recv_ on the calling thread
+    p2p = samples[samples["primitive"] == "send_recv"]
+    assert sorted(p2p["rank"].tolist()) == [0, 0, 0, 1, 1, 1]
+    assert set(p2p["bytes"]) == {64 * 32 * 4} and set(p2p["group_size"]) == {2.0}
+    assert p2p["wait_us"].isna().all()  # point-to-point transfers are not matched

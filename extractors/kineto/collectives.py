@@ -13,6 +13,7 @@ recorded `Seq` where the trace has one, else their launch order within the group
 every member to issue a group's collectives in the same order). All members of a collective finish together, so
 the member whose kernel is shortest arrived last and spent (almost) no time waiting: transfer = the shortest
 member's duration, and each member's wait = its duration − transfer. This needs no clock alignment between hosts.
+Point-to-point transfers are not matched (traces do not name the peer): they keep their whole duration.
 """
 from __future__ import annotations
 
@@ -69,17 +70,20 @@ def comm_info(kernel: str, fields: CommFields | None, annotation: str | None, an
     group = fields.pg_name if fields else None
     desc = fields.pg_desc if fields else None
     known_group = fields is not None and (fields.group_size or fields.pg_ranks)
-    size = _group_size(fields, world_size) if (known_group or kind != "send_recv") else None
+    size = _group_size(fields, world_size) if (known_group or kind != "send_recv") else 2.0  # a pair
     return CommInfo(kind, nbytes, size, group, desc, dtype, fields.seq if fields else None)
 
 
-def assign_sequence(process_group: list, launch_order: np.ndarray, recorded: list) -> list:
-    """Per collective row: its recorded Seq, else its position in launch order within its process group."""
+def assign_sequence(process_group: list, kinds: list, launch_order: np.ndarray, recorded: list) -> list:
+    """Per collective row: its recorded Seq, else its position in launch order within its process group.
+
+    Point-to-point transfers are counted apart: different ranks issue different numbers of them (pipeline
+    stages), so counting them with the group's collectives would misalign the collectives' sequence numbers."""
     seq = list(recorded)
     counters: dict = {}
     for row in launch_order.tolist():
         if seq[row] is None:
-            key = process_group[row] or "default"
+            key = (process_group[row] or "default", kinds[row] == "send_recv")
             seq[row] = counters.get(key, 0)
             counters[key] = seq[row] + 1
     return seq
@@ -104,7 +108,7 @@ def match_collectives(frames: list) -> MatchReport:
 
     parts = []
     for f_index, frame in enumerate(frames):
-        comm = frame[frame["category"] == "communication"]
+        comm = frame[(frame["category"] == "communication") & (frame["primitive"] != "send_recv")]
         if comm.empty:
             continue
         parts.append(pd.DataFrame({

@@ -2,8 +2,8 @@
 
 Without GPU kernels, an operator's own duration is its time: tracekit times the top-level aten operators (those
 with no enclosing cpu_op on their thread; nested ops are part of their parent's time) and the gloo collectives
-(`gloo:<kind>` annotations on gloo's worker threads; where a trace has none, record_param_comms or the c10d::
-call itself when it is the top-level op: otherwise a c10d:: call only enqueues the annotated work).
+(`gloo:<kind>` annotations, on gloo's worker threads or, for send/recv, inside the issuing c10d:: call; where
+a trace has none, record_param_comms or the c10d:: call itself: otherwise that call only enqueues the work).
 Hardware is `cpu-<model>` from the trace's top-level `cpu_model` key (add it while profiling with
 `prof.add_metadata("cpu_model", ...)`); torch does not record the CPU model itself, so other CPU traces get
 `cpu-unknown`.
@@ -52,13 +52,14 @@ def cpu_events(c: EventColumns, world_size: int | None):
         name = names[i]
         is_ann = bool(c.op_is_annotation[i])
         comm_ann = is_ann and int(ctx.comm_annotation[i]) == i
-        if is_ann and not (comm_ann and ctx.cpu_op[i] < 0):
+        caller = int(ctx.cpu_op[i])
+        if is_ann and not (comm_ann and (caller < 0 or _is_comm_call(names[caller]))):
             continue
         if not is_ann and not ctx.top_level[i]:
             continue
         if c.op_dur[i] <= 0:
             continue
-        c10d = name.startswith("c10d::")
+        c10d = _is_comm_call(name)
         if c10d and annotated_comms:
             continue  # the issuing call of a collective whose work is timed by its gloo: annotation
         row = {key: None for key in EVENT_COLUMNS}
@@ -67,7 +68,8 @@ def cpu_events(c: EventColumns, world_size: int | None):
                    else -1)
         if comm_ann or c10d or name == "record_param_comms":
             ann = int(ctx.comm_annotation[i]) if comm_ann else _child_annotation(ctx, i)
-            info = comm_info(name, c.op_comm.get(i) if not is_ann else None, names[ann] if ann >= 0 else name,
+            fields = c.op_comm.get(i if not is_ann else int(ctx.comm_op[i]))
+            info = comm_info(name, fields, names[ann] if ann >= 0 else name,
                              (c.op_dims[ann], c.op_types[ann]) if ann >= 0 else None,
                              (c.op_dims[i], c.op_types[i]), world_size)
             row.update(category="communication", primitive=info.primitive, dtype=info.dtype,
@@ -97,7 +99,8 @@ def cpu_events(c: EventColumns, world_size: int | None):
     for col in FEATURE_COLUMNS + ("wait_us", "launch_ts_us"):
         frame[col] = frame[col].astype("float64")
     if comm_rows:
-        seqs = assign_sequence(comm_pg, np.argsort(np.asarray(comm_ts), kind="stable"), comm_recorded)
+        seqs = assign_sequence(comm_pg, [rows[r]["primitive"] for r in comm_rows],
+                               np.argsort(np.asarray(comm_ts), kind="stable"), comm_recorded)
         seq_col = [None] * len(frame)
         for row, seq in zip(comm_rows, seqs):
             seq_col[row] = seq
@@ -116,6 +119,11 @@ def cpu_events(c: EventColumns, world_size: int | None):
         frame["iteration"] = -1
     frame["stream"] = frame["stream"].astype("int64")
     return frame
+
+
+def _is_comm_call(name: str) -> bool:
+    """The host-side call that issues a collective (c10d::allreduce_, c10d::send, record_param_comms)."""
+    return name.startswith("c10d::") or name == "record_param_comms"
 
 
 def _child_annotation(ctx, i: int) -> int:

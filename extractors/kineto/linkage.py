@@ -24,6 +24,8 @@ _BACKWARD = re.compile(r"(^autograd::engine::evaluate_function)|(Backward\d*$)|(
 _OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)|optimizer\.step|^aten::_fused_(adam|sgd)|^_fused_adam", re.I)
 _COMM_ANNOTATION = re.compile(r"^(nccl|gloo|rccl|hccl|mpi|ucc):", re.I)
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
+#: A child may end this much after its parent (integer-µs rounding) and still be nested; beyond it, it is async.
+_ESCAPE_US = 1.0
 _NOT_LAYER = re.compile(r"^(ProfilerStep#|(nccl|gloo|rccl|hccl|ucc):|##|PyTorch Profiler|record_param_comms)")
 
 
@@ -130,6 +132,8 @@ def op_context(c: EventColumns) -> tuple[OpContext, np.ndarray]:
             cpu_l[i] = i
             if name == "record_param_comms":
                 cop_l[i] = i
+        if stack and ends[i] > ends[stack[-1]] + _ESCAPE_US:
+            continue  # async work record (gloo:send) outliving its caller: nothing nests inside it
         stack.append(i)
 
     parent[:] = par_l

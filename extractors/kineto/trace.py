@@ -128,7 +128,7 @@ def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None):
     if comm_rows:
         when = np.where(np.isnan(lk.dev_launch_ts), c.dev_ts, lk.dev_launch_ts)[comm_rows]
         order = np.argsort(when, kind="stable")
-        seqs = assign_sequence(comm_pg, order, comm_recorded)
+        seqs = assign_sequence(comm_pg, [cols["primitive"][r] for r in comm_rows], order, comm_recorded)
         for row, seq in zip(comm_rows, seqs):
             cols["comm_seq"][row] = seq
     frame = pd.DataFrame({

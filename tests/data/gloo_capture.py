@@ -1,4 +1,5 @@
-"""Capture a tiny 2-rank CPU run (gloo) with torch.profiler: matmuls and all_reduces, one trace per rank.
+"""Capture a tiny 2-rank CPU run (gloo) with torch.profiler: matmuls, all_reduces and a send/recv pair per step,
+one trace per rank.
 
 Usage: python gloo_capture.py OUT_DIR PORT   (writes OUT_DIR/rank{0,1}.pt.trace.json)
 """
@@ -35,6 +36,10 @@ def run(rank: int, world: int, out: str, port: int) -> None:
             c = torch.mm(a, b)
             dist.all_reduce(grad)
             dist.all_reduce(c)
+            if rank == 0:
+                dist.send(c, 1)
+            else:
+                dist.recv(c, 0)
             prof.step()
     dist.destroy_process_group()
 
