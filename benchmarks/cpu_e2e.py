@@ -6,7 +6,7 @@ then predict other configurations, run them, and compare predicted with measured
 Steps (all through the `tracekit` command, as a user would run them):
   1. tracekit sample --device cpu --ranks 2              (micro-benchmarks, gloo collectives over 2 processes)
   2. tracekit capture -- torchrun ... -m tracekit.reference   (3 training configurations, 2 ranks each, ingested)
-  3. tracekit train --store S --out M
+  3. tracekit train --store S --out M --hardware cpu-... --folds 2
   4. tracekit predict CONFIG --hardware cpu-... --gpus-per-node 2 --models M --json   (other configurations)
   5. run each predicted configuration with the reference trainer (no profiler) and take the median iteration time
      (iterations after the first WARMUP) from its log lines; one configuration is run --repeats times to show the
@@ -66,8 +66,10 @@ class StepFailed(RuntimeError):
 def tracekit(*args: str, step: str) -> str:
     done = subprocess.run([*TRACEKIT, *args], capture_output=True, text=True)
     if done.returncode != 0:
-        raise StepFailed(f"{step}: `tracekit {' '.join(args[:2])} ...` exited {done.returncode}: "
-                         f"{done.stderr.strip().splitlines()[-1:] or done.stdout[-300:]}")
+        lines = done.stderr.strip().splitlines()
+        errors = [line for line in lines if re.search(r"error", line, re.I)] or lines[-1:]
+        raise StepFailed(f"{step}: `tracekit {args[0]} ...` exited {done.returncode}: "
+                         f"{errors[-1].strip() if errors else done.stdout[-300:]}")
     return done.stdout
 
 
@@ -94,7 +96,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", type=float, default=90, help="seconds for `tracekit sample` (default 90)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of one configuration for the spread")
+    parser.add_argument("--folds", type=int, default=2, help="cross-validation folds for `tracekit train` (default 2)")
     parser.add_argument("--work", type=Path, default=None, help="working directory (default: a temporary one)")
+    parser.add_argument("--reuse", action="store_true", help="reuse the samples and captures already in --work")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="tracekit-cpu-e2e-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -109,17 +113,23 @@ def main() -> None:
         return result
 
     print(f"hardware {hardware}; work dir {work}", file=sys.stderr)
-    timed("sample", lambda: tracekit("sample", "--device", "cpu", "--budget", str(args.budget), "--ranks", "2",
-                                     "--store", str(store), "--json", step="sample"))
+    collected = work / "collected.json"
+    if args.reuse and collected.exists():
+        print(f"reusing the samples and captures in {store}", file=sys.stderr)
+    else:
+        timed("sample", lambda: tracekit("sample", "--device", "cpu", "--budget", str(args.budget), "--ranks", "2",
+                                         "--store", str(store), "--json", step="sample"))
 
-    def capture_all():
-        for i, (name, model) in enumerate(CAPTURED.items()):
-            argv = launch_argv(2, **model, **COMMON, train_iters=8)
-            tracekit("capture", "--out", str(work / f"capture-{i}"), "--steps", "3-6", "--store", str(store), "--",
-                     *argv, step=f"capture {name}")
+        def capture_all():
+            for i, (name, model) in enumerate(CAPTURED.items()):
+                argv = launch_argv(2, **model, **COMMON, train_iters=8)
+                tracekit("capture", "--out", str(work / f"capture-{i}"), "--steps", "3-6", "--store", str(store),
+                         "--", *argv, step=f"capture {name}")
 
-    timed("capture+ingest", capture_all)
-    timed("train", lambda: tracekit("train", "--store", str(store), "--out", str(models_dir), "--json", step="train"))
+        timed("capture+ingest", capture_all)
+        collected.write_text(json.dumps({"captured": list(CAPTURED)}))
+    timed("train", lambda: tracekit("train", "--store", str(store), "--out", str(models_dir), "--hardware", hardware,
+                                    "--folds", str(args.folds), "--json", step="train"))
     predictions = timed("predict", lambda: {name: predicted_ms(m, models_dir, hardware, work, name)
                                             for name, m in PREDICTED.items()})
     measured = timed("measure", lambda: {name: measured_ms(m) for name, m in PREDICTED.items()})

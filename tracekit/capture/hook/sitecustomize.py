@@ -39,11 +39,15 @@ class _StepProfiler:
         self.steps += 1
         if self.done:
             return
-        if self.prof is None:
-            if self.steps == self.start - 1:  # the next step is the warm-up, then END-START active ones
-                self._begin()
-            return
-        self.prof.step()
+        try:
+            if self.prof is None:
+                if self.steps == self.start - 1:  # the next step is the warm-up, then END-START active ones
+                    self._begin()
+                return
+            self.prof.step()
+        except Exception as exc:  # noqa: BLE001 - profiling must never break the user's training
+            _warn(f"profiling stopped ({exc})")
+            self.done = True
 
     def _begin(self) -> None:
         import torch
@@ -57,9 +61,12 @@ class _StepProfiler:
             record_shapes=True,
         )
         if not torch.cuda.is_available():  # tracekit's convention: CPU traces name their CPU (torch does not)
-            from tracekit.core.hardware import cpu_hardware_id
-
-            self.prof.preset_metadata_json("cpu_model", json.dumps(cpu_hardware_id().removeprefix("cpu-")))
+            try:
+                from tracekit.core.hardware import cpu_hardware_id
+            except ImportError:  # tracekit is not installed in the job's environment: ingest says cpu-unknown
+                pass
+            else:
+                self.prof.preset_metadata_json("cpu_model", json.dumps(cpu_hardware_id().removeprefix("cpu-")))
         self.prof.start()
 
     def _save(self, prof) -> None:
