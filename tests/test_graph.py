@@ -134,3 +134,25 @@ def test_placement_megatron_rank_order():
 def test_invalid_configs(kw, message):
     with pytest.raises(ConfigError, match=message):
         build_graph(gpt(**kw), "A100-SXM4-80GB", 8)
+
+
+def test_memory_follows_korthikanti_and_mixed_precision_adam():
+    from predictor.memory import memory_per_gpu
+
+    c = gpt(num_layers=4, hidden_size=1024, num_attention_heads=16, seq_length=1024, micro_batch_size=1,
+            attention="unfused")
+    g = build_graph(c, "A100-SXM4-80GB", 8)
+    mem, warnings = memory_per_gpu(g)
+    s, b, h, a, L, V = 1024, 1, 1024, 16, 4, 50304
+    params = 12 * L * h * h + 13 * L * h + V * h + s * h + 2 * h
+    assert mem["weights"] == pytest.approx(params * 2 / 1e9)  # fp16 weights
+    assert mem["optimizer_state"] == pytest.approx(params * 12 / 1e9)  # fp32 master + Adam m, v
+    # Korthikanti et al. 2022, no parallelism: s·b·h·(34 + 5·a·s/h) bytes per layer; plus fp32 logits s·b·V·4
+    acts = L * s * b * h * (34 + 5 * a * s / h) + s * b * V * 4
+    assert mem["activations"] == pytest.approx(acts / 1e9)
+    assert not warnings
+    full = memory_per_gpu(build_graph(gpt(num_layers=4, recompute_granularity="full", micro_batch_size=1,
+                                          attention="unfused"), "A100-SXM4-80GB", 8))[0]
+    # full recompute keeps each layer's input (2·s·b·h bytes) plus one layer's working set
+    assert full["activations"] == pytest.approx((L * 2 * s * b * h + s * b * h * (34 + 5 * a * s / h)
+                                                 + s * b * V * 4) / 1e9)
