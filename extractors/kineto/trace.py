@@ -171,7 +171,7 @@ def read_trace(path: str | Path) -> KinetoTrace:
     tf = open_trace(path)
     try:
         c = decode_events(tf.events_raw)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, TypeError, ValueError, OverflowError) as exc:
         raise InputError(path, f"malformed trace events ({exc})") from exc
     tf.events_raw = b""
     rank, world, backend = _rank_info(tf.distributed_info)
