@@ -119,8 +119,6 @@ def test_tp_ingest_finds_the_tp_collectives_with_bytes_from_the_configuration(tp
     assert set(samples["hardware"]) == {manifest["hardware"]}  # the CPU named in the trace = the manifest's
 
 
-@pytest.mark.xfail(reason="ingest (#2) skips gloo send/recv on CPU: the gloo:send/recv annotations sit inside "
-                          "c10d::send/c10d::recv_ on the calling thread and both are dropped", strict=False)
 def test_pp_ingest_finds_the_pipeline_transfers(pp_run):
     out, manifest = pp_run
     assert manifest.ingest["status"] == "ok", manifest.ingest
