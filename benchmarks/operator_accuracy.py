@@ -46,9 +46,10 @@ def cross_validate(samples: pd.DataFrame, folds: int = 5, seed: int = 0) -> tupl
         aside = result.oof.isna()
         outlier.loc[index] = aside
         if aside.any():  # set aside by the outlier rules: never trained on, predicted by the final model
-            oof.loc[aside[aside].index], _ = predict(result.booster, result.features, primitive, frame[aside])
-        print(f"[{n}/{len(keys)}] {hardware} {primitive} {pass_} {group}: {len(frame)} rows, depth "
-              f"{result.params['max_depth']} × {result.params['rounds']} rounds, {time.perf_counter() - start:.1f} s",
+            oof.loc[aside[aside].index], _ = predict(result.booster, result.features, primitive, frame[aside],
+                                                          result.params["target"])
+        print(f"[{n}/{len(keys)}] {hardware} {primitive} {pass_} {group}: {len(frame)} rows, {'log' if 'roofline' not in result.params['target'] else 'ratio'} "
+              f"depth {result.params['max_depth']} × {result.params['rounds']} rounds, {time.perf_counter() - start:.1f} s",
               file=sys.stderr, flush=True)
     return oof, outlier
 

@@ -5,8 +5,9 @@ and per model `<id>.json` (features, trained ranges, sample count, CV error, out
 samples) plus `<id>.ubj.gz` (the XGBoost booster in its UBJSON format, gzip-compressed; never pickle).
 
 Models are keyed by (hardware, primitive, pass, group). `group` is the sample `variant` for primitives whose
-variants are different kernels (the norms, softmaxes, element-wise ops, optimizer steps, activations) and `*`
-(all variants pooled) for the others. `predict` answers each operator row by one of three paths:
+variants are different kernels (the norms, softmaxes, element-wise ops, optimizer steps, activations), the topology
+`<nodes>x<ranks per node>` for collectives (plus a pooled `*` model over all measured topologies, which answers
+the others), and `*` (all variants pooled) for the rest. `predict` answers each operator row by one of three paths:
 - `model`: a model of that hardware, primitive and pass;
 - `derived`: a collective composed from related models on that hardware (reduce_scatter ≈ all_gather at the same
   per-rank bytes, all_reduce ≈ reduce_scatter + all_gather of bytes/n, all_to_all ≈ all_gather of bytes/n,
@@ -82,12 +83,49 @@ def model_id(hardware: str, primitive: str, pass_: str, group: str) -> str:
     return "__".join(_slug(p if p != POOLED else "all") for p in (hardware, primitive, pass_, group))
 
 
+def topology_key(frame: pd.DataFrame) -> pd.Series:
+    """`<nodes>x<ranks per node>` of collective rows (POOLED where unknown)."""
+    nodes = pd.to_numeric(frame.get("nodes"), errors="coerce") if "nodes" in frame.columns else None
+    per_node = pd.to_numeric(frame.get("ranks_per_node"), errors="coerce") if "ranks_per_node" in frame.columns \
+        else None
+    if nodes is None or per_node is None:
+        return pd.Series(POOLED, index=frame.index, dtype=object)
+    key = nodes.round().astype("Int64").astype("string") + "x" + per_node.round().astype("Int64").astype("string")
+    return key.fillna(POOLED).astype(object)
+
+
+def route_key(frame: pd.DataFrame) -> pd.Series:
+    """What selects a model group for each row: the topology for collectives, the variant otherwise."""
+    variant = frame["variant"].astype(object) if "variant" in frame.columns else \
+        pd.Series(None, index=frame.index, dtype=object)
+    coll = frame["primitive"].isin(COLLECTIVE_PRIMITIVES).to_numpy()
+    if not coll.any():
+        return variant
+    return variant.where(~coll, topology_key(frame))
+
+
 def groups_of(samples: pd.DataFrame) -> pd.Series:
     """The model group of each sample row (see module docstring)."""
     variant = samples["variant"].astype("string").fillna(POOLED)
     split = samples["primitive"].isin(SPLIT_BY_VARIANT)
     counts = variant.groupby([samples["hardware"], samples["primitive"], samples["pass"], variant]).transform("size")
-    return variant.where(split & (counts >= MIN_GROUP_ROWS) & (variant != POOLED), POOLED).astype(str)
+    groups = variant.where(split & (counts >= MIN_GROUP_ROWS) & (variant != POOLED), POOLED).astype(object)
+    coll = samples["primitive"].isin(COLLECTIVE_PRIMITIVES).to_numpy()
+    if coll.any():
+        groups = groups.where(~coll, topology_key(samples))
+    return groups.astype(str)
+
+
+def training_sets(samples: pd.DataFrame):
+    """(hardware, primitive, pass, group) → rows, plus a pooled model over every topology of a collective measured
+    on more than one (it answers topologies without a model of their own)."""
+    keys = samples.groupby(["hardware", "primitive", "pass", "group"], sort=True).groups
+    for key, index in keys.items():
+        yield key, index
+    coll = samples[samples["primitive"].isin(COLLECTIVE_PRIMITIVES)]
+    for (hardware, primitive, pass_), frame in coll.groupby(["hardware", "primitive", "pass"], sort=True):
+        if frame["group"].nunique() > 1:
+            yield (hardware, primitive, pass_, POOLED), frame.index
 
 
 def deduplicate(samples: pd.DataFrame) -> pd.DataFrame:
@@ -140,8 +178,7 @@ def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     summaries: list[dict] = []
     try:
-        keys = samples.groupby(["hardware", "primitive", "pass", "group"], sort=True).groups
-        for (hardware, primitive, pass_, group), index in keys.items():
+        for (hardware, primitive, pass_, group), index in training_sets(samples):
             frame = samples.loc[index]
             result = fit(frame, primitive, folds=folds, threads=threads)
             if result.booster is None:
@@ -299,7 +336,7 @@ class ModelSet:
         done = np.zeros(len(frame), dtype=bool)
         if not len(frame):
             return done
-        keys = frame[["hardware", "primitive", "pass", "variant"]].astype("object")
+        keys = frame[["hardware", "primitive", "pass"]].astype("object").assign(route=route_key(frame))
         keys = keys.where(keys.notna(), None)
         codes, uniques = pd.factorize(pd.MultiIndex.from_frame(keys))
         chosen: dict[str, list[int]] = {}
@@ -317,7 +354,8 @@ class ModelSet:
 
     @staticmethod
     def _run(model: TrainedModel, sub: pd.DataFrame, rows: np.ndarray, duration: np.ndarray, oor: np.ndarray):
-        duration[rows], matrix = predict(model.booster, model.meta["features"], model.primitive, sub)
+        duration[rows], matrix = predict(model.booster, model.meta["features"], model.primitive, sub,
+                                         model.meta["params"]["target"])
         outside = np.zeros(len(sub), dtype=bool)
         for name, (lo, hi) in model.meta["ranges"].items():
             values = matrix[name].to_numpy()

@@ -9,7 +9,8 @@ Before fitting, samples that cannot be real measurements of the same operator ar
 - *separate mode*: a minority cluster of the residuals separated from the main one by a gap of more than
   `MODE_GAP` decades (e.g. an optimizer step that took seconds in one stretch of a sweep and milliseconds at
   larger shapes in the rest).
-Hyper-parameters (tree depth, rounds) are chosen by k-fold cross-validation on out-of-fold MAPE.
+Hyper-parameters (target, tree depth, rounds) are chosen by k-fold cross-validation on out-of-fold MAPE; among the
+configurations within 5% of the best, the smallest model is kept.
 """
 from __future__ import annotations
 
@@ -32,6 +33,12 @@ MIN_MODE_ROWS = 20
 DEPTHS = (4, 6, 8)
 ROUND_STEPS = (60, 120, 240)
 ETA = 0.15
+#: Targets: the ratio to the roofline (default) or the plain time, tried with LOG_TARGET_DEPTHS on sets of fewer than
+#: LOG_TARGET_MAX_ROWS rows (small sets whose times physics explains badly, e.g. GH200 optimizer steps).
+RATIO_TARGET = "log10(duration_us / roofline_us)"
+LOG_TARGET = "log10(duration_us)"
+LOG_TARGET_DEPTHS = (4, 8)
+LOG_TARGET_MAX_ROWS = 2000
 #: Parsimony: the smallest model (depth × rounds) whose CV MAPE is within this factor of the best one is kept.
 PARSIMONY = 1.05
 
@@ -88,10 +95,13 @@ def flag_outliers(residual: np.ndarray, check_physics: np.ndarray) -> tuple[np.n
     return impossible | mode, report
 
 
-def predict(booster, features: list[str], primitive: str, frame: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
+def predict(booster, features: list[str], primitive: str, frame: pd.DataFrame,
+            target: str = RATIO_TARGET) -> tuple[np.ndarray, pd.DataFrame]:
     """Predicted duration (µs) of each row and the feature matrix it was computed from."""
     matrix, roof = design(frame, primitive, features)
     log_roof = np.log10(np.where(np.isfinite(roof) & (roof > 0), roof, 1.0))
+    if target == LOG_TARGET:
+        log_roof = np.zeros(len(frame))
     pred = np.asarray(booster.inplace_predict(matrix.to_numpy()), dtype="float64")
     return 10 ** (pred + log_roof), matrix
 
@@ -140,7 +150,12 @@ def fit(frame: pd.DataFrame, primitive: str, folds: int = 5, seed: int = 0, thre
     x, y, t = x_all[~drop], residual[~drop], duration[~drop]
     n = len(y)
 
-    oof = np.full((len(depths), len(round_steps), n), np.nan)
+    base = {RATIO_TARGET: log_roof[~drop], LOG_TARGET: np.zeros(n)}
+    labels = {RATIO_TARGET: y, LOG_TARGET: np.log10(t)}
+    candidates = [(RATIO_TARGET, d) for d in depths]
+    if n < LOG_TARGET_MAX_ROWS:
+        candidates += [(LOG_TARGET, d) for d in LOG_TARGET_DEPTHS]
+    oof = np.full((len(candidates), len(round_steps), n), np.nan)
     k = min(folds, n) if n >= 4 else 0
     if k >= 2:
         perm = np.random.default_rng(seed).permutation(n)
@@ -148,22 +163,23 @@ def fit(frame: pd.DataFrame, primitive: str, folds: int = 5, seed: int = 0, thre
             test = perm[fold::k]
             train = np.setdiff1d(perm, test)
             dtest = xgb.DMatrix(x[test])
-            for i, depth in enumerate(depths):
-                booster = _train(x[train], y[train], depth, max(round_steps), seed, threads)
+            for i, (target, depth) in enumerate(candidates):
+                booster = _train(x[train], labels[target][train], depth, max(round_steps), seed, threads)
                 for j, rounds in enumerate(round_steps):
-                    oof[i, j, test] = booster.predict(dtest, iteration_range=(0, rounds))
-        pred_t = 10 ** (oof + log_roof[~drop])
+                    oof[i, j, test] = booster.predict(dtest, iteration_range=(0, rounds)) + base[target][test]
+        pred_t = 10 ** oof
         mape = np.nanmean(np.abs(pred_t - t) / t, axis=2)
         good = np.argwhere(mape <= np.nanmin(mape) * PARSIMONY + 1e-4)
-        i, j = min(good, key=lambda ij: (2 ** depths[ij[0]] * round_steps[ij[1]], mape[tuple(ij)]))
-        depth, rounds = depths[i], round_steps[j]
+        i, j = min(good, key=lambda ij: (2 ** candidates[ij[0]][1] * round_steps[ij[1]], mape[tuple(ij)]))
+        (target, depth), rounds = candidates[i], round_steps[j]
         cv = {"folds": k, **ape_stats(pred_t[i, j], t)}
         oof_series = pd.Series(np.nan, index=frame.index)
         oof_series[~drop] = pred_t[i, j]
     else:
-        depth, rounds = min(depths), min(round_steps)
+        target, depth, rounds = RATIO_TARGET, min(depths), min(round_steps)
         cv = {"folds": 0, "mape": None, "median_ape": None, "p90_ape": None}
         oof_series = pd.Series(np.nan, index=frame.index)
+    y = labels[target]
     booster = _train(x, y, depth, rounds, seed, threads) if n else None
     ranges = {
         c: [float(np.nanmin(matrix[c][~drop])), float(np.nanmax(matrix[c][~drop]))]
@@ -173,7 +189,7 @@ def fit(frame: pd.DataFrame, primitive: str, folds: int = 5, seed: int = 0, thre
     return FitResult(
         booster=booster, features=keep, ranges=ranges,
         params={"max_depth": int(depth), "rounds": int(rounds), "eta": ETA, "objective": "reg:squarederror",
-                "target": "log10(duration_us / roofline_us)"},
+                "target": target},
         n_samples=n, cv=cv, outliers=outliers, train_hash=sample_hash(frame, hash_cols),
         seconds=time.perf_counter() - start, oof=oof_series,
     )

@@ -97,7 +97,7 @@ def test_prediction_is_vectorized_and_flags_out_of_range(comm_models):
     ops = pd.DataFrame({"hardware": "A100-SXM4-80GB", "primitive": "all_gather", "pass": "comm", "dtype": "fp16",
                         "variant": None, "bytes": shapes, "group_size": 2.0, "ranks_per_node": 2.0, "nodes": 1.0})
     out = comm_models.predict(ops)
-    meta = next(m.meta for m in comm_models.models if m.primitive == "all_gather")
+    meta = next(m.meta for m in comm_models.models if m.primitive == "all_gather" and m.group == "1x2")
     lo, hi = meta["ranges"]["bytes"]
     assert out["out_of_range"].tolist() == [not (lo <= s <= hi) for s in shapes]
     assert (out["path"] == "model").all() and np.isfinite(out["duration_us"]).all()
