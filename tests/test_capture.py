@@ -71,6 +71,7 @@ def test_tp_manifest_holds_the_configuration_and_the_logged_times(tp_run):
     times = _log_times(out / "train.log")
     assert len(times) == MODEL["train_iters"]
     assert manifest["iteration_times_ms"] == times
+    assert manifest["iterations"] == list(range(1, MODEL["train_iters"] + 1))
     assert "elapsed time per iteration" in done.stdout  # the command's output passed through
     assert manifest["software"]["torch"].startswith("2.")
 
@@ -80,12 +81,15 @@ def test_tp_traces_land_where_megatron_016_puts_them(tp_run):
     traces = sorted((out / "tensorboard").iterdir())
     host = re.escape(socket.gethostname())
     assert len(traces) == 2 and all(re.fullmatch(rf"{host}_\d+\.\d+\.pt\.trace\.json", p.name) for p in traces)
+    manifest = Manifest.load(out)
     ranks = set()
     for path in traces:
         trace = _load(path)
         ranks.add(trace["distributedInfo"]["rank"])
         names = {e["name"] for e in trace["traceEvents"]}
-        assert len({n for n in names if n.startswith("ProfilerStep#")}) == 3
+        steps = {int(n.split("#")[1]) for n in names if n.startswith("ProfilerStep#")}
+        assert steps == {2, 3, 4}  # Megatron numbers profiler steps by iteration: START..END-1
+        assert steps < set(manifest.profiled_iterations)  # so the manifest knows which times the profiler slowed
         assert {"layer_0/attention", "layer_1/mlp", "embedding", "output_layer"} <= names
         assert trace.get("record_shapes") in (1, True) or any("Input Dims" in e.get("args", {})
                                                              for e in trace["traceEvents"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass, field
@@ -17,7 +18,11 @@ from tracekit.core.errors import ConfigError, InputError
 from tracekit.core.hardware import cpu_hardware_id, normalize_hardware
 from tracekit.core.redact import redact
 
+from .megatron_flags import StepRange
+
 MANIFEST_NAME = "manifest.json"
+#: Megatron's log line: `iteration       5/      10 | ... | elapsed time per iteration (ms): 12.3 | ...`
+ITERATION_NUMBER = re.compile(r"iteration\s+(\d+)/\s*\d+\s*\|[^\n]*?elapsed time per iteration \(ms\)")
 LOG_NAME = "train.log"
 _LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 
@@ -45,6 +50,16 @@ class Manifest:
     wall_s: float = 0.0
     ingest: dict | None = None
     notes: list[str] = field(default_factory=list)
+    iterations: list[int] = field(default_factory=list)  # log iteration number of each iteration_times_ms value
+    profiled_iterations: list[int] = field(default_factory=list)  # their times include the profiler (warm-up,
+    # recorded steps, trace export): on CPU runs that inflates them noticeably
+
+    def unprofiled_iteration_times_ms(self) -> list[float]:
+        """Iteration times of the log lines whose iterations ran without the profiler."""
+        skip = set(self.profiled_iterations)
+        if len(self.iterations) != len(self.iteration_times_ms):
+            return []
+        return [t for i, t in zip(self.iterations, self.iteration_times_ms) if i not in skip]
 
     def to_dict(self) -> dict[str, Any]:
         return redact(asdict(self))
@@ -150,7 +165,7 @@ def gpu_model() -> str | None:
     return names[0] if names else None
 
 
-def build(out_dir: Path, argv: list[str], exit_code: int, mode: str, layout: str | None, steps: str,
+def build(out_dir: Path, argv: list[str], exit_code: int, mode: str, layout: str | None, step_range: StepRange,
           traces: list[Path], started_at: str, wall_s: float) -> Manifest:
     """Assemble the manifest of a finished (or failed) launch from its log and argv."""
     log_path = out_dir / LOG_NAME
@@ -170,7 +185,7 @@ def build(out_dir: Path, argv: list[str], exit_code: int, mode: str, layout: str
         command=list(argv),
         mode=mode,
         layout=layout,
-        steps=steps,
+        steps=str(step_range),
         configuration=config.to_dict() if config else None,
         configuration_source=source,
         configuration_error=error,
@@ -180,6 +195,8 @@ def build(out_dir: Path, argv: list[str], exit_code: int, mode: str, layout: str
         gpu_model=gpu,
         hardware=normalize_hardware(gpu) if gpu else cpu_hardware_id(),
         iteration_times_ms=parse_iteration_times_ms(log_text),
+        iterations=[int(n) for n in ITERATION_NUMBER.findall(log_text)],
+        profiled_iterations=list(range(max(step_range.start - 1, 1), step_range.end + 1)),
         traces=sorted(str(p.relative_to(out_dir)) for p in traces),
         started_at=started_at,
         wall_s=round(wall_s, 3),

@@ -114,7 +114,7 @@ def capture(out_dir: str | Path, argv: list[str], steps: str | StepRange = "10-1
     t0 = time.perf_counter()
     code = run_teed(run_argv, out / LOG_NAME, env=env, echo=echo)
     traces = find_traces(out, mode, layout)
-    manifest = build(out, list(argv), code, mode, layout, str(step_range), traces, started, time.perf_counter() - t0)
+    manifest = build(out, list(argv), code, mode, layout, step_range, traces, started, time.perf_counter() - t0)
     if mode == "megatron":
         manifest.notes.append("profiling flags appended: " + " ".join(run_argv[len(argv):]))
     if not traces:

@@ -41,22 +41,23 @@ class _StepProfiler:
             return
         try:
             if self.prof is None:
-                if self.steps == self.start - 1:  # the next step is the warm-up, then END-START active ones
-                    self._begin()
+                # as Megatron: one warm-up step (none when START is 2), then steps START..END-1 recorded
+                if self.steps == max(self.start - 2, 1):
+                    self._begin(warmup=1 if self.start > 2 else 0)
                 return
             self.prof.step()
         except Exception as exc:  # noqa: BLE001 - profiling must never break the user's training
             _warn(f"profiling stopped ({exc})")
             self.done = True
 
-    def _begin(self) -> None:
+    def _begin(self, warmup: int) -> None:
         import torch
         from torch.profiler import ProfilerActivity, profile, schedule
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         self.prof = profile(
             activities=activities,
-            schedule=schedule(wait=0, warmup=1, active=self.end - self.start, repeat=1),
+            schedule=schedule(wait=0, warmup=warmup, active=self.end - self.start, repeat=1),
             on_trace_ready=self._save,
             record_shapes=True,
         )
