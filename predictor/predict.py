@@ -127,6 +127,8 @@ def resolve_hardware(requested: str, available: Sequence[str]) -> tuple[str, str
     if requested in available or not available:
         return requested, None
     spec = hardware_spec(requested)
+    if spec is not None and spec.name in available:  # e.g. "A100" → the datasheet's A100-SXM4-80GB
+        return spec.name, f"no models for {requested}; using {spec.name}'s models"
     family = requested.split("-")[0].upper()
     for hw in available:
         other = hardware_spec(hw)

@@ -1,0 +1,212 @@
+"""`tracekit predict` end to end on the bundled models: JSON contract, batch CSV from the real e2e corpus, errors,
+one batched model call, and predicted traces read back by HTA and `tracekit ingest`."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.conftest import E2E
+from tracekit.cli import app
+from tracekit.core.config import TrainingConfig
+from tracekit.core.hardware import Cluster
+
+runner = CliRunner()
+ARGS = ("--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --micro-batch-size 2 "
+        "--global-batch-size 16 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --fp16")
+
+
+@pytest.fixture(scope="module")
+def models():
+    from predictor.models import ModelSet
+
+    return ModelSet.load()
+
+
+def run(*argv):
+    return runner.invoke(app, ["predict", *argv])
+
+
+def test_json_contract_and_independent_throughput_figures():
+    res = run("--megatron-args", ARGS, "--hardware", "A100-SXM4-80GB", "--gpus-per-node", "8", "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    for key in ("iteration_time_s", "breakdown", "tflops_per_gpu", "mfu", "tokens_per_s", "memory_gb_per_gpu",
+                "warnings", "top_operators", "fallbacks", "per_stage", "operators"):
+        assert key in doc
+    assert set(doc["breakdown"]) == {"compute", "exposed_communication", "pipeline_bubble", "optimizer", "other"}
+    t = doc["iteration_time_s"]
+    assert sum(doc["breakdown"].values()) == pytest.approx(t, rel=1e-9)
+    assert doc["tokens_per_s"] == pytest.approx(16 * 1024 / t)  # global batch × seq / iteration time
+    # Megatron model FLOPs: 72·B·s·L·h²·(1 + s/6h + V/12hL), V padded to 128·tp = 50432
+    flops = 72 * 16 * 1024 * 8 * 1024**2 * (1 + 1024 / (6 * 1024) + 50432 / (12 * 1024 * 8))
+    assert doc["world_size"] == 4  # tp·pp, dp = 1 when no world size is given
+    assert doc["tflops_per_gpu"] == pytest.approx(flops / t / 4 / 1e12)
+    assert doc["mfu"] == pytest.approx(doc["tflops_per_gpu"] / 312)  # A100 dense fp16 peak
+    assert [s["stage"] for s in doc["per_stage"]] == [0, 1]
+    assert {o["pass"] for o in doc["operators"]} >= {"fwd", "bwd", "comm", "optimizer"}
+    mem = doc["memory_gb_per_gpu"]
+    assert mem["total"] == pytest.approx(mem["weights"] + mem["gradients"] + mem["optimizer_state"] + mem["activations"])
+
+
+def test_tp_across_nodes_costs_more(models):
+    # the same job on 4-GPU nodes: tp groups of 8 cross nodes and must be slower than inside one 8-GPU node
+    from predictor.predict import predict
+
+    cfg = TrainingConfig(num_layers=8, hidden_size=4096, num_attention_heads=32, seq_length=2048,
+                         micro_batch_size=1, global_batch_size=8, tensor_model_parallel_size=8, precision="fp16")
+    inside = predict(cfg, Cluster("A100-SXM4-80GB", 8), models)
+    across = predict(cfg, Cluster("A100-SXM4-80GB", 4), models)
+    assert across.breakdown["exposed_communication"] > inside.breakdown["exposed_communication"]
+    assert across.graph.groups["tp"].nodes == 2
+
+
+def test_invalid_config_is_one_clear_error():
+    res = run("--megatron-args", ARGS.replace("--num-attention-heads 16", "--num-attention-heads 5")
+              .replace("--hidden-size 1024", "--hidden-size 1020"), "--hardware", "A100-SXM4-80GB")
+    assert res.exit_code == 2
+    assert "num_attention_heads 5 is not divisible by tp 2" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_memory_warning_when_it_does_not_fit(models):
+    from predictor.predict import predict
+
+    big = TrainingConfig(num_layers=80, hidden_size=8192, num_attention_heads=64, seq_length=4096,
+                         micro_batch_size=1, global_batch_size=8, tensor_model_parallel_size=8, precision="bf16")
+    p = predict(big, Cluster("A100-SXM4-80GB", 8), models)
+    # 70B parameters / tp 8 ≈ 8.6 G per GPU × (2 + 4 + 12) bytes ≈ 155 GB > 80 GB
+    assert p.memory_gb_per_gpu["total"] > 80
+    assert any("will not fit" in w for w in p.warnings)
+
+
+def test_batch_csv_with_a_bad_row(tmp_path):
+    with open(E2E / "vtrain_a100_single_node.csv", newline="") as fh:
+        reader = csv.DictReader(fh)
+        header = reader.fieldnames
+        rows = [next(reader) for _ in range(4)]
+    rows[1] = dict(rows[1], tp="3")  # 16 heads are not divisible by tp 3 (and the world no longer matches)
+    src = tmp_path / "in.csv"
+    with open(src, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=header)
+        writer.writeheader()
+        writer.writerows(rows)
+    out = tmp_path / "out.csv"
+    res = run("--batch", str(src), "--out", str(out), "--set", "attention=unfused")
+    assert res.exit_code == 1  # partly done
+    assert "line 3" in res.stderr
+    with open(out, newline="") as fh:
+        got = list(csv.DictReader(fh))
+    assert len(got) == 4
+    assert all(g[k] == r[k] for g, r in zip(got, rows) for k in header)  # every input column repeated
+    assert got[1]["error"] and not got[1]["predicted_iteration_time_s"]
+    for g in (got[0], got[2], got[3]):
+        assert not g["error"] and float(g["predicted_iteration_time_s"]) > 0
+        assert g["hardware_used"] == "A100-SXM4-80GB"  # "NVIDIA A100 (SXM variant/memory not stated)" → A100 models
+
+
+def test_predict_many_asks_the_models_once(models):
+    from predictor.predict import predict_many
+
+    class Counting:
+        def __init__(self, inner):
+            self.inner, self.frames = inner, []
+
+        def hardware_ids(self):
+            return self.inner.hardware_ids()
+
+        def predict(self, frame):
+            self.frames.append(frame)
+            return self.inner.predict(frame)
+
+    counting = Counting(models)
+    configs = [TrainingConfig(num_layers=8, hidden_size=h, num_attention_heads=16, seq_length=1024,
+                              micro_batch_size=mb, global_batch_size=8, tensor_model_parallel_size=2,
+                              precision="fp16") for h in (1024, 2048) for mb in (1, 2)]
+    configs.append(TrainingConfig(num_layers=7, hidden_size=1024, num_attention_heads=16, seq_length=1024,
+                                  pipeline_model_parallel_size=2))  # 7 layers on 2 stages: invalid
+    out = predict_many(configs + configs[:2], Cluster("A100-SXM4-80GB", 8), counting)
+    assert len(counting.frames) == 1
+    frame = counting.frames[0]
+    assert not frame.duplicated().any()  # identical operator rows asked once
+    assert isinstance(out[4], Exception) and "num_layers 7" in str(out[4])
+    assert out[5].iteration_time_s == out[0].iteration_time_s  # same config, same answer
+    assert out[2].iteration_time_s > out[0].iteration_time_s  # hidden 2048 ≈ 4× the GEMM work of 1024
+
+
+def test_megatron_log_input(tmp_path):
+    log = tmp_path / "train.log"
+    lines = ["using world size: 4", "------------------------ arguments ------------------------"]
+    for key, value in (("num_layers", 4), ("hidden_size", 1024), ("num_attention_heads", 16), ("seq_length", 1024),
+                       ("micro_batch_size", 1), ("global_batch_size", 4), ("tensor_model_parallel_size", 2),
+                       ("pipeline_model_parallel_size", 2), ("world_size", 4), ("fp16", True)):
+        lines.append(f"  {key} {'.' * (40 - len(key))} {value}")
+    lines.append("-------------------- end of arguments ---------------------")
+    log.write_text("\n".join(lines) + "\n")
+    res = run("--megatron-log", str(log), "--hardware", "A100-SXM4-80GB", "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["world_size"] == 4 and doc["config"]["precision"] == "fp16" and doc["microbatches"] == 4
+
+
+def test_trace_out_read_back_by_hta(tmp_path):
+    res = run("--megatron-args", ARGS + " --sequence-parallel", "--hardware", "A100-SXM4-80GB", "--gpus-per-node",
+              "4", "--trace-out", str(tmp_path), "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert sorted(p.rsplit("/", 1)[1] for p in doc["trace_files"]) == ["rank-0.json", "rank-2.json"]
+    from hta.trace_analysis import TraceAnalysis
+
+    analysis = TraceAnalysis(trace_dir=str(tmp_path))
+    assert sorted(analysis.t.traces.keys()) == [0, 2]  # first rank of each stage: stage stride tp·cp·dp = 2
+    breakdown = analysis.get_temporal_breakdown(visualize=False)
+    assert (breakdown["compute_time(us)"] > 0).all()
+    assert (breakdown["non_compute_time(us)"] > 0).all()  # NCCL kernels are communication to HTA
+    raw = json.loads((tmp_path / "rank-0.json").read_text())
+    kernels = [e for e in raw["traceEvents"] if e.get("cat") == "kernel"]
+    nccl = [e for e in kernels if e["name"].startswith("ncclDevKernel_")]
+    assert {e["args"]["Process Group Description"] for e in nccl} >= {"TENSOR_MODEL_PARALLEL_GROUP",
+                                                                       "PIPELINE_MODEL_PARALLEL_GROUP"}
+    steps = [e for e in raw["traceEvents"] if e["name"].startswith("ProfilerStep#") and e["cat"] == "user_annotation"]
+    assert len(steps) == 2 and steps[0]["dur"] == pytest.approx(doc["iteration_time_s"] * 1e6)
+
+
+def test_trace_out_read_back_by_ingest(tmp_path):
+    traces = tmp_path / "traces"
+    res = run("--megatron-args", ARGS, "--hardware", "A100-SXM4-80GB", "--trace-out", str(traces))
+    assert res.exit_code == 0, res.output
+    store = tmp_path / "store"
+    res = runner.invoke(app, ["ingest", str(traces), "--store", str(store), "--json"])
+    assert res.exit_code == 0, res.output
+    from tracekit.core.store import SampleStore
+
+    samples = SampleStore(store).read(hardware="A100-SXM4-80GB")
+    rank0 = samples[samples["rank"] == 0]
+    gemm = rank0[rank0["primitive"] == "gemm"]
+    # stage 0 of 2 holds 4 layers × 4 linears; 8 micro-batches; 2 iterations; backward = dgrad + wgrad kernels
+    assert (gemm["pass"] == "fwd").sum() == 4 * 4 * 8 * 2
+    assert (gemm["pass"] == "bwd").sum() == 2 * 4 * 4 * 8 * 2
+    qkv = gemm[(gemm["pass"] == "fwd") & (gemm["n"] == 3 * 1024 / 2)]
+    assert set(qkv["m"]) == {1024 * 2} and set(qkv["k"]) == {1024}  # [l·b, h] × [h, 3h/tp]
+    ar = rank0[rank0["primitive"] == "all_reduce"]
+    assert set(ar["group_size"]) == {2}
+    assert set(ar["bytes"]) >= {1024 * 2 * 1024 * 2}  # TP all-reduce of one [l, b, h] fp16 activation
+
+
+def test_cluster_file_and_unknown_calibration(tmp_path):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("hardware: NVIDIA A100-SXM4-80GB\ngpus_per_node: 4\n")
+    by_file = run("--megatron-args", ARGS, "--cluster", str(cluster), "--json")
+    by_flags = run("--megatron-args", ARGS, "--hardware", "A100-SXM4-80GB", "--gpus-per-node", "4", "--json")
+    assert by_file.exit_code == 0, by_file.output
+    a, b = json.loads(by_file.stdout), json.loads(by_flags.stdout)
+    assert a["gpus_per_node"] == 4 and a["hardware"] == "A100-SXM4-80GB"
+    assert a["iteration_time_s"] == b["iteration_time_s"]
+    res = run("--megatron-args", ARGS, "--hardware", "A100-SXM4-80GB", "--calibration", "no-such-calibration")
+    assert res.exit_code == 2 and "no such calibration" in res.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("hardware: A100\nnic: 400\n")
+    res = run("--megatron-args", ARGS, "--cluster", str(bad))
+    assert res.exit_code == 2 and "bad.yaml" in res.stderr and "nic" in res.stderr
