@@ -33,12 +33,14 @@ MIN_MODE_ROWS = 20
 DEPTHS = (4, 6, 8)
 ROUND_STEPS = (60, 120, 240)
 ETA = 0.15
-#: Targets: the ratio to the roofline (default) or the plain time, tried with LOG_TARGET_DEPTHS on sets of fewer than
-#: LOG_TARGET_MAX_ROWS rows (small sets whose times physics explains badly, e.g. GH200 optimizer steps).
+#: Targets: the ratio to the roofline (default) or the plain time, tried with LOG_TARGET_DEPTHS on compute sets of
+#: fewer than LOG_TARGET_MAX_ROWS rows (small sets whose times physics explains badly, e.g. GH200 optimizer steps) and
+#: kept only when its CV MAPE is below LOG_TARGET_GAIN × the ratio target's: the plain time does not extrapolate.
 RATIO_TARGET = "log10(duration_us / roofline_us)"
 LOG_TARGET = "log10(duration_us)"
 LOG_TARGET_DEPTHS = (4, 8)
 LOG_TARGET_MAX_ROWS = 2000
+LOG_TARGET_GAIN = 0.8
 #: Parsimony: the smallest model (depth × rounds) whose CV MAPE is within this factor of the best one is kept.
 PARSIMONY = 1.05
 
@@ -153,7 +155,7 @@ def fit(frame: pd.DataFrame, primitive: str, folds: int = 5, seed: int = 0, thre
     base = {RATIO_TARGET: log_roof[~drop], LOG_TARGET: np.zeros(n)}
     labels = {RATIO_TARGET: y, LOG_TARGET: np.log10(t)}
     candidates = [(RATIO_TARGET, d) for d in depths]
-    if n < LOG_TARGET_MAX_ROWS:
+    if n < LOG_TARGET_MAX_ROWS and primitive not in COLLECTIVE_PRIMITIVES:
         candidates += [(LOG_TARGET, d) for d in LOG_TARGET_DEPTHS]
     oof = np.full((len(candidates), len(round_steps), n), np.nan)
     k = min(folds, n) if n >= 4 else 0
@@ -169,6 +171,9 @@ def fit(frame: pd.DataFrame, primitive: str, folds: int = 5, seed: int = 0, thre
                     oof[i, j, test] = booster.predict(dtest, iteration_range=(0, rounds)) + base[target][test]
         pred_t = 10 ** oof
         mape = np.nanmean(np.abs(pred_t - t) / t, axis=2)
+        is_log = np.array([c[0] == LOG_TARGET for c in candidates])
+        if is_log.any() and np.nanmin(mape[is_log]) > LOG_TARGET_GAIN * np.nanmin(mape[~is_log]):
+            mape[is_log] = np.nan
         good = np.argwhere(mape <= np.nanmin(mape) * PARSIMONY + 1e-4)
         i, j = min(good, key=lambda ij: (2 ** candidates[ij[0]][1] * round_steps[ij[1]], mape[tuple(ij)]))
         (target, depth), rounds = candidates[i], round_steps[j]

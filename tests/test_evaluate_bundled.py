@@ -1,0 +1,47 @@
+"""The bundled default models: what `tracekit models` lists (checked against the corpus files they came from) and
+that they load and answer real measurements on a fresh install, with no training step."""
+from __future__ import annotations
+
+import csv
+import json
+
+from typer.testing import CliRunner
+
+from predictor.models import ModelSet, bundled_models_dir
+from tracekit.cli import app
+from tests.conftest import SAMPLES
+
+runner = CliRunner()
+
+
+def test_models_command_lists_the_bundled_set_and_its_data():
+    result = runner.invoke(app, ["models", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert {m["hardware"] for m in doc["models"]} == {"A100-SXM4-80GB", "GH200-120GB", "A100-SXM4-40GB"}
+    corpus_files = {p.name for p in (SAMPLES / "estimate-train-time").rglob("*_fp16*.csv")} | \
+        {p.name for p in (SAMPLES / "vtrain-allreduce" / "a100").glob("*.csv")}
+    sources = {s["path"] for s in doc["provenance"]["sources"]}
+    assert sources == corpus_files
+    assert any("estimate-train-time" in line for line in doc["provenance"]["data"])
+    for model in doc["models"]:
+        assert model["samples"] > 0 and model["cv_mape"] is not None
+        assert set(model["sources"]) <= corpus_files
+    size = sum(p.stat().st_size for p in bundled_models_dir().iterdir())
+    assert size < 8 * 2**20  # small enough to ship in the wheel
+    assert not list(bundled_models_dir().glob("*.pkl"))
+
+
+def test_bundled_models_answer_vtrain_all_reduce_measurements():
+    with open(SAMPLES / "vtrain-allreduce" / "a100" / "AR_GPU8_1M_1024M_LUT.csv", newline="") as handle:
+        rows = list(csv.reader(handle))[1:]
+    import pandas as pd
+
+    ops = pd.DataFrame({"hardware": "A100-SXM4-40GB", "primitive": "all_reduce", "pass": "comm", "dtype": "fp32",
+                        "variant": None, "bytes": [float(r[0]) for r in rows], "group_size": 8.0,
+                        "ranks_per_node": 8.0, "nodes": 1.0})
+    out = ModelSet.load().predict(ops)
+    measured = pd.Series([float(r[3]) / 1000 for r in rows])
+    ape = (out["duration_us"] - measured).abs() / measured
+    assert (out["path"] == "model").all() and not out["out_of_range"].any()
+    assert ape.mean() < 0.03  # these rows are in the bundled training data: the shipped model reproduces them
