@@ -209,6 +209,36 @@ def test_validate_run_is_predict_then_diff(run, diff, tmp_path):
     assert '<svg id="chart-primitives"' in page.read_text().replace("'", '"')
 
 
+@pytest.mark.xfail(reason="tracekit train (#3) stops on sample groups without shape features (CPU backward ops), "
+                          "so retraining on a CPU capture fails; validate --refit then reports it in one line",
+                   raises=AssertionError, strict=False)
+def test_validate_refit_reports_error_before_and_after(run, diff, tmp_path):
+    models = tmp_path / "models"
+    shutil.copytree(run["models"], models)
+    store = tmp_path / "store"
+    doc = json.loads(cli("validate", run["out"], "--models", models, "--refit", "--store", store, "--json").stdout)
+    # same shape as diff --json, and the same real side
+    assert set(diff["report"]) <= set(doc)
+    assert doc["iteration_time_s"]["real"] == pytest.approx(diff["report"]["iteration_time_s"]["real"])
+    assert doc["totals"]["real"] == diff["report"]["totals"]["real"]
+    refit = doc["refit"]
+    assert refit["before"]["predicted_s"] == pytest.approx(doc["iteration_time_s"]["predicted"])
+    assert refit["before"]["real_s"] == refit["after"]["real_s"] == doc["iteration_time_s"]["real"]
+    assert refit["samples_added"] > 0 and refit["models"] == str(models)
+    index = json.loads((models / "index.json").read_text())
+    assert {m["hardware"] for m in index["models"]} == {json.loads(
+        cli("ingest", *run["traces"], "--store", tmp_path / "s2", "--json").stdout)["traces"][0]["hardware"]}
+    # "after" is what the retrained models predict for the run's configuration on its cluster
+    from predictor.models import ModelSet
+    from predictor.predict import predict
+    from tracekit.capture.manifest import Manifest
+    from tracekit.core.hardware import Cluster
+
+    manifest = Manifest.load(run["out"])
+    after = predict(manifest.config(), Cluster(manifest.hardware, gpus_per_node=2), ModelSet.load(models))
+    assert refit["after"]["predicted_s"] == pytest.approx(after.iteration_time_s)
+
+
 def test_mismatched_configurations_are_refused(run, tmp_path):
     base = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
             "--micro-batch-size", "2", "--vocab-size", "1000"]
