@@ -173,13 +173,14 @@ def main() -> None:
         out = CALIBRATION_DIR / "vtrain-a100.json"
         doc = cal.to_dict()
         doc.update(name="vtrain-a100", description=(
-            "Global constants adapting the A100-SXM4-80GB operator models (seed paper samples, GPT-NeoX stack) to "
-            "vTrain's 2023 Megatron-DeepSpeed fp16 runs on one 8×A100 node (possibly 40 GB parts). Fitted by "
-            "benchmarks/e2e_accuracy.py on every row of the shared e2e/vtrain_a100_single_node.csv."),
+            f"Global constants adapting the bundled A100 operator models (seed-paper samples on a GPT-NeoX stack; as "
+            f"{args.hardware}) to vTrain's 2023 Megatron-DeepSpeed fp16 runs on one 8×A100 node. Fitted by "
+            "benchmarks/e2e_accuracy.py on every row of the shared e2e/vtrain_a100_single_node.csv; use with "
+            f"--hardware {args.hardware} --set attention=unfused."),
             fit={"data": "e2e/vtrain_a100_single_node.csv", "rows": len(rows), "stack": STACK,
                  "hardware": args.hardware,
                  "mape_uncalibrated": raw_mape, "mape_in_sample": fit_mape, f"mape_{args.folds}fold_cv": cv_mape,
-                 "models": str(models.index.get("provenance", {}).get("name", models.path.name))})
+                 "models_created": models.index.get("created")})
         atomic_write_json(out, doc)
         print(f"wrote {out}")
 
