@@ -12,6 +12,8 @@ The iteration window is split into disjoint parts that add up to it:
 This is the same interval arithmetic as HTA's temporal breakdown (idle / compute / non-compute time) and its
 communication–computation overlap, applied per iteration and with the classification of `extractors.kineto`
 instead of kernel-name patterns, so it also works on traces HTA cannot load (CPU runs, predicted traces).
+On CPU runs an op that wholly contains a gloo collective (run on gloo's own thread) is its caller waiting for it:
+its time inside the collective counts as communication, not as compute hiding it.
 """
 from __future__ import annotations
 
@@ -63,6 +65,30 @@ def intersection(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         else:
             j += 1
     return np.array(out) if out else np.empty((0, 2))
+
+
+def difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Parts of merged set `a` not in merged set `b`."""
+    if not len(a) or not len(b):
+        return a
+    lo, hi = min(a[0, 0], b[0, 0]), max(a[-1, 1], b[-1, 1])
+    starts = np.concatenate([[lo], b[:, 1]])
+    ends = np.concatenate([b[:, 0], [hi]])
+    gaps = np.column_stack([starts, ends])
+    return intersection(a, gaps[gaps[:, 1] > gaps[:, 0]])
+
+
+def blocked_callers(ts: np.ndarray, te: np.ndarray, compute: np.ndarray, comm: np.ndarray) -> np.ndarray:
+    """CPU runs: compute ops that wholly contain a collective run by a communication thread (gloo). Such an op is
+    the caller blocked on the collective, not compute overlapping it."""
+    out = np.zeros(len(ts), dtype=bool)
+    if not comm.any() or not compute.any():
+        return out
+    cs, ce = ts[comm], te[comm]
+    idx = np.flatnonzero(compute)
+    contains = (ts[idx, None] <= cs[None, :]) & (te[idx, None] >= ce[None, :]) & (ce > cs)[None, :]
+    out[idx[contains.any(axis=1)]] = True
+    return out
 
 
 def union(*sets: np.ndarray) -> np.ndarray:
@@ -124,13 +150,22 @@ def iteration_breakdown(events, start_us: float, end_us: float, pipeline: bool) 
         return merge_intervals(ts[mask], te[mask])
 
     is_compute = category == "computation"
-    compute_main = merged(is_compute & (passes != "optimizer"))
-    compute_all = union(compute_main, merged(is_compute & (passes == "optimizer")))
     is_comm = category == "communication"
     collectives = merged(is_comm & (primitive != P2P))
     p2p = merged(is_comm & (primitive == P2P))
     comm_all = union(collectives, p2p)
-    busy = union(compute_all, comm_all, merged(category == "memory"), merged(~(is_compute | is_comm)))
+    callers = np.zeros(len(ts), dtype=bool)
+    if len(events) and "kind" in events:
+        on_cpu = events["kind"].astype(str).to_numpy() == "cpu_op"
+        callers = blocked_callers(ts, te, is_compute & on_cpu, is_comm)
+
+    def compute_of(mask) -> np.ndarray:  # a blocked caller computes only outside the collectives it waits on
+        return union(merged(mask & ~callers), difference(merged(mask & callers), comm_all))
+
+    compute_main = compute_of(is_compute & (passes != "optimizer"))
+    compute_all = union(compute_main, compute_of(is_compute & (passes == "optimizer")))
+    busy = union(compute_all, comm_all, merged(category == "memory"), merged(~(is_compute | is_comm)),
+                 merged(callers))
 
     compute_us = covered(compute_main)
     optimizer_us = covered(compute_all) - compute_us

@@ -156,6 +156,34 @@ def test_errors_and_contributors_add_up(run, diff):
     assert real_parts == pytest.approx(it["real"], rel=1e-6)  # the breakdown splits the iteration, nothing else
 
 
+def test_blocking_gloo_collectives_count_as_exposed_communication(run, diff):
+    """The reference trainer's gloo collectives are synchronous: its caller op waits on the main thread while gloo's
+    thread runs them, so (almost) all their time is exposed. Their union is computed here from the raw JSON."""
+    report = diff["report"]
+    per_step = []
+    for path in run["traces"]:
+        raw = _raw(path)
+        rank = raw["distributedInfo"]["rank"]
+        steps = {int(e["name"].split("#")[1]): (e["ts"], e["ts"] + e["dur"]) for e in raw["traceEvents"]
+                 if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") == "user_annotation"}
+        gloo = sorted((e["ts"], e["ts"] + e["dur"]) for e in raw["traceEvents"]
+                      if str(e.get("name", "")).startswith("gloo:") and e.get("ph") == "X")
+        kept = next(a["real_steps"] for a in report["alignment"] if a["rank"] == rank)
+        for step in kept:
+            lo, hi = steps[step]
+            total, reach = 0.0, lo
+            for start, end in gloo:
+                start, end = max(start, reach, lo), min(end, hi)
+                if end > start:
+                    total += end - start
+                    reach = end
+            per_step.append(total / 1e6)
+    union = sum(per_step) / len(per_step)
+    exposed = report["breakdown"]["real"]["exposed_communication"]
+    assert union > 0
+    assert 0.9 * union <= exposed <= union * (1 + 1e-9)
+
+
 def test_prediction_json_side(run):
     report = json.loads(cli("diff", run["prediction_file"], run["out"] / "tensorboard", "--json").stdout)
     prediction = run["prediction"]
