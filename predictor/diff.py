@@ -530,16 +530,20 @@ def _unmatched(real_ops: pd.DataFrame, pred_ops: pd.DataFrame) -> dict[str, list
 
 
 def _alignment(predicted: Side, real: Side, ranks: list[int]) -> list[dict[str, Any]]:
+    """Per rank: the real steps kept (and dropped as warm-up), the predicted step each is compared with, and both
+    steps' iteration times."""
     out = []
     for rank in ranks:
-        real_steps = real.ranks[rank].steps
-        pred_steps = predicted.ranks[rank].steps
-        matched = [[s, pred_steps[i % len(pred_steps)]] for i, s in enumerate(real_steps)] if pred_steps else []
-        source = predicted.ranks[rank].source_rank
-        out.append({"rank": rank, "stage": real.ranks[rank].stage, "predicted_rank": rank if source is None else source,
-                    "real_steps": real_steps,
-                    "dropped_steps": real.ranks[rank].dropped_steps, "predicted_steps": pred_steps,
-                    "matched": matched})
+        mine, theirs = real.ranks[rank], predicted.ranks[rank]
+        n = len(theirs.steps)
+        pairs = [(i, i % n) for i in range(len(mine.steps))] if n else []
+        out.append({
+            "rank": rank, "stage": mine.stage,
+            "predicted_rank": rank if theirs.source_rank is None else theirs.source_rank,
+            "real_steps": mine.steps, "dropped_steps": mine.dropped_steps, "predicted_steps": theirs.steps,
+            "matched": [[mine.steps[i], theirs.steps[j]] for i, j in pairs],
+            "iteration_s": [[mine.iteration_us[i] / 1e6, theirs.iteration_us[j] / 1e6] for i, j in pairs],
+        })
     return out
 
 

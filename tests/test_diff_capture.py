@@ -108,13 +108,17 @@ def test_every_real_iteration_is_matched(run, diff):
         rank = _raw(path)["distributedInfo"]["rank"]
         steps[rank] = _steps(path)
     assert sorted(a["rank"] for a in report["alignment"]) == sorted(steps) == [0, 1]
-    predicted_steps = sorted(_steps(p) for p in run["predicted"].glob("*.json"))[0]
+    predicted_steps = _steps(sorted(run["predicted"].glob("*.json"))[0])  # pp = 1: one predicted trace
     for row in report["alignment"]:
         real = sorted(steps[row["rank"]])
         assert sorted(row["real_steps"] + row["dropped_steps"]) == real  # each step kept or named as warm-up
         assert [m[0] for m in row["matched"]] == row["real_steps"]
         assert {m[1] for m in row["matched"]} <= set(predicted_steps)
         assert row["predicted_rank"] == 0  # predicted traces hold the first rank of each stage (pp = 1: rank 0)
+        # each matched pair carries both steps' durations, as the files have them
+        for (real_step, pred_step), (real_s, pred_s) in zip(row["matched"], row["iteration_s"]):
+            assert real_s == pytest.approx(steps[row["rank"]][real_step] / 1e6, rel=1e-6)
+            assert pred_s == pytest.approx(predicted_steps[pred_step] / 1e6, rel=1e-6)
     # real iteration time: mean over the kept steps (and ranks) of the ProfilerStep durations in the files
     kept = [steps[a["rank"]][s] for a in report["alignment"] for s in a["real_steps"]]
     assert report["iteration_time_s"]["real"] == pytest.approx(sum(kept) / len(kept) / 1e6, rel=1e-6)
