@@ -210,3 +210,25 @@ def test_cluster_file_and_unknown_calibration(tmp_path):
     bad.write_text("hardware: A100\nnic: 400\n")
     res = run("--megatron-args", ARGS, "--cluster", str(bad))
     assert res.exit_code == 2 and "bad.yaml" in res.stderr and "nic" in res.stderr
+
+
+def test_calibrated_batch_matches_measured_vtrain_iterations(tmp_path):
+    # 60 measured Megatron-DeepSpeed iterations from the shared e2e corpus, predicted with the shipped calibration
+    with open(E2E / "vtrain_a100_single_node.csv", newline="") as fh:
+        reader = csv.DictReader(fh)
+        header = reader.fieldnames
+        rows = [row for _, row in zip(range(60), reader)]
+    src = tmp_path / "in.csv"
+    with open(src, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=header)
+        writer.writeheader()
+        writer.writerows(rows)
+    out = tmp_path / "out.csv"
+    res = run("--batch", str(src), "--out", str(out), "--hardware", "A100-SXM4-40GB", "--set", "attention=unfused",
+              "--calibration", "vtrain-a100", "--json")
+    assert res.exit_code == 0, res.output
+    with open(out, newline="") as fh:
+        got = list(csv.DictReader(fh))
+    errors = [abs(float(g["predicted_iteration_time_s"]) - float(g["iteration_time_s"])) / float(g["iteration_time_s"])
+              for g in got]
+    assert sum(errors) / len(errors) < 0.12
