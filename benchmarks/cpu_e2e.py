@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -132,7 +133,9 @@ def main() -> None:
                                     "--folds", str(args.folds), "--json", step="train"))
     predictions = timed("predict", lambda: {name: predicted_ms(m, models_dir, hardware, work, name)
                                             for name, m in PREDICTED.items()})
+    load_before = os.getloadavg()[0]
     measured = timed("measure", lambda: {name: measured_ms(m) for name, m in PREDICTED.items()})
+    load_after = os.getloadavg()[0]
     first = next(iter(PREDICTED))
     repeats = timed("spread", lambda: [measured[first]] + [measured_ms(PREDICTED[first])
                                                             for _ in range(args.repeats - 1)])
@@ -150,6 +153,9 @@ def main() -> None:
     print(f"\nMAPE {100 * statistics.mean(errors):.1f}% over {len(errors)} configurations (goal ≤ 10%)")
     print(f"measurement spread of '{first}' over {len(repeats)} runs: "
           + ", ".join(f"{t:.1f}" for t in repeats) + f" ms → (max − min)/mean = {100 * spread:.1f}%")
+    print(f"machine load (1-min average, {os.cpu_count()} CPUs) before/after measuring: "
+          f"{load_before:.1f}/{load_after:.1f}; two ranks need two free cores, so a load above ~{os.cpu_count()} "
+          "from other processes stretches every measured iteration")
     print("step times: " + ", ".join(f"{k} {v:.0f} s" for k, v in clock.items()))
 
 
