@@ -23,7 +23,7 @@ Examples:
   --micro-batch-size 4 --global-batch-size 64 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4
   --fp16" --hardware A100-SXM4-80GB --gpus-per-node 4 --json
 
-  tracekit predict --batch runs.csv --out predicted.csv --set attention=unfused --calibration vtrain-a100
+  tracekit predict --batch runs.csv --out predicted.csv --hardware A100-SXM4-40GB --set attention=unfused --calibration vtrain-a100
 """
 
 
