@@ -196,6 +196,7 @@ def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict
             "provenance": provenance or {},
             "models": [{k: m[k] for k in ("id", "hardware", "primitive", "pass", "group")} for m in summaries],
         })
+        _make_readable(staging)
         _swap_in(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -214,6 +215,14 @@ def _metadata(mid, hardware, primitive, pass_, group, frame, result: FitResult) 
         "sources": sorted(frame["source_path"].dropna().astype(str).unique().tolist())
         if "source_path" in frame.columns else [],
     }
+
+
+def _make_readable(folder: Path) -> None:
+    """Model sets are shared (the bundled one ships in the package): 0755 folder, 0644 files, whatever the umask of
+    the temporary-file helpers (0700/0600)."""
+    os.chmod(folder, 0o755)
+    for path in folder.iterdir():
+        os.chmod(path, 0o644)
 
 
 def _swap_in(staging: Path, out: Path) -> None:
