@@ -37,7 +37,6 @@ from tracekit.core.errors import ModelError
 from tracekit.core.hardware import hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES
 
-from .features import shape_features
 from .regressor import FitResult, fit, predict
 from .roofline import estimate_us
 
@@ -124,7 +123,8 @@ def training_sets(samples: pd.DataFrame):
         yield key, index
     coll = samples[samples["primitive"].isin(COLLECTIVE_PRIMITIVES)]
     for (hardware, primitive, pass_), frame in coll.groupby(["hardware", "primitive", "pass"], sort=True):
-        if frame["group"].nunique() > 1:
+        groups = set(frame["group"])
+        if len(groups) > 1 and POOLED not in groups:
             yield (hardware, primitive, pass_, POOLED), frame.index
 
 
@@ -168,19 +168,26 @@ class TrainedModel:
 def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict | None = None,
                  folds: int = 5, threads: int = 1, on_model: Callable[[dict], None] | None = None) -> list[dict]:
     """Train one model per (hardware, primitive, pass, group) and write the set to `out` atomically (the old set
-    stays intact until the new one is complete). Returns the per-model summaries written to the index."""
-    samples = deduplicate(samples[samples["duration_us"] > 0])
+    stays intact until the new one is complete). Returns the per-model summaries written to the index; sets that
+    cannot be learned (no shape features) are listed under `skipped` in the index. `other` samples are not used."""
+    samples = deduplicate(samples[(samples["duration_us"] > 0) & (samples["primitive"] != "other")])
     if samples.empty:
-        raise ModelError("no samples to train on")
+        raise ModelError("no classified samples to train on")
     samples = samples.assign(group=groups_of(samples))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     summaries: list[dict] = []
+    skipped: list[dict] = []
     try:
         for (hardware, primitive, pass_, group), index in training_sets(samples):
             frame = samples.loc[index]
-            result = fit(frame, primitive, folds=folds, threads=threads)
+            try:
+                result = fit(frame, primitive, folds=folds, threads=threads)
+            except ModelError as exc:
+                skipped.append({"hardware": hardware, "primitive": primitive, "pass": pass_, "group": group,
+                                "rows": int(len(frame)), "reason": str(exc)})
+                continue
             if result.booster is None:
                 continue
             mid = model_id(hardware, primitive, pass_, group)
@@ -195,6 +202,7 @@ def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "provenance": provenance or {},
             "models": [{k: m[k] for k in ("id", "hardware", "primitive", "pass", "group")} for m in summaries],
+            "skipped": skipped,
         })
         _make_readable(staging)
         _swap_in(staging, out)
@@ -321,7 +329,8 @@ class ModelSet:
         """Duration (µs), path ('model' | 'derived' | 'roofline') and out_of_range for each operator row.
 
         `out_of_range` is True when a shape feature lies outside the range the answering model was trained on, and
-        for roofline answers (no training data covers them)."""
+        for roofline answers (no training data covers them). `duration_us` is NaN only for rows whose work even the
+        roofline cannot size (no shape features, unknown hardware)."""
         frame = ops.reset_index(drop=True)
         n = len(frame)
         for col in ("hardware", "primitive", "pass"):

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from tracekit.core.errors import ModelError
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES
 
 from .features import PHYSICS_FEATURES, physics_features, shape_features
@@ -141,6 +142,8 @@ def fit(frame: pd.DataFrame, primitive: str, folds: int = 5, seed: int = 0, thre
     start = time.perf_counter()
     matrix, roof = design(frame, primitive)
     keep = [c for c in matrix.columns if matrix[c].notna().any()]
+    if not keep:
+        raise ModelError(f"{primitive}: no shape features in {len(frame)} samples, nothing to learn from")
     matrix = matrix[keep]
     has_roof = np.isfinite(roof) & (roof > 0)
     log_roof = np.log10(np.where(has_roof, roof, 1.0))

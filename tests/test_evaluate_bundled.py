@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 
+import pandas as pd
 from typer.testing import CliRunner
 
 from predictor.models import ModelSet, bundled_models_dir
@@ -35,8 +36,6 @@ def test_models_command_lists_the_bundled_set_and_its_data():
 def test_bundled_models_answer_vtrain_all_reduce_measurements():
     with open(SAMPLES / "vtrain-allreduce" / "a100" / "AR_GPU8_1M_1024M_LUT.csv", newline="") as handle:
         rows = list(csv.reader(handle))[1:]
-    import pandas as pd
-
     ops = pd.DataFrame({"hardware": "A100-SXM4-40GB", "primitive": "all_reduce", "pass": "comm", "dtype": "fp32",
                         "variant": None, "bytes": [float(r[0]) for r in rows], "group_size": 8.0,
                         "ranks_per_node": 8.0, "nodes": 1.0})

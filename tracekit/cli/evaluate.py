@@ -13,8 +13,8 @@ KEYS = ["hardware", "primitive", "pass", "variant"]
 
 
 def error_table(samples, predictions):
-    """Per (hardware, primitive, pass, variant): n, mape, median_ape, p90_ape (fractions), out_of_range (count)
-    and how many rows each prediction path answered."""
+    """Per (hardware, primitive, pass, variant): n, mape, median_ape, p90_ape (fractions, over the rows that got an
+    estimate; None when none did: samples without shapes), out_of_range (count) and rows per prediction path."""
     import numpy as np
     import pandas as pd
 
@@ -28,17 +28,23 @@ def error_table(samples, predictions):
     rows = []
     for key, group in frame.groupby(KEYS, sort=True):
         ape = group["ape"].to_numpy()
+        ape = ape[np.isfinite(ape)]
+        paths = {p: int(c) for p, c in group["path"].value_counts().items()}
+        if len(ape) < len(group):
+            paths["no estimate"] = int(len(group) - len(ape))
         rows.append({
-            **dict(zip(KEYS, key)), "n": int(len(group)), "mape": float(np.mean(ape)),
-            "median_ape": float(np.median(ape)), "p90_ape": float(np.quantile(ape, 0.9)),
-            "out_of_range": int(group["oor"].sum()),
-            "paths": {p: int(c) for p, c in group["path"].value_counts().items()},
+            **dict(zip(KEYS, key)), "n": int(len(group)),
+            "mape": float(np.mean(ape)) if len(ape) else None,
+            "median_ape": float(np.median(ape)) if len(ape) else None,
+            "p90_ape": float(np.quantile(ape, 0.9)) if len(ape) else None,
+            "out_of_range": int(group["oor"].sum()), "paths": paths,
         })
     return pd.DataFrame(rows)
 
 
 def load_samples(paths: list[str], fmt: str, store: Path | None, hardware: str | None):
-    """Samples to evaluate on: the given files (read like `tracekit import`/`ingest`, nothing stored) or a store."""
+    """Samples to evaluate on: the given files (read like `tracekit import`/`ingest`, nothing stored) or a store;
+    unclassified (`other`) samples are left out: no model predicts them."""
     import tempfile
 
     import pandas as pd
@@ -47,7 +53,8 @@ def load_samples(paths: list[str], fmt: str, store: Path | None, hardware: str |
     from tracekit.core.store import SampleStore
 
     if not paths:
-        return SampleStore(store).read(hardware=hardware)
+        frame = SampleStore(store).read(hardware=hardware)
+        return frame[frame["primitive"] != "other"]
     if fmt == "kineto":
         from extractors.kineto import ingest_paths
 
@@ -102,8 +109,11 @@ def evaluate(
         model_set = ModelSet.load(models)
         table = error_table(samples, model_set.predict(samples))
     if as_json:
-        print_json({"models": [{k: row[k] for k in (*KEYS, "n", "mape", "median_ape", "p90_ape", "out_of_range")}
-                               for row in table.to_dict("records")]})
+        def clean(value):
+            return None if isinstance(value, float) and value != value else value
+
+        print_json({"models": [{k: clean(row[k]) for k in (*KEYS, "n", "mape", "median_ape", "p90_ape",
+                                                           "out_of_range")} for row in table.to_dict("records")]})
         return
     _print(table, model_set.path)
 
@@ -116,8 +126,11 @@ def _print(table, models_path: Path) -> None:
                           ("n", "right"), ("MAPE", "right"), ("median", "right"), ("p90", "right"),
                           ("out of range", "right"), ("paths", "left")):
         out.add_column(name, justify=justify)
+    def pct(value) -> str:
+        return "—" if value is None or value != value else f"{100 * value:.2f}%"
+
     for row in table.to_dict("records"):
-        out.add_row(row["hardware"], row["primitive"], row["pass"], row["variant"], str(row["n"]),
-                    f"{100 * row['mape']:.2f}%", f"{100 * row['median_ape']:.2f}%", f"{100 * row['p90_ape']:.2f}%",
-                    str(row["out_of_range"]), ", ".join(f"{k} {v}" for k, v in row["paths"].items()))
+        out.add_row(row["hardware"], row["primitive"], row["pass"], row["variant"], str(row["n"]), pct(row["mape"]),
+                    pct(row["median_ape"]), pct(row["p90_ape"]), str(row["out_of_range"]),
+                    ", ".join(f"{k} {v}" for k, v in row["paths"].items()))
     console.print(out)

@@ -30,6 +30,7 @@ def train(
     data: Optional[List[str]] = typer.Option(None, "--data", help="Provenance note on the training data, kept in the index (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a table."),
 ) -> None:
+    import json
     import time
 
     from predictor.models import train_models
@@ -67,10 +68,15 @@ def train(
 
             summaries = train_models(samples, out, provenance, folds=folds, on_model=advance)
         seconds = time.perf_counter() - start
+    skipped = json.loads((out / "index.json").read_text()).get("skipped", [])
     if as_json:
-        print_json({"out": str(out), "seconds": round(seconds, 1), "models": [model_row(m) for m in summaries]})
+        print_json({"out": str(out), "seconds": round(seconds, 1), "models": [model_row(m) for m in summaries],
+                    "skipped": skipped})
     else:
         print_models(summaries, f"{len(summaries)} models written to {out} in {seconds:.0f} s")
+        for entry in skipped:
+            console.print(f"not trained: {entry['hardware']} {entry['primitive']} {entry['pass']} {entry['group']} "
+                          f"({entry['rows']} samples): {entry['reason']}", markup=False)
 
 
 def model_row(meta: dict) -> dict:

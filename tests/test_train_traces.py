@@ -1,0 +1,46 @@
+"""Training on samples ingested from a real Kineto trace (not the clean published sets): `other` is not learned,
+groups whose kernels carry no shapes are reported as not trained, and evaluate's JSON stays strict."""
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from tracekit.cli import app
+from tracekit.core.store import SampleStore
+from tests.conftest import KINETO
+
+TRACE = KINETO / "hta" / "nccl_parser_config_nccl_data.json.gz"  # A100 DDP step, most kernels without shapes
+runner = CliRunner()
+
+
+def _strict(text: str):
+    def refuse(name):
+        raise AssertionError(f"non-standard JSON constant {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_train_and_evaluate_on_an_ingested_trace(tmp_path):
+    store = tmp_path / "store"
+    assert runner.invoke(app, ["ingest", str(TRACE), "--store", str(store)]).exit_code == 0
+    samples = SampleStore(store).read()
+    assert (samples["primitive"] == "other").any()
+    out = tmp_path / "models"
+    result = runner.invoke(app, ["train", "--store", str(store), "--out", str(out), "--folds", "3", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = _strict(result.stdout)
+    trained = {(m["primitive"], m["pass"]) for m in doc["models"]}
+    skipped = {(s["primitive"], s["pass"]) for s in doc["skipped"]}
+    assert not any(p == "other" for p, _ in trained | skipped)
+    shaped = samples[samples["primitive"] != "other"]
+    feature_cols = ["m", "n", "k", "rows", "width", "numel", "bytes", "params", "seq"]
+    has_shape = shaped[feature_cols].notna().any(axis=1)
+    for (prim, pass_), group in shaped.groupby(["primitive", "pass"]):
+        if not has_shape[group.index].any():
+            assert (prim, pass_) in skipped and (prim, pass_) not in trained
+    assert trained, "the collectives of this trace carry bytes and group size"
+
+    evaluated = runner.invoke(app, ["evaluate", "--models", str(out), "--store", str(store), "--json"])
+    assert evaluated.exit_code == 0, evaluated.output
+    entries = _strict(evaluated.stdout)["models"]
+    assert sum(e["n"] for e in entries) == len(shaped)
