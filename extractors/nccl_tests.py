@@ -22,6 +22,7 @@ import pandas as pd
 from tracekit.core.errors import InputError
 from tracekit.core.hardware import normalize_hardware
 from tracekit.core.hashing import file_digest
+from tracekit.core.samples import COLLECTIVE_PRIMITIVES
 
 _KINDS = {  # substrings of the test binary / file name → primitive
     "all_reduce": "all_reduce", "allreduce": "all_reduce", "ar_": "all_reduce",
@@ -57,6 +58,11 @@ def read_file(path: str | Path, hardware: str | None = None, gpus_per_node: int 
         table, hosts, devices, kind = _read_csv(path, text), set(), [], None
     else:
         table, hosts, devices, kind = _read_stdout(path, lines)
+    if collective is not None:
+        named = collective if collective in COLLECTIVE_PRIMITIVES else _kind(collective + "_")
+        if named is None:
+            raise InputError(path, f"unknown collective {collective!r} (one of {', '.join(COLLECTIVE_PRIMITIVES)})")
+        collective = named
     kind = collective or kind or _kind(path.name)
     if kind is None:
         raise InputError(path, "cannot tell which collective this is; name it (e.g. --collective all_reduce)")

@@ -89,3 +89,17 @@ def test_nccl_tests_stdout(tmp_path):
     assert samples["bytes"].tolist() == [1048576 / 4, 2097152 / 4]
     assert samples["duration_us"].tolist() == [90.31, 150.10]
     assert json.loads(result.stdout)["files"][0]["rows"] == 2
+
+
+def test_collective_option_is_validated(tmp_path):
+    out = tmp_path / "perf.out"
+    out.write_text(STDOUT.replace("all_gather", "x"))
+    bad = runner.invoke(app, ["import", str(out), "--format", "nccl-tests", "--collective", "gossip",
+                              "--store", str(tmp_path / "s")])
+    assert bad.exit_code == 2 and "unknown collective 'gossip'" in bad.stderr
+    unnamed = runner.invoke(app, ["import", str(out), "--format", "nccl-tests", "--store", str(tmp_path / "s")])
+    assert unnamed.exit_code == 2 and "cannot tell which collective" in unnamed.stderr
+    good = runner.invoke(app, ["import", str(out), "--format", "nccl-tests", "--collective", "reducescatter",
+                               "--store", str(tmp_path / "s")])
+    assert good.exit_code == 0
+    assert set(SampleStore(tmp_path / "s").read()["primitive"]) == {"reduce_scatter"}
