@@ -68,3 +68,17 @@ def test_evaluate_errors(tmp_path):
     assert missing.exit_code == 2 and "not a model directory" in missing.stderr
     empty = runner.invoke(app, ["evaluate", "--store", str(tmp_path / "empty-store")])
     assert empty.exit_code == 2 and "no samples to evaluate on" in empty.stderr
+
+
+def test_evaluate_a_kineto_trace_without_models_for_its_gpu():
+    """An H100 trace against the bundled models (no H100 models): every estimate is the roofline, all flagged."""
+    from tests.conftest import KINETO
+
+    trace = KINETO / "tracelens" / "h100__gaunernst_bert-small-uncased__1016001.json.gz"
+    result = runner.invoke(app, ["evaluate", str(trace), "--format", "kineto", "--json"])
+    assert result.exit_code == 0, result.output
+    entries = json.loads(result.stdout)["models"]
+    assert entries and {e["hardware"] for e in entries} == {"H100-80GB-HBM3"}
+    assert all(e["out_of_range"] == e["n"] for e in entries)
+    gemm = [e for e in entries if e["primitive"] == "gemm"]
+    assert gemm and all(e["mape"] is not None for e in gemm)
