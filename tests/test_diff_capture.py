@@ -241,9 +241,6 @@ def test_validate_run_is_predict_then_diff(run, diff, tmp_path):
     assert '<svg id="chart-primitives"' in page.read_text().replace("'", '"')
 
 
-@pytest.mark.xfail(reason="tracekit train (#3) stops on sample groups without shape features (CPU backward ops), "
-                          "so retraining on a CPU capture fails; validate --refit then reports it in one line",
-                   raises=AssertionError, strict=False)
 def test_validate_refit_reports_error_before_and_after(run, diff, tmp_path):
     models = tmp_path / "models"
     shutil.copytree(run["models"], models)
