@@ -37,7 +37,7 @@ from tracekit.core.errors import ModelError
 from tracekit.core.hardware import hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES
 
-from .regressor import FitResult, fit, predict
+from .regressor import FitResult, fit, physics_table, predict
 from .roofline import estimate_us
 
 FORMAT = "tracekit-models/1"
@@ -338,10 +338,11 @@ class ModelSet:
                 raise ModelError(f"operator rows need a {col!r} column")
         if "variant" not in frame.columns:
             frame = frame.assign(variant=None)
-        duration = estimate_us(frame) if n else np.zeros(0)
+        physics = physics_table(frame) if n else None
+        duration = physics[1].copy() if n else np.zeros(0)  # the roofline answers rows no model takes
         path = np.full(n, "roofline", dtype=object)
         oor = np.ones(n, dtype=bool)
-        done = self._predict_direct(frame, duration, path, oor, tag="model")
+        done = self._predict_direct(frame, duration, path, oor, tag="model", physics=physics)
         missing = np.flatnonzero(~done)
         if len(missing):
             self._predict_derived(frame, missing, duration, path, oor)
@@ -349,8 +350,10 @@ class ModelSet:
                             index=ops.index)
 
     def _predict_direct(self, frame: pd.DataFrame, duration: np.ndarray, path: np.ndarray, oor: np.ndarray,
-                        tag: str) -> np.ndarray:
-        """Fill rows answered by a model of their own hardware; returns the mask of rows answered."""
+                        tag: str, physics: tuple[pd.DataFrame, np.ndarray] | None = None) -> np.ndarray:
+        """Fill rows answered by a model of their own hardware; returns the mask of rows answered.
+
+        `physics` is `physics_table(frame)` when the caller has it; it is computed once here otherwise."""
         done = np.zeros(len(frame), dtype=bool)
         if not len(frame):
             return done
@@ -363,17 +366,21 @@ class ModelSet:
             if model is not None:
                 chosen.setdefault(model.id, []).append(code)
         by_id = {m.id: m for m in self.models}
+        if chosen and physics is None:
+            physics = physics_table(frame)
         for mid, code_list in chosen.items():
             rows = np.flatnonzero(np.isin(codes, code_list))
-            self._run(by_id[mid], frame.iloc[rows], rows, duration, oor)
+            sub_physics = (physics[0].iloc[rows], physics[1][rows])
+            self._run(by_id[mid], frame.iloc[rows], rows, duration, oor, sub_physics)
             path[rows] = tag
             done[rows] = True
         return done
 
     @staticmethod
-    def _run(model: TrainedModel, sub: pd.DataFrame, rows: np.ndarray, duration: np.ndarray, oor: np.ndarray):
+    def _run(model: TrainedModel, sub: pd.DataFrame, rows: np.ndarray, duration: np.ndarray, oor: np.ndarray,
+             physics: tuple[pd.DataFrame, np.ndarray]):
         duration[rows], matrix = predict(model.booster, model.meta["features"], model.primitive, sub,
-                                         model.meta["params"]["target"])
+                                         model.meta["params"]["target"], physics)
         outside = np.zeros(len(sub), dtype=bool)
         for name, (lo, hi) in model.meta["ranges"].items():
             values = matrix[name].to_numpy()

@@ -62,20 +62,28 @@ class FitResult:
     oof: pd.Series = field(repr=False, default=None)  # out-of-fold predicted duration (µs), index of the input
 
 
-def design(frame: pd.DataFrame, primitive: str, features: list[str] | None = None) -> tuple[pd.DataFrame, np.ndarray]:
-    """Feature matrix (shape + physics features) and roofline estimate (µs) for rows of one primitive."""
+def physics_table(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """Physics features and roofline estimate (µs) of every row; computed once per frame, sliced per model."""
     roof = estimate_us(frame)
     sms = hardware_rates(frame["hardware"].astype("string").fillna(""))["sms"]
-    phys = physics_features(frame, sms, roof)
-    shapes = list(shape_features(primitive))
-    matrix = pd.DataFrame(index=frame.index)
-    for name in shapes:
-        matrix[name] = pd.to_numeric(frame[name], errors="coerce") if name in frame.columns else np.nan
-    for name in PHYSICS_FEATURES:
-        matrix[name] = phys[name]
-    if features is not None:
-        matrix = matrix.reindex(columns=features)
-    return matrix.astype("float64"), roof
+    return physics_features(frame, sms, roof), roof
+
+
+def design(frame: pd.DataFrame, primitive: str, features: list[str] | None = None,
+           physics: tuple[pd.DataFrame, np.ndarray] | None = None) -> tuple[pd.DataFrame, np.ndarray]:
+    """Feature matrix (shape + physics features) and roofline estimate (µs) for rows of one primitive.
+
+    `physics` is `physics_table(frame)` when the caller already has it (rows aligned with `frame`)."""
+    phys, roof = physics if physics is not None else physics_table(frame)
+    missing = np.full(len(frame), np.nan)
+    columns = {
+        name: pd.to_numeric(frame[name], errors="coerce").to_numpy("float64", na_value=np.nan)
+        if name in frame.columns else missing
+        for name in shape_features(primitive)
+    }
+    columns.update({name: phys[name].to_numpy("float64") for name in PHYSICS_FEATURES})
+    names = list(columns) if features is None else features
+    return pd.DataFrame({name: columns.get(name, missing) for name in names}, index=frame.index), roof
 
 
 def flag_outliers(residual: np.ndarray, check_physics: np.ndarray) -> tuple[np.ndarray, dict]:
@@ -99,9 +107,10 @@ def flag_outliers(residual: np.ndarray, check_physics: np.ndarray) -> tuple[np.n
 
 
 def predict(booster, features: list[str], primitive: str, frame: pd.DataFrame,
-            target: str = RATIO_TARGET) -> tuple[np.ndarray, pd.DataFrame]:
+            target: str = RATIO_TARGET, physics: tuple[pd.DataFrame, np.ndarray] | None = None
+            ) -> tuple[np.ndarray, pd.DataFrame]:
     """Predicted duration (µs) of each row and the feature matrix it was computed from."""
-    matrix, roof = design(frame, primitive, features)
+    matrix, roof = design(frame, primitive, features, physics)
     log_roof = np.log10(np.where(np.isfinite(roof) & (roof > 0), roof, 1.0))
     if target == LOG_TARGET:
         log_roof = np.zeros(len(frame))
