@@ -6,12 +6,13 @@ then predict other configurations, run them, and compare predicted with measured
 Steps (all through the `tracekit` command, as a user would run them):
   1. tracekit sample --device cpu --ranks 2              (micro-benchmarks, gloo collectives over 2 processes)
   2. tracekit capture -- torchrun ... -m tracekit.reference   (3 training configurations, 2 ranks each, ingested)
-  3. tracekit train --store S --out M --hardware cpu-... --folds 2
+  3. tracekit train --store S --out M --hardware cpu-... --folds 2   (twice: on the samples alone, and on the
+     samples plus the captured runs, to show what the captures add)
   4. tracekit predict CONFIG --hardware cpu-... --gpus-per-node 2 --models M --json   (other configurations)
   5. run each predicted configuration with the reference trainer (no profiler) and take the median iteration time
      (iterations after the first WARMUP) from its log lines; one configuration is run --repeats times to show the
      spread of measurements on this noisy shared machine.
-Prints one table: predicted vs measured per configuration, MAPE, and the measurement spread beside it.
+Prints one table: both predictions vs measured per configuration, MAPE, and the measurement spread beside it.
 Goal (issue 6): MAPE ≤ 10 %.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -103,7 +105,9 @@ def main() -> None:
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="tracekit-cpu-e2e-"))
     work.mkdir(parents=True, exist_ok=True)
-    store, models_dir, hardware = work / "store", work / "models", cpu_hardware_id()
+    hardware = cpu_hardware_id()
+    #: the two model sets compared: micro-benchmarks alone (the seed paper's way), and with the captured runs
+    sources = {"samples only": work / "store-samples", "samples + captures": work / "store-all"}
     clock = {}
 
     def timed(step: str, fn):
@@ -116,23 +120,32 @@ def main() -> None:
     print(f"hardware {hardware}; work dir {work}", file=sys.stderr)
     collected = work / "collected.json"
     if args.reuse and collected.exists():
-        print(f"reusing the samples and captures in {store}", file=sys.stderr)
+        print(f"reusing the samples and captures in {work}", file=sys.stderr)
     else:
+        for store in sources.values():
+            shutil.rmtree(store, ignore_errors=True)
         timed("sample", lambda: tracekit("sample", "--device", "cpu", "--budget", str(args.budget), "--ranks", "2",
-                                         "--store", str(store), "--json", step="sample"))
+                                         "--store", str(sources["samples only"]), "--json", step="sample"))
+        shutil.copytree(sources["samples only"], sources["samples + captures"])
 
         def capture_all():
             for i, (name, model) in enumerate(CAPTURED.items()):
+                out = work / f"capture-{i}"
+                shutil.rmtree(out, ignore_errors=True)
                 argv = launch_argv(2, **model, **COMMON, train_iters=8)
-                tracekit("capture", "--out", str(work / f"capture-{i}"), "--steps", "3-6", "--store", str(store),
+                tracekit("capture", "--out", str(out), "--steps", "3-6", "--store", str(sources["samples + captures"]),
                          "--", *argv, step=f"capture {name}")
 
         timed("capture+ingest", capture_all)
         collected.write_text(json.dumps({"captured": list(CAPTURED)}))
-    timed("train", lambda: tracekit("train", "--store", str(store), "--out", str(models_dir), "--hardware", hardware,
-                                    "--folds", str(args.folds), "--json", step="train"))
-    predictions = timed("predict", lambda: {name: predicted_ms(m, models_dir, hardware, work, name)
-                                            for name, m in PREDICTED.items()})
+    predictions = {}
+    for label, store in sources.items():
+        models_dir = store.with_name(store.name.replace("store", "models"))
+        timed(f"train ({label})", lambda: tracekit("train", "--store", str(store), "--out", str(models_dir),
+                                                   "--hardware", hardware, "--folds", str(args.folds), "--json",
+                                                   step=f"train ({label})"))
+        predictions[label] = timed(f"predict ({label})", lambda: {
+            name: predicted_ms(m, models_dir, hardware, work, name) for name, m in PREDICTED.items()})
     load_before = os.getloadavg()[0]
     measured = timed("measure", lambda: {name: measured_ms(m) for name, m in PREDICTED.items()})
     load_after = os.getloadavg()[0]
@@ -140,18 +153,22 @@ def main() -> None:
     repeats = timed("spread", lambda: [measured[first]] + [measured_ms(PREDICTED[first])
                                                             for _ in range(args.repeats - 1)])
 
-    print(f"\nCPU end to end on {hardware} (2 ranks, gloo, fp32), models from `tracekit sample` + "
-          f"{len(CAPTURED)} captured runs")
-    print(f"{'configuration':38} {'predicted ms':>13} {'measured ms':>12} {'error':>8}")
-    errors = []
+    print(f"\nCPU end to end on {hardware} (2 ranks, gloo, fp32): predicted iteration time from models trained on "
+          f"`tracekit sample` alone, and on it plus {len(CAPTURED)} captured runs, vs measured (ms, error in %)")
+    labels = list(sources)
+    print(f"{'configuration':36} " + " ".join(f"{label:>24}" for label in labels) + f" {'measured':>9}")
+    errors = {label: [] for label in labels}
     for name in PREDICTED:
-        pred = predictions[name]["iteration_time_s"] * 1e3
         meas = measured[name]
-        errors.append(abs(pred - meas) / meas)
-        print(f"{name:38} {pred:13.1f} {meas:12.1f} {100 * (pred - meas) / meas:+7.1f}%")
+        cells = []
+        for label in labels:
+            pred = predictions[label][name]["iteration_time_s"] * 1e3
+            errors[label].append(abs(pred - meas) / meas)
+            cells.append(f"{pred:14.1f} ({100 * (pred - meas) / meas:+7.1f}%)")
+        print(f"{name:36} " + " ".join(f"{c:>24}" for c in cells) + f" {meas:9.1f}")
+    print(f"{'MAPE (goal ≤ 10%)':36} " + " ".join(f"{100 * statistics.mean(errors[l]):23.1f}%" for l in labels))
     spread = (max(repeats) - min(repeats)) / statistics.mean(repeats)
-    print(f"\nMAPE {100 * statistics.mean(errors):.1f}% over {len(errors)} configurations (goal ≤ 10%)")
-    print(f"measurement spread of '{first}' over {len(repeats)} runs: "
+    print(f"\nmeasurement spread of '{first}' over {len(repeats)} runs: "
           + ", ".join(f"{t:.1f}" for t in repeats) + f" ms → (max − min)/mean = {100 * spread:.1f}%")
     print(f"machine load (1-min average, {os.cpu_count()} CPUs) before/after measuring: "
           f"{load_before:.1f}/{load_after:.1f}; two ranks need two free cores, so a load above ~{os.cpu_count()} "
