@@ -235,8 +235,6 @@ def test_megatron_args_both_layouts_and_ranks():
         assert done.returncode == 2 and done.stderr.startswith("error:") and done.stderr.count("\n") == 1, bad
 
 
-@pytest.mark.xfail(reason="tracekit train (#3) stops on sample groups without shape features (CPU backward ops: "
-                          "XGBoost '0 feature is supplied')", strict=False)
 def test_the_loop_continues_train_and_predict_on_the_captured_cpu_samples(tp_run):
     out, _, store_dir = tp_run
     manifest = Manifest.load(out)
