@@ -18,6 +18,8 @@ from tracekit.core.errors import InputError
 from tracekit.core.hardware import normalize_hardware
 from tracekit.core.hashing import file_digest
 
+from . import files
+
 VOCAB = 50257
 _NAME = re.compile(r"^(?P<gpu>[^_]+)_(?P<op>.+)_(?P<dtype>fp16|bf16|fp32)(?:_(?P<nodes>\d+)_(?P<gpn>\d+))?\.csv$")
 _SUMMARY = re.compile(r"^(?P<gpu>[^_]+)\.csv$")
@@ -130,12 +132,7 @@ def is_fit_summary(path: Path) -> bool:
 
 def list_files(root: str | Path) -> list[Path]:
     """Sample files under a folder tree (or the file itself), fit summaries excluded, sorted."""
-    root = Path(root)
-    if root.is_file():
-        return [root]
-    if not root.is_dir():
-        raise InputError(root, "no such file or directory")
-    return sorted(p for p in root.rglob("*.csv") if not is_fit_summary(p))
+    return files.list_files(root, lambda p: p.suffix.lower() == ".csv" and not is_fit_summary(p))
 
 
 def _numeric(frame: pd.DataFrame, path: Path, columns: list[str], positive: bool) -> dict[str, np.ndarray]:

@@ -24,6 +24,8 @@ from tracekit.core.hardware import normalize_hardware
 from tracekit.core.hashing import file_digest
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES
 
+from . import files
+
 _KINDS = {  # substrings of the test binary / file name → primitive
     "all_reduce": "all_reduce", "allreduce": "all_reduce", "ar_": "all_reduce",
     "all_gather": "all_gather", "allgather": "all_gather", "ag_": "all_gather",
@@ -168,9 +170,4 @@ def _read_stdout(path: Path, lines: list[str]) -> tuple[pd.DataFrame, set[str], 
 
 def list_files(root: str | Path) -> list[Path]:
     """Result files under a folder (or the file itself), sorted."""
-    root = Path(root)
-    if root.is_file():
-        return [root]
-    if not root.is_dir():
-        raise InputError(root, "no such file or directory")
-    return sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in (".csv", ".txt", ".log", ".out"))
+    return files.list_files(root, lambda p: p.suffix.lower() in (".csv", ".txt", ".log", ".out"))
