@@ -5,6 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tracekit-installed
 DEMO_STORE := .tracekit-demo
+DEMO_OUT := .tracekit-demo-out
 
 .PHONY: demo test install clean
 
@@ -17,11 +18,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	rm -rf $(DEMO_STORE)
-	$(BIN)/tracekit ingest traces/ --store $(DEMO_STORE)
+	rm -rf $(DEMO_STORE) $(DEMO_OUT)
+	$(BIN)/tracekit ingest traces/kineto --store $(DEMO_STORE)
+	$(BIN)/tracekit predict traces/configs/llemma-7b-a100.yaml --hardware A100-SXM4-80GB --gpus-per-node 4 \
+		--trace-out $(DEMO_OUT)/predicted
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
 clean:
-	rm -rf $(VENV) $(DEMO_STORE) .pytest_cache
+	rm -rf $(VENV) $(DEMO_STORE) $(DEMO_OUT) .pytest_cache
