@@ -99,3 +99,13 @@ def test_config_files(tmp_path):
     incomplete.write_text('{"num_layers": 2}')
     with pytest.raises(InputError, match="lacks hidden_size, num_attention_heads, seq_length"):
         TrainingConfig.from_file(incomplete)
+
+
+def test_layers_per_virtual_stage_sets_the_interleaving_degree():
+    argv = ("--num-layers 24 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 "
+            "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 3 "
+            "--global-batch-size 8 --micro-batch-size 1")
+    config = TrainingConfig.from_megatron_args(argv).validate()
+    assert config.vp == 24 // (4 * 3)
+    with pytest.raises(ConfigError, match="not divisible by pp · num_layers_per_virtual_pipeline_stage = 20"):
+        TrainingConfig.from_megatron_args(argv.replace("stage 3", "stage 5"))

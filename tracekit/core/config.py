@@ -213,6 +213,14 @@ class TrainingConfig:
         missing = [n for n in ("num_layers", "hidden_size", "num_attention_heads", "seq_length") if n not in values]
         if missing:
             raise ConfigError(f"configuration lacks {', '.join(missing)}")
+        per_stage = values.pop("_layers_per_virtual_stage", None)
+        if per_stage and not values.get("virtual_pipeline_model_parallel_size"):
+            # Megatron: vp = num_layers / (pp · num_layers_per_virtual_pipeline_stage)
+            stages = int(values.get("pipeline_model_parallel_size", 1)) * int(per_stage)
+            if int(values["num_layers"]) % stages:
+                raise ConfigError(f"num_layers {values['num_layers']} is not divisible by pp · "
+                                  f"num_layers_per_virtual_pipeline_stage = {stages}")
+            values["virtual_pipeline_model_parallel_size"] = int(values["num_layers"]) // stages
         try:
             config = cls(**{k: _coerce(cls, k, v) for k, v in values.items()}, extra=extra)
         except (TypeError, ValueError) as exc:
@@ -362,7 +370,7 @@ def _apply(key: str, value: Any, values: dict, extra: dict, known: set[str]) -> 
         values["add_bias_linear"] = not value
         return
     if key == "num_layers_per_virtual_pipeline_stage":
-        extra[key] = value
+        values["_layers_per_virtual_stage"] = value
         return
     if key == "group_query_attention":
         extra[key] = value
