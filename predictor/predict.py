@@ -37,7 +37,7 @@ import numpy as np
 
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
-from tracekit.core.hardware import Cluster, hardware_spec
+from tracekit.core.hardware import SPECS, Cluster, hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES, FEATURE_COLUMNS
 
 from .calibration import NONE, Calibration
@@ -134,6 +134,9 @@ def resolve_hardware(requested: str, available: Sequence[str]) -> tuple[str, str
         other = hardware_spec(hw)
         if hw.split("-")[0].upper() == family or (spec is not None and other is not None and other.name == spec.name):
             return hw, f"no models for {requested}; using {hw}'s models (same GPU family)"
+    if spec is None and not requested.startswith("cpu-"):
+        raise ConfigError(f"unknown hardware {requested!r}: no trained models (installed: {', '.join(available)}) "
+                          f"and no datasheet peaks (known: {', '.join(SPECS)})")
     return requested, f"no models for {requested} (installed: {', '.join(available)}); operators use roofline estimates"
 
 

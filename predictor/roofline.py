@@ -99,7 +99,7 @@ def estimate_us(frame: pd.DataFrame) -> np.ndarray:
         t_compute = np.nan_to_num(flops / peak, nan=0.0)
         t_memory = np.nan_to_num(moved / (hw["mem_bw"] * MEMORY_EFFICIENCY), nan=0.0)
         compute_est = np.maximum(t_compute, t_memory) * 1e6 + KERNEL_OVERHEAD_US
-        compute_est = np.where(np.isnan(flops) & np.isnan(moved), np.nan, compute_est)
+        compute_est = np.where((np.isnan(flops) & np.isnan(moved)) | np.isnan(hw["mem_bw"]), np.nan, compute_est)
 
         nodes = np.nan_to_num(pd.to_numeric(frame.get("nodes"), errors="coerce").to_numpy(dtype="float64"), nan=1.0) \
             if "nodes" in frame.columns else np.ones(len(frame))

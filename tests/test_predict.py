@@ -71,6 +71,13 @@ def test_invalid_config_is_one_clear_error():
     assert len(res.stderr.strip().splitlines()) == 1
 
 
+def test_unknown_hardware_is_named():
+    res = run("--megatron-args", ARGS, "--hardware", "Z9000")
+    assert res.exit_code == 2
+    assert res.stderr.strip().startswith("error: unknown hardware 'Z9000': no trained models")
+    assert "A100-SXM4-80GB" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
 def test_memory_warning_when_it_does_not_fit(models):
     from predictor.predict import predict
 

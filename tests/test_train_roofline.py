@@ -42,6 +42,14 @@ def test_memory_bound_and_collective_rooflines():
     assert est[2] == pytest.approx(15 * 2**26 / (25e9 * 0.8) * 1e6 + 15 * 10.0 + 5.0)
 
 
+def test_unknown_hardware_has_no_roofline():
+    """No datasheet peaks → no estimate (NaN), never a bare launch overhead posing as a time."""
+    frame = pd.DataFrame([op(hardware="Z9000", primitive="gemm", **{"pass": "fwd"}, m=4096, n=4096, k=4096, batch=1),
+                          op(hardware="Z9000", primitive="all_reduce", **{"pass": "comm"}, bytes=2**20, group_size=8,
+                             ranks_per_node=8, nodes=1)])
+    assert np.isnan(roofline.estimate_us(frame)).all()
+
+
 def test_cpu_rates_are_measured_and_cached():
     first = roofline.rates("cpu-test-machine")
     assert first is roofline.rates("cpu-other-name")  # measured once per process
