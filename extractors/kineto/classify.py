@@ -106,8 +106,10 @@ def kernel_primitive(kernel: str) -> str:
     return "other"
 
 
+@lru_cache(maxsize=65536)
 def classify(kind: str, kernel: str, op: str | None, in_optimizer: bool) -> str:
-    """Primitive of one compute/memory device event (collectives are handled in collectives.py)."""
+    """Primitive of one compute/memory device event (collectives are handled in collectives.py); cached per
+    distinct combination, as a trace repeats the same kernels every iteration."""
     if kind in ("memcpy", "memset"):
         return kind
     primitive = op_primitive(op)

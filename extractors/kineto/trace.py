@@ -69,22 +69,25 @@ def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None):
     ctx = lk.ops
     cols = {name: [None] * n for name in ("primitive", "pass", "dtype", "op", "category", "process_group",
                                             "process_group_desc", "comm_seq", "layer")}
-    feats = {name: np.full(n, np.nan) for name in FEATURE_COLUMNS}
     names = c.dev_name
     op_names = c.op_name
     dev_op = lk.dev_op.tolist()
+    dev_kind, dev_bytes = c.dev_kind, c.dev_bytes.tolist()
+    cpu_op, comm_op, comm_ann = ctx.cpu_op.tolist(), ctx.comm_op.tolist(), ctx.comm_annotation.tolist()
+    optimizer, backward, layer = ctx.optimizer.tolist(), ctx.backward.tolist(), ctx.layer.tolist()
+    feat_rows = {name: [np.nan] * n for name in FEATURE_COLUMNS}
     comm_rows, comm_recorded, comm_pg = [], [], []
     for i in range(n):
-        kind = c.dev_kind[i]
+        kind = dev_kind[i]
         kernel = names[i]
         inner = dev_op[i]
         launcher = -1
         if inner >= 0:
-            launcher = int(ctx.cpu_op[inner]) if ctx.cpu_op[inner] >= 0 else inner
+            launcher = cpu_op[inner] if cpu_op[inner] >= 0 else inner
         op = op_names[launcher] if launcher >= 0 else None
         fields = c.dev_comm.get(i)
-        rpc = int(ctx.comm_op[inner]) if inner >= 0 else -1
-        ann = int(ctx.comm_annotation[inner]) if inner >= 0 else -1
+        rpc = comm_op[inner] if inner >= 0 else -1
+        ann = comm_ann[inner] if inner >= 0 else -1
         if fields is None and rpc >= 0:
             fields = c.op_comm.get(rpc)
         if kind == "kernel" and (is_comm_kernel(kernel) or c.dev_comm.get(i) is not None):
@@ -98,19 +101,19 @@ def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None):
             cols["dtype"][i] = info.dtype
             cols["process_group"][i] = info.process_group
             cols["process_group_desc"][i] = info.process_group_desc
-            feats["bytes"][i] = np.nan if info.bytes is None else info.bytes
-            feats["group_size"][i] = np.nan if info.group_size is None else info.group_size
+            feat_rows["bytes"][i] = np.nan if info.bytes is None else info.bytes
+            feat_rows["group_size"][i] = np.nan if info.group_size is None else info.group_size
             comm_rows.append(i)
             comm_recorded.append(info.seq)
             comm_pg.append(info.process_group)
         else:
-            in_opt = bool(ctx.optimizer[inner]) if inner >= 0 else False
+            in_opt = optimizer[inner] if inner >= 0 else False
             primitive = classify(kind, kernel, op, in_opt)
             cols["primitive"][i] = primitive
             cols["category"][i] = "memory" if kind in ("memcpy", "memset") else "computation"
             if inner >= 0 and in_opt:
                 cols["pass"][i] = "optimizer"
-            elif inner >= 0 and ctx.backward[inner]:
+            elif inner >= 0 and backward[inner]:
                 cols["pass"][i] = "bwd"
             else:
                 cols["pass"][i] = "fwd"
@@ -119,12 +122,12 @@ def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None):
                                             c.op_concrete[launcher])
                 cols["dtype"][i] = dtype
                 for key, value in values:
-                    feats[key][i] = value
-            elif kind in ("memcpy", "memset") and c.dev_bytes[i] >= 0:
-                feats["bytes"][i] = float(c.dev_bytes[i])
+                    feat_rows[key][i] = value
+            elif kind in ("memcpy", "memset") and dev_bytes[i] >= 0:
+                feat_rows["bytes"][i] = float(dev_bytes[i])
         cols["op"][i] = op
-        if inner >= 0 and ctx.layer[inner] >= 0:
-            cols["layer"][i] = op_names[int(ctx.layer[inner])]
+        if inner >= 0 and layer[inner] >= 0:
+            cols["layer"][i] = op_names[layer[inner]]
     if comm_rows:
         when = np.where(np.isnan(lk.dev_launch_ts), c.dev_ts, lk.dev_launch_ts)[comm_rows]
         order = np.argsort(when, kind="stable")
@@ -135,7 +138,7 @@ def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None):
         "ts_us": c.dev_ts, "dur_us": c.dev_dur, "stream": c.dev_stream, "name": names, "kind": c.dev_kind,
         "category": cols["category"], "primitive": cols["primitive"], "pass": cols["pass"], "dtype": cols["dtype"],
         "op": cols["op"], "iteration": lk.dev_iteration,
-        **feats,
+        **{name: np.array(values, dtype=float) for name, values in feat_rows.items()},
         "process_group": cols["process_group"], "process_group_desc": cols["process_group_desc"],
         "comm_seq": pd.array(cols["comm_seq"], dtype="Int64"), "wait_us": np.full(n, np.nan), "layer": cols["layer"],
         "launch_ts_us": lk.dev_launch_ts,
