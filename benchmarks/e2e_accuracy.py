@@ -31,9 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from predictor import batch as B  # noqa: E402
-from predictor.calibration import CALIBRATION_DIR, CONSTANTS, NONE, Calibration  # noqa: E402
+from predictor.calibration import (CALIBRATION_DIR, CONSTANTS, NONE, Calibration, fit_prepared,  # noqa: E402
+                                   iteration_times_s as iteration_s)
 from predictor.models import ModelSet  # noqa: E402
-from predictor.predict import predict, prepare_many, simulate_graph  # noqa: E402
+from predictor.predict import predict, prepare_many  # noqa: E402
 from tracekit.core.atomic import atomic_write_json  # noqa: E402
 from tracekit.core.config import TrainingConfig  # noqa: E402
 from tracekit.core.hardware import Cluster  # noqa: E402
@@ -45,44 +46,11 @@ STACK = {"attention": "unfused"}  # 2023 Megatron-DeepSpeed: no flash attention
 HARDWARE = "A100-SXM4-40GB"
 PAPER_TOOL_S = 9.48
 NAMES = tuple(CONSTANTS)
-#: Lower bounds of the constants (scales stay positive, overheads non-negative).
-LOWER = np.array([0.2, 0.2, 0.2, 0.0, 0.0, 0.0])
-
-
-def iteration_s(prepared, cal: Calibration) -> np.ndarray:
-    return np.array([simulate_graph(g, est, cal)[3].iteration_us / 1e6 for g, est, _, _ in prepared])
 
 
 def fit(prepared, measured: np.ndarray, rounds: int = 5) -> tuple[Calibration, list[float]]:
-    """Gauss–Newton on relative error from a few starting host costs (the host floor is a max(): its derivative is
-    zero until it binds); the best fit wins."""
-    best = None
-    for host in (0.0, 40.0, 80.0, 120.0):
-        cal, history = _gauss_newton(prepared, measured, np.array([1.0, 1.0, 1.0, 0.0, host, 0.0]), rounds)
-        if best is None or history[-1] < best[1][-1]:
-            best = (cal, history)
-    return best
-
-
-def _gauss_newton(prepared, measured: np.ndarray, theta: np.ndarray, rounds: int) -> tuple[Calibration, list[float]]:
-    """Gauss–Newton on relative error; the simulated time is piecewise linear in every constant."""
-    steps = np.array([0.05, 0.05, 0.05, 50.0, 5.0, 500.0])
-    history = []
-    for _ in range(rounds):
-        base_cal = NONE.with_values(**dict(zip(NAMES, theta)))
-        base = iteration_s(prepared, base_cal)
-        history.append(float(np.mean(np.abs(base - measured) / measured)))
-        jac = np.empty((len(measured), len(theta)))
-        for j in range(len(theta)):
-            bumped = theta.copy()
-            bumped[j] += steps[j]
-            jac[:, j] = (iteration_s(prepared, NONE.with_values(**dict(zip(NAMES, bumped)))) - base) / steps[j]
-        resid = (measured - base) / measured
-        delta, *_ = np.linalg.lstsq(jac / measured[:, None], resid, rcond=None)
-        theta = np.maximum(theta + delta, LOWER)
-    final = NONE.with_values(**dict(zip(NAMES, theta)))
-    history.append(float(np.mean(np.abs(iteration_s(prepared, final) - measured) / measured)))
-    return final, history
+    """All six constants, no pull toward identity (727 rows pin them)."""
+    return fit_prepared(prepared, measured, NAMES, rounds=rounds)
 
 
 def report(label: str, rows, predicted: np.ndarray, measured: np.ndarray, worst: int = 0) -> float:

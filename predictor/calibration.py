@@ -1,15 +1,21 @@
 """Named calibrations: a few global constants that adapt operator estimates to a software stack / GPU variant the
 samples were not taken on (e.g. 40 GB A100s, 2023 Megatron-DeepSpeed). Stored as JSON under
 `tracekit/data/calibration/<name>.json` with how they were fitted; never applied unless asked for by name or path.
+
+Fitting (`fit_calibration`, `fit_prepared`): Gauss–Newton on the relative error of predicted vs measured iteration
+times over a chosen subset of the constants, the others staying at identity, with an optional pull toward identity.
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-from tracekit.core.errors import InputError
+import numpy as np
+
+from tracekit.core.errors import ConfigError, InputError
 
 CALIBRATION_DIR = Path(__file__).resolve().parent.parent / "tracekit" / "data" / "calibration"
 
@@ -77,3 +83,132 @@ def load_calibration(name_or_path: str | Path | None) -> Calibration:
         raise InputError(path, f"not a calibration file (unknown keys: {sorted(unknown)})")
     data.setdefault("name", path.stem)
     return Calibration(**data)
+
+
+# -- fitting -------------------------------------------------------------------------------------------------------
+#: Lower bounds (scales stay positive, overheads non-negative) and finite-difference steps of each constant.
+LOWER = {"compute_scale": 0.2, "memory_scale": 0.2, "comm_scale": 0.2, "microbatch_overhead_us": 0.0,
+         "host_op_us": 0.0, "iteration_overhead_us": 0.0}
+STEP = {"compute_scale": 0.05, "memory_scale": 0.05, "comm_scale": 0.05, "microbatch_overhead_us": 50.0,
+        "host_op_us": 5.0, "iteration_overhead_us": 500.0}
+#: Starting host costs per op (µs): the host floor is a max(), its derivative is zero until it binds.
+HOST_STARTS = (0.0, 40.0, 80.0, 120.0)
+#: Few runs (a handful of captures): per-op host floor, communication scale, per-micro-batch overhead.
+DEFAULT_PARAMS = ("host_op_us", "comm_scale", "microbatch_overhead_us")
+
+
+def iteration_times_s(prepared: Sequence, cal: Calibration) -> np.ndarray:
+    """Simulated iteration time (s) of each prepared graph (`predictor.predict.prepare_many` items) under `cal`."""
+    from .predict import simulate_graph
+
+    return np.array([simulate_graph(g, est, cal)[3].iteration_us / 1e6 for g, est, _, _ in prepared])
+
+
+def _mape(predicted: np.ndarray, measured: np.ndarray) -> float:
+    return float(np.mean(np.abs(predicted - measured) / measured))
+
+
+def fit_prepared(prepared: Sequence, measured_s: Sequence[float], params: Sequence[str] = tuple(CONSTANTS),
+                 rounds: int = 5, regularization: float = 0.0, base: Calibration = NONE, loss: str = "squared"
+                 ) -> tuple[Calibration, list[float]]:
+    """Fit `params` (the other constants keep `base`'s values) to measured iteration times (s) of prepared graphs.
+    Gauss–Newton on relative error — squared (`loss="squared"`) or absolute (`loss="mape"`, by reweighting each
+    round's rows with 1/|error|) — from each of HOST_STARTS when `host_op_us` is fitted; the round with the lowest
+    MAPE wins. `regularization` λ pulls toward identity: each constant's departure costs λ × (the mean relative
+    change of the predictions it causes)², so constants the data does not pin stay near identity. Returns
+    (calibration, MAPE by round of the winning start)."""
+    unknown = [p for p in params if p not in CONSTANTS]
+    if unknown or not params:
+        raise ConfigError(f"unknown calibration constants {unknown} (known: {', '.join(CONSTANTS)})")
+    if loss not in ("squared", "mape"):
+        raise ConfigError(f"loss must be 'squared' or 'mape', not {loss!r}")
+    measured = np.asarray(measured_s, dtype=float)
+    starts = HOST_STARTS if "host_op_us" in params else (base.host_op_us,)
+    best = None
+    for host in starts:
+        theta = np.array([host if p == "host_op_us" else getattr(base, p) for p in params], dtype=float)
+        cal, history = _gauss_newton(prepared, measured, list(params), theta, rounds, regularization, base, loss)
+        if best is None or min(history) < min(best[1]):
+            best = (cal, history)
+    return best
+
+
+def _gauss_newton(prepared, measured: np.ndarray, params: list[str], theta: np.ndarray, rounds: int,
+                  regularization: float, base: Calibration, loss: str) -> tuple[Calibration, list[float]]:
+    """Gauss–Newton on relative error; the simulated time is piecewise linear in every constant. Returns the
+    calibration of the round with the lowest MAPE and the MAPE of every round."""
+    identity = np.array([getattr(NONE, p) for p in params])
+    lower = np.array([LOWER[p] for p in params])
+    steps = np.array([STEP[p] for p in params])
+
+    def at(values: np.ndarray) -> Calibration:
+        return base.with_values(**dict(zip(params, map(float, values))))
+
+    history, best = [], None
+    for _ in range(rounds + 1):
+        now = iteration_times_s(prepared, at(theta))
+        history.append(_mape(now, measured))
+        if best is None or history[-1] < best[0]:
+            best = (history[-1], theta.copy())
+        if len(history) > rounds:
+            break
+        jac = np.empty((len(measured), len(theta)))
+        for j in range(len(theta)):
+            bumped = theta.copy()
+            bumped[j] += steps[j]
+            jac[:, j] = (iteration_times_s(prepared, at(bumped)) - now) / steps[j] / measured
+        resid = (measured - now) / measured
+        weight = 1 / np.sqrt(np.maximum(np.abs(resid), 0.01)) if loss == "mape" else np.ones_like(resid)
+        lhs, rhs = jac * weight[:, None], resid * weight
+        if regularization > 0:
+            pull = math.sqrt(regularization) * np.mean(np.abs(jac), axis=0)
+            lhs = np.vstack([lhs, np.diag(pull)])
+            rhs = np.concatenate([rhs, -pull * (theta - identity)])
+        delta, *_ = np.linalg.lstsq(lhs, rhs, rcond=None)
+        theta = np.maximum(theta + delta, lower)
+    return at(best[1]), history
+
+
+def fit_calibration(configs: Sequence, clusters, measured_s: Sequence[float], models,
+                    params: Sequence[str] = DEFAULT_PARAMS, regularization: float = 0.01, name: str = "fitted",
+                    labels: Sequence[str] | None = None, rounds: int = 8) -> Calibration:
+    """Fit a few global constants so that predicted iteration times of `configs` (TrainingConfig) on `clusters`
+    (one Cluster or one per config) match `measured_s` (seconds), minimizing their mean absolute relative error.
+
+    With few runs fit few constants (≤ the number of runs; the default three suit three or more runs). The result's
+    `fit` records the rows (label, measured, predicted before and after), the fitted constants, the regularization,
+    and MAPE uncalibrated / in sample. Raises ConfigError when a configuration cannot be predicted or there are
+    fewer runs than constants."""
+    from .predict import prepare_many
+
+    measured = np.asarray(measured_s, dtype=float)
+    if len(configs) != len(measured):
+        raise ValueError("give one measured time per configuration")
+    if len(configs) < len(params):
+        raise ConfigError(f"{len(configs)} measured run(s) cannot determine {len(params)} constants "
+                          f"({', '.join(params)}): give at least as many runs as constants, or fewer --params")
+    if not np.all(np.isfinite(measured) & (measured > 0)):
+        raise ConfigError("measured iteration times must be positive")
+    prepared = prepare_many(configs, clusters, models)
+    labels = list(labels) if labels is not None else [f"run {i + 1}" for i in range(len(configs))]
+    for label, item in zip(labels, prepared):
+        if isinstance(item, Exception):
+            raise ConfigError(f"{label}: cannot be predicted ({item})")
+    cal, history = fit_prepared(prepared, measured, params, rounds=rounds, regularization=regularization, loss="mape")
+    before, after = iteration_times_s(prepared, NONE), iteration_times_s(prepared, cal)
+    fit = {
+        "params": list(params),
+        "constants": {p: getattr(cal, p) for p in params},
+        "regularization": regularization,
+        "loss": "mape",
+        "rows": [{"label": lab, "measured_s": float(m), "predicted_before_s": float(b), "predicted_after_s": float(a)}
+                 for lab, m, b, a in zip(labels, measured, before, after)],
+        "mape_uncalibrated": _mape(before, measured),
+        "mape_in_sample": _mape(after, measured),
+        "mape_by_round": history,
+        "hardware": sorted({g.hardware for g, _, _, _ in prepared}),
+    }
+    index = getattr(models, "index", None)
+    if isinstance(index, dict) and index.get("created"):
+        fit["models_created"] = index["created"]
+    return cal.with_values(name=name, fit=fit)

@@ -1,0 +1,135 @@
+"""`tracekit calibrate` on real 2-rank reference-trainer captures (gloo on this CPU): the measured times it fits to
+are the log's unprofiled iterations, the fit lowers the error on those runs as `tracekit predict` reports it, the
+written calibration predicts the same through `predict --calibration FILE`, and bad inputs fail with one line."""
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tracekit.reference.launch import launch_argv
+
+TRACEKIT = [sys.executable, "-c", "from tracekit.cli import main; main()"]
+COMMON = dict(num_layers=2, seq_length=32, vocab_size=1000, train_iters=10, log_interval=1)
+STEPS = "2-5"  # profiled: iterations 1-5 (profiler warm-up from 1); 6-10 run without it
+RUNS = {
+    "tp2": dict(hidden_size=64, num_attention_heads=4, micro_batch_size=2, global_batch_size=4,
+                tensor_model_parallel_size=2),
+    "pp2": dict(hidden_size=128, num_attention_heads=8, micro_batch_size=2, global_batch_size=8,
+                pipeline_model_parallel_size=2),
+    "dp2": dict(hidden_size=64, num_attention_heads=4, micro_batch_size=4, global_batch_size=8),
+}
+
+
+def cli(*args, check: bool = True):
+    """Run a tracekit command in this process."""
+    from typer.testing import CliRunner
+
+    from tracekit.cli import app
+
+    done = CliRunner().invoke(app, [str(a) for a in args])
+    if check:
+        assert done.exit_code == 0, (done.stderr[-3000:], done.exception)
+    return done
+
+
+def _capture(out: Path, store: Path, argv: list[str], steps: str = STEPS) -> None:
+    done = subprocess.run([*TRACEKIT, "capture", "--out", str(out), "--steps", steps, "--store", str(store), "--",
+                           *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _unprofiled_median_s(log: Path) -> float:
+    """Median of the log's iterations 6.. (the ones after the profiled 1-5), read straight from the log lines."""
+    times = {int(n): float(t) for n, t in re.findall(
+        r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([\d.]+)", log.read_text())}
+    assert sorted(times) == list(range(1, 11))
+    return statistics.median(times[i] for i in range(6, 11)) / 1e3
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory) -> dict:
+    """Three captures (TP, PP, DP over 2 ranks) ingested into one store, models trained on it, calibration fitted."""
+    base = tmp_path_factory.mktemp("calibrate")
+    store, models = base / "store", base / "models"
+    dirs = []
+    for name, model in RUNS.items():
+        dirs.append(base / name)
+        _capture(dirs[-1], store, launch_argv(2, **COMMON, **model))
+    cli("train", "--store", store, "--out", models, "--folds", "2", "--json")
+    out = base / "cpu-cal.json"
+    doc = json.loads(cli("calibrate", *dirs, "--models", models, "--out", out, "--json").stdout)
+    return {"base": base, "dirs": dirs, "models": models, "out": out, "doc": doc}
+
+
+def _predict_s(run_dir: Path, models: Path, *extra) -> float:
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    done = cli("predict", "--megatron-log", run_dir / "train.log", "--hardware", manifest["hardware"],
+               "--gpus-per-node", "2", "--models", models, "--json", *extra)
+    return json.loads(done.stdout)["iteration_time_s"]
+
+
+def test_fits_to_the_unprofiled_iterations_of_each_log(fitted):
+    rows = fitted["doc"]["fit"]["rows"]
+    assert [r["label"] for r in rows] == [str(d) for d in fitted["dirs"]]
+    for row, run_dir in zip(rows, fitted["dirs"]):
+        assert row["measured_s"] == pytest.approx(_unprofiled_median_s(run_dir / "train.log"), rel=1e-9)
+
+
+def test_calibration_lowers_the_error_predict_reports_and_loads_back(fitted):
+    models, out = fitted["models"], fitted["out"]
+    written = json.loads(out.read_text())
+    assert written["fit"]["params"] == ["host_op_us", "comm_scale", "microbatch_overhead_us"]
+    before, after, measured = [], [], []
+    for row, run_dir in zip(fitted["doc"]["fit"]["rows"], fitted["dirs"]):
+        measured.append(_unprofiled_median_s(run_dir / "train.log"))
+        before.append(_predict_s(run_dir, models))
+        after.append(_predict_s(run_dir, models, "--calibration", out))
+        # the file predicts what the fit computed in process
+        assert after[-1] == pytest.approx(row["predicted_after_s"], rel=1e-9)
+        assert before[-1] == pytest.approx(row["predicted_before_s"], rel=1e-9)
+
+    def mape(pred):
+        return statistics.mean(abs(p - m) / m for p, m in zip(pred, measured))
+
+    assert mape(after) < mape(before)
+    assert mape(after) == pytest.approx(written["fit"]["mape_in_sample"], rel=1e-9)
+
+
+def test_table_output_names_every_run(fitted):
+    done = cli("calibrate", *fitted["dirs"], "--models", fitted["models"], "--params", "comm_scale,host_op_us")
+    for run_dir in fitted["dirs"]:
+        assert run_dir.name in done.stdout
+    assert "MAPE" in done.stdout and "comm_scale" in done.stdout
+
+
+def test_bad_inputs_fail_with_one_line(fitted, tmp_path):
+    dirs, models = fitted["dirs"], fitted["models"]
+    # fewer runs than constants
+    done = cli("calibrate", *dirs[:2], "--models", models, check=False)
+    assert done.exit_code == 2 and "2 measured run(s) cannot determine 3 constants" in done.stderr
+    assert done.stderr.count("\n") == 1
+    # not a capture folder
+    done = cli("calibrate", tmp_path, "--models", models, check=False)
+    assert done.exit_code == 2 and str(tmp_path) in done.stderr and "not a capture folder" in done.stderr
+    # an unknown constant
+    done = cli("calibrate", *dirs, "--params", "comm_scale,warp_factor", check=False)
+    assert done.exit_code == 2 and "warp_factor" in done.stderr
+    # a failed run (the launch command exits 3)
+    failed = tmp_path / "failed"
+    subprocess.run([*TRACEKIT, "capture", "--out", str(failed), "--no-ingest", "--", sys.executable, "-c",
+                    "import sys; sys.exit(3)"], capture_output=True, text=True, timeout=120)
+    done = cli("calibrate", failed, "--models", models, "--params", "comm_scale", check=False)
+    assert done.exit_code == 2 and "failed (exit code 3)" in done.stderr
+    # every iteration profiled: nothing measured without the profiler
+    profiled = tmp_path / "profiled"
+    _capture(profiled, tmp_path / "store", launch_argv(2, **{**COMMON, "train_iters": 5}, **RUNS["dp2"]))
+    done = cli("calibrate", dirs[0], profiled, "--models", models, "--params", "comm_scale", "--out",
+               tmp_path / "never.json", check=False)
+    assert done.exit_code == 2 and "no measured iteration times" in done.stderr and str(profiled) in done.stderr
+    assert not (tmp_path / "never.json").exists()
