@@ -204,7 +204,7 @@ class _Builder:
         roles = _CATEGORY_ROLE
         empty = _EMPTY
         wants_concrete = self.wants_concrete
-        last_key, last_code = None, -1
+        last_pid, last_tid, last_code = None, None, -1
         for e in events:
             if e.ph != "X":
                 ph = e.ph
@@ -225,9 +225,8 @@ class _Builder:
                 continue
             a = e.args
             if role == 1:  # host operator
-                key = (e.pid, e.tid)
-                if key != last_key:
-                    last_key, last_code = key, thread(e.pid, e.tid)
+                if e.tid != last_tid or e.pid != last_pid:
+                    last_pid, last_tid, last_code = e.pid, e.tid, thread(e.pid, e.tid)
                 op_ts(e.ts)
                 op_dur(e.dur or 0.0)
                 op_thread(last_code)
@@ -291,9 +290,8 @@ class _Builder:
                 if a.coll is not None or a.in_nelems is not None:
                     c.dev_comm[len(c.dev_name) - 1] = _comm(a)
             else:  # runtime / driver call
-                key = (e.pid, e.tid)
-                if key != last_key:
-                    last_key, last_code = key, thread(e.pid, e.tid)
+                if e.tid != last_tid or e.pid != last_pid:
+                    last_pid, last_tid, last_code = e.pid, e.tid, thread(e.pid, e.tid)
                 rt_ts(e.ts)
                 rt_thread(last_code)
                 value = a.correlation if a is not None else -1
