@@ -53,7 +53,9 @@ class _Args(msgspec.Struct, gc=False):
     nbytes: Any = msgspec.field(name="bytes", default=None)
 
 
-class _Event(msgspec.Struct, gc=False):
+class Event(msgspec.Struct, gc=False):
+    """One trace event, only the fields tracekit reads (everything else is skipped by the parser)."""
+
     ph: Any = ""
     cat: Any = None
     name: Any = ""
@@ -64,7 +66,7 @@ class _Event(msgspec.Struct, gc=False):
     args: _Args | None = None
 
 
-_EVENTS = msgspec.json.Decoder(list[_Event])
+_EVENTS = msgspec.json.Decoder(list[Event])
 
 #: category → role: 0 skipped, 1 host operator, 2 device activity, 3 runtime/driver call (filled lazily)
 _CATEGORY_ROLE: dict = {**{cat: 2 for cat in DEVICE_CATEGORIES}, **{cat: 1 for cat in OP_CATEGORIES}}
@@ -298,7 +300,7 @@ class _Builder:
                 rt_corr(value if type(value) is int else _int(value))
                 rt_name(intern(e.name, e.name))
 
-    def _pair(self, e: _Event) -> _Event | None:
+    def _pair(self, e: Event) -> Event | None:
         """Turn a B/E pair on one thread into one complete event (returned when the E arrives)."""
         key = (e.pid, e.tid)
         if e.ph == "B":
@@ -310,8 +312,8 @@ class _Builder:
         begin = stack.pop()
         if begin.ts is None or e.ts is None:
             return None
-        return _Event(ph="X", cat=begin.cat or e.cat, name=begin.name or e.name, pid=begin.pid, tid=begin.tid,
-                      ts=begin.ts, dur=e.ts - begin.ts, args=begin.args or e.args)
+        return Event(ph="X", cat=begin.cat or e.cat, name=begin.name or e.name, pid=begin.pid, tid=begin.tid,
+                     ts=begin.ts, dur=e.ts - begin.ts, args=begin.args or e.args)
 
     def finish(self) -> EventColumns:
         c = self.c
@@ -349,13 +351,18 @@ def _byte_chunks(view: memoryview):
         start = match.end() - 1 if match else end
 
 
+def event_columns(events: list) -> EventColumns:
+    """EventColumns of already decoded events (a list of `Event`)."""
+    builder = _Builder()
+    builder.add(events)
+    return builder.finish()
+
+
 def decode_events(events_raw) -> EventColumns:
     """Decode a raw JSON event array into EventColumns (chunked when large). Raises msgspec errors."""
     view = memoryview(events_raw)
     if len(view) <= CHUNK_THRESHOLD:
-        builder = _Builder()
-        builder.add(_EVENTS.decode(view))
-        return builder.finish()
+        return event_columns(_EVENTS.decode(view))
     builder = _Builder()
     try:
         for chunk in _byte_chunks(view):

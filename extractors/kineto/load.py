@@ -2,7 +2,8 @@
 
 Decoding is typed (msgspec): only the top-level keys tracekit needs are decoded, so a trace's `metadata`
 environment block is skipped by the parser and never becomes a Python object. The event array is handed on as
-raw JSON (`events_raw`) for `events.py` to decode in bounded chunks.
+raw JSON (`events_raw`) for `events.py` to decode in bounded chunks; documents up to ONE_PASS_BYTES can instead be
+decoded in one pass, header and events together (`events`), which saves a second parse of the array.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ except ImportError:  # pragma: no cover - optional speed-up
     _inflate = None
     _gunzip_members = gzip.decompress
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,8 @@ from tracekit.core.redact import redact
 _NOT_BLANK = re.compile(rb"\S")
 #: File names ingest picks up from a directory or glob.
 TRACE_SUFFIXES = (".json", ".json.gz")
+#: Documents up to this size (uncompressed JSON) may be decoded in one pass (larger ones: in chunks, see events.py).
+ONE_PASS_BYTES = 64 << 20
 
 
 class _Header(msgspec.Struct, gc=False):
@@ -57,6 +61,7 @@ class TraceFile:
     schema_version: Any = None
     cpu_model: str | None = None
     events_raw: msgspec.Raw | bytes = b""
+    events: list | None = None  # the decoded events instead, when the document was decoded in one pass
 
 
 def is_trace_name(path: Path) -> bool:
@@ -98,12 +103,36 @@ def read_bytes(path: Path) -> bytes:
     return data
 
 
-def open_trace(path: str | Path) -> TraceFile:
-    """Parse the header of a Kineto trace; refuse files that are not Kineto traces, saying why."""
+@lru_cache(maxsize=None)
+def _document_decoder(event_type: type) -> msgspec.json.Decoder:
+    """Decoder of a whole trace document: the header fields plus `traceEvents` as a list of `event_type`."""
+    document = msgspec.defstruct("_Document", [("traceEvents", list[event_type], [])], bases=(_Header,), gc=False)
+    return msgspec.json.Decoder(document)
+
+
+def _decode_one_pass(data: bytes, event_type: type):
+    """The document decoded with its events, or None when it is not a plain Kineto object with events (the
+    two-pass route then decides, and words any refusal)."""
+    try:
+        header = _document_decoder(event_type).decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return header if header.traceEvents else None
+
+
+def open_trace(path: str | Path, event_type: type | None = None) -> TraceFile:
+    """Parse the header of a Kineto trace; refuse files that are not Kineto traces, saying why.
+
+    With `event_type` (a msgspec Struct), a document of at most ONE_PASS_BYTES comes back with its events decoded
+    (`events`) rather than as raw JSON (`events_raw`).
+    """
     path = Path(path)
     data = read_bytes(path)
     if not _NOT_BLANK.search(data):
         raise InputError(path, "empty file")
+    header = _decode_one_pass(data, event_type) if event_type is not None and len(data) <= ONE_PASS_BYTES else None
+    if header is not None:
+        return _trace_file(path, data, header, events=header.traceEvents)
     try:
         header = _HEADER.decode(data)
     except msgspec.ValidationError:
@@ -122,6 +151,10 @@ def open_trace(path: str | Path) -> TraceFile:
         if bytes(header.nodes) and header.schema is not None:
             raise InputError(path, "a Chakra execution trace (nodes/schema), not a Kineto profiler trace")
         raise InputError(path, "JSON but not a Kineto trace (no traceEvents)")
+    return _trace_file(path, data, header, events_raw=header.traceEvents)
+
+
+def _trace_file(path: Path, data: bytes, header, **events) -> TraceFile:
     devices = header.deviceProperties if isinstance(header.deviceProperties, list) else []
     dist = header.distributedInfo if isinstance(header.distributedInfo, dict) else {}
     base = header.baseTimeNanoseconds
@@ -133,5 +166,5 @@ def open_trace(path: str | Path) -> TraceFile:
         base_time_ns=int(base) if isinstance(base, (int, float)) else None,
         schema_version=header.schemaVersion,
         cpu_model=header.cpu_model if isinstance(header.cpu_model, str) else None,
-        events_raw=header.traceEvents,
+        **events,
     )

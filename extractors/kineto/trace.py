@@ -15,7 +15,7 @@ from tracekit.core.samples import FEATURE_COLUMNS
 from .classify import classify, is_comm_kernel
 from .collectives import assign_sequence, comm_info
 from .cpu import cpu_events, cpu_hardware
-from .events import EventColumns, decode_events
+from .events import Event, EventColumns, decode_events, event_columns
 from .linkage import Linkage, link, profiler_steps
 from .load import open_trace
 
@@ -171,12 +171,12 @@ def _gpu_listed(header_devices: list, backend: str | None) -> bool:
 def read_trace(path: str | Path) -> KinetoTrace:
     """Parse one Kineto trace file. Raises InputError(path, reason) for anything that is not a usable trace."""
     path = Path(path)
-    tf = open_trace(path)
+    tf = open_trace(path, event_type=Event)
     try:
-        c = decode_events(tf.events_raw)
+        c = event_columns(tf.events) if tf.events is not None else decode_events(tf.events_raw)
     except (msgspec.DecodeError, msgspec.ValidationError, TypeError, ValueError, OverflowError) as exc:
         raise InputError(path, f"malformed trace events ({exc})") from exc
-    tf.events_raw = b""
+    tf.events_raw, tf.events = b"", None
     rank, world, backend = _rank_info(tf.distributed_info)
     devices = [d.get("name", "") for d in tf.device_properties]
     base = dict(path=path, rank=rank, world_size=world, kernels=c.kernel_events, size_bytes=tf.size_bytes,
