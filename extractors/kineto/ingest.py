@@ -94,10 +94,10 @@ def trace_samples(trace: KinetoTrace, source_id: str):
     iteration = ev["iteration"].to_numpy()
     frame = pd.DataFrame({
         "hardware": trace.hardware,
-        "primitive": ev["primitive"].to_numpy(),
-        "pass": ev["pass"].to_numpy(),
-        "dtype": ev["dtype"].to_numpy(),
-        "variant": ev["op"].to_numpy(),
+        "primitive": ev["primitive"].array,
+        "pass": ev["pass"].array,
+        "dtype": ev["dtype"].array,
+        "variant": ev["op"].array,
         **{name: ev[name].to_numpy(dtype=float) for name in FEATURE_COLUMNS},
         "duration_us": duration,
         "wait_us": wait,
@@ -105,7 +105,7 @@ def trace_samples(trace: KinetoTrace, source_id: str):
         "stream": ev["stream"].to_numpy(),
         "rank": trace.rank,
         "iteration": pd.array([int(x) if x >= 0 else None for x in iteration.tolist()], dtype="Int64"),
-        "kernel": ev["name"].to_numpy(),
+        "kernel": ev["name"].array,
         "source": source_id,
         "source_path": trace.path.name,
     })
