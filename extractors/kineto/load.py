@@ -30,8 +30,9 @@ from tracekit.core.redact import redact
 _NOT_BLANK = re.compile(rb"\S")
 #: File names ingest picks up from a directory or glob.
 TRACE_SUFFIXES = (".json", ".json.gz")
-#: Documents up to this size (uncompressed JSON) may be decoded in one pass (larger ones: in chunks, see events.py).
-ONE_PASS_BYTES = 64 << 20
+#: Documents up to this size (uncompressed JSON) may be decoded in one pass (larger ones: in chunks, see events.py);
+#: at this size the decoded events of one pass take no more memory than a larger trace read in chunks.
+ONE_PASS_BYTES = 40 << 20
 
 
 class _Header(msgspec.Struct, gc=False):
