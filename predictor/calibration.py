@@ -7,6 +7,7 @@ times over a chosen subset of the constants, the others staying at identity, wit
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import asdict, dataclass, field, fields
@@ -93,6 +94,14 @@ STEP = {"compute_scale": 0.05, "memory_scale": 0.05, "comm_scale": 0.05, "microb
         "host_op_us": 5.0, "iteration_overhead_us": 500.0}
 #: Starting host costs per op (µs): the host floor is a max(), its derivative is zero until it binds.
 HOST_STARTS = (0.0, 40.0, 80.0, 120.0)
+#: Coarse values per constant for `search=True` (few constants): the best grid points start Gauss–Newton. GPU
+#: launch costs are tens of µs per op; a framework's per-op cost on a busy CPU reaches hundreds.
+GRID = {"compute_scale": (0.5, 1.0, 2.0, 4.0), "memory_scale": (0.5, 1.0, 2.0, 4.0), "comm_scale": (0.5, 1.0, 2.0, 4.0),
+        "microbatch_overhead_us": (0.0, 500.0, 2000.0, 5000.0), "host_op_us": (0.0, 40.0, 120.0, 300.0, 600.0),
+        "iteration_overhead_us": (0.0, 2000.0, 10000.0, 50000.0)}
+GRID_STARTS = 3
+#: Step halvings tried per Gauss–Newton round before taking the smallest step anyway (the best round is kept).
+HALVINGS = 6
 #: Few runs (a handful of captures): per-op host floor, communication scale, per-micro-batch overhead.
 DEFAULT_PARAMS = ("host_op_us", "comm_scale", "microbatch_overhead_us")
 
@@ -109,24 +118,31 @@ def _mape(predicted: np.ndarray, measured: np.ndarray) -> float:
 
 
 def fit_prepared(prepared: Sequence, measured_s: Sequence[float], params: Sequence[str] = tuple(CONSTANTS),
-                 rounds: int = 5, regularization: float = 0.0, base: Calibration = NONE, loss: str = "squared"
-                 ) -> tuple[Calibration, list[float]]:
+                 rounds: int = 5, regularization: float = 0.0, base: Calibration = NONE, loss: str = "squared",
+                 search: bool = False) -> tuple[Calibration, list[float]]:
     """Fit `params` (the other constants keep `base`'s values) to measured iteration times (s) of prepared graphs.
     Gauss–Newton on relative error — squared (`loss="squared"`) or absolute (`loss="mape"`, by reweighting each
-    round's rows with 1/|error|) — from each of HOST_STARTS when `host_op_us` is fitted; the round with the lowest
-    MAPE wins. `regularization` λ pulls toward identity: each constant's departure costs λ × (the mean relative
-    change of the predictions it causes)², so constants the data does not pin stay near identity. Returns
-    (calibration, MAPE by round of the winning start)."""
+    round's rows with 1/|error|), each step halved while it raises the MAPE — from each of
+    HOST_STARTS when `host_op_us` is fitted, or with `search` (≤ 3 constants) from the GRID_STARTS best points of
+    the coarse GRID; the round with the lowest MAPE wins. `regularization` λ pulls toward identity: each
+    constant's departure costs λ × (the mean relative change of the predictions it causes)², so constants the data
+    does not pin stay near identity. Returns (calibration, MAPE by round of the winning start)."""
     unknown = [p for p in params if p not in CONSTANTS]
     if unknown or not params:
         raise ConfigError(f"unknown calibration constants {unknown} (known: {', '.join(CONSTANTS)})")
     if loss not in ("squared", "mape"):
         raise ConfigError(f"loss must be 'squared' or 'mape', not {loss!r}")
     measured = np.asarray(measured_s, dtype=float)
-    starts = HOST_STARTS if "host_op_us" in params else (base.host_op_us,)
+    if search and len(params) <= 3:
+        points = [np.array(v, dtype=float) for v in itertools.product(*(GRID[p] for p in params))]
+        scores = [_mape(iteration_times_s(prepared, base.with_values(**dict(zip(params, v)))), measured)
+                  for v in points]
+        starts = [points[i] for i in np.argsort(scores)[:GRID_STARTS]]
+    else:
+        starts = [np.array([host if p == "host_op_us" else getattr(base, p) for p in params], dtype=float)
+                  for host in (HOST_STARTS if "host_op_us" in params else (base.host_op_us,))]
     best = None
-    for host in starts:
-        theta = np.array([host if p == "host_op_us" else getattr(base, p) for p in params], dtype=float)
+    for theta in starts:
         cal, history = _gauss_newton(prepared, measured, list(params), theta, rounds, regularization, base, loss)
         if best is None or min(history) < min(best[1]):
             best = (cal, history)
@@ -165,7 +181,12 @@ def _gauss_newton(prepared, measured: np.ndarray, params: list[str], theta: np.n
             lhs = np.vstack([lhs, np.diag(pull)])
             rhs = np.concatenate([rhs, -pull * (theta - identity)])
         delta, *_ = np.linalg.lstsq(lhs, rhs, rcond=None)
-        theta = np.maximum(theta + delta, lower)
+        for _ in range(HALVINGS):  # damped: halve a step that makes the error worse
+            trial = np.maximum(theta + delta, lower)
+            if _mape(iteration_times_s(prepared, at(trial)), measured) <= history[-1]:
+                break
+            delta = delta / 2
+        theta = trial
     return at(best[1]), history
 
 
@@ -194,7 +215,8 @@ def fit_calibration(configs: Sequence, clusters, measured_s: Sequence[float], mo
     for label, item in zip(labels, prepared):
         if isinstance(item, Exception):
             raise ConfigError(f"{label}: cannot be predicted ({item})")
-    cal, history = fit_prepared(prepared, measured, params, rounds=rounds, regularization=regularization, loss="mape")
+    cal, history = fit_prepared(prepared, measured, params, rounds=rounds, regularization=regularization, loss="mape",
+                                search=True)
     before, after = iteration_times_s(prepared, NONE), iteration_times_s(prepared, cal)
     fit = {
         "params": list(params),

@@ -103,8 +103,9 @@ def _print(cal, runs, out: Optional[Path]) -> None:
         m = row["measured_s"]
         cells = [f"{1e3 * row[k]:.2f} ({100 * (row[k] - m) / m:+.1f}%)"
                  for k in ("predicted_before_s", "predicted_after_s")]
-        table.add_row(Path(row["label"]).name, f"L{config.num_layers} h{config.hidden_size} mb{config.micro_batch_size} "
-                                    f"tp{config.tp} pp{config.pp} dp{config.dp}", f"{1e3 * m:.2f}", *cells)
+        shape = (f"L{config.num_layers} h{config.hidden_size} mb{config.micro_batch_size} tp{config.tp} "
+                 f"pp{config.pp} dp{config.dp}")
+        table.add_row(Path(row["label"]).name, shape, f"{1e3 * m:.2f}", *cells)
     table.add_row("MAPE", "", "", f"{100 * cal.fit['mape_uncalibrated']:.1f}%",
                   f"{100 * cal.fit['mape_in_sample']:.1f}%")
     console.print(table)
