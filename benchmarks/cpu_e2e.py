@@ -188,8 +188,8 @@ def main() -> None:
                                                             for _ in range(args.repeats - 1)])
 
     print(f"\nCPU end to end on {hardware} (2 ranks, gloo, fp32): predicted iteration time from models trained on "
-          f"`tracekit sample` alone, and on it plus {len(CAPTURED)} captured runs, each without and with the calibration fitted on the captures, vs "
-          "measured (ms, error in %)")
+          f"`tracekit sample` alone, and on it plus {len(CAPTURED)} captured runs, each without and with the "
+          "calibration fitted on the captures, vs measured (ms, error in %)")
     labels = list(predictions)
     print(f"{'configuration':36} " + " ".join(f"{label:>30}" for label in labels) + f" {'measured':>9}")
     errors = {label: [] for label in labels}
