@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,9 @@ KINETO = CORPUS / "kineto"
 SAMPLES = CORPUS / "operator-samples"
 E2E = CORPUS / "e2e"
 TRACES = ROOT / "traces"
+
+# Measured CPU rates are cached per machine; tests (and their subprocesses) keep theirs out of the user's cache.
+os.environ.setdefault("TRACEKIT_CACHE_DIR", tempfile.mkdtemp(prefix="tracekit-test-cache-"))
 
 
 @pytest.fixture(scope="session")

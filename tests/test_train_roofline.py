@@ -2,6 +2,8 @@
 a model, a derived estimate (related collective, sibling device) and the roofline."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -52,12 +54,32 @@ def test_unknown_hardware_has_no_roofline():
 
 def test_cpu_rates_are_measured_and_cached():
     first = roofline.rates("cpu-test-machine")
-    assert first is roofline.rates("cpu-other-name")  # measured once per process
+    assert first is roofline.rates("cpu-other-name")  # this machine's CPU, looked up once per process
     assert 1e8 < first.vector_flops < 1e14 and 1e8 < first.mem_bw < 1e13
     frame = pd.DataFrame([op(hardware="cpu-test-machine", primitive="gemm", **{"pass": "fwd"}, dtype="fp32",
                              m=512, n=512, k=512, batch=1)])
     expected = max(2 * 512**3 / (first.vector_flops * 0.7), 4 * 3 * 512**2 / (first.mem_bw * 0.8)) * 1e6 + 5.0
     assert roofline.estimate_us(frame)[0] == pytest.approx(expected)
+
+
+def test_cpu_rates_are_kept_per_machine(tmp_path):
+    """Every process predicts with the same CPU rates: measured once, then read from the cache file; a corrupt
+    file is measured over and replaced."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRACEKIT_CACHE_DIR": str(tmp_path)}
+    code = "from predictor import roofline; r = roofline.rates('cpu-x'); print(r.vector_flops, r.mem_bw)"
+    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+            for _ in range(2)]
+    assert runs[0] == runs[1]
+    (hardware, recorded), = json.loads((tmp_path / "cpu-rates.json").read_text()).items()
+    assert hardware.startswith("cpu-") and f"{recorded['vector_flops']} {recorded['mem_bw']}\n" == runs[0]
+    (tmp_path / "cpu-rates.json").write_text("{truncated")
+    rerun = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert float(rerun.stdout.split()[0]) > 1e8
+    assert set(json.loads((tmp_path / "cpu-rates.json").read_text())) == {hardware}
 
 
 @pytest.fixture(scope="module")
