@@ -37,6 +37,7 @@ from tracekit.core.errors import ModelError
 from tracekit.core.hardware import hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES
 
+from .features import shape_features
 from .regressor import FitResult, fit, physics_table, predict
 from .roofline import estimate_us
 
@@ -137,6 +138,17 @@ def deduplicate(samples: pd.DataFrame) -> pd.DataFrame:
     return samples.drop_duplicates(subset=[c for c in cols if c in samples.columns])
 
 
+def shapeless_rows(samples: pd.DataFrame) -> pd.Series:
+    """Rows with none of their primitive's shape features: they say how long something took, not for what shape,
+    so a shape model learns nothing from them (mixed into a shaped set they only blur it)."""
+    mask = pd.Series(True, index=samples.index)
+    for primitive, index in samples.groupby("primitive").groups.items():
+        columns = [c for c in shape_features(str(primitive)) if c in samples.columns]
+        if columns:
+            mask.loc[index] = samples.loc[index, columns].isna().all(axis=1)
+    return mask
+
+
 @dataclass
 class TrainedModel:
     """One entry of a model set: its key, metadata and (lazily loaded) booster."""
@@ -173,12 +185,21 @@ def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict
     samples = deduplicate(samples[(samples["duration_us"] > 0) & (samples["primitive"] != "other")])
     if samples.empty:
         raise ModelError("no classified samples to train on")
+    shapeless = shapeless_rows(samples)
+    skipped: list[dict] = [
+        {"hardware": hardware, "primitive": primitive, "pass": pass_, "group": None, "rows": int(rows),
+         "reason": "rows without shape features (e.g. CPU autograd nodes) cannot be placed by shape"}
+        for (hardware, primitive, pass_), rows in
+        samples[shapeless].groupby(["hardware", "primitive", "pass"]).size().items()
+    ]
+    samples = samples[~shapeless]
+    if samples.empty:
+        raise ModelError(f"none of the {int(shapeless.sum())} classified samples carries shape features")
     samples = samples.assign(group=groups_of(samples))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     summaries: list[dict] = []
-    skipped: list[dict] = []
     try:
         for (hardware, primitive, pass_, group), index in training_sets(samples):
             frame = samples.loc[index]

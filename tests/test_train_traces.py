@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
+
 from typer.testing import CliRunner
 
 from tracekit.cli import app
@@ -44,3 +46,27 @@ def test_train_and_evaluate_on_an_ingested_trace(tmp_path):
     assert evaluated.exit_code == 0, evaluated.output
     entries = _strict(evaluated.stdout)["models"]
     assert sum(e["n"] for e in entries) == len(shaped)
+
+
+def test_rows_without_shapes_do_not_blur_a_shaped_model(tmp_path):
+    """A shaped set plus rows that only carry a duration (as CPU autograd nodes do): the shapeless rows are set
+    aside and reported, and the model is the one the shaped rows alone give."""
+    import numpy as np
+
+    from extractors import ett
+    from predictor.models import ModelSet, train_models
+    from tests.conftest import SAMPLES
+
+    shaped = ett.read_file(SAMPLES / "estimate-train-time" / "Perlmutter" / "operator"
+                           / "NVIDIAA100-SXM4-80GB_linear1_fp16.csv")
+    shaped = shaped[shaped["pass"] == "fwd"].head(200)
+    blurred = shaped.head(60).assign(m=np.nan, n=np.nan, k=np.nan, batch=np.nan,
+                                     duration_us=shaped.head(60)["duration_us"] * 50)
+    clean = train_models(shaped, tmp_path / "clean", folds=3)
+    mixed = train_models(pd.concat([shaped, blurred], ignore_index=True), tmp_path / "mixed", folds=3)
+    assert [m["samples"] for m in mixed] == [m["samples"] for m in clean] == [len(shaped)]
+    index = json.loads((tmp_path / "mixed" / "index.json").read_text())
+    assert [(s["primitive"], s["pass"], s["rows"]) for s in index["skipped"]] == [("gemm", "fwd", 60)]
+    ask = shaped.tail(20)
+    np.testing.assert_allclose(ModelSet.load(tmp_path / "mixed").predict(ask)["duration_us"],
+                               ModelSet.load(tmp_path / "clean").predict(ask)["duration_us"], rtol=1e-9)

@@ -75,7 +75,8 @@ def train(
     else:
         print_models(summaries, f"{len(summaries)} models written to {out} in {seconds:.0f} s")
         for entry in skipped:
-            console.print(f"not trained: {entry['hardware']} {entry['primitive']} {entry['pass']} {entry['group']} "
+            group = f" {entry['group']}" if entry["group"] else ""
+            console.print(f"not trained: {entry['hardware']} {entry['primitive']} {entry['pass']}{group} "
                           f"({entry['rows']} samples): {entry['reason']}", markup=False)
 
 
