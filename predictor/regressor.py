@@ -126,7 +126,11 @@ def sample_hash(frame: pd.DataFrame, columns: list[str]) -> str:
 
 def ape_stats(pred: np.ndarray, true: np.ndarray) -> dict:
     """MAPE, median and p90 absolute percentage error as fractions."""
-    ape = np.abs(pred - true) / true
+    return ape_summary(np.abs(np.asarray(pred, float) - np.asarray(true, float)) / np.asarray(true, float))
+
+
+def ape_summary(ape: np.ndarray) -> dict:
+    """Mean (MAPE), median and 90th percentile of absolute percentage errors (fractions); None when empty."""
     if not len(ape):
         return {"mape": None, "median_ape": None, "p90_ape": None}
     return {"mape": float(np.mean(ape)), "median_ape": float(np.median(ape)), "p90_ape": float(np.quantile(ape, 0.9))}

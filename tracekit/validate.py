@@ -82,14 +82,6 @@ def read_published(path: str | Path, hardware_map: dict[str, str] | None = None,
     return rows
 
 
-def error_summary(measured: list[float], predicted: list[float]) -> dict[str, float]:
-    """Absolute percentage errors as fractions: mean (MAPE), median and 90th percentile."""
-    import numpy as np
-
-    ape = np.abs(np.asarray(predicted, float) - np.asarray(measured, float)) / np.asarray(measured, float)
-    return {"mape": float(ape.mean()), "median_ape": float(np.median(ape)), "p90_ape": float(np.percentile(ape, 90))}
-
-
 def validate_published(path: str | Path, hardware_map: dict[str, str] | None = None, models: Any = None,
                        overrides: dict[str, Any] | None = None, calibration: Any = None,
                        on_batch=None, batch: int = 64) -> dict[str, Any]:
@@ -100,6 +92,7 @@ def validate_published(path: str | Path, hardware_map: dict[str, str] | None = N
     "failed" and left out of the statistics."""
     from predictor.models import ModelSet
     from predictor.predict import predict_many
+    from predictor.regressor import ape_stats
 
     rows = read_published(path, hardware_map, overrides)
     models = models if models is not None else ModelSet.load()
@@ -127,7 +120,7 @@ def validate_published(path: str | Path, hardware_map: dict[str, str] | None = N
             on_batch(len(chunk))
     if not out_rows:
         raise InputError(path, f"no row could be predicted (line {failed[0]['line']}: {failed[0]['error']})")
-    summary = error_summary([r["measured_s"] for r in out_rows], [r["predicted_s"] for r in out_rows])
+    summary = ape_stats([r["predicted_s"] for r in out_rows], [r["measured_s"] for r in out_rows])
     out_rows.sort(key=lambda r: -r["ape"])
     failed.sort(key=lambda f: f["line"])
     return {"file": str(path), "rows": out_rows, **summary, "failed": failed}

@@ -18,6 +18,8 @@ def error_table(samples, predictions):
     import numpy as np
     import pandas as pd
 
+    from predictor.regressor import ape_summary
+
     frame = samples[KEYS].copy()
     frame["variant"] = frame["variant"].astype("string").fillna("")
     frame["ape"] = (predictions["duration_us"].to_numpy() - samples["duration_us"].to_numpy()) \
@@ -34,9 +36,7 @@ def error_table(samples, predictions):
             paths["no estimate"] = int(len(group) - len(ape))
         rows.append({
             **dict(zip(KEYS, key)), "n": int(len(group)),
-            "mape": float(np.mean(ape)) if len(ape) else None,
-            "median_ape": float(np.median(ape)) if len(ape) else None,
-            "p90_ape": float(np.quantile(ape, 0.9)) if len(ape) else None,
+            **ape_summary(ape),
             "out_of_range": int(group["oor"].sum()), "paths": paths,
         })
     return pd.DataFrame(rows)
