@@ -89,17 +89,25 @@ def test_memory_warning_when_it_does_not_fit(models):
     assert any("will not fit" in w for w in p.warnings)
 
 
-def test_batch_csv_with_a_bad_row(tmp_path):
+def _e2e_rows(n: int) -> tuple[list[str], list[dict]]:
+    """Header and first `n` rows of the shared e2e corpus file, as the csv module reads them."""
     with open(E2E / "vtrain_a100_single_node.csv", newline="") as fh:
         reader = csv.DictReader(fh)
-        header = reader.fieldnames
-        rows = [next(reader) for _ in range(4)]
-    rows[1] = dict(rows[1], tp="3")  # 16 heads are not divisible by tp 3 (and the world no longer matches)
-    src = tmp_path / "in.csv"
-    with open(src, "w", newline="") as fh:
+        return list(reader.fieldnames), [row for _, row in zip(range(n), reader)]
+
+
+def _write_csv(path, header: list[str], rows: list[dict]):
+    with open(path, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=header)
         writer.writeheader()
         writer.writerows(rows)
+    return path
+
+
+def test_batch_csv_with_a_bad_row(tmp_path):
+    header, rows = _e2e_rows(4)
+    rows[1] = dict(rows[1], tp="3")  # 16 heads are not divisible by tp 3 (and the world no longer matches)
+    src = _write_csv(tmp_path / "in.csv", header, rows)
     out = tmp_path / "out.csv"
     res = run("--batch", str(src), "--out", str(out), "--set", "attention=unfused")
     assert res.exit_code == 1  # partly done
@@ -221,15 +229,8 @@ def test_cluster_file_and_unknown_calibration(tmp_path):
 
 def test_calibrated_batch_matches_measured_vtrain_iterations(tmp_path):
     # 60 measured Megatron-DeepSpeed iterations from the shared e2e corpus, predicted with the shipped calibration
-    with open(E2E / "vtrain_a100_single_node.csv", newline="") as fh:
-        reader = csv.DictReader(fh)
-        header = reader.fieldnames
-        rows = [row for _, row in zip(range(60), reader)]
-    src = tmp_path / "in.csv"
-    with open(src, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=header)
-        writer.writeheader()
-        writer.writerows(rows)
+    header, rows = _e2e_rows(60)
+    src = _write_csv(tmp_path / "in.csv", header, rows)
     out = tmp_path / "out.csv"
     res = run("--batch", str(src), "--out", str(out), "--hardware", "A100-SXM4-40GB", "--set", "attention=unfused",
               "--calibration", "vtrain-a100", "--json")
