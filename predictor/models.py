@@ -180,8 +180,8 @@ class TrainedModel:
 def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict | None = None,
                  folds: int = 5, threads: int = 1, on_model: Callable[[dict], None] | None = None) -> list[dict]:
     """Train one model per (hardware, primitive, pass, group) and write the set to `out` atomically (the old set
-    stays intact until the new one is complete). Returns the per-model summaries written to the index; sets that
-    cannot be learned (no shape features) are listed under `skipped` in the index. `other` samples are not used."""
+    stays intact until the new one is complete). Returns the per-model summaries written to the index; rows
+    without shape features are set aside and counted under `skipped` in the index. `other` samples are not used."""
     samples = deduplicate(samples[(samples["duration_us"] > 0) & (samples["primitive"] != "other")])
     if samples.empty:
         raise ModelError("no classified samples to train on")
@@ -203,12 +203,7 @@ def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict
     try:
         for (hardware, primitive, pass_, group), index in training_sets(samples):
             frame = samples.loc[index]
-            try:
-                result = fit(frame, primitive, folds=folds, threads=threads)
-            except ModelError as exc:
-                skipped.append({"hardware": hardware, "primitive": primitive, "pass": pass_, "group": group,
-                                "rows": int(len(frame)), "reason": str(exc)})
-                continue
+            result = fit(frame, primitive, folds=folds, threads=threads)
             if result.booster is None:
                 continue
             mid = model_id(hardware, primitive, pass_, group)
