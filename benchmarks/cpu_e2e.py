@@ -1,15 +1,15 @@
 """End to end on this machine, no GPU: sample the CPU, capture a few small reference-trainer runs, ingest, train,
 then predict other configurations, run them, and compare predicted with measured iteration time.
 
-    .venv/bin/python benchmarks/cpu_e2e.py [--budget 90] [--repeats 3] [--work DIR]
+    .venv/bin/python benchmarks/cpu_e2e.py [--budget 120] [--repeats 3] [--work DIR]
 
 Steps (all through the `tracekit` command, as a user would run them):
   1. tracekit sample --device cpu --ranks 2              (micro-benchmarks, gloo collectives over 2 processes)
-  2. tracekit capture -- torchrun ... -m tracekit.reference   (3 training configurations, 2 ranks each, ingested)
+  2. tracekit capture -- torchrun ... -m tracekit.reference   (4 training configurations, 2 ranks each, ingested)
   3. tracekit train --store S --out M --hardware cpu-... --folds 2   (twice: on the samples alone, and on the
      samples plus the captured runs, to show what the captures add)
   4. tracekit calibrate CAPTURE... --models M --out cal.json   (per model set: a few global constants fitted to the
-     iteration times the captured runs measured without the profiler)
+     iteration times the captured runs measured without the profiler; which constants: chosen by leave-one-out)
   5. tracekit predict CONFIG --hardware cpu-... --gpus-per-node 2 --models M [--calibration cal.json] --json
      (other configurations; without and with the calibration)
   6. run each predicted configuration with the reference trainer (no profiler) and take the median iteration time
@@ -37,17 +37,17 @@ from tracekit.reference.launch import launch_argv
 
 TRACEKIT = [sys.executable, "-c", "from tracekit.cli import main; main()"]
 COMMON = dict(vocab_size=1000, log_interval=1)
-TRAIN_ITERS = 12
-WARMUP = 3  # iterations left out of the measured median (start-up, allocator warm-up)
+TRAIN_ITERS = 30
+WARMUP = 5  # iterations left out of the measured median (start-up, allocator warm-up)
 #: Captured runs: profiled steps, then enough unprofiled iterations for a stable median to calibrate on.
-CAPTURE_ITERS, CAPTURE_STEPS = 20, "3-6"
-#: Constants fitted from the three captured runs (one per run at most): the reference trainer's host time per
-#: operator, gloo's cost inside a training step relative to the sampled one, per-micro-batch framework overhead.
-CAL_PARAMS = "host_op_us,comm_scale,microbatch_overhead_us"
-#: Other physically motivated sets, fitted the same way on the samples-only models and scored on the same
-#: measurements (a sensitivity check: the default above is not chosen by these scores).
-ALT_PARAMS = ("comm_scale,microbatch_overhead_us,iteration_overhead_us", "compute_scale,memory_scale,comm_scale",
-              "iteration_overhead_us")
+CAPTURE_ITERS, CAPTURE_STEPS = 30, "3-6"
+#: Constants fitted from the four captured runs: `tracekit calibrate`'s default, the set that predicts each captured
+#: run best when fitted on the other three (leave-one-out; the predicted configurations play no part in the choice).
+CAL_PARAMS = "auto"
+#: Fixed physically motivated sets, fitted the same way on the samples-only models and scored on the same
+#: measurements (a sensitivity check: the choice above is not made by these scores).
+ALT_PARAMS = ("host_op_us,comm_scale,microbatch_overhead_us", "compute_scale,memory_scale,comm_scale",
+              "comm_scale,microbatch_overhead_us,iteration_overhead_us")
 
 #: Captured (training data) and predicted configurations; all run on 2 ranks (TP, PP or DP over 2).
 CAPTURED = {
@@ -57,6 +57,8 @@ CAPTURED = {
                           global_batch_size=8, pipeline_model_parallel_size=2),
     "C dp2 h64 L2": dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, micro_batch_size=4,
                          global_batch_size=8),
+    "D tp2+sp h64 L2": dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=64, micro_batch_size=2,
+                            global_batch_size=4, tensor_model_parallel_size=2, sequence_parallel=True),
 }
 PREDICTED = {
     "1 tp2 h64 L4 (layers)": dict(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
@@ -111,7 +113,7 @@ def predicted_ms(model: dict, models_dir: Path, hardware: str, work: Path, name:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--budget", type=float, default=90, help="seconds for `tracekit sample` (default 90)")
+    parser.add_argument("--budget", type=float, default=120, help="seconds for `tracekit sample` (default 120)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of one configuration for the spread")
     parser.add_argument("--folds", type=int, default=2, help="cross-validation folds for `tracekit train` (default 2)")
     parser.add_argument("--work", type=Path, default=None, help="working directory (default: a temporary one)")
@@ -212,6 +214,10 @@ def main() -> None:
               + f"; in-sample MAPE {100 * f['mape_uncalibrated']:.1f}% → {100 * f['mape_in_sample']:.1f}% ("
               + ", ".join(f"{1e3 * r['measured_s']:.1f} ms measured → {1e3 * r['predicted_after_s']:.1f}"
                           for r in f["rows"]) + ")")
+        if f.get("selection"):
+            tried = sorted(f["selection"]["candidates"], key=lambda row: row["loo_mape"])
+            print(f"  {'':20} chosen by leave-one-out over the captures (held-out MAPE): " + "; ".join(
+                f"{'+'.join(row['params'])} {100 * row['loo_mape']:.1f}%" for row in tried[:3]))
     spread = (max(repeats) - min(repeats)) / statistics.mean(repeats)
     print(f"\nmeasurement spread of '{first}' over {len(repeats)} runs: "
           + ", ".join(f"{t:.1f}" for t in repeats) + f" ms → (max − min)/mean = {100 * spread:.1f}%")

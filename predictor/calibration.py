@@ -104,6 +104,16 @@ GRID_STARTS = 3
 HALVINGS = 6
 #: Few runs (a handful of captures): per-op host floor, communication scale, per-micro-batch overhead.
 DEFAULT_PARAMS = ("host_op_us", "comm_scale", "microbatch_overhead_us")
+#: The sets `params="auto"` chooses from by leave-one-out over the runs: each a physical account of why a stack
+#: differs from its samples (slower or quicker kernels, collectives, framework costs per op, per micro-batch,
+#: per iteration).
+CANDIDATE_PARAMS = (
+    ("comm_scale",), ("host_op_us",), ("microbatch_overhead_us",), ("iteration_overhead_us",),
+    ("compute_scale", "memory_scale"), ("host_op_us", "comm_scale"), ("comm_scale", "microbatch_overhead_us"),
+    ("memory_scale", "comm_scale"), ("compute_scale", "memory_scale", "comm_scale"),
+    ("host_op_us", "comm_scale", "microbatch_overhead_us"), ("comm_scale", "microbatch_overhead_us",
+                                                             "iteration_overhead_us"),
+)
 
 
 def iteration_times_s(prepared: Sequence, cal: Calibration) -> np.ndarray:
@@ -190,22 +200,47 @@ def _gauss_newton(prepared, measured: np.ndarray, params: list[str], theta: np.n
     return at(best[1]), history
 
 
+def select_params(prepared: Sequence, measured_s: Sequence[float], regularization: float = 0.01,
+                  candidates: Sequence[Sequence[str]] = CANDIDATE_PARAMS, rounds: int = 8
+                  ) -> tuple[tuple[str, ...], list[dict[str, Any]]]:
+    """Choose the constants to fit by leave-one-out: for each candidate set small enough to fit on all runs but one,
+    fit it on every such subset and predict the run left out. The set with the lowest held-out MAPE wins (fewer
+    constants on a tie). Returns (chosen set, [{params, loo_mape}] of every candidate tried)."""
+    measured = np.asarray(measured_s, dtype=float)
+    n = len(measured)
+    if n < 3:
+        raise ConfigError(f"choosing the constants needs at least 3 measured runs (have {n}): name them with --params")
+    scores = []
+    for params in candidates:
+        if len(params) > n - 1:
+            continue
+        errors = []
+        for out in range(n):
+            keep = [i for i in range(n) if i != out]
+            cal, _ = fit_prepared([prepared[i] for i in keep], measured[keep], params, rounds=rounds,
+                                  regularization=regularization, loss="mape", search=True)
+            errors.append(abs(iteration_times_s([prepared[out]], cal)[0] - measured[out]) / measured[out])
+        scores.append({"params": list(params), "loo_mape": float(np.mean(errors))})
+    best = min(scores, key=lambda row: (round(row["loo_mape"], 4), len(row["params"])))
+    return tuple(best["params"]), scores
+
+
 def fit_calibration(configs: Sequence, clusters, measured_s: Sequence[float], models,
-                    params: Sequence[str] = DEFAULT_PARAMS, regularization: float = 0.01, name: str = "fitted",
+                    params: Sequence[str] | str = DEFAULT_PARAMS, regularization: float = 0.01, name: str = "fitted",
                     labels: Sequence[str] | None = None, rounds: int = 8) -> Calibration:
     """Fit a few global constants so that predicted iteration times of `configs` (TrainingConfig) on `clusters`
     (one Cluster or one per config) match `measured_s` (seconds), minimizing their mean absolute relative error.
 
-    With few runs fit few constants (≤ the number of runs; the default three suit three or more runs). The result's
-    `fit` records the rows (label, measured, predicted before and after), the fitted constants, the regularization,
-    and MAPE uncalibrated / in sample. Raises ConfigError when a configuration cannot be predicted or there are
-    fewer runs than constants."""
+    `params="auto"` chooses the constants by leave-one-out over the runs (`select_params`; needs ≥ 3 runs). The
+    result's `fit` records the rows (label, measured, predicted before and after), the fitted constants, the
+    regularization, MAPE uncalibrated / in sample, and with "auto" every candidate's held-out MAPE. Raises
+    ConfigError when a configuration cannot be predicted or there are fewer runs than constants."""
     from .predict import prepare_many
 
     measured = np.asarray(measured_s, dtype=float)
     if len(configs) != len(measured):
         raise ValueError("give one measured time per configuration")
-    if len(configs) < len(params):
+    if params != "auto" and len(configs) < len(params):
         raise ConfigError(f"{len(configs)} measured run(s) cannot determine {len(params)} constants "
                           f"({', '.join(params)}): give at least as many runs as constants, or fewer --params")
     if not np.all(np.isfinite(measured) & (measured > 0)):
@@ -215,6 +250,9 @@ def fit_calibration(configs: Sequence, clusters, measured_s: Sequence[float], mo
     for label, item in zip(labels, prepared):
         if isinstance(item, Exception):
             raise ConfigError(f"{label}: cannot be predicted ({item})")
+    selection = None
+    if params == "auto":
+        params, selection = select_params(prepared, measured, regularization, rounds=rounds)
     cal, history = fit_prepared(prepared, measured, params, rounds=rounds, regularization=regularization, loss="mape",
                                 search=True)
     before, after = iteration_times_s(prepared, NONE), iteration_times_s(prepared, cal)
@@ -230,6 +268,8 @@ def fit_calibration(configs: Sequence, clusters, measured_s: Sequence[float], mo
         "mape_by_round": history,
         "hardware": sorted({g.hardware for g, _, _, _ in prepared}),
     }
+    if selection is not None:
+        fit["selection"] = {"method": "leave-one-out over the runs", "candidates": selection}
     index = getattr(models, "index", None)
     if isinstance(index, dict) and index.get("created"):
         fit["models_created"] = index["created"]

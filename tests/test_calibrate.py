@@ -84,7 +84,7 @@ def test_fits_to_the_unprofiled_iterations_of_each_log(fitted):
 def test_calibration_lowers_the_error_predict_reports_and_loads_back(fitted):
     models, out = fitted["models"], fitted["out"]
     written = json.loads(out.read_text())
-    assert written["fit"]["params"] == ["host_op_us", "comm_scale", "microbatch_overhead_us"]
+    assert written["fit"]["params"] == fitted["doc"]["fit"]["params"]
     before, after, measured = [], [], []
     for row, run_dir in zip(fitted["doc"]["fit"]["rows"], fitted["dirs"]):
         measured.append(_unprofiled_median_s(run_dir / "train.log"))
@@ -101,6 +101,27 @@ def test_calibration_lowers_the_error_predict_reports_and_loads_back(fitted):
     assert mape(after) == pytest.approx(written["fit"]["mape_in_sample"], rel=1e-9)
 
 
+def test_auto_chooses_the_constants_by_their_real_held_out_error(fitted, tmp_path):
+    """--params auto (the default): each candidate set's leave-one-out MAPE is what fitting it on two captures and
+    predicting the third gives; the chosen set has the lowest; with three runs no set has more than two constants."""
+    from predictor.calibration import CANDIDATE_PARAMS
+
+    fit = fitted["doc"]["fit"]
+    tried = fit["selection"]["candidates"]
+    assert [row["params"] for row in tried] == [list(c) for c in CANDIDATE_PARAMS if len(c) <= 2]
+    assert min(row["loo_mape"] for row in tried) == pytest.approx(
+        next(row["loo_mape"] for row in tried if row["params"] == fit["params"]))
+    check = next(row for row in tried if len(row["params"]) == 2)
+    dirs, errors = fitted["dirs"], []
+    for out in range(len(dirs)):
+        cal = tmp_path / f"loo-{out}.json"
+        cli("calibrate", *[d for i, d in enumerate(dirs) if i != out], "--models", fitted["models"],
+            "--params", ",".join(check["params"]), "--out", cal, "--json")
+        measured = _unprofiled_median_s(dirs[out] / "train.log")
+        errors.append(abs(_predict_s(dirs[out], fitted["models"], "--calibration", cal) - measured) / measured)
+    assert statistics.mean(errors) == pytest.approx(check["loo_mape"], rel=1e-6)
+
+
 def test_table_output_names_every_run(fitted):
     done = cli("calibrate", *fitted["dirs"], "--models", fitted["models"], "--params", "comm_scale,host_op_us")
     for run_dir in fitted["dirs"]:
@@ -110,9 +131,13 @@ def test_table_output_names_every_run(fitted):
 
 def test_bad_inputs_fail_with_one_line(fitted, tmp_path):
     dirs, models = fitted["dirs"], fitted["models"]
-    # fewer runs than constants
-    done = cli("calibrate", *dirs[:2], "--models", models, check=False)
+    # fewer runs than constants, or too few to choose them
+    done = cli("calibrate", *dirs[:2], "--models", models, "--params", "host_op_us,comm_scale,microbatch_overhead_us",
+               check=False)
     assert done.exit_code == 2 and "2 measured run(s) cannot determine 3 constants" in done.stderr
+    assert done.stderr.count("\n") == 1
+    done = cli("calibrate", *dirs[:2], "--models", models, check=False)
+    assert done.exit_code == 2 and "needs at least 3 measured runs (have 2)" in done.stderr
     assert done.stderr.count("\n") == 1
     # not a capture folder
     done = cli("calibrate", tmp_path, "--models", models, check=False)

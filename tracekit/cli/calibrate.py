@@ -12,9 +12,12 @@ from .output import console, fail, print_json, user_errors
 
 HELP = """Fit a calibration from captured runs: predict each `tracekit capture` folder's configuration with the
 models, compare with the iteration times its log measured (median of the iterations that ran without the profiler,
-the first one left out as warm-up), and fit a few GLOBAL constants (default: host time per operator, communication
-scale, per-micro-batch overhead) that minimize the relative error. Writes the calibration as JSON for
-`tracekit predict --calibration FILE`. Fit at most as many constants as there are runs.
+the first one left out as warm-up), and fit a few GLOBAL constants that minimize the relative error. Writes the
+calibration as JSON for `tracekit predict --calibration FILE`.
+
+Which constants: by default (--params auto, ≥ 3 runs) the set that predicts each run best when fitted on the
+others (leave-one-out) among a few physical accounts: kernel/collective scales, host time per operator, overhead
+per micro-batch or per iteration. Name them with --params to fit exactly those (at most one per run).
 
 Examples:
 
@@ -57,21 +60,22 @@ def calibrate_command(
     models_dir: Optional[Path] = typer.Option(None, "--models", help="Model directory (default: bundled models)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the calibration JSON here (for predict "
                                                            "--calibration FILE)."),
-    params: str = typer.Option("host_op_us,comm_scale,microbatch_overhead_us", "--params",
-                               help="Comma-separated constants to fit: compute_scale, memory_scale, comm_scale, "
-                                    "microbatch_overhead_us, host_op_us, iteration_overhead_us."),
+    params: str = typer.Option("auto", "--params",
+                               help="auto (chosen by leave-one-out; ≥ 3 runs), or comma-separated constants: "
+                                    "compute_scale, memory_scale, comm_scale, microbatch_overhead_us, host_op_us, "
+                                    "iteration_overhead_us."),
     regularization: float = typer.Option(0.01, "--regularization", min=0.0,
                                          help="Pull toward no calibration (0 = none)."),
     name: Optional[str] = typer.Option(None, "--name", help="Calibration name (default: --out's file name)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
-    chosen = tuple(p.strip() for p in params.split(",") if p.strip())
+    chosen = "auto" if params.strip() == "auto" else tuple(p.strip() for p in params.split(",") if p.strip())
     with user_errors():
         from predictor.calibration import CONSTANTS, fit_calibration
         from predictor.models import ModelSet
         from tracekit.core.atomic import atomic_write_json
 
-        unknown = [p for p in chosen if p not in CONSTANTS]
+        unknown = [p for p in chosen if p not in CONSTANTS] if chosen != "auto" else []
         if unknown or not chosen:
             fail(f"--params: unknown constant(s) {unknown or params!r} (known: {', '.join(CONSTANTS)})")
         runs = [measured_run(d) for d in run_dirs]
@@ -109,6 +113,11 @@ def _print(cal, runs, out: Optional[Path]) -> None:
     table.add_row("MAPE", "", "", f"{100 * cal.fit['mape_uncalibrated']:.1f}%",
                   f"{100 * cal.fit['mape_in_sample']:.1f}%")
     console.print(table)
+    selection = cal.fit.get("selection")
+    if selection:
+        tried = sorted(selection["candidates"], key=lambda row: row["loo_mape"])
+        console.print("constants chosen by leave-one-out (held-out MAPE): " + "; ".join(
+            f"{'+'.join(row['params'])} {100 * row['loo_mape']:.1f}%" for row in tried[:4]))
     console.print("constants: " + ", ".join(f"{k} = {v:.4g}" for k, v in cal.fit["constants"].items())
                   + " (the others at identity)")
     if out is not None:

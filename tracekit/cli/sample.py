@@ -19,6 +19,8 @@ def sample_command(
     ),
     budget: float = typer.Option(120.0, "--budget", help="Time budget in seconds (approximate)."),
     ranks: int = typer.Option(2, "--ranks", help="Local processes for the collectives."),
+    rounds: int = typer.Option(3, "--rounds", help="Passes over the shapes; each sample is the median over passes "
+                               "(a slow spell of a busy machine then spoils one pass, not the sample)."),
     dtype: str = typer.Option(None, "--dtype", help="fp32, bf16 or fp16 (default: fp32 on cpu, bf16 on cuda)."),
     threads: int = typer.Option(1, "--threads", help="CPU threads for compute timings (torchrun's default is 1 per rank)."),
     store: Path = typer.Option(None, "--store", help="Sample store (default $TRACEKIT_HOME or ./.tracekit)."),
@@ -26,6 +28,9 @@ def sample_command(
 ) -> None:
     """Time each primitive over a small spread of transformer shapes (forward and backward, warm-up + repeats) and
     collectives over local processes, then add the samples to the store under this device's hardware id.
+
+    The budget is shared between compute and collectives by their number of primitives. The first pass covers as
+    many shapes as it allows, spread over the range; further passes (--rounds) re-time those shapes.
 
     Example: [bold]tracekit sample --device cpu --budget 60 --primitives gemm,attention,all_reduce --ranks 2[/bold]
     """
@@ -37,7 +42,7 @@ def sample_command(
         with progress(quiet=as_json) as bar:
             task = bar.add_task(f"sampling {device}", total=100)
             result = sample(device, chosen, budget, ranks, SampleStore(store or default_store()), dtype, threads,
-                            progress=lambda fraction: bar.update(task, completed=round(100 * fraction)))
+                            rounds=rounds, progress=lambda fraction: bar.update(task, completed=round(100 * fraction)))
     counts = result.counts()
     summary = {"hardware": result.hardware, "device": result.device, "dtype": result.dtype, "source": result.source,
                "seconds": round(result.seconds, 1), "stopped_by_budget": result.stopped_by_budget,

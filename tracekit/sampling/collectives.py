@@ -1,11 +1,15 @@
 """Time collectives over N local processes with torch.distributed (gloo on CPU, nccl on CUDA).
 
 `run_collectives` starts N copies of this module (`python -m tracekit.sampling.collectives`); each joins the group
-and times every case as nccl-tests does: after a barrier, a burst of back-to-back operations, time per operation =
-burst time / burst length (the slowest rank's), median over repeated bursts. Rank 0 prints one JSON line per
-finished case, which the parent turns into samples. (A single operation right after a barrier is several times
-quicker than the same operation inside a training step on a busy CPU; back-to-back bursts match the step.) Message sizes are bytes per rank: the whole tensor of
-an all-reduce, the input shard of an all-gather, the output shard of a reduce-scatter, the message of a send/recv.
+and times every case in bursts, as nccl-tests does: after a barrier, BURST operations, time per operation = the
+slowest rank's summed operation time / BURST, median over repeated bursts. The whole case list is timed in up to
+`rounds` passes; rank 0 prints one JSON line per timed case and pass, which the parent turns into samples.
+
+On CUDA the operations of a burst run back to back. On CPU each operation is preceded by GAP_US of computation on
+the calling thread, as in a training step, where gloo's threads go idle between collectives and must wake up for
+each one: back-to-back gloo operations are several times quicker than the same operations inside a step. Message
+sizes are bytes per rank: the whole tensor of an all-reduce, the input shard of an all-gather, the output shard of a
+reduce-scatter, the message of a send/recv.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from .shapes import Case
 
 _CASE_PREFIX = "TRACEKIT_CASE "
 BURST = 10  # operations per timed burst
+GAP_US = {"cpu": 500.0, "cuda": 0.0}  # computation before each operation of a burst
 
 
 def _free_port() -> int:
@@ -30,13 +35,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_collectives(cases: list[Case], ranks: int, device: str, dtype: str, warmup: int, repeats: int,
+def run_collectives(cases: list[Case], ranks: int, device: str, dtype: str, warmup: int, repeats: int, rounds: int,
                     deadline: float) -> Iterator[tuple[Case, float]]:
-    """Yield (case, median µs) as the worker group finishes each case; stops at `deadline` (time.time())."""
+    """Yield (case, median µs of one pass) as the worker group times each case, in up to `rounds` passes over
+    `cases` (later passes re-time only the cases the first one reached); stops at `deadline` (time.time())."""
     if ranks < 2:
         raise ValueError("collectives need at least 2 ranks")
     spec = json.dumps({"cases": [[c.primitive, c.feature("bytes")] for c in cases], "device": device,
-                       "dtype": dtype, "warmup": warmup, "repeats": repeats, "deadline": deadline})
+                       "dtype": dtype, "warmup": warmup, "repeats": repeats, "rounds": rounds,
+                       "deadline": deadline})
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(ranks),
                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     procs = []
@@ -88,6 +95,41 @@ def _operation(primitive: str, nbytes: int, world: int, rank: int, dtype, device
     raise ValueError(f"no collective recipe for {primitive!r}")
 
 
+def _busy(micros: float) -> Callable[[], None] | None:
+    """A step's computation between collectives: small matrix products on this thread for `micros` µs (None: no
+    gap)."""
+    import torch
+
+    if micros <= 0:
+        return None
+    a = torch.randn(64, 64)
+
+    def run() -> None:
+        end = time.perf_counter() + micros / 1e6
+        while time.perf_counter() < end:
+            torch.mm(a, a)
+
+    return run
+
+
+def _burst(op: Callable[[], None], gap: Callable[[], None] | None, sync: Callable[[], None]) -> float:
+    """Seconds of BURST operations: back to back without a gap, else the operations' own time between gaps."""
+    if gap is None:
+        t0 = time.perf_counter()
+        for _ in range(BURST):
+            op()
+        sync()
+        return time.perf_counter() - t0
+    spent = 0.0
+    for _ in range(BURST):
+        gap()
+        t0 = time.perf_counter()
+        op()
+        sync()
+        spent += time.perf_counter() - t0
+    return spent
+
+
 def _worker(spec: dict) -> None:
     import torch
     import torch.distributed as dist
@@ -102,26 +144,28 @@ def _worker(spec: dict) -> None:
     dist.init_process_group("nccl" if cuda else "gloo")
     dtype = DTYPES[spec["dtype"]]
     flag = torch.zeros(1, device=device)
-    for index, (primitive, nbytes) in enumerate(spec["cases"]):
-        flag.fill_(1.0 if time.time() > spec["deadline"] else 0.0)
-        dist.broadcast(flag, 0)  # rank 0's clock decides, so every rank stops at the same case
+    gap = _busy(GAP_US[spec["device"]])
+    reached = len(spec["cases"])
+    for round_ in range(spec["rounds"]):
+        for index, (primitive, nbytes) in enumerate(spec["cases"][:reached]):
+            flag.fill_(1.0 if time.time() > spec["deadline"] else 0.0)
+            dist.broadcast(flag, 0)  # rank 0's clock decides, so every rank stops at the same case
+            if flag.item():
+                reached = index if round_ == 0 else reached
+                break
+            op = _operation(primitive, int(nbytes), world, rank, dtype, device)
+            times = []
+            for i in range(spec["warmup"] + spec["repeats"]):
+                dist.barrier()
+                spent = _burst(op, gap, lambda: torch.cuda.synchronize(device) if cuda else None)
+                elapsed = torch.tensor([spent / BURST], dtype=torch.float64, device=device)
+                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+                if i >= spec["warmup"]:
+                    times.append(float(elapsed))
+            if rank == 0:
+                print(_CASE_PREFIX + json.dumps([index, statistics.median(times) * 1e6]), flush=True)
         if flag.item():
             break
-        op = _operation(primitive, int(nbytes), world, rank, dtype, device)
-        times = []
-        for i in range(spec["warmup"] + spec["repeats"]):
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(BURST):
-                op()
-            if cuda:
-                torch.cuda.synchronize(device)
-            elapsed = torch.tensor([(time.perf_counter() - t0) / BURST], dtype=torch.float64, device=device)
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-            if i >= spec["warmup"]:
-                times.append(float(elapsed))
-        if rank == 0:
-            print(_CASE_PREFIX + json.dumps([index, statistics.median(times) * 1e6]), flush=True)
     dist.destroy_process_group()
 
 

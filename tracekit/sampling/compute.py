@@ -4,6 +4,7 @@ Backward is the operator's whole backward (e.g. a linear's dgrad + wgrad GEMMs),
 features, as the seed paper's samples and the predictor's operator graph both use it."""
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Callable
@@ -94,19 +95,32 @@ def time_case(case: Case, dtype_name: str, timer: Timer) -> dict[str, float]:
         target = torch.randint(0, int(f["width"]), (int(f["rows"]),), device=dev)
         fwd, bwd = timer.fwd_bwd([logits], lambda: F.cross_entropy(logits.float(), target, reduction="none"))
     elif kind == "optimizer":
-        return {"optimizer": _optimizer_step(int(f["params"]), int(f["width"]), dtype, timer)}
+        return {"optimizer": _optimizer_step(_stage_shapes(f), dtype, timer)}
     else:
         raise ValueError(f"no timing recipe for primitive {kind!r}")
     return {"fwd": fwd, "bwd": bwd}
 
 
-def _optimizer_step(params: int, width: int, dtype, timer: Timer) -> float:
-    """Adam over `params` weights in matrices `width` wide (fp32 main copies for fp16/bf16, as Megatron)."""
+def _stage_shapes(f: dict[str, float]) -> list[tuple[int, ...]]:
+    """The parameter tensors of one pipeline stage as a Megatron GPT stage holds them on one tensor-parallel rank:
+    per layer QKV, projection and two MLP linears (weights and biases) and two norms; the rest of `params` (the
+    first stage's embeddings, the last stage's final norm) as one more matrix `width` wide."""
+    h, t = int(f["width"]), max(1, int(f["tp"]))
+    ffn = 4 * h // t
+    layer = [(3 * h // t, h), (3 * h // t,), (h, h // t), (h,), (ffn, h), (ffn,), (h, ffn), (h,), (h,), (h,), (h,),
+             (h,)]
+    shapes = layer * int(f["layers"])
+    rest = int(f["params"]) - sum(math.prod(shape) for shape in shapes)
+    if rest >= h:
+        shapes.append((rest // h, h))
+    return shapes
+
+
+def _optimizer_step(shapes: list[tuple[int, ...]], dtype, timer: Timer) -> float:
+    """Adam over tensors of these shapes (fp32 main copies for fp16/bf16, as Megatron), as the trainer steps it."""
     from tracekit.reference.train import MixedPrecisionAdam
 
-    rows = max(1, params // width)
-    tensors = [torch.nn.Parameter(torch.randn(min(rows - r, 4 * width), width, device=timer.device).to(dtype))
-               for r in range(0, rows, 4 * width)]
+    tensors = [torch.nn.Parameter(torch.randn(shape, device=timer.device).to(dtype)) for shape in shapes]
     for t in tensors:
         t.grad = torch.randn_like(t) * 1e-3
     if dtype == torch.float32:

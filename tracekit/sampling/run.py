@@ -3,6 +3,7 @@ under this device's hardware id."""
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -17,6 +18,8 @@ from .shapes import COLLECTIVES, COMPUTE, SUPPORTED, Case, collective_cases, com
 
 SOURCE_PATH = "tracekit-sample"
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+#: Passes over the shape list (the median over passes is the sample).
+ROUNDS = 3
 
 
 @dataclass
@@ -48,11 +51,16 @@ def parse_primitives(text: str | None) -> list[str]:
 
 def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: float = 60.0, ranks: int = 2,
            store: SampleStore | None = None, dtype: str | None = None, threads: int | None = 1,
-           warmup: int = 2, repeats: int = 5, progress: Callable[[float], None] | None = None) -> SampleRun:
+           warmup: int = 2, repeats: int = 5, rounds: int = ROUNDS,
+           progress: Callable[[float], None] | None = None) -> SampleRun:
     """Time `primitives` (compute and/or collectives) for about `budget_s` seconds; add the samples to `store`.
 
-    `progress(fraction)` is called as the budget is used. Compute primitives run in this process with `threads`
-    torch threads (1 matches torchrun's OMP_NUM_THREADS=1 per rank); collectives over `ranks` local processes.
+    Every shape is timed in up to `rounds` separate passes over the whole shape list (each pass: warm-up, then
+    the median of `repeats`), and its sample is the median over the passes: a slow spell of the machine then
+    spoils one pass of a few shapes, not the sample. The first pass covers as many shapes as the budget allows;
+    later passes only re-time those. `progress(fraction)` is called as the budget is used. Compute primitives run
+    in this process with `threads` torch threads (1 matches torchrun's OMP_NUM_THREADS=1 per rank); collectives
+    over `ranks` local processes.
     """
     import torch
 
@@ -68,6 +76,8 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
         raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     if budget_s <= 0:
         raise ConfigError("the budget must be a positive number of seconds")
+    if rounds < 1:
+        raise ConfigError("rounds must be at least 1")
     chosen = set(primitives or SUPPORTED)
     compute = chosen & set(COMPUTE)
     collectives = chosen & set(COLLECTIVES)
@@ -85,31 +95,32 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
         if progress:
             progress(min(1.0, (time.time() - start) / budget_s))
 
-    timer = Timer(torch.device("cuda" if device == "cuda" else "cpu"), warmup, repeats)
-    seen: set[Case] = set()
-    for point in points(device):
-        if not compute or time.time() >= compute_deadline:
-            result.stopped_by_budget = bool(compute)
-            break
-        for case in compute_cases(point, compute):
-            if case in seen:
-                continue
-            if time.time() >= compute_deadline:
-                break
-            seen.add(case)
-            for pass_, micros in time_case(case, dtype, timer).items():
-                result.rows.append(_row(hardware, case, pass_, dtype, micros))
-            report()
+    if compute:
+        timer = Timer(torch.device("cuda" if device == "cuda" else "cpu"), warmup, repeats)
+        cases = list(dict.fromkeys(case for point in points(device) for case in compute_cases(point, compute)))
+        timings: dict[Case, dict[str, list[float]]] = {}
+        for round_ in range(rounds):
+            for case in cases if round_ == 0 else list(timings):
+                if time.time() >= compute_deadline:
+                    break
+                for pass_, micros in time_case(case, dtype, timer).items():
+                    timings.setdefault(case, {}).setdefault(pass_, []).append(micros)
+                report()
+        result.stopped_by_budget = len(timings) < len(cases)
+        for case, passes in timings.items():
+            for pass_, values in passes.items():
+                result.rows.append(_row(hardware, case, pass_, dtype, statistics.median(values)))
     if collectives:
         cases = collective_cases(device, collectives, ranks)
-        done = 0
-        for case, micros in run_collectives(cases, ranks, device, dtype, warmup, repeats, deadline):
-            row = _row(hardware, case, "comm", dtype, micros)
+        comm: dict[Case, list[float]] = {}
+        for case, micros in run_collectives(cases, ranks, device, dtype, warmup, repeats, rounds, deadline):
+            comm.setdefault(case, []).append(micros)
+            report()
+        for case, values in comm.items():
+            row = _row(hardware, case, "comm", dtype, statistics.median(values))
             row["numel"] = case.feature("bytes") / DTYPE_BYTES[dtype]
             result.rows.append(row)
-            done += 1
-            report()
-        result.stopped_by_budget = result.stopped_by_budget or done < len(cases)
+        result.stopped_by_budget = result.stopped_by_budget or len(comm) < len(cases)
     result.seconds = time.time() - start
     if result.rows:
         payload = json.dumps(result.rows, sort_keys=True).encode()
@@ -119,7 +130,7 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
         if store is not None:
             store.add(result.source, result.rows, {
                 "kind": "sample", "path": SOURCE_PATH, "hardware": hardware, "device": device, "dtype": dtype,
-                "ranks": ranks if collectives else None,
+                "ranks": ranks if collectives else None, "rounds": rounds,
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             })
     return result
