@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from predictor import batch as B  # noqa: E402
 from predictor.calibration import (CALIBRATION_DIR, CONSTANTS, NONE, Calibration, fit_prepared,  # noqa: E402
-                                   iteration_times_s as iteration_s)
+                                   held_out_times_s, iteration_times_s as iteration_s)
 from predictor.models import ModelSet  # noqa: E402
 from predictor.predict import predict, prepare_many  # noqa: E402
 from tracekit.core.atomic import atomic_write_json  # noqa: E402
@@ -116,11 +116,7 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
     fold = rng.permutation(len(rows)) % args.folds
-    cv = np.empty(len(rows))
-    for k in range(args.folds):
-        train, test = np.flatnonzero(fold != k), np.flatnonzero(fold == k)
-        cal_k, _ = fit([prepared[i] for i in train], measured[train], rounds=3)
-        cv[test] = iteration_s([prepared[i] for i in test], cal_k)
+    cv = held_out_times_s(prepared, measured, fold, lambda p, m: fit(p, m, rounds=3)[0])
     cv_mape = report(f"calibrated, {args.folds}-fold cross-validated (constants never see the scored rows)", rows, cv,
                      measured)
 

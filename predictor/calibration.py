@@ -12,7 +12,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -200,6 +200,17 @@ def _gauss_newton(prepared, measured: np.ndarray, params: list[str], theta: np.n
     return at(best[1]), history
 
 
+def held_out_times_s(prepared: Sequence, measured: np.ndarray, folds: np.ndarray,
+                     fit: Callable[[list, np.ndarray], Calibration]) -> np.ndarray:
+    """Cross-validated iteration times (s): the runs of each fold (`folds[i]` is run i's fold) predicted under the
+    calibration `fit(prepared, measured)` returns for the runs of the other folds."""
+    out = np.empty(len(measured))
+    for k in np.unique(folds):
+        train, test = np.flatnonzero(folds != k), np.flatnonzero(folds == k)
+        out[test] = iteration_times_s([prepared[i] for i in test], fit([prepared[i] for i in train], measured[train]))
+    return out
+
+
 def select_params(prepared: Sequence, measured_s: Sequence[float], regularization: float = 0.01,
                   candidates: Sequence[Sequence[str]] = CANDIDATE_PARAMS, rounds: int = 8
                   ) -> tuple[tuple[str, ...], list[dict[str, Any]]]:
@@ -214,13 +225,9 @@ def select_params(prepared: Sequence, measured_s: Sequence[float], regularizatio
     for params in candidates:
         if len(params) > n - 1:
             continue
-        errors = []
-        for out in range(n):
-            keep = [i for i in range(n) if i != out]
-            cal, _ = fit_prepared([prepared[i] for i in keep], measured[keep], params, rounds=rounds,
-                                  regularization=regularization, loss="mape", search=True)
-            errors.append(abs(iteration_times_s([prepared[out]], cal)[0] - measured[out]) / measured[out])
-        scores.append({"params": list(params), "loo_mape": float(np.mean(errors))})
+        held_out = held_out_times_s(prepared, measured, np.arange(n), lambda p, m: fit_prepared(
+            p, m, params, rounds=rounds, regularization=regularization, loss="mape", search=True)[0])
+        scores.append({"params": list(params), "loo_mape": _mape(held_out, measured)})
     best = min(scores, key=lambda row: (round(row["loo_mape"], 4), len(row["params"])))
     return tuple(best["params"]), scores
 

@@ -38,7 +38,7 @@ def _free_port() -> int:
 def run_collectives(cases: list[Case], ranks: int, device: str, dtype: str, warmup: int, repeats: int, rounds: int,
                     deadline: float) -> Iterator[tuple[Case, float]]:
     """Yield (case, median µs of one pass) as the worker group times each case, in up to `rounds` passes over
-    `cases` (later passes re-time only the cases the first one reached); stops at `deadline` (time.time())."""
+    `cases`; stops at `deadline` (time.time())."""
     if ranks < 2:
         raise ValueError("collectives need at least 2 ranks")
     spec = json.dumps({"cases": [[c.primitive, c.feature("bytes")] for c in cases], "device": device,
@@ -145,19 +145,18 @@ def _worker(spec: dict) -> None:
     dtype = DTYPES[spec["dtype"]]
     flag = torch.zeros(1, device=device)
     gap = _busy(GAP_US[spec["device"]])
-    reached = len(spec["cases"])
-    for round_ in range(spec["rounds"]):
-        for index, (primitive, nbytes) in enumerate(spec["cases"][:reached]):
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    for _ in range(spec["rounds"]):  # a pass cut by the deadline ends the sampling: no later pass re-times less
+        for index, (primitive, nbytes) in enumerate(spec["cases"]):
             flag.fill_(1.0 if time.time() > spec["deadline"] else 0.0)
             dist.broadcast(flag, 0)  # rank 0's clock decides, so every rank stops at the same case
             if flag.item():
-                reached = index if round_ == 0 else reached
                 break
             op = _operation(primitive, int(nbytes), world, rank, dtype, device)
             times = []
             for i in range(spec["warmup"] + spec["repeats"]):
                 dist.barrier()
-                spent = _burst(op, gap, lambda: torch.cuda.synchronize(device) if cuda else None)
+                spent = _burst(op, gap, sync)
                 elapsed = torch.tensor([spent / BURST], dtype=torch.float64, device=device)
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                 if i >= spec["warmup"]:

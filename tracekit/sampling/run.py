@@ -57,8 +57,8 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
 
     Every shape is timed in up to `rounds` separate passes over the whole shape list (each pass: warm-up, then
     the median of `repeats`), and its sample is the median over the passes: a slow spell of the machine then
-    spoils one pass of a few shapes, not the sample. The first pass covers as many shapes as the budget allows;
-    later passes only re-time those. `progress(fraction)` is called as the budget is used. Compute primitives run
+    spoils one pass of a few shapes, not the sample. The budget ends the passes: the first covers as many shapes as
+    it allows. `progress(fraction)` is called as the budget is used. Compute primitives run
     in this process with `threads` torch threads (1 matches torchrun's OMP_NUM_THREADS=1 per rank); collectives
     over `ranks` local processes.
     """
@@ -99,13 +99,12 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
         timer = Timer(torch.device("cuda" if device == "cuda" else "cpu"), warmup, repeats)
         cases = list(dict.fromkeys(case for point in points(device) for case in compute_cases(point, compute)))
         timings: dict[Case, dict[str, list[float]]] = {}
-        for round_ in range(rounds):
-            for case in cases if round_ == 0 else list(timings):
-                if time.time() >= compute_deadline:
-                    break
-                for pass_, micros in time_case(case, dtype, timer).items():
-                    timings.setdefault(case, {}).setdefault(pass_, []).append(micros)
-                report()
+        for case in cases * rounds:  # pass after pass; the deadline may cut the first one short
+            if time.time() >= compute_deadline:
+                break
+            for pass_, micros in time_case(case, dtype, timer).items():
+                timings.setdefault(case, {}).setdefault(pass_, []).append(micros)
+            report()
         result.stopped_by_budget = len(timings) < len(cases)
         for case, passes in timings.items():
             for pass_, values in passes.items():
