@@ -1,10 +1,14 @@
 """Capture a tiny 2-rank CPU run (gloo) with torch.profiler: matmuls, all_reduces and a send/recv pair per step,
 one trace per rank.
 
-Usage: python gloo_capture.py OUT_DIR PORT   (writes OUT_DIR/rank{0,1}.pt.trace.json)
+Usage: python gloo_capture.py OUT_DIR   (writes OUT_DIR/rank{0,1}.pt.trace.json)
+
+The ranks meet through a file store (no TCP port to race for) and pass a barrier before tearing down, so neither
+rank leaves while the other still talks to it.
 """
 import os
 import sys
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -22,9 +26,8 @@ def cpu_model() -> str:
     return "unknown"
 
 
-def run(rank: int, world: int, out: str, port: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def run(rank: int, world: int, out: str, store: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     a, b = torch.randn(64, 128), torch.randn(128, 32)
     grad = torch.randn(1000)
     path = os.path.join(out, f"rank{rank}.pt.trace.json")
@@ -41,8 +44,10 @@ def run(rank: int, world: int, out: str, port: int) -> None:
             else:
                 dist.recv(c, 0)
             prof.step()
+    dist.barrier()
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    mp.spawn(run, args=(2, sys.argv[1], int(sys.argv[2])), nprocs=2)
+    with tempfile.TemporaryDirectory() as meet:
+        mp.spawn(run, args=(2, sys.argv[1], os.path.join(meet, "store")), nprocs=2)

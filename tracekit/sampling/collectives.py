@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Callable, Iterator
 
@@ -29,23 +29,21 @@ BURST = 10  # operations per timed burst
 GAP_US = {"cpu": 500.0, "cuda": 0.0}  # computation before each operation of a burst
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run_collectives(cases: list[Case], ranks: int, device: str, dtype: str, warmup: int, repeats: int, rounds: int,
                     deadline: float) -> Iterator[tuple[Case, float]]:
     """Yield (case, median µs of one pass) as the worker group times each case, in up to `rounds` passes over
     `cases`; stops at `deadline` (time.time())."""
     if ranks < 2:
         raise ValueError("collectives need at least 2 ranks")
-    spec = json.dumps({"cases": [[c.primitive, c.feature("bytes")] for c in cases], "device": device,
-                       "dtype": dtype, "warmup": warmup, "repeats": repeats, "rounds": rounds,
-                       "deadline": deadline})
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(ranks),
-               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    with tempfile.TemporaryDirectory(prefix="tracekit-store-") as meet:  # a file store: no TCP port to race for
+        spec = json.dumps({"cases": [[c.primitive, c.feature("bytes")] for c in cases], "device": device,
+                           "dtype": dtype, "warmup": warmup, "repeats": repeats, "rounds": rounds,
+                           "deadline": deadline, "store": os.path.join(meet, "store")})
+        yield from _run_workers(cases, ranks, spec)
+
+
+def _run_workers(cases: list[Case], ranks: int, spec: str) -> Iterator[tuple[Case, float]]:
+    env = dict(os.environ, WORLD_SIZE=str(ranks), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     procs = []
     for rank in range(ranks):
         procs.append(subprocess.Popen(
@@ -141,7 +139,8 @@ def _worker(spec: dict) -> None:
     device = torch.device(f"cuda:{rank}") if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo")
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{spec['store']}", rank=rank,
+                            world_size=world)
     dtype = DTYPES[spec["dtype"]]
     flag = torch.zeros(1, device=device)
     gap = _busy(GAP_US[spec["device"]])
@@ -165,6 +164,7 @@ def _worker(spec: dict) -> None:
                 print(_CASE_PREFIX + json.dumps([index, statistics.median(times) * 1e6]), flush=True)
         if flag.item():
             break
+    dist.barrier()  # no rank tears down while another still talks to it
     dist.destroy_process_group()
 
 
