@@ -27,6 +27,7 @@ CONSTANTS = {
     "comm_scale": "× collectives and P2P transfers",
     "microbatch_overhead_us": "+ per forward or backward call of one micro-batch on one model chunk",
     "host_op_us": "host time per compute op: a layer pass's compute takes ≥ this × its compute ops",
+    "op_overhead_us": "+ per compute op: framework time between operators that no device hides (eager CPU runs)",
     "iteration_overhead_us": "+ per iteration",
 }
 
@@ -39,6 +40,7 @@ class Calibration:
     comm_scale: float = 1.0
     microbatch_overhead_us: float = 0.0
     host_op_us: float = 0.0
+    op_overhead_us: float = 0.0
     iteration_overhead_us: float = 0.0
     description: str = ""
     fit: dict[str, Any] = field(default_factory=dict)  # how it was obtained (data, rows, error before/after)
@@ -89,16 +91,16 @@ def load_calibration(name_or_path: str | Path | None) -> Calibration:
 # -- fitting -------------------------------------------------------------------------------------------------------
 #: Lower bounds (scales stay positive, overheads non-negative) and finite-difference steps of each constant.
 LOWER = {"compute_scale": 0.2, "memory_scale": 0.2, "comm_scale": 0.2, "microbatch_overhead_us": 0.0,
-         "host_op_us": 0.0, "iteration_overhead_us": 0.0}
+         "host_op_us": 0.0, "op_overhead_us": 0.0, "iteration_overhead_us": 0.0}
 STEP = {"compute_scale": 0.05, "memory_scale": 0.05, "comm_scale": 0.05, "microbatch_overhead_us": 50.0,
-        "host_op_us": 5.0, "iteration_overhead_us": 500.0}
+        "host_op_us": 5.0, "op_overhead_us": 5.0, "iteration_overhead_us": 500.0}
 #: Starting host costs per op (µs): the host floor is a max(), its derivative is zero until it binds.
 HOST_STARTS = (0.0, 40.0, 80.0, 120.0)
 #: Coarse values per constant for `search=True` (few constants): the best grid points start Gauss–Newton. GPU
 #: launch costs are tens of µs per op; a framework's per-op cost on a busy CPU reaches hundreds.
 GRID = {"compute_scale": (0.5, 1.0, 2.0, 4.0), "memory_scale": (0.5, 1.0, 2.0, 4.0), "comm_scale": (0.5, 1.0, 2.0, 4.0),
         "microbatch_overhead_us": (0.0, 500.0, 2000.0, 5000.0), "host_op_us": (0.0, 40.0, 120.0, 300.0, 600.0),
-        "iteration_overhead_us": (0.0, 2000.0, 10000.0, 50000.0)}
+        "op_overhead_us": (0.0, 20.0, 60.0, 150.0, 400.0), "iteration_overhead_us": (0.0, 2000.0, 10000.0, 50000.0)}
 GRID_STARTS = 3
 #: Step halvings tried per Gauss–Newton round before taking the smallest step anyway (the best round is kept).
 HALVINGS = 6
@@ -108,8 +110,9 @@ DEFAULT_PARAMS = ("host_op_us", "comm_scale", "microbatch_overhead_us")
 #: differs from its samples (slower or quicker kernels, collectives, framework costs per op, per micro-batch,
 #: per iteration).
 CANDIDATE_PARAMS = (
-    ("comm_scale",), ("host_op_us",), ("microbatch_overhead_us",), ("iteration_overhead_us",),
-    ("compute_scale", "memory_scale"), ("host_op_us", "comm_scale"), ("comm_scale", "microbatch_overhead_us"),
+    ("comm_scale",), ("host_op_us",), ("op_overhead_us",), ("microbatch_overhead_us",), ("iteration_overhead_us",),
+    ("compute_scale", "memory_scale"), ("host_op_us", "comm_scale"), ("op_overhead_us", "comm_scale"),
+    ("comm_scale", "microbatch_overhead_us"),
     ("memory_scale", "comm_scale"), ("compute_scale", "memory_scale", "comm_scale"),
     ("host_op_us", "comm_scale", "microbatch_overhead_us"), ("comm_scale", "microbatch_overhead_us",
                                                              "iteration_overhead_us"),

@@ -260,10 +260,11 @@ def calibrated_durations(graph: Graph, est: Estimates, cal: Calibration) -> np.n
 
 def _work(ops: list[OpUse], dur: np.ndarray, layers: int, cal: Calibration) -> Work:
     """One micro-batch of a segment's forward or backward. A layer pass's compute lasts at least the host time to
-    issue its compute operators (`host_op_us` each: a launch-bound layer waits on the CPU); the excess counts as
-    `other`. Blocking collectives add to it."""
+    issue its compute operators (`host_op_us` each: a launch-bound layer waits on the CPU); the excess, and
+    `op_overhead_us` per compute operator (framework time no device hides), count as `other`. Blocking collectives
+    add to it."""
     compute = comm = layer_compute = layer_comm = 0.0
-    layer_ops = 0
+    layer_ops = other_ops = 0
     for op in ops:
         t = float(dur[op.spec])
         if op.per_layer:
@@ -276,9 +277,11 @@ def _work(ops: list[OpUse], dur: np.ndarray, layers: int, cal: Calibration) -> W
             comm += op.count * t
         else:
             compute += op.count * t
+            other_ops += op.count
     excess = max(0.0, cal.host_op_us * layer_ops - layer_compute)
+    framework = cal.op_overhead_us * (layer_ops * layers + other_ops)
     return Work(compute + layer_compute * layers, comm + layer_comm * layers,
-                cal.microbatch_overhead_us + excess * layers)
+                cal.microbatch_overhead_us + excess * layers + framework)
 
 
 def simulate_graph(graph: Graph, est: Estimates, cal: Calibration

@@ -10,7 +10,8 @@ Before fitting, samples that cannot be real measurements of the same operator ar
   `MODE_GAP` decades (e.g. an optimizer step that took seconds in one stretch of a sweep and milliseconds at
   larger shapes in the rest).
 Hyper-parameters (target, tree depth, rounds) are chosen by k-fold cross-validation on out-of-fold MAPE; among the
-configurations within 5% of the best, the smallest model is kept.
+configurations within 5% of the best, the smallest model is kept. A collective's plain-time model is constrained
+to grow with the message size (a few noisy small-message samples must not make a larger message look quicker).
 """
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ LOG_TARGET_MAX_ROWS = 2000
 LOG_TARGET_GAIN = 0.8
 #: Parsimony: the smallest model (depth × rounds) whose CV MAPE is within this factor of the best one is kept.
 PARSIMONY = 1.05
+#: Features a collective's time cannot decrease in (monotone constraint of its plain-time model).
+SIZE_FEATURES = ("bytes", "log_bytes", "log_roofline")
 
 
 @dataclass
@@ -136,7 +139,8 @@ def ape_summary(ape: np.ndarray) -> dict:
     return {"mape": float(np.mean(ape)), "median_ape": float(np.median(ape)), "p90_ape": float(np.quantile(ape, 0.9))}
 
 
-def _train(x: np.ndarray, y: np.ndarray, depth: int, rounds: int, seed: int, threads: int):
+def _train(x: np.ndarray, y: np.ndarray, depth: int, rounds: int, seed: int, threads: int,
+           monotone: tuple[int, ...] | None = None):
     import xgboost as xgb
 
     params = {
@@ -144,6 +148,8 @@ def _train(x: np.ndarray, y: np.ndarray, depth: int, rounds: int, seed: int, thr
         "subsample": 0.8, "colsample_bytree": 1.0, "tree_method": "hist", "nthread": threads, "seed": seed,
         "verbosity": 0,
     }
+    if monotone:
+        params["monotone_constraints"] = "(" + ",".join(map(str, monotone)) + ")"
     return xgb.train(params, xgb.DMatrix(x, label=y), num_boost_round=rounds)
 
 
@@ -171,8 +177,10 @@ def fit(frame: pd.DataFrame, primitive: str, folds: int = 5, seed: int = 0, thre
     base = {RATIO_TARGET: log_roof[~drop], LOG_TARGET: np.zeros(n)}
     labels = {RATIO_TARGET: y, LOG_TARGET: np.log10(t)}
     candidates = [(RATIO_TARGET, d) for d in depths]
-    if n < LOG_TARGET_MAX_ROWS and primitive not in COLLECTIVE_PRIMITIVES:
+    if n < LOG_TARGET_MAX_ROWS:
         candidates += [(LOG_TARGET, d) for d in LOG_TARGET_DEPTHS]
+    size_rule = tuple(int(c in SIZE_FEATURES) for c in keep) if primitive in COLLECTIVE_PRIMITIVES else None
+    monotone = {RATIO_TARGET: None, LOG_TARGET: size_rule}
     oof = np.full((len(candidates), len(round_steps), n), np.nan)
     k = min(folds, n) if n >= 4 else 0
     if k >= 2:
@@ -182,7 +190,8 @@ def fit(frame: pd.DataFrame, primitive: str, folds: int = 5, seed: int = 0, thre
             train = np.setdiff1d(perm, test)
             dtest = xgb.DMatrix(x[test])
             for i, (target, depth) in enumerate(candidates):
-                booster = _train(x[train], labels[target][train], depth, max(round_steps), seed, threads)
+                booster = _train(x[train], labels[target][train], depth, max(round_steps), seed, threads,
+                                 monotone[target])
                 for j, rounds in enumerate(round_steps):
                     oof[i, j, test] = booster.predict(dtest, iteration_range=(0, rounds)) + base[target][test]
         pred_t = 10 ** oof
@@ -201,7 +210,7 @@ def fit(frame: pd.DataFrame, primitive: str, folds: int = 5, seed: int = 0, thre
         cv = {"folds": 0, "mape": None, "median_ape": None, "p90_ape": None}
         oof_series = pd.Series(np.nan, index=frame.index)
     y = labels[target]
-    booster = _train(x, y, depth, rounds, seed, threads) if n else None
+    booster = _train(x, y, depth, rounds, seed, threads, monotone[target]) if n else None
     ranges = {
         c: [float(np.nanmin(matrix[c][~drop])), float(np.nanmax(matrix[c][~drop]))]
         for c in keep if c in shape_features(primitive) and matrix[c][~drop].notna().any()
@@ -210,7 +219,8 @@ def fit(frame: pd.DataFrame, primitive: str, folds: int = 5, seed: int = 0, thre
     return FitResult(
         booster=booster, features=keep, ranges=ranges,
         params={"max_depth": int(depth), "rounds": int(rounds), "eta": ETA, "objective": "reg:squarederror",
-                "target": target},
+                "target": target, **({"monotone_in": [c for c in keep if c in SIZE_FEATURES]}
+                                     if monotone[target] else {})},
         n_samples=n, cv=cv, outliers=outliers, train_hash=sample_hash(frame, hash_cols),
         seconds=time.perf_counter() - start, oof=oof_series,
     )

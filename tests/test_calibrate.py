@@ -122,6 +122,22 @@ def test_auto_chooses_the_constants_by_their_real_held_out_error(fitted, tmp_pat
     assert statistics.mean(errors) == pytest.approx(check["loo_mape"], rel=1e-6)
 
 
+def test_per_operator_overhead_is_paid_once_per_compute_operator(fitted, tmp_path):
+    """op_overhead_us (framework time between operators that nothing hides on a CPU) lengthens a DP run's iteration
+    by exactly its value × the forward and backward operator instances `predict` lists for it."""
+    run_dir = fitted["dirs"][2]  # dp2: one stage, no pipeline to overlap the added time
+    cal = tmp_path / "per-op.json"
+    cal.write_text(json.dumps({"name": "per-op", "op_overhead_us": 100.0}))
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    args = ["predict", "--megatron-log", run_dir / "train.log", "--hardware", manifest["hardware"], "--gpus-per-node",
+            "2", "--models", fitted["models"], "--json"]
+    before = json.loads(cli(*args).stdout)
+    after = json.loads(cli(*args, "--calibration", cal).stdout)
+    instances = sum(op["count"] for op in before["operators"] if op["pass"] in ("fwd", "bwd"))
+    assert instances > 20
+    assert after["iteration_time_s"] - before["iteration_time_s"] == pytest.approx(instances * 100e-6, rel=1e-6)
+
+
 def test_table_output_names_every_run(fitted):
     done = cli("calibrate", *fitted["dirs"], "--models", fitted["models"], "--params", "comm_scale,host_op_us")
     for run_dir in fitted["dirs"]:

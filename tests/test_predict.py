@@ -71,6 +71,15 @@ def test_invalid_config_is_one_clear_error():
     assert len(res.stderr.strip().splitlines()) == 1
 
 
+def test_trace_out_onto_a_file_is_one_clear_error(tmp_path):
+    taken = tmp_path / "pred.json"
+    taken.write_text("{}")
+    res = run("--megatron-args", ARGS, "--hardware", "A100-SXM4-80GB", "--trace-out", str(taken))
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert str(taken) in res.stderr and "not a directory" in res.stderr
+    assert taken.read_text() == "{}"
+
+
 def test_unknown_hardware_is_named():
     res = run("--megatron-args", ARGS, "--hardware", "Z9000")
     assert res.exit_code == 2

@@ -63,7 +63,7 @@ def calibrate_command(
     params: str = typer.Option("auto", "--params",
                                help="auto (chosen by leave-one-out; ≥ 3 runs), or comma-separated constants: "
                                     "compute_scale, memory_scale, comm_scale, microbatch_overhead_us, host_op_us, "
-                                    "iteration_overhead_us."),
+                                    "op_overhead_us, iteration_overhead_us."),
     regularization: float = typer.Option(0.01, "--regularization", min=0.0,
                                          help="Pull toward no calibration (0 = none)."),
     name: Optional[str] = typer.Option(None, "--name", help="Calibration name (default: --out's file name)."),

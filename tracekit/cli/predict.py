@@ -99,6 +99,8 @@ def predict_command(
         from tracekit.core.config import TrainingConfig
         from tracekit.core.errors import InputError
 
+        if trace_out is not None and trace_out.exists() and not trace_out.is_dir():
+            raise InputError(trace_out, "exists and is not a directory (--trace-out takes a folder for the traces)")
         if config is not None:
             cfg = TrainingConfig.from_file(config)
         elif megatron_args is not None:
