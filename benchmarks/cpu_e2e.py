@@ -12,9 +12,10 @@ Steps (all through the `tracekit` command, as a user would run them):
      iteration times the captured runs measured without the profiler; which constants: chosen by leave-one-out)
   5. tracekit predict CONFIG --hardware cpu-... --gpus-per-node 2 --models M [--calibration cal.json] --json
      (other configurations; without and with the calibration)
-  6. run each predicted configuration with the reference trainer (no profiler) and take the median iteration time
-     (iterations after the first WARMUP) from its log lines; one configuration is run --repeats times to show the
-     spread of measurements on this noisy shared machine.
+  6. run each predicted configuration --repeats times with the reference trainer (no profiler), round-robin over the
+     configurations so a slow spell of this shared machine does not land on one of them; a run's time is the median
+     of its iterations after the first WARMUP (from its log lines), a configuration's the median over its runs, and
+     its spread (max − min)/mean over its runs.
 Prints one table: the four predictions vs measured per configuration, MAPE, and the measurement spread beside it.
 Goal (issue 6): MAPE ≤ 10 %.
 """
@@ -40,7 +41,7 @@ COMMON = dict(vocab_size=1000, log_interval=1)
 TRAIN_ITERS = 30
 WARMUP = 5  # iterations left out of the measured median (start-up, allocator warm-up)
 #: Captured runs: profiled steps, then enough unprofiled iterations for a stable median to calibrate on.
-CAPTURE_ITERS, CAPTURE_STEPS = 30, "3-6"
+CAPTURE_ITERS, CAPTURE_STEPS = 50, "3-6"
 #: Constants fitted from the four captured runs: `tracekit calibrate`'s default, the set that predicts each captured
 #: run best when fitted on the other three (leave-one-out; the predicted configurations play no part in the choice).
 CAL_PARAMS = "auto"
@@ -114,7 +115,7 @@ def predicted_ms(model: dict, models_dir: Path, hardware: str, work: Path, name:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", type=float, default=120, help="seconds for `tracekit sample` (default 120)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of one configuration for the spread")
+    parser.add_argument("--repeats", type=int, default=3, help="measured runs per predicted configuration")
     parser.add_argument("--folds", type=int, default=2, help="cross-validation folds for `tracekit train` (default 2)")
     parser.add_argument("--work", type=Path, default=None, help="working directory (default: a temporary one)")
     parser.add_argument("--reuse", action="store_true", help="reuse the samples and captures already in --work")
@@ -183,17 +184,24 @@ def main() -> None:
 
     timed("alternative calibrations", fit_alternatives)
     load_before = os.getloadavg()[0]
-    measured = timed("measure", lambda: {name: measured_ms(m) for name, m in PREDICTED.items()})
+    runs = {name: [] for name in PREDICTED}
+
+    def measure_round_robin():
+        for _ in range(args.repeats):
+            for name, model in PREDICTED.items():
+                runs[name].append(measured_ms(model))
+
+    timed("measure", measure_round_robin)
     load_after = os.getloadavg()[0]
-    first = next(iter(PREDICTED))
-    repeats = timed("spread", lambda: [measured[first]] + [measured_ms(PREDICTED[first])
-                                                            for _ in range(args.repeats - 1)])
+    measured = {name: statistics.median(times) for name, times in runs.items()}
+    spreads = {name: (max(times) - min(times)) / statistics.mean(times) for name, times in runs.items()}
 
     print(f"\nCPU end to end on {hardware} (2 ranks, gloo, fp32): predicted iteration time from models trained on "
           f"`tracekit sample` alone, and on it plus {len(CAPTURED)} captured runs, each without and with the "
           "calibration fitted on the captures, vs measured (ms, error in %)")
     labels = list(predictions)
-    print(f"{'configuration':36} " + " ".join(f"{label:>30}" for label in labels) + f" {'measured':>9}")
+    print(f"{'configuration':36} " + " ".join(f"{label:>30}" for label in labels) + f" {'measured':>9}"
+          + f" {'spread':>7}")
     errors = {label: [] for label in labels}
     for name in PREDICTED:
         meas = measured[name]
@@ -202,7 +210,7 @@ def main() -> None:
             pred = predictions[label][name]["iteration_time_s"] * 1e3
             errors[label].append(abs(pred - meas) / meas)
             cells.append(f"{pred:14.1f} ({100 * (pred - meas) / meas:+7.1f}%)")
-        print(f"{name:36} " + " ".join(f"{c:>30}" for c in cells) + f" {meas:9.1f}")
+        print(f"{name:36} " + " ".join(f"{c:>30}" for c in cells) + f" {meas:9.1f} {100 * spreads[name]:6.1f}%")
     print(f"{'MAPE (goal ≤ 10%)':36} " + " ".join(f"{100 * statistics.mean(errors[l]):29.1f}%" for l in labels))
     for params, preds in alternatives.items():
         mape = statistics.mean(abs(preds[n]["iteration_time_s"] * 1e3 - measured[n]) / measured[n] for n in PREDICTED)
@@ -218,9 +226,10 @@ def main() -> None:
             tried = sorted(f["selection"]["candidates"], key=lambda row: row["loo_mape"])
             print(f"  {'':20} chosen by leave-one-out over the captures (held-out MAPE): " + "; ".join(
                 f"{'+'.join(row['params'])} {100 * row['loo_mape']:.1f}%" for row in tried[:3]))
-    spread = (max(repeats) - min(repeats)) / statistics.mean(repeats)
-    print(f"\nmeasurement spread of '{first}' over {len(repeats)} runs: "
-          + ", ".join(f"{t:.1f}" for t in repeats) + f" ms → (max − min)/mean = {100 * spread:.1f}%")
+    print(f"\nmeasured runs (ms, {args.repeats} per configuration, round-robin): " + "; ".join(
+        f"{name.split()[0]}: " + ", ".join(f"{t:.1f}" for t in times) for name, times in runs.items())
+          + f"\nmeasurement spread (max − min)/mean: mean {100 * statistics.mean(spreads.values()):.1f}%, "
+          f"max {100 * max(spreads.values()):.1f}%")
     print(f"machine load (1-min average, {os.cpu_count()} CPUs) before/after measuring: "
           f"{load_before:.1f}/{load_after:.1f}; two ranks need two free cores, so a load above ~{os.cpu_count()} "
           "from other processes stretches every measured iteration")

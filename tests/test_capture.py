@@ -123,6 +123,24 @@ def test_tp_ingest_finds_the_tp_collectives_with_bytes_from_the_configuration(tp
     assert set(samples["hardware"]) == {manifest["hardware"]}  # the CPU named in the trace = the manifest's
 
 
+def test_tp_backward_gemms_carry_the_shapes_of_their_forward_linears(tp_run):
+    """A CPU trace's backward nodes (AddmmBackward0, MmBackward0) have no shapes of their own; linked to their
+    forward op by the autograd sequence number, each is the whole backward of one linear, keyed by its forward
+    [tokens, in] × [in, out] shape (the convention of sampled bwd rows)."""
+    from tracekit.core.store import SampleStore
+
+    _, _, store_dir = tp_run
+    gemms = SampleStore(store_dir).read(primitive="gemm")
+    bwd = gemms[gemms["pass"] == "bwd"]
+    tokens, h, tp = MODEL["seq_length"] * MODEL["micro_batch_size"], MODEL["hidden_size"], 2
+    ffn, vocab = 4 * h, 1024  # Megatron's defaults: 4h, vocab padded to a multiple of 128 × tp
+    linears = {(tokens, h, 3 * h // tp), (tokens, h // tp, h), (tokens, h, ffn // tp), (tokens, ffn // tp, h),
+               (tokens, h, vocab // tp)}  # QKV, proj, fc1, fc2 (per layer), LM head
+    assert set(zip(bwd["m"], bwd["k"], bwd["n"])) == linears
+    # per micro-batch 2 layers × 4 linears + the LM head; 2 micro-batches, 3 profiled steps, 2 ranks
+    assert len(bwd) == (2 * 4 + 1) * 2 * 3 * 2
+
+
 def test_pp_ingest_finds_the_pipeline_transfers(pp_run):
     out, manifest = pp_run
     assert manifest.ingest["status"] == "ok", manifest.ingest

@@ -4,6 +4,9 @@ Without GPU kernels, an operator's own duration is its time: tracekit times the 
 with no enclosing cpu_op on their thread; nested ops are part of their parent's time) and the gloo collectives
 (`gloo:<kind>` annotations, on gloo's worker threads or, for send/recv, inside the issuing c10d:: call; where
 a trace has none, record_param_comms or the c10d:: call itself: otherwise that call only enqueues the work).
+A backward node (`autograd::engine::evaluate_function: AddmmBackward0`) is the whole backward of the forward op
+that shares its autograd `Sequence number`; it takes that op's name and input shapes (the convention of sampled
+`bwd` rows).
 Hardware is `cpu-<model>` from the trace's top-level `cpu_model` key (add it while profiling with
 `prof.add_metadata("cpu_model", ...)`); torch does not record the CPU model itself, so other CPU traces get
 `cpu-unknown`.
@@ -48,6 +51,7 @@ def cpu_events(c: EventColumns, world_size: int | None):
     rows = []
     comm_rows, comm_recorded, comm_pg, comm_ts = [], [], [], []
     annotated_comms = bool(np.any(ctx.comm_annotation == np.arange(len(names))))
+    forward = _forward_by_sequence(c, ctx)
     for i in range(len(names)):
         name = names[i]
         is_ann = bool(c.op_is_annotation[i])
@@ -80,14 +84,21 @@ def cpu_events(c: EventColumns, world_size: int | None):
             comm_pg.append(info.process_group)
             comm_ts.append(row["ts_us"])
         else:
-            op = name if "::" in name and not name.startswith("autograd::") else (_camel_to_op(name) or name)
+            shaped = i
+            if "::" in name and not name.startswith("autograd::"):
+                op = name
+            else:
+                op = _camel_to_op(name) or name
+                shaped = _forward_op(forward, names, int(c.op_seq[i]), op) if op != name else -1
+                op = names[shaped] if shaped >= 0 else op
             primitive = op_primitive(op) or ("elementwise" if is_pointwise_op(op) else "other")
             if ctx.optimizer[i] and primitive not in ("gemm", "bmm"):
                 primitive = "optimizer"
             row.update(category="computation", primitive=primitive,
                        **{"pass": "optimizer" if ctx.optimizer[i] else ("bwd" if ctx.backward[i] else "fwd")})
-            if primitive != "other" and op == name:
-                dtype, values = op_features(op, primitive, c.op_dims[i], c.op_types[i], c.op_concrete[i])
+            if primitive != "other" and shaped >= 0:
+                dtype, values = op_features(op, primitive, c.op_dims[shaped], c.op_types[shaped],
+                                            c.op_concrete[shaped])
                 row["dtype"] = dtype
                 row.update(dict(values))
         layer = int(ctx.layer[i])
@@ -119,6 +130,24 @@ def cpu_events(c: EventColumns, world_size: int | None):
         frame["iteration"] = -1
     frame["stream"] = frame["stream"].astype("int64")
     return frame
+
+
+def _forward_by_sequence(c: EventColumns, ctx) -> dict[int, list[int]]:
+    """Autograd sequence number → the forward operators that carry it (one per forward thread)."""
+    out: dict[int, list[int]] = {}
+    for i in np.flatnonzero((c.op_seq >= 0) & ~ctx.backward & ~c.op_is_annotation):
+        out.setdefault(int(c.op_seq[i]), []).append(int(i))
+    return out
+
+
+def _forward_op(forward: dict[int, list[int]], names: list, seq: int, op: str) -> int:
+    """The forward operator a backward node of `op` (its name mapped from the node's) belongs to: the one with its
+    sequence number, named `op` where several threads share the number; -1 if none or ambiguous."""
+    found = forward.get(seq, ()) if seq >= 0 else ()
+    if len(found) == 1:
+        return found[0]
+    named = [j for j in found if names[j] == op]
+    return named[0] if len(named) == 1 else -1
 
 
 def _is_comm_call(name: str) -> bool:

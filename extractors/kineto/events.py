@@ -50,6 +50,7 @@ class _Args(msgspec.Struct, gc=False):
     pg_desc: Any = msgspec.field(name="Process Group Description", default=None)
     pg_ranks: Any = msgspec.field(name="Process Group Ranks", default=None)
     seq: Any = msgspec.field(name="Seq", default=None)
+    autograd_seq: Any = msgspec.field(name="Sequence number", default=None)
     nbytes: Any = msgspec.field(name="bytes", default=None)
 
 
@@ -116,6 +117,7 @@ class EventColumns:
     op_dur: np.ndarray = None
     op_thread: np.ndarray = None
     op_ext: np.ndarray = None
+    op_seq: np.ndarray = None  # autograd sequence number (a backward node shares its forward op's; -1: none)
     op_name: list = field(default_factory=list)
     op_is_annotation: np.ndarray = None
     op_dims: list = field(default_factory=list)  # raw JSON bytes of Input Dims (shared between equal values)
@@ -170,7 +172,7 @@ class _Builder:
         self.strings: dict = {}
         self.blobs: dict = {}
         self.dev = {k: array("d") for k in ("ts", "dur")} | {k: array("q") for k in ("stream", "ext", "corr", "bytes")}
-        self.op = {k: array("d") for k in ("ts", "dur")} | {k: array("q") for k in ("thread", "ext", "ann")}
+        self.op = {k: array("d") for k in ("ts", "dur")} | {k: array("q") for k in ("thread", "ext", "ann", "seq")}
         self.rt = {"ts": array("d"), "thread": array("q"), "corr": array("q")}
         self.open_spans: dict = {}
         self.wants_concrete: dict = {}
@@ -195,7 +197,7 @@ class _Builder:
         blobs = self.blobs
         thread = self.thread
         op_ts, op_dur, op_thread = self.op["ts"].append, self.op["dur"].append, self.op["thread"].append
-        op_ann, op_ext = self.op["ann"].append, self.op["ext"].append
+        op_ann, op_ext, op_seq = self.op["ann"].append, self.op["ext"].append, self.op["seq"].append
         op_name, op_dims, op_types, op_conc = (c.op_name.append, c.op_dims.append, c.op_types.append,
                                                c.op_concrete.append)
         dev_ts, dev_dur, dev_stream = self.dev["ts"].append, self.dev["dur"].append, self.dev["stream"].append
@@ -236,12 +238,15 @@ class _Builder:
                 op_name(intern(e.name, e.name))
                 if a is None:
                     op_ext(-1)
+                    op_seq(-1)
                     op_dims(b"")
                     op_types(b"")
                     op_conc(b"")
                     continue
                 ext = a.ext
                 op_ext(ext if type(ext) is int else _int(ext))
+                value = a.autograd_seq
+                op_seq(value if type(value) is int else _int(value))
                 raw = a.dims
                 if raw is empty:
                     op_dims(b"")
@@ -323,6 +328,7 @@ class _Builder:
         c.dev_corr, c.dev_bytes = np.asarray(self.dev["corr"], i8), np.asarray(self.dev["bytes"], i8)
         c.op_ts, c.op_dur = np.asarray(self.op["ts"], f8), np.asarray(self.op["dur"], f8)
         c.op_thread, c.op_ext = np.asarray(self.op["thread"], i8), np.asarray(self.op["ext"], i8)
+        c.op_seq = np.asarray(self.op["seq"], i8)
         c.op_is_annotation = np.asarray(self.op["ann"], i8).astype(bool)
         c.rt_ts, c.rt_thread = np.asarray(self.rt["ts"], f8), np.asarray(self.rt["thread"], i8)
         c.rt_corr = np.asarray(self.rt["corr"], i8)
