@@ -141,6 +141,25 @@ def test_tp_backward_gemms_carry_the_shapes_of_their_forward_linears(tp_run):
     assert len(bwd) == (2 * 4 + 1) * 2 * 3 * 2
 
 
+def test_views_move_no_data_and_are_not_elementwise_samples(tp_run):
+    """aten::view / t / transpose / permute / expand / slice (and their backward nodes) take a few µs of framework
+    time on a CPU trace; they must not train the elementwise model beside real adds and dropouts."""
+    from extractors.kineto import read_trace
+
+    out, _, _ = tp_run
+    views = re.compile(r"^aten::(view|t|transpose|permute|expand|slice|empty)$|"
+                       r"(View|T|Transpose|Permute|Expand)Backward0$")
+    seen = 0
+    for path in (out / "tensorboard").iterdir():
+        events = read_trace(path).device_events
+        events = events[events["pass"].isin(["fwd", "bwd"])]  # the optimizer step's ops are all `optimizer`
+        is_view = events["name"].map(lambda name: bool(views.search(name)))
+        seen += int(is_view.sum())
+        assert set(events.loc[is_view, "primitive"]) == {"other"}
+        assert set(events.loc[events["name"].isin(["aten::add", "aten::dropout"]), "primitive"]) == {"elementwise"}
+    assert seen > 100
+
+
 def test_pp_ingest_finds_the_pipeline_transfers(pp_run):
     out, manifest = pp_run
     assert manifest.ingest["status"] == "ok", manifest.ingest

@@ -125,9 +125,11 @@ def classify(kind: str, kernel: str, op: str | None, in_optimizer: bool) -> str:
 _POINTWISE = re.compile(r"^aten::(add|sub|mul|div|copy_|to|_to_copy|clone|contiguous|fill_|zero_|zeros|ones|cat|"
                         r"where|masked_fill|pow|rsqrt|sqrt|exp|neg|cos|sin|sum|mean|max|min|argmax|dropout|"
                         r"native_dropout|index|scatter|gather|clamp|abs|lt|gt|eq|ne|le|ge|bitwise|cumsum|sort|topk|"
-                        r"arange|full|empty|expand|stack|split|narrow|slice|transpose|permute|view|reshape|t)(_|$)")
+                        r"arange|full|stack|reshape)(_|$)")
 
 
 def is_pointwise_op(op: str) -> bool:
-    """aten ops that run elementwise / reduction / copy kernels (memory-bound, no shape-specific algorithm)."""
+    """aten ops that run elementwise / reduction / copy kernels (memory-bound, no shape-specific algorithm). Views
+    (view, t, transpose, permute, expand, slice, ...) and allocations move no data: on a CPU trace their time is
+    framework overhead, not an elementwise operator (on a GPU they launch no kernel)."""
     return bool(_POINTWISE.match(op))
