@@ -84,7 +84,8 @@ def summarize_traces(traces: Iterable[Any], label: str, pp: int = 1, ranks_per_s
         seen[rank] = trace
     world = max((t.world_size for t in traces if t.world_size), default=None) or len(traces)
     per_stage = ranks_per_stage or max(world // max(pp, 1), 1)
-    ranks = {rank: _summarize_rank(trace, rank, rank // per_stage, pp > 1, drop_warmup)
+    drop_first = drop_warmup and any(_slow_first_step(trace) for trace in seen.values())  # one step set for all
+    ranks = {rank: _summarize_rank(trace, rank, rank // per_stage, pp > 1, drop_first)
              for rank, trace in seen.items()}
     groups, sizes = trace_groups(traces)
     for desc, size in (process_groups or {}).items():
@@ -98,7 +99,13 @@ def summarize_traces(traces: Iterable[Any], label: str, pp: int = 1, ranks_per_s
                 world, hardware, ranks, groups, sizes, iteration_us, dropped)
 
 
-def _summarize_rank(trace: Any, rank: int, stage: int, pipeline: bool, drop_warmup: bool) -> RankSummary:
+def _slow_first_step(trace: Any) -> bool:
+    """Whether the trace's first profiler step is a warm-up outlier (≥ 3 steps, WARMUP_FACTOR × the others' median)."""
+    durations = [end - start for _, start, end in trace.iterations or []]
+    return len(durations) >= 3 and durations[0] > WARMUP_FACTOR * float(np.median(durations[1:]))
+
+
+def _summarize_rank(trace: Any, rank: int, stage: int, pipeline: bool, drop_first: bool) -> RankSummary:
     events = trace.device_events
     trace_totals = events.groupby("primitive", as_index=False).agg(time_us=("dur_us", "sum"), count=("dur_us", "size"))
     iterations = list(trace.iterations or [])
@@ -110,10 +117,8 @@ def _summarize_rank(trace: Any, rank: int, stage: int, pipeline: bool, drop_warm
         iterations = [(None, start, end)]
     durations = [float(end - start) for _, start, end in iterations]
     keep = list(range(len(iterations)))
-    if drop_warmup and len(durations) >= 3:
-        rest = float(np.median(durations[1:]))
-        if durations[0] > WARMUP_FACTOR * rest:
-            keep = keep[1:]
+    if drop_first and len(keep) > 1:
+        keep = keep[1:]
     kept = [iterations[i] for i in keep]
     dropped = [iterations[i][0] for i in range(len(iterations)) if i not in keep]
     step_col = events["iteration"]

@@ -318,6 +318,29 @@ def pp_run(run) -> dict:
     return {"out": out, "predicted": predicted}
 
 
+def test_a_warm_up_step_slow_on_one_rank_is_dropped_on_every_rank(run, tmp_path):
+    """Rank 0's first profiled step made 3× longer (its ProfilerStep annotation starts earlier): that step is left
+    out on both ranks, so the real iteration time and its breakdown cover the same steps."""
+    traces = []
+    for path in run["traces"]:
+        doc = _raw(path)
+        if doc["distributedInfo"]["rank"] == 0:
+            steps = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")
+                     and e.get("cat") == "user_annotation"]
+            first = min(steps, key=lambda e: e["ts"])
+            first["ts"] -= 2 * first["dur"]
+            first["dur"] *= 3
+        traces.append(tmp_path / path.name.replace(".gz", ""))
+        traces[-1].write_text(json.dumps(doc))
+    report = json.loads(cli("diff", run["predicted"], *traces, "--json").stdout)
+    first_step = min(_steps(run["traces"][0]))
+    assert [row["dropped_steps"] for row in report["alignment"]] == [[first_step], [first_step]]
+    assert all(first_step not in row["real_steps"] for row in report["alignment"])
+    parts = ("compute", "exposed_communication", "pipeline_bubble", "optimizer", "other")
+    real = report["iteration_time_s"]["real"]
+    assert sum(report["breakdown"]["real"][p] for p in parts) == pytest.approx(real, rel=1e-6)
+
+
 def test_pipeline_stages_are_aligned_stage_by_stage(pp_run):
     # the real traces' folder sits in the capture run, whose manifest says pp = 2
     report = json.loads(cli("diff", pp_run["predicted"], pp_run["out"] / "tensorboard", "--json").stdout)
