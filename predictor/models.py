@@ -395,8 +395,9 @@ class ModelSet:
     @staticmethod
     def _run(model: TrainedModel, sub: pd.DataFrame, rows: np.ndarray, duration: np.ndarray, oor: np.ndarray,
              physics: tuple[pd.DataFrame, np.ndarray]):
+        params = model.meta["params"]
         duration[rows], matrix = predict(model.booster, model.meta["features"], model.primitive, sub,
-                                         model.meta["params"]["target"], physics)
+                                         params["target"], physics, params.get("size_grid"))
         outside = np.zeros(len(sub), dtype=bool)
         for name, (lo, hi) in model.meta["ranges"].items():
             values = matrix[name].to_numpy()

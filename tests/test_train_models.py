@@ -147,3 +147,12 @@ def test_collective_models_grow_with_message_size_over_noisy_cpu_samples(tmp_pat
         assert (pred["path"] == "model").all()
         steps = np.diff(pred["duration_us"].to_numpy())
         assert (steps >= -1e-6).all(), (primitive, steps.min())
+    # between two sampled sizes (4 and 8 MiB) a message's estimate lies strictly between theirs, not on either step
+    sizes = np.array([4, 6, 7.4, 8]) * 2**20
+    query = pd.DataFrame({"hardware": samples["hardware"].iloc[0], "primitive": "all_reduce", "pass": "comm",
+                          "dtype": "fp32", "bytes": sizes, "numel": sizes / 4, "group_size": 2.0,
+                          "ranks_per_node": 2.0, "nodes": 1.0})
+    at_4, at_6, at_7, at_8 = models.predict(query)["duration_us"]
+    assert at_4 < at_6 < at_7 < at_8
+    measured = samples[samples["primitive"] == "all_reduce"].set_index("bytes")["duration_us"]
+    assert at_8 / at_4 == pytest.approx(measured[8 * 2**20] / measured[4 * 2**20], rel=0.25)
