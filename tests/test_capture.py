@@ -160,6 +160,27 @@ def test_views_move_no_data_and_are_not_elementwise_samples(tp_run):
     assert seen > 100
 
 
+def test_gloo_reduce_scatters_are_ingested_as_the_reduce_scatters_issued(tmp_path):
+    """With sequence parallelism, each `c10d::_reduce_scatter_base_` runs on gloo's worker thread as a
+    `gloo:all_reduce` of the whole [seq, mb, h] buffer; ingest records it as a reduce-scatter of the output shard
+    [seq / tp, mb, h], one per issuing call (counted in the raw JSON)."""
+    from extractors.kineto import read_trace
+
+    out = tmp_path / "capture"
+    argv = launch_argv(2, **dict(MODEL, train_iters=6), global_batch_size=4, tensor_model_parallel_size=2,
+                       sequence_parallel=True)
+    manifest = capture(out, argv, steps="2-5", ingest=False, echo=False)
+    assert manifest.status == "ok"
+    seq, mb, h = MODEL["seq_length"], MODEL["micro_batch_size"], MODEL["hidden_size"]
+    for name in manifest.traces:
+        issued = sum(e.get("name") == "c10d::_reduce_scatter_base_" for e in _load(out / name)["traceEvents"])
+        comm = read_trace(out / name).device_events.query("category == 'communication'")
+        scatter = comm[comm["primitive"] == "reduce_scatter"]
+        assert issued > 0 and len(scatter) == issued
+        assert set(scatter["bytes"]) == {seq // 2 * mb * h * 4} and set(scatter["group_size"]) == {2.0}
+        assert seq * mb * h * 4 not in set(comm.loc[comm["primitive"] == "all_reduce", "bytes"])
+
+
 def test_pp_ingest_finds_the_pipeline_transfers(pp_run):
     out, manifest = pp_run
     assert manifest.ingest["status"] == "ok", manifest.ingest

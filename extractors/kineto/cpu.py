@@ -4,6 +4,9 @@ Without GPU kernels, an operator's own duration is its time: tracekit times the 
 with no enclosing cpu_op on their thread; nested ops are part of their parent's time) and the gloo collectives
 (`gloo:<kind>` annotations, on gloo's worker threads or, for send/recv, inside the issuing c10d:: call; where
 a trace has none, record_param_comms or the c10d:: call itself: otherwise that call only enqueues the work).
+gloo runs a reduce-scatter as an all-reduce of the whole buffer on a worker thread; such work is matched to the
+`c10d::` call that issued it (same process, issued before it, holding its buffer; first come, first served) and
+recorded as the reduce-scatter it was asked for, with the output shard as its message (the convention of samples).
 A backward node (`autograd::engine::evaluate_function: AddmmBackward0`) is the whole backward of the forward op
 that shares its autograd `Sequence number`; it takes that op's name and input shapes (the convention of sampled
 `bwd` rows).
@@ -16,15 +19,16 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import orjson
 
 from tracekit.core.hardware import normalize_hardware
 from tracekit.core.samples import FEATURE_COLUMNS
 
-from .classify import is_pointwise_op, op_primitive
+from .classify import collective_kind, is_pointwise_op, op_primitive
 from .collectives import assign_sequence, comm_info
 from .events import EventColumns
 from .linkage import link
-from .shapes import op_features
+from .shapes import json_list, op_features, tensor_bytes
 
 
 def cpu_hardware(model: str | None) -> str:
@@ -52,6 +56,7 @@ def cpu_events(c: EventColumns, world_size: int | None):
     comm_rows, comm_recorded, comm_pg, comm_ts = [], [], [], []
     annotated_comms = bool(np.any(ctx.comm_annotation == np.arange(len(names))))
     forward = _forward_by_sequence(c, ctx)
+    issuer = _issuing_calls(c, ctx) if annotated_comms else {}
     for i in range(len(names)):
         name = names[i]
         is_ann = bool(c.op_is_annotation[i])
@@ -76,9 +81,13 @@ def cpu_events(c: EventColumns, world_size: int | None):
             info = comm_info(name, fields, names[ann] if ann >= 0 else name,
                              (c.op_dims[ann], c.op_types[ann]) if ann >= 0 else None,
                              (c.op_dims[i], c.op_types[i]), world_size)
-            row.update(category="communication", primitive=info.primitive, dtype=info.dtype,
+            kind, nbytes = info.primitive, info.bytes
+            call = issuer.get(i, -1)
+            if call >= 0 and kind == "all_reduce" and collective_kind(names[call]) == "reduce_scatter":
+                kind, nbytes = "reduce_scatter", _first_tensor_bytes(c, call) or nbytes
+            row.update(category="communication", primitive=kind, dtype=info.dtype,
                        process_group=info.process_group, process_group_desc=info.process_group_desc,
-                       bytes=info.bytes, group_size=info.group_size, **{"pass": "comm"})
+                       bytes=nbytes, group_size=info.group_size, **{"pass": "comm"})
             comm_rows.append(len(rows))
             comm_recorded.append(info.seq)
             comm_pg.append(info.process_group)
@@ -130,6 +139,38 @@ def cpu_events(c: EventColumns, world_size: int | None):
         frame["iteration"] = -1
     frame["stream"] = frame["stream"].astype("int64")
     return frame
+
+
+def _issuing_calls(c: EventColumns, ctx) -> dict[int, int]:
+    """gloo: annotation on a worker thread → the c10d:: call that issued it (same process, started no later, one of
+    its tensors has the annotation's first shape; each call issues one piece of work, matched in start order)."""
+    names, pid = c.op_name, [c.threads[int(t)][0] for t in c.op_thread]
+    calls = [i for i in np.argsort(c.op_ts, kind="stable") if names[i].startswith("c10d::")
+             and not c.op_is_annotation[i]]
+    work = [i for i in np.argsort(c.op_ts, kind="stable") if c.op_is_annotation[i]
+            and int(ctx.comm_annotation[i]) == i and int(ctx.cpu_op[i]) < 0]
+    shapes = {}
+    open_calls: list[int] = []
+    out, k = {}, 0
+    for i in work:
+        while k < len(calls) and c.op_ts[calls[k]] <= c.op_ts[i]:
+            open_calls.append(int(calls[k]))
+            k += 1
+        first = (json_list(c.op_dims[i]) or [None])[0]
+        for j, call in enumerate(open_calls):
+            if pid[call] == pid[i] and first in shapes.setdefault(call, json_list(c.op_dims[call])):
+                out[int(i)] = open_calls.pop(j)
+                break
+    return out
+
+
+def _first_tensor_bytes(c: EventColumns, op: int) -> float | None:
+    """Bytes of the first tensor an op was given (a reduce-scatter's output shard)."""
+    dims, types = json_list(c.op_dims[op]), json_list(c.op_types[op])
+    if not dims or not types:
+        return None
+    size, _ = tensor_bytes(orjson.dumps(dims[:1]), orjson.dumps(types[:1]))
+    return float(size) if size else None
 
 
 def _forward_by_sequence(c: EventColumns, ctx) -> dict[int, list[int]]:

@@ -43,7 +43,8 @@ def dtype_name(spelling: str | None) -> str | None:
     return DTYPES.get(spelling, spelling.replace("c10::", "").lower())
 
 
-def _load(blob: bytes):
+def json_list(blob: bytes) -> list:
+    """A JSON list recorded in a trace argument (Input Dims, Input type, ...); [] when absent or not a list."""
     if not blob:
         return []
     try:
@@ -161,7 +162,7 @@ def _embedding(op: str, shapes: list) -> dict:
 @lru_cache(maxsize=65536)
 def op_features(op: str, primitive: str, dims_blob: bytes, types_blob: bytes, concrete_blob: bytes) -> tuple:
     """(dtype, ((feature, value), ...)) for one op call; cached on its exact recorded arguments."""
-    dims, types = _load(dims_blob), _load(types_blob)
+    dims, types = json_list(dims_blob), json_list(types_blob)
     types = [t if isinstance(t, str) else "" for t in types]
     shapes = _tensors(dims, types)
     dtype = _first_dtype(types)
@@ -169,7 +170,7 @@ def op_features(op: str, primitive: str, dims_blob: bytes, types_blob: bytes, co
     if primitive in ("gemm", "bmm"):
         feats = _gemm(op, shapes)
     elif primitive == "attention":
-        feats = _attention(op, shapes, _load(concrete_blob))
+        feats = _attention(op, shapes, json_list(concrete_blob))
     elif primitive == "embedding":
         feats = _embedding(op, shapes)
     elif primitive == "optimizer":
@@ -184,7 +185,7 @@ def op_features(op: str, primitive: str, dims_blob: bytes, types_blob: bytes, co
 
 def tensor_bytes(dims_blob: bytes, types_blob: bytes) -> tuple[int | None, str | None]:
     """(bytes, dtype) of the tensors an op was given, e.g. a gen-(a) collective's message; (None, None) if unknown."""
-    dims, types = _load(dims_blob), _load(types_blob)
+    dims, types = json_list(dims_blob), json_list(types_blob)
     types = [t if isinstance(t, str) else "" for t in types]
     total, dtype = 0, None
     for i, shape in enumerate(dims):
