@@ -214,6 +214,11 @@ def held_out_times_s(prepared: Sequence, measured: np.ndarray, folds: np.ndarray
     return out
 
 
+def _enough_runs_to_choose(n: int) -> None:
+    if n < 3:
+        raise ConfigError(f"choosing the constants needs at least 3 measured runs (have {n}): name them with --params")
+
+
 def select_params(prepared: Sequence, measured_s: Sequence[float], regularization: float = 0.01,
                   candidates: Sequence[Sequence[str]] = CANDIDATE_PARAMS, rounds: int = 8
                   ) -> tuple[tuple[str, ...], list[dict[str, Any]]]:
@@ -222,8 +227,7 @@ def select_params(prepared: Sequence, measured_s: Sequence[float], regularizatio
     constants on a tie). Returns (chosen set, [{params, loo_mape}] of every candidate tried)."""
     measured = np.asarray(measured_s, dtype=float)
     n = len(measured)
-    if n < 3:
-        raise ConfigError(f"choosing the constants needs at least 3 measured runs (have {n}): name them with --params")
+    _enough_runs_to_choose(n)
     scores = []
     for params in candidates:
         if len(params) > n - 1:
@@ -250,7 +254,9 @@ def fit_calibration(configs: Sequence, clusters, measured_s: Sequence[float], mo
     measured = np.asarray(measured_s, dtype=float)
     if len(configs) != len(measured):
         raise ValueError("give one measured time per configuration")
-    if params != "auto" and len(configs) < len(params):
+    if params == "auto":
+        _enough_runs_to_choose(len(configs))  # before the (slow) predictions
+    elif len(configs) < len(params):
         raise ConfigError(f"{len(configs)} measured run(s) cannot determine {len(params)} constants "
                           f"({', '.join(params)}): give at least as many runs as constants, or fewer --params")
     if not np.all(np.isfinite(measured) & (measured > 0)):
