@@ -141,6 +141,17 @@ def test_tp_backward_gemms_carry_the_shapes_of_their_forward_linears(tp_run):
     assert len(bwd) == (2 * 4 + 1) * 2 * 3 * 2
 
 
+def test_the_optimizer_steps_aten_ops_carry_no_step_shape(tp_run):
+    """An optimizer sample is one whole step keyed by its parameter count; the ~3 µs aten ops a CPU trace records
+    inside `Optimizer.step` are pieces of it and must not train that model as if each were a step."""
+    from tracekit.core.store import SampleStore
+
+    _, _, store_dir = tp_run
+    steps = SampleStore(store_dir).read(primitive="optimizer")
+    assert len(steps) > 50  # every aten op of Adam's step, both ranks, 3 steps
+    assert steps[["params", "layers", "width", "tp", "numel", "rows"]].isna().all().all()
+
+
 def test_views_move_no_data_and_are_not_elementwise_samples(tp_run):
     """aten::view / t / transpose / permute / expand / slice (and their backward nodes) take a few µs of framework
     time on a CPU trace; they must not train the elementwise model beside real adds and dropouts."""
@@ -179,6 +190,29 @@ def test_gloo_reduce_scatters_are_ingested_as_the_reduce_scatters_issued(tmp_pat
         assert issued > 0 and len(scatter) == issued
         assert set(scatter["bytes"]) == {seq // 2 * mb * h * 4} and set(scatter["group_size"]) == {2.0}
         assert seq * mb * h * 4 not in set(comm.loc[comm["primitive"] == "all_reduce", "bytes"])
+
+
+def test_gloo_collective_samples_span_what_the_calling_thread_waited(tp_run):
+    """gloo works on its own thread while the c10d:: call's thread waits: each all-reduce is tied to the call that
+    issued it (its start is one of the raw JSON's c10d::allreduce_ events, each used once), and its sample spans
+    from that call to the caller's next operator — at least the queueing plus the work, as `tracekit sample` times a
+    call. A capture folder ingests without complaint about its manifest."""
+    from extractors.kineto import read_trace
+    from extractors.kineto.ingest import trace_samples
+
+    out, _, _ = tp_run
+    for path in (out / "tensorboard").iterdir():
+        calls = [e["ts"] for e in _load(path)["traceEvents"] if e.get("name") == "c10d::allreduce_"]
+        trace = read_trace(path)
+        events, samples = trace.device_events, trace_samples(trace, "test")
+        reduce = (events["primitive"] == "all_reduce").to_numpy()
+        launch = events.loc[reduce, "launch_ts_us"]
+        assert len(launch) == len(calls) and sorted(launch) == pytest.approx(sorted(calls), rel=0, abs=0.01)
+        start, work = events.loc[reduce, "ts_us"], events.loc[reduce, "dur_us"]
+        spans = samples.loc[reduce, "duration_us"]
+        assert (spans >= work + (start - launch) - 1e-6).all() and (start > launch).all()
+    done = _cli("ingest", str(out), "--store", str(out.parent / "again"), "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["errors"] == [], done.stdout[-500:]
 
 
 def test_pp_ingest_finds_the_pipeline_transfers(pp_run):

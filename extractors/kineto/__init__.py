@@ -26,7 +26,10 @@ Public API (other parts of tracekit build on these names):
                          (recorded Seq, else launch order in the group; named so because FEATURE_COLUMNS has `seq`);
   ``wait_us``            collectives matched across ranks: time spent waiting for the slowest rank (else NaN);
   ``layer``              innermost user annotation (Megatron/module range) around the op, else None;
-  ``launch_ts_us``       start of the runtime launch call (NaN if absent).
+  ``launch_ts_us``       start of the runtime launch call (CPU runs: of the c10d call that issued gloo work; NaN if
+                         absent);
+  ``blocked_us``         CPU runs, gloo work of a synchronous call: the calling thread's time from the call to its
+                         next operator (what the collective cost the step); NaN otherwise.
 - ``trace_samples(trace, source_id) -> DataFrame`` in the sample schema (collectives carry transfer time).
 - ``ingest_paths(paths, store, progress=None) -> IngestResult``: files, directories (one run each, rank files
   matched for collectives) and globs into a SampleStore; ``IngestResult.as_json()`` is the ``--json`` document

@@ -6,7 +6,9 @@ with no enclosing cpu_op on their thread; nested ops are part of their parent's 
 a trace has none, record_param_comms or the c10d:: call itself: otherwise that call only enqueues the work).
 gloo runs a reduce-scatter as an all-reduce of the whole buffer on a worker thread; such work is matched to the
 `c10d::` call that issued it (same process, issued before it, holding its buffer; first come, first served) and
-recorded as the reduce-scatter it was asked for, with the output shard as its message (the convention of samples).
+recorded as the reduce-scatter it was asked for, with the output shard as its message (the convention of samples);
+`launch_ts_us` is the call's start and `blocked_us` what the calling thread waited for it (a collective's sample
+duration on a CPU run, as `tracekit sample` times a call).
 A backward node (`autograd::engine::evaluate_function: AddmmBackward0`) is the whole backward of the forward op
 that shares its autograd `Sequence number`; it takes that op's name and input shapes (the convention of sampled
 `bwd` rows).
@@ -57,6 +59,7 @@ def cpu_events(c: EventColumns, world_size: int | None):
     annotated_comms = bool(np.any(ctx.comm_annotation == np.arange(len(names))))
     forward = _forward_by_sequence(c, ctx)
     issuer = _issuing_calls(c, ctx) if annotated_comms else {}
+    resume = _op_starts_by_thread(c, ctx) if issuer else {}
     for i in range(len(names)):
         name = names[i]
         is_ann = bool(c.op_is_annotation[i])
@@ -83,6 +86,9 @@ def cpu_events(c: EventColumns, world_size: int | None):
                              (c.op_dims[i], c.op_types[i]), world_size)
             kind, nbytes = info.primitive, info.bytes
             call = issuer.get(i, -1)
+            if call >= 0:
+                row["launch_ts_us"] = float(c.op_ts[call])
+                row["blocked_us"] = _blocked_us(c, resume, call, float(c.op_ts[i] + c.op_dur[i]))
             if call >= 0 and kind == "all_reduce" and collective_kind(names[call]) == "reduce_scatter":
                 kind, nbytes = "reduce_scatter", _first_tensor_bytes(c, call) or nbytes
             row.update(category="communication", primitive=kind, dtype=info.dtype,
@@ -105,7 +111,7 @@ def cpu_events(c: EventColumns, world_size: int | None):
                 primitive = "optimizer"
             row.update(category="computation", primitive=primitive,
                        **{"pass": "optimizer" if ctx.optimizer[i] else ("bwd" if ctx.backward[i] else "fwd")})
-            if primitive != "other" and shaped >= 0:
+            if primitive not in ("other", "optimizer") and shaped >= 0:  # an optimizer sample is a whole step
                 dtype, values = op_features(op, primitive, c.op_dims[shaped], c.op_types[shaped],
                                             c.op_concrete[shaped])
                 row["dtype"] = dtype
@@ -116,7 +122,7 @@ def cpu_events(c: EventColumns, world_size: int | None):
     frame = pd.DataFrame(rows, columns=list(EVENT_COLUMNS))
     if frame.empty:
         return frame
-    for col in FEATURE_COLUMNS + ("wait_us", "launch_ts_us"):
+    for col in FEATURE_COLUMNS + ("wait_us", "launch_ts_us", "blocked_us"):
         frame[col] = frame[col].astype("float64")
     if comm_rows:
         seqs = assign_sequence(comm_pg, [rows[r]["primitive"] for r in comm_rows],
@@ -158,10 +164,37 @@ def _issuing_calls(c: EventColumns, ctx) -> dict[int, int]:
             k += 1
         first = (json_list(c.op_dims[i]) or [None])[0]
         for j, call in enumerate(open_calls):
-            if pid[call] == pid[i] and first in shapes.setdefault(call, json_list(c.op_dims[call])):
+            if pid[call] == pid[i] and first in shapes.setdefault(call, _tensor_shapes(json_list(c.op_dims[call]))):
                 out[int(i)] = open_calls.pop(j)
                 break
     return out
+
+
+def _tensor_shapes(dims: list) -> list:
+    """Every tensor shape of an op's Input Dims, TensorList arguments ([[shape], ...]) unpacked."""
+    out = []
+    for arg in dims:
+        if arg and all(isinstance(x, list) for x in arg):
+            out.extend(arg)
+        else:
+            out.append(arg)
+    return out
+
+
+def _op_starts_by_thread(c: EventColumns, ctx) -> dict[int, np.ndarray]:
+    """Sorted start times of each thread's top-level operators."""
+    ops = np.flatnonzero(ctx.top_level & ~c.op_is_annotation)
+    return {int(t): np.sort(c.op_ts[ops[c.op_thread[ops] == t]]) for t in np.unique(c.op_thread[ops])}
+
+
+def _blocked_us(c: EventColumns, starts: dict[int, np.ndarray], call: int, work_end: float) -> float:
+    """How long the thread that issued gloo work waited for it: from the call to its next operator after the work
+    ended. NaN when that thread ran another operator meanwhile (an asynchronous call: nothing was waited for)."""
+    mine = starts.get(int(c.op_thread[call]), np.empty(0))
+    nxt = int(np.searchsorted(mine, c.op_ts[call] + c.op_dur[call]))
+    if nxt < len(mine) and mine[nxt] < work_end:
+        return float("nan")
+    return float((mine[nxt] if nxt < len(mine) else work_end) - c.op_ts[call])
 
 
 def _first_tensor_bytes(c: EventColumns, op: int) -> float | None:

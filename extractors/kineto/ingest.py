@@ -30,11 +30,16 @@ class IngestResult:
         return {"traces": self.traces, "errors": self.errors}
 
 
+#: The manifest `tracekit capture` writes beside a run's traces (not a trace).
+CAPTURE_MANIFEST = "manifest.json"
+
+
 def find_runs(paths) -> tuple[list, list]:
     """Expand PATH arguments (files, directories, globs) into runs (lists of trace files) and errors.
 
-    A directory is one run (every *.json / *.json.gz inside, recursively); files named directly are grouped into
-    one run per parent directory. Names that are not traces (README, CSV, ...) are skipped.
+    A directory is one run (every *.json / *.json.gz inside, recursively, but a `tracekit capture` folder's
+    manifest.json); files named directly are grouped into one run per parent directory. Names that are not traces
+    (README, CSV, ...) are skipped.
     """
     runs: dict = {}
     errors = []
@@ -47,7 +52,7 @@ def find_runs(paths) -> tuple[list, list]:
         for match in matches:
             path = Path(match)
             if path.is_dir():
-                files = sorted(p for p in path.rglob("*") if is_trace_name(p))
+                files = sorted(p for p in path.rglob("*") if is_trace_name(p) and p.name != CAPTURE_MANIFEST)
                 if not files:
                     errors.append(InputError(path, "no trace files (*.json, *.json.gz) in this directory"))
                     continue
@@ -84,12 +89,15 @@ def rank_sets(traces: list) -> list:
 
 
 def trace_samples(trace: KinetoTrace, source_id: str):
-    """The trace's device events as rows of the sample schema (collectives carry their transfer time)."""
+    """The trace's device events as rows of the sample schema (collectives carry their transfer time; gloo work of
+    a synchronous call on a CPU run, what its caller waited: `tracekit sample` times a call so)."""
     import pandas as pd
 
     ev = trace.device_events
     wait = ev["wait_us"].to_numpy(dtype=float)
     dur = ev["dur_us"].to_numpy(dtype=float)
+    blocked = ev["blocked_us"].to_numpy(dtype=float)
+    dur = np.where(np.isnan(blocked), dur, blocked)
     duration = np.where(np.isnan(wait), dur, dur - np.nan_to_num(wait))
     iteration = ev["iteration"].to_numpy()
     frame = pd.DataFrame({

@@ -23,6 +23,7 @@ from .load import open_trace
 EVENT_COLUMNS = (
     "ts_us", "dur_us", "stream", "name", "kind", "category", "primitive", "pass", "dtype", "op", "iteration",
     *FEATURE_COLUMNS, "process_group", "process_group_desc", "comm_seq", "wait_us", "layer", "launch_ts_us",
+    "blocked_us",
 )
 
 
@@ -141,7 +142,7 @@ def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None):
         **{name: np.array(values, dtype=float) for name, values in feat_rows.items()},
         "process_group": cols["process_group"], "process_group_desc": cols["process_group_desc"],
         "comm_seq": pd.array(cols["comm_seq"], dtype="Int64"), "wait_us": np.full(n, np.nan), "layer": cols["layer"],
-        "launch_ts_us": lk.dev_launch_ts,
+        "launch_ts_us": lk.dev_launch_ts, "blocked_us": np.full(n, np.nan),
     })
     return frame
 
