@@ -133,10 +133,14 @@ PREDICTION_MAX_BYTES = 50 << 20  # a prediction JSON is small; bigger .json file
 def trace_files(paths: Iterable[str | Path]) -> list[Path]:
     """Trace files named by the paths: files as given, folders searched (recursively) for *.json / *.json.gz,
     skipping tracekit's own JSON (manifest.json, prediction.json)."""
+    from extractors.kineto.ingest import CAPTURE_MANIFEST
+    from extractors.kineto.load import is_trace_name
+
+    own = (CAPTURE_MANIFEST, "prediction.json")
     out: list[Path] = []
     for path in map(Path, paths):
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and _trace_name(p))
+            found = sorted(p for p in path.rglob("*") if is_trace_name(p) and p.name.lower() not in own)
             if not found:
                 raise InputError(path, "no trace files (*.json, *.json.gz) in this folder")
             out += found
@@ -145,11 +149,6 @@ def trace_files(paths: Iterable[str | Path]) -> list[Path]:
         else:
             raise InputError(path, "no such file or folder")
     return out
-
-
-def _trace_name(path: Path) -> bool:
-    name = path.name.lower()
-    return name.endswith((".json", ".json.gz")) and name not in ("manifest.json", "prediction.json")
 
 
 def read_traces(paths: Iterable[str | Path]) -> list[Any]:

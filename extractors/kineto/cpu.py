@@ -21,7 +21,6 @@ from __future__ import annotations
 import re
 
 import numpy as np
-import orjson
 
 from tracekit.core.hardware import normalize_hardware
 from tracekit.core.samples import FEATURE_COLUMNS
@@ -90,7 +89,8 @@ def cpu_events(c: EventColumns, world_size: int | None):
                 row["launch_ts_us"] = float(c.op_ts[call])
                 row["blocked_us"] = _blocked_us(c, resume, call, float(c.op_ts[i] + c.op_dur[i]))
             if call >= 0 and kind == "all_reduce" and collective_kind(names[call]) == "reduce_scatter":
-                kind, nbytes = "reduce_scatter", _first_tensor_bytes(c, call) or nbytes
+                shard, _ = tensor_bytes(c.op_dims[call], c.op_types[call], count=1)  # the output, first
+                kind, nbytes = "reduce_scatter", float(shard) if shard else nbytes
             row.update(category="communication", primitive=kind, dtype=info.dtype,
                        process_group=info.process_group, process_group_desc=info.process_group_desc,
                        bytes=nbytes, group_size=info.group_size, **{"pass": "comm"})
@@ -151,10 +151,10 @@ def _issuing_calls(c: EventColumns, ctx) -> dict[int, int]:
     """gloo: annotation on a worker thread → the c10d:: call that issued it (same process, started no later, one of
     its tensors has the annotation's first shape; each call issues one piece of work, matched in start order)."""
     names, pid = c.op_name, [c.threads[int(t)][0] for t in c.op_thread]
-    calls = [i for i in np.argsort(c.op_ts, kind="stable") if names[i].startswith("c10d::")
-             and not c.op_is_annotation[i]]
-    work = [i for i in np.argsort(c.op_ts, kind="stable") if c.op_is_annotation[i]
-            and int(ctx.comm_annotation[i]) == i and int(ctx.cpu_op[i]) < 0]
+    by_start = np.argsort(c.op_ts, kind="stable")
+    calls = [i for i in by_start if names[i].startswith("c10d::") and not c.op_is_annotation[i]]
+    work = [i for i in by_start if c.op_is_annotation[i] and int(ctx.comm_annotation[i]) == i
+            and int(ctx.cpu_op[i]) < 0]
     shapes = {}
     open_calls: list[int] = []
     out, k = {}, 0
@@ -195,15 +195,6 @@ def _blocked_us(c: EventColumns, starts: dict[int, np.ndarray], call: int, work_
     if nxt < len(mine) and mine[nxt] < work_end:
         return float("nan")
     return float((mine[nxt] if nxt < len(mine) else work_end) - c.op_ts[call])
-
-
-def _first_tensor_bytes(c: EventColumns, op: int) -> float | None:
-    """Bytes of the first tensor an op was given (a reduce-scatter's output shard)."""
-    dims, types = json_list(c.op_dims[op]), json_list(c.op_types[op])
-    if not dims or not types:
-        return None
-    size, _ = tensor_bytes(orjson.dumps(dims[:1]), orjson.dumps(types[:1]))
-    return float(size) if size else None
 
 
 def _forward_by_sequence(c: EventColumns, ctx) -> dict[int, list[int]]:

@@ -183,9 +183,10 @@ def op_features(op: str, primitive: str, dims_blob: bytes, types_blob: bytes, co
     return dtype, tuple((k, float(v)) for k, v in feats.items() if v is not None)
 
 
-def tensor_bytes(dims_blob: bytes, types_blob: bytes) -> tuple[int | None, str | None]:
-    """(bytes, dtype) of the tensors an op was given, e.g. a gen-(a) collective's message; (None, None) if unknown."""
-    dims, types = json_list(dims_blob), json_list(types_blob)
+def tensor_bytes(dims_blob: bytes, types_blob: bytes, count: int | None = None) -> tuple[int | None, str | None]:
+    """(bytes, dtype) of the tensors an op was given (its first `count` arguments, default all), e.g. a gen-(a)
+    collective's message; (None, None) if unknown."""
+    dims, types = json_list(dims_blob)[:count], json_list(types_blob)
     types = [t if isinstance(t, str) else "" for t in types]
     total, dtype = 0, None
     for i, shape in enumerate(dims):
