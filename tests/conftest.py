@@ -1,7 +1,9 @@
 """Shared fixtures: where the real corpus lives (CI has ../shared beside the checkout)."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -14,8 +16,11 @@ SAMPLES = CORPUS / "operator-samples"
 E2E = CORPUS / "e2e"
 TRACES = ROOT / "traces"
 
-# Measured CPU rates are cached per machine; tests (and their subprocesses) keep theirs out of the user's cache.
-os.environ.setdefault("TRACEKIT_CACHE_DIR", tempfile.mkdtemp(prefix="tracekit-test-cache-"))
+# Measured CPU rates are cached per machine; tests (and their subprocesses) keep theirs out of the user's cache,
+# in a folder removed when the session ends.
+if "TRACEKIT_CACHE_DIR" not in os.environ:
+    os.environ["TRACEKIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="tracekit-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["TRACEKIT_CACHE_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
