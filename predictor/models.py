@@ -1,7 +1,7 @@
 """Sets of trained operator regressors: train, save, load and predict (vectorized).
 
-A model directory holds `index.json` (the list of models and the provenance of the data they were trained on),
-and per model `<id>.json` (features, trained ranges, sample count, CV error, outlier report, hash of the training
+A model directory holds `index.json` (the list of models, the provenance of the data they were trained on, and the
+framework time per compute operator sampled on each CPU), and per model `<id>.json` (features, trained ranges, sample count, CV error, outlier report, hash of the training
 samples) plus `<id>.ubj.gz` (the XGBoost booster in its UBJSON format, gzip-compressed; never pickle).
 
 Models are keyed by (hardware, primitive, pass, group). `group` is the sample `variant` for primitives whose
@@ -35,7 +35,7 @@ import pandas as pd
 from tracekit.core.atomic import atomic_write_json
 from tracekit.core.errors import ModelError
 from tracekit.core.hardware import hardware_spec
-from tracekit.core.samples import COLLECTIVE_PRIMITIVES
+from tracekit.core.samples import COLLECTIVE_PRIMITIVES, HOST_PRIMITIVES
 
 from .features import shape_features
 from .regressor import FitResult, fit, physics_table, predict
@@ -182,6 +182,8 @@ def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict
     """Train one model per (hardware, primitive, pass, group) and write the set to `out` atomically (the old set
     stays intact until the new one is complete). Returns the per-model summaries written to the index; rows
     without shape features are set aside and counted under `skipped` in the index. `other` samples are not used."""
+    framework = framework_overheads(samples)
+    samples = samples[~samples["primitive"].isin(HOST_PRIMITIVES)]
     samples = deduplicate(samples[(samples["duration_us"] > 0) & (samples["primitive"] != "other")])
     if samples.empty:
         raise ModelError("no classified samples to train on")
@@ -219,6 +221,7 @@ def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict
             "provenance": provenance or {},
             "models": [{k: m[k] for k in ("id", "hardware", "primitive", "pass", "group")} for m in summaries],
             "skipped": skipped,
+            "framework": framework,
         })
         _make_readable(staging)
         _swap_in(staging, out)
@@ -227,6 +230,16 @@ def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict
         raise
     ModelSet.load.cache_clear()
     return summaries
+
+
+def framework_overheads(samples: pd.DataFrame) -> list[dict]:
+    """Per (hardware, pass): the framework time per compute operator (`framework` samples, µs; median over the
+    sampled layers, 0 when they say the layer is no slower than its operators). Not a regressor: it does not grow
+    with the shape."""
+    rows = samples[samples["primitive"].isin(HOST_PRIMITIVES)]
+    return [{"hardware": hardware, "pass": pass_, "per_op_us": round(max(0.0, float(frame["duration_us"].median())), 3),
+             "samples": int(len(frame))}
+            for (hardware, pass_), frame in rows.groupby(["hardware", "pass"], sort=True)]
 
 
 def _metadata(mid, hardware, primitive, pass_, group, frame, result: FitResult) -> dict:
@@ -300,6 +313,11 @@ class ModelSet:
             models.append(TrainedModel(meta["id"], meta["hardware"], meta["primitive"], meta["pass"], meta["group"],
                                        meta, root))
         return cls(root, index, models)
+
+    def framework_us(self, hardware: str) -> dict[str, float]:
+        """{pass: µs} of framework time per compute operator sampled on `hardware` ({} when none was)."""
+        return {entry["pass"]: float(entry["per_op_us"]) for entry in self.index.get("framework", [])
+                if entry["hardware"] == hardware}
 
     def hardware_ids(self) -> list[str]:
         return sorted({m.hardware for m in self.models})

@@ -58,6 +58,8 @@ class Estimates:
     duration_us: np.ndarray
     path: list[str]
     out_of_range: np.ndarray
+    #: framework time per compute operator sampled on this hardware, per pass ({} where none was sampled)
+    framework_us: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -222,7 +224,7 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
             continue
         graph, cluster, notes = item
         idx = next(it)
-        est = Estimates(duration[idx], list(paths[idx]), oor[idx])
+        est = Estimates(duration[idx], list(paths[idx]), oor[idx], models.framework_us(graph.hardware))
         if not np.all(np.isfinite(est.duration_us)):
             bad = [graph.specs[i]["variant"] for i in np.flatnonzero(~np.isfinite(est.duration_us))]
             out.append(ConfigError(f"no estimate for operators {sorted(set(bad))} on {graph.hardware}"))
@@ -258,11 +260,11 @@ def calibrated_durations(graph: Graph, est: Estimates, cal: Calibration) -> np.n
     return est.duration_us * scale
 
 
-def _work(ops: list[OpUse], dur: np.ndarray, layers: int, cal: Calibration) -> Work:
+def _work(ops: list[OpUse], dur: np.ndarray, layers: int, cal: Calibration, framework_us: float = 0.0) -> Work:
     """One micro-batch of a segment's forward or backward. A layer pass's compute lasts at least the host time to
-    issue its compute operators (`host_op_us` each: a launch-bound layer waits on the CPU); the excess, and
-    `op_overhead_us` per compute operator (framework time no device hides), count as `other`. Blocking collectives
-    add to it."""
+    issue its compute operators (`host_op_us` each: a launch-bound layer waits on the CPU); the excess, and the
+    framework time per compute operator no device hides (sampled: `framework_us`, plus the calibration's
+    `op_overhead_us`), count as `other`. Blocking collectives add to it."""
     compute = comm = layer_compute = layer_comm = 0.0
     layer_ops = other_ops = 0
     for op in ops:
@@ -279,7 +281,7 @@ def _work(ops: list[OpUse], dur: np.ndarray, layers: int, cal: Calibration) -> W
             compute += op.count * t
             other_ops += op.count
     excess = max(0.0, cal.host_op_us * layer_ops - layer_compute)
-    framework = cal.op_overhead_us * (layer_ops * layers + other_ops)
+    framework = (framework_us + cal.op_overhead_us) * (layer_ops * layers + other_ops)
     return Work(compute + layer_compute * layers, comm + layer_comm * layers,
                 cal.microbatch_overhead_us + excess * layers + framework)
 
@@ -291,10 +293,10 @@ def simulate_graph(graph: Graph, est: Estimates, cal: Calibration
     c = graph.config
     pp, vp = c.pp, c.vp
     dur = calibrated_durations(graph, est, cal)
-    fwd = [[_work(graph.segment(s, k).fwd, dur, graph.segment(s, k).layers, cal) for k in range(vp)]
-           for s in range(pp)]
-    bwd = [[_work(graph.segment(s, k).bwd, dur, graph.segment(s, k).layers, cal) for k in range(vp)]
-           for s in range(pp)]
+    fwd = [[_work(graph.segment(s, k).fwd, dur, graph.segment(s, k).layers, cal, est.framework_us.get("fwd", 0.0))
+            for k in range(vp)] for s in range(pp)]
+    bwd = [[_work(graph.segment(s, k).bwd, dur, graph.segment(s, k).layers, cal, est.framework_us.get("bwd", 0.0))
+            for k in range(vp)] for s in range(pp)]
     buckets = [[float(dur[o.spec]) for o in graph.grad_sync[s] if o.group == "dp"] for s in range(pp)]
     embd = [float(sum(dur[o.spec] for o in graph.grad_sync[s] if o.group == "embd")) for s in range(pp)]
     optimizer = [float(dur[graph.optimizer[s].spec]) for s in range(pp)]

@@ -141,6 +141,9 @@ def test_predict_many_asks_the_models_once(models):
         def hardware_ids(self):
             return self.inner.hardware_ids()
 
+        def framework_us(self, hardware):
+            return self.inner.framework_us(hardware)
+
         def predict(self, frame):
             self.frames.append(frame)
             return self.inner.predict(frame)

@@ -21,8 +21,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def sampled(tmp_path_factory):
     store = tmp_path_factory.mktemp("sample") / "store"
-    done = _cli("sample", "--device", "cpu", "--budget", "20", "--primitives", "gemm,all_reduce", "--ranks", "2",
-                "--store", str(store), "--json")
+    done = _cli("sample", "--device", "cpu", "--budget", "20", "--primitives", "gemm,framework,all_reduce",
+                "--ranks", "2", "--store", str(store), "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout), SampleStore(store)
 
@@ -31,7 +31,7 @@ def test_samples_are_stored_under_this_cpu(sampled):
     summary, store = sampled
     frame = store.read()
     assert set(frame["hardware"]) == {cpu_hardware_id()} == {summary["hardware"]}
-    assert set(frame["primitive"]) == {"gemm", "all_reduce"}
+    assert set(frame["primitive"]) == {"gemm", "framework", "all_reduce"}
     assert summary["samples"] == frame["primitive"].value_counts().to_dict()
     assert list(store.sources()) == [summary["source"]]
 
@@ -59,6 +59,54 @@ def test_all_reduce_samples_carry_the_asked_message_sizes(sampled):
     assert (comm["numel"] * 4 == comm["bytes"]).all()  # fp32 elements
     assert set(comm["group_size"]) == {2.0} and set(comm["ranks_per_node"]) == {2.0} and set(comm["nodes"]) == {1.0}
     assert set(comm["pass"]) == {"comm"} and (comm["duration_us"] > 0).all()
+
+
+def test_framework_overhead_is_sampled_on_small_single_rank_layers(sampled):
+    """The reference layer's time beyond its operators', per operator: sampled on the CPU grid's small one-rank
+    layers, forward and backward; eager PyTorch spends tens of µs per operator between them (module calls, views,
+    the tensor-parallel mappings' autograd functions), so the median is positive and well under a millisecond."""
+    from tracekit.sampling.shapes import FRAMEWORK_MAX_ELEMENTS, GRIDS
+
+    _, store = sampled
+    frame = store.read(primitive="framework")
+    hidden, seq, micro, _, _ = GRIDS["cpu"]
+    small = {(s * b, h) for h in hidden for s in seq for b in micro if s * b * h <= FRAMEWORK_MAX_ELEMENTS}
+    assert set(zip(frame["rows"], frame["width"])) <= small
+    assert set(frame["pass"]) == {"fwd", "bwd"}
+    for _, rows in frame.groupby("pass"):
+        assert 0 < rows["duration_us"].median() < 1000, rows["duration_us"].describe()
+
+
+def test_train_keeps_the_framework_overhead_and_predict_pays_it_per_operator(sampled, tmp_path):
+    """`tracekit train` keeps the median per pass (no regressor: it does not grow with the shape); `predict` adds
+    it once per forward / backward compute operator instance it lists, the same as a calibration's op_overhead_us."""
+    _, store = sampled
+    frame = store.read(primitive="framework")
+    expected = {p: max(0.0, rows["duration_us"].median()) for p, rows in frame.groupby("pass")}
+    with_fw, without = tmp_path / "with", tmp_path / "without"
+    assert _cli("train", "--store", str(store.root), "--out", str(with_fw), "--folds", "2", "--json").returncode == 0
+    assert _cli("train", "--store", str(store.root), "--out", str(without), "--folds", "2", "--primitive", "gemm",
+                "--primitive", "all_reduce", "--json").returncode == 0
+    index = json.loads((with_fw / "index.json").read_text())
+    kept = {e["pass"]: e["per_op_us"] for e in index["framework"]}
+    assert kept == pytest.approx(expected, abs=1e-3)
+    assert all(e["hardware"] == cpu_hardware_id() for e in index["framework"])
+    assert "framework" not in {m["primitive"] for m in index["models"]}
+    config = tmp_path / "cfg.json"
+    config.write_text(json.dumps(dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
+                                      micro_batch_size=2, global_batch_size=8, world_size=2, vocab_size=1000,
+                                      precision="fp32")))
+    predicted = {}
+    for name, models in (("with", with_fw), ("without", without)):
+        done = _cli("predict", str(config), "--hardware", cpu_hardware_id(), "--gpus-per-node", "2", "--models",
+                    str(models), "--json")
+        assert done.returncode == 0, done.stderr
+        predicted[name] = json.loads(done.stdout)
+    ops = predicted["without"]["operators"]
+    added = sum(op["count"] * kept[op["pass"]] for op in ops if op["pass"] in ("fwd", "bwd"))
+    assert added > 0
+    gap = predicted["with"]["iteration_time_s"] - predicted["without"]["iteration_time_s"]
+    assert gap == pytest.approx(added / 1e6, rel=1e-6)
 
 
 def test_bad_requests_fail_with_one_line(tmp_path):

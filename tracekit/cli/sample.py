@@ -15,7 +15,8 @@ def sample_command(
     primitives: str = typer.Option(
         None, "--primitives",
         help="Comma list (default all): gemm, attention, norm, elementwise, activation, embedding, cross_entropy, "
-        "optimizer, all_reduce, all_gather, reduce_scatter, send_recv.",
+        "optimizer, framework (CPU only: time per operator beyond the operators' own, from tracekit's reference "
+        "layer), all_reduce, all_gather, reduce_scatter, send_recv.",
     ),
     budget: float = typer.Option(120.0, "--budget", help="Time budget in seconds (approximate)."),
     ranks: int = typer.Option(2, "--ranks", help="Local processes for the collectives."),

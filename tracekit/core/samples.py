@@ -10,7 +10,10 @@ COMPUTE_PRIMITIVES = (
 )
 MEMORY_PRIMITIVES = ("memcpy", "memset")
 COLLECTIVE_PRIMITIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
-PRIMITIVES = COMPUTE_PRIMITIVES + MEMORY_PRIMITIVES + COLLECTIVE_PRIMITIVES + ("other",)
+#: Framework time per compute operator that no operator sample holds (eager PyTorch's module calls, views, autograd
+#: bookkeeping between operators), sampled on CPU as a reference layer's time minus its operators' own times.
+HOST_PRIMITIVES = ("framework",)
+PRIMITIVES = COMPUTE_PRIMITIVES + MEMORY_PRIMITIVES + COLLECTIVE_PRIMITIVES + HOST_PRIMITIVES + ("other",)
 
 #: Passes, as stored: forward, backward, optimizer step, communication.
 PASSES = ("fwd", "bwd", "optimizer", "comm")

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import math
 import statistics
+import tempfile
 import time
+from contextlib import contextmanager
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from .shapes import Case
+from .shapes import Case, Point, layer_cases
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -96,6 +98,8 @@ def time_case(case: Case, dtype_name: str, timer: Timer) -> dict[str, float]:
         fwd, bwd = timer.fwd_bwd([logits], lambda: F.cross_entropy(logits.float(), target, reduction="none"))
     elif kind == "optimizer":
         return {"optimizer": _optimizer_step(_stage_shapes(f), dtype, timer)}
+    elif kind == "framework":
+        return _framework_overhead(case.get("point"), dtype_name, timer)
     else:
         raise ValueError(f"no timing recipe for primitive {kind!r}")
     return {"fwd": fwd, "bwd": bwd}
@@ -128,3 +132,49 @@ def _optimizer_step(shapes: list[tuple[int, ...]], dtype, timer: Timer) -> float
         return timer.once(optimizer.step)
     args = type("Args", (), {"lr": 1e-4, "adam_beta1": 0.9, "adam_beta2": 0.999, "weight_decay": 0.01})()
     return timer.once(MixedPrecisionAdam(tensors, args).step)
+
+
+def _framework_overhead(point: Point, dtype_name: str, timer: Timer) -> dict[str, float]:
+    """{pass: µs per operator} that a layer pass spends beyond its operators' own times: the reference trainer's
+    transformer layer (Megatron's structure on one rank) timed whole, minus each of its operators timed alone as the
+    other samples are, divided by the number of operators the predictor counts in a layer pass."""
+    from tracekit.reference.arguments import parse_args
+    from tracekit.reference.launch import megatron_flags
+    from tracekit.reference.model import TransformerLayer
+    from tracekit.reference.parallel import Topology
+
+    dtype, dev = DTYPES[dtype_name], timer.device
+    flags = megatron_flags(num_layers=1, hidden_size=point.hidden, num_attention_heads=point.heads,
+                           seq_length=point.seq, micro_batch_size=point.micro_batch,
+                           global_batch_size=point.micro_batch, vocab_size=max(point.vocab, 1), train_iters=1,
+                           bf16=dtype_name == "bf16", fp16=dtype_name == "fp16")
+    args = parse_args(flags, 1, dev.type == "cuda")
+    topo = Topology(0, 1, 1, 1, 1, 0, 0, 0, None, None, None, dev)
+    with _single_process_group():
+        layer = TransformerLayer(args, topo, 0, dtype).train()
+        x = _leaf((point.seq, point.micro_batch, point.hidden), dtype, dev)
+        whole = timer.fwd_bwd([x, *layer.parameters()], lambda: layer(x))
+    parts = [0.0, 0.0]
+    for case, count in layer_cases(point):
+        alone = time_case(case, dtype_name, timer)
+        parts[0] += count * alone["fwd"]
+        parts[1] += count * alone["bwd"]
+    operators = sum(count for _, count in layer_cases(point))
+    return {"fwd": (whole[0] - parts[0]) / operators, "bwd": (whole[1] - parts[1]) / operators}
+
+
+@contextmanager
+def _single_process_group():
+    """A one-process gloo group for the reference layer's parallel mappings (identities on one rank), unless a group
+    is already set up."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="tracekit-store-") as folder:
+        dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()

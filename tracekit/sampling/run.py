@@ -79,6 +79,11 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
     if rounds < 1:
         raise ConfigError("rounds must be at least 1")
     chosen = set(primitives or SUPPORTED)
+    if device == "cuda" and "framework" in chosen:  # a GPU's host runs ahead of the kernels it queues
+        if primitives and "framework" in primitives:
+            raise ConfigError("the framework overhead is sampled on --device cpu only (on a GPU the host queues "
+                              "kernels ahead and its time between operators is hidden)")
+        chosen.discard("framework")
     compute = chosen & set(COMPUTE)
     collectives = chosen & set(COLLECTIVES)
     if collectives and ranks < 2:

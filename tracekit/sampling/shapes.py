@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import itertools
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 #: Primitives `tracekit sample` can time.
-COMPUTE = ("gemm", "attention", "norm", "elementwise", "activation", "embedding", "cross_entropy", "optimizer")
+COMPUTE = ("gemm", "attention", "norm", "elementwise", "activation", "embedding", "cross_entropy", "optimizer",
+           "framework")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 SUPPORTED = COMPUTE + COLLECTIVES
 COLLECTIVE_VARIANTS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
@@ -59,6 +60,13 @@ GRIDS = {  # hidden, seq, micro-batch, tp, vocab
     "cuda": ((1024, 2048, 4096, 8192), (1024, 2048, 4096), (1, 2, 4), (1, 2, 4, 8), (50304,)),
 }
 HEAD_DIM = {"cpu": 16, "cuda": 128}
+#: The framework overhead is sampled at small layers (hidden × rows up to this), where it is largest against the
+#: operators' own time and so measured most precisely; it does not grow with the shape.
+FRAMEWORK_MAX_ELEMENTS = 128 * 128
+#: The compute operators of one transformer layer pass as the predictor counts them (the framework overhead is per
+#: operator): four GEMMs, attention, activation, two norms, two residual/dropout elementwise ops.
+LAYER_OPERATORS = {"linear1": 1, "linear2": 1, "linear3": 1, "linear4": 1, "flash_atten": 1, "gelu": 1,
+                   "layernorm": 2, "res_add": 2}
 MESSAGE_BYTES = {"cpu": [2 ** e for e in range(10, 25)], "cuda": [2 ** e for e in range(16, 31)]}
 
 
@@ -105,7 +113,17 @@ def compute_cases(point: Point, primitives: set[str]) -> list[Case]:
             params = layers * layer + (v_t * h + p.seq * h if kind == "firstStage" else 0) + \
                 (2 * h if kind == "lastStage" else 0)
             cases.append(_case("optimizer", f"{kind}_optimizer", layers=layers, width=h, tp=t, params=params))
+    if "framework" in primitives and t == 1 and rows * h <= FRAMEWORK_MAX_ELEMENTS:
+        cases.append(_case("framework", "reference_layer", rows=rows, width=h, numel=rows * h,
+                           extra={"point": replace(point, vocab=0)}))  # a layer has no vocabulary
     return cases
+
+
+def layer_cases(point: Point) -> list[tuple[Case, int]]:
+    """The operator cases of one layer at `point`, each with how many times a layer pass runs it."""
+    layer = set(LAYER_OPERATORS)
+    return [(case, LAYER_OPERATORS[case.variant]) for case in compute_cases(point, set(COMPUTE) - {"framework"})
+            if case.variant in layer]
 
 
 def collective_cases(device: str, primitives: set[str], ranks: int) -> list[Case]:
