@@ -218,14 +218,14 @@ def main() -> None:
     print("\ncalibrations fitted on the captured runs (median of their unprofiled iterations, first one dropped):")
     for label, fit in fits.items():
         f = fit["fit"]
-        print(f"  {label:20} " + ", ".join(f"{k} {v:.4g}" for k, v in f["constants"].items())
+        print(f"  {label:20} " + (", ".join(f"{k} {v:.4g}" for k, v in f["constants"].items()) or "no constants")
               + f"; in-sample MAPE {100 * f['mape_uncalibrated']:.1f}% → {100 * f['mape_in_sample']:.1f}% ("
               + ", ".join(f"{1e3 * r['measured_s']:.1f} ms measured → {1e3 * r['predicted_after_s']:.1f}"
                           for r in f["rows"]) + ")")
         if f.get("selection"):
             tried = sorted(f["selection"]["candidates"], key=lambda row: row["loo_mape"])
             print(f"  {'':20} chosen by leave-one-out over the captures (held-out MAPE): " + "; ".join(
-                f"{'+'.join(row['params'])} {100 * row['loo_mape']:.1f}%" for row in tried[:3]))
+                f"{'+'.join(row['params']) or 'none'} {100 * row['loo_mape']:.1f}%" for row in tried[:3]))
     print(f"\nmeasured runs (ms, {args.repeats} per configuration, round-robin): " + "; ".join(
         f"{name.split()[0]}: " + ", ".join(f"{t:.1f}" for t in times) for name, times in runs.items())
           + f"\nmeasurement spread (max − min)/mean: mean {100 * statistics.mean(spreads.values()):.1f}%, "

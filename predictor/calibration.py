@@ -106,11 +106,12 @@ GRID_STARTS = 3
 HALVINGS = 6
 #: Few runs (a handful of captures): per-op host floor, communication scale, per-micro-batch overhead.
 DEFAULT_PARAMS = ("host_op_us", "comm_scale", "microbatch_overhead_us")
-#: The sets `params="auto"` chooses from by leave-one-out over the runs: each a physical account of why a stack
+#: The sets `params="auto"` chooses from by leave-one-out over the runs: none (the models as they are: a few noisy
+#: runs must show that a constant predicts the run left out better), or each a physical account of why a stack
 #: differs from its samples (slower or quicker kernels, collectives, framework costs per op, per micro-batch,
 #: per iteration).
 CANDIDATE_PARAMS = (
-    ("comm_scale",), ("host_op_us",), ("op_overhead_us",), ("microbatch_overhead_us",), ("iteration_overhead_us",),
+    (), ("comm_scale",), ("host_op_us",), ("op_overhead_us",), ("microbatch_overhead_us",), ("iteration_overhead_us",),
     ("compute_scale", "memory_scale"), ("host_op_us", "comm_scale"), ("op_overhead_us", "comm_scale"),
     ("comm_scale", "microbatch_overhead_us"),
     ("memory_scale", "comm_scale"), ("compute_scale", "memory_scale", "comm_scale"),
@@ -233,7 +234,8 @@ def select_params(prepared: Sequence, measured_s: Sequence[float], regularizatio
         if len(params) > n - 1:
             continue
         held_out = held_out_times_s(prepared, measured, np.arange(n), lambda p, m: fit_prepared(
-            p, m, params, rounds=rounds, regularization=regularization, loss="mape", search=True)[0])
+            p, m, params, rounds=rounds, regularization=regularization, loss="mape", search=True)[0]
+        ) if params else iteration_times_s(prepared, NONE)
         scores.append({"params": list(params), "loo_mape": _mape(held_out, measured)})
     best = min(scores, key=lambda row: (round(row["loo_mape"], 4), len(row["params"])))
     return tuple(best["params"]), scores
@@ -269,8 +271,8 @@ def fit_calibration(configs: Sequence, clusters, measured_s: Sequence[float], mo
     selection = None
     if params == "auto":
         params, selection = select_params(prepared, measured, regularization, rounds=rounds)
-    cal, history = fit_prepared(prepared, measured, params, rounds=rounds, regularization=regularization, loss="mape",
-                                search=True)
+    cal, history = fit_prepared(prepared, measured, params, rounds=rounds, regularization=regularization,
+                                loss="mape", search=True) if params else (NONE, [])
     before, after = iteration_times_s(prepared, NONE), iteration_times_s(prepared, cal)
     fit = {
         "params": list(params),

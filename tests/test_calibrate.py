@@ -120,6 +120,28 @@ def test_auto_chooses_the_constants_by_their_real_held_out_error(fitted, tmp_pat
         measured = _unprofiled_median_s(dirs[out] / "train.log")
         errors.append(abs(_predict_s(dirs[out], fitted["models"], "--calibration", cal) - measured) / measured)
     assert statistics.mean(errors) == pytest.approx(check["loo_mape"], rel=1e-6)
+    # no constants: the held-out error is the models' own error on each run
+    none = next(row for row in tried if row["params"] == [])
+    uncalibrated = [abs(_predict_s(d, fitted["models"]) - _unprofiled_median_s(d / "train.log"))
+                    / _unprofiled_median_s(d / "train.log") for d in dirs]
+    assert none["loo_mape"] == pytest.approx(statistics.mean(uncalibrated), rel=1e-6)
+
+
+def test_auto_keeps_the_models_as_they_are_when_no_constant_predicts_better(fitted):
+    """Runs the models already predict exactly: no candidate set beats none, so none is fitted."""
+    from predictor.calibration import fit_calibration, iteration_times_s, NONE
+    from predictor.models import ModelSet
+    from predictor.predict import prepare_many
+    from tracekit.cli.calibrate import measured_run
+
+    runs = [measured_run(d) for d in fitted["dirs"]]
+    models = ModelSet.load(fitted["models"])
+    configs, clusters = [r[0] for r in runs], [r[1] for r in runs]
+    exact = iteration_times_s(prepare_many(configs, clusters, models), NONE)
+    cal = fit_calibration(configs, clusters, exact, models, params="auto")
+    assert cal.fit["params"] == [] and cal.fit["constants"] == {}
+    assert cal.values() == NONE.values()
+    assert cal.fit["mape_in_sample"] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_per_operator_overhead_is_paid_once_per_compute_operator(fitted, tmp_path):

@@ -117,8 +117,10 @@ def _print(cal, runs, out: Optional[Path]) -> None:
     if selection:
         tried = sorted(selection["candidates"], key=lambda row: row["loo_mape"])
         console.print("constants chosen by leave-one-out (held-out MAPE): " + "; ".join(
-            f"{'+'.join(row['params'])} {100 * row['loo_mape']:.1f}%" for row in tried[:4]))
-    console.print("constants: " + ", ".join(f"{k} = {v:.4g}" for k, v in cal.fit["constants"].items())
-                  + " (the others at identity)")
+            f"{'+'.join(row['params']) or 'none'} {100 * row['loo_mape']:.1f}%" for row in tried[:4]))
+    constants = cal.fit["constants"]
+    console.print("constants: " + (", ".join(f"{k} = {v:.4g}" for k, v in constants.items())
+                                   + " (the others at identity)" if constants else
+                                   "none: no constant predicted a run left out better than the models alone"))
     if out is not None:
         console.print(f"wrote {out}  (use: tracekit predict ... --calibration {out})")
