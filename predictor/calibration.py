@@ -224,8 +224,10 @@ def select_params(prepared: Sequence, measured_s: Sequence[float], regularizatio
                   candidates: Sequence[Sequence[str]] = CANDIDATE_PARAMS, rounds: int = 8
                   ) -> tuple[tuple[str, ...], list[dict[str, Any]]]:
     """Choose the constants to fit by leave-one-out: for each candidate set small enough to fit on all runs but one,
-    fit it on every such subset and predict the run left out. The set with the lowest held-out MAPE wins (fewer
-    constants on a tie). Returns (chosen set, [{params, loo_mape}] of every candidate tried)."""
+    fit it on every such subset and predict the run left out. One-standard-error rule: the set with the lowest
+    held-out MAPE sets the bar (that MAPE plus the standard error of its runs' held-out errors), and the set with
+    the fewest constants under the bar wins (the lower MAPE among equals): a few noisy runs must show more than noise
+    before a constant is fitted. Returns (chosen set, [{params, loo_mape, loo_se}] of every candidate tried)."""
     measured = np.asarray(measured_s, dtype=float)
     n = len(measured)
     _enough_runs_to_choose(n)
@@ -236,9 +238,14 @@ def select_params(prepared: Sequence, measured_s: Sequence[float], regularizatio
         held_out = held_out_times_s(prepared, measured, np.arange(n), lambda p, m: fit_prepared(
             p, m, params, rounds=rounds, regularization=regularization, loss="mape", search=True)[0]
         ) if params else iteration_times_s(prepared, NONE)
-        scores.append({"params": list(params), "loo_mape": _mape(held_out, measured)})
-    best = min(scores, key=lambda row: (round(row["loo_mape"], 4), len(row["params"])))
-    return tuple(best["params"]), scores
+        errors = np.abs(held_out - measured) / measured
+        scores.append({"params": list(params), "loo_mape": float(errors.mean()),
+                       "loo_se": float(errors.std(ddof=1) / math.sqrt(n))})
+    best = min(scores, key=lambda row: row["loo_mape"])
+    bar = best["loo_mape"] + best["loo_se"]
+    chosen = min((row for row in scores if row["loo_mape"] <= bar),
+                 key=lambda row: (len(row["params"]), row["loo_mape"]))
+    return tuple(chosen["params"]), scores
 
 
 def fit_calibration(configs: Sequence, clusters, measured_s: Sequence[float], models,

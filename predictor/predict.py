@@ -77,6 +77,8 @@ class Prediction:
     fallbacks: list[dict]
     critical_stage: int
     calibration: Calibration
+    #: framework time per compute operator the models sampled on this hardware, per pass (µs; in `other`)
+    framework_us: dict[str, float]
     graph: Graph = field(repr=False)
     timeline: Timeline = field(repr=False)
     durations_us: np.ndarray = field(repr=False)  # calibrated, per spec of `graph`
@@ -119,6 +121,7 @@ class Prediction:
             "microbatches": c.num_microbatches,
             "schedule": "interleaved" if c.vp > 1 else ("1f1b" if c.pp > 1 else "no pipeline"),
             "calibration": self.calibration.name,
+            "framework_us_per_op": self.framework_us,
             "config": c.to_dict(),
         }
 
@@ -331,7 +334,8 @@ def compose(graph: Graph, est: Estimates, cluster: Cluster, notes: list[str] | N
         breakdown={k: float(timeline.breakdown_us[k]) / 1e6 for k in BREAKDOWN},
         tflops_per_gpu=rates["tflops_per_gpu"], mfu=rates["mfu"], tokens_per_s=rates["tokens_per_s"],
         memory_gb_per_gpu=memory, warnings=warnings, fallbacks=fallbacks, critical_stage=timeline.critical_stage,
-        calibration=cal, graph=graph, timeline=timeline, durations_us=dur, counts=counts, work=(fwd, bwd),
+        calibration=cal, framework_us=dict(est.framework_us), graph=graph, timeline=timeline, durations_us=dur,
+        counts=counts, work=(fwd, bwd),
     )
 
 

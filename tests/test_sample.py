@@ -92,6 +92,8 @@ def test_train_keeps_the_framework_overhead_and_predict_pays_it_per_operator(sam
     assert kept == pytest.approx(expected, abs=1e-3)
     assert all(e["hardware"] == cpu_hardware_id() for e in index["framework"])
     assert "framework" not in {m["primitive"] for m in index["models"]}
+    listed = json.loads(_cli("models", "--models", str(with_fw), "--json").stdout)
+    assert {e["pass"]: e["per_op_us"] for e in listed["framework"]} == kept
     config = tmp_path / "cfg.json"
     config.write_text(json.dumps(dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
                                       micro_batch_size=2, global_batch_size=8, world_size=2, vocab_size=1000,
@@ -102,6 +104,7 @@ def test_train_keeps_the_framework_overhead_and_predict_pays_it_per_operator(sam
                     str(models), "--json")
         assert done.returncode == 0, done.stderr
         predicted[name] = json.loads(done.stdout)
+    assert predicted["with"]["framework_us_per_op"] == kept and predicted["without"]["framework_us_per_op"] == {}
     ops = predicted["without"]["operators"]
     added = sum(op["count"] * kept[op["pass"]] for op in ops if op["pass"] in ("fwd", "bwd"))
     assert added > 0

@@ -35,7 +35,8 @@ def models(
         print_json({"path": str(model_set.path), "created": index.get("created"), "provenance": provenance,
                     "models": [{**model_row(m), "variants": m.get("variants", []), "sources": m.get("sources", []),
                                 "ranges": m.get("ranges", {}), "train_hash": m.get("train_hash")}
-                               for m in model_set.summaries()]})
+                               for m in model_set.summaries()],
+                    "framework": index.get("framework", [])})
         return
     console.print(f"[bold]{model_set.path}[/bold] · created {index.get('created', '?')} · "
                   f"{len(model_set.models)} models · hardware {', '.join(model_set.hardware_ids())}")
@@ -44,3 +45,6 @@ def models(
         console.print(f"  data: {entry}", markup=False)
     print_models(model_set.summaries(), f"{provenance.get('samples', '?')} samples from "
                  f"{len(provenance.get('sources', []))} source files")
+    for entry in index.get("framework", []):
+        console.print(f"framework time per compute operator on {entry['hardware']}, {entry['pass']}: "
+                      f"{entry['per_op_us']:.1f} µs (median of {entry['samples']} sampled layers)", markup=False)

@@ -203,6 +203,9 @@ def _print_prediction(p) -> None:
     for key, value in p.breakdown.items():
         table.add_row(key.replace("_", " "), f"{value:.4g}", f"{100 * value / p.iteration_time_s:.1f}%")
     console.print(table)
+    if p.framework_us:
+        console.print("framework time per compute operator (sampled on this CPU, in other): " + ", ".join(
+            f"{pass_} {us:.0f} µs" for pass_, us in sorted(p.framework_us.items(), reverse=True)))
     mfu = "n/a" if p.mfu is None else f"{100 * p.mfu:.1f}%"
     console.print(f"{p.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {mfu}, {p.tokens_per_s:,.0f} tokens/s")
     mem = p.memory_gb_per_gpu
