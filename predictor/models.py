@@ -1,8 +1,9 @@
 """Sets of trained operator regressors: train, save, load and predict (vectorized).
 
 A model directory holds `index.json` (the list of models, the provenance of the data they were trained on, and the
-framework time per compute operator sampled on each CPU), and per model `<id>.json` (features, trained ranges, sample count, CV error, outlier report, hash of the training
-samples) plus `<id>.ubj.gz` (the XGBoost booster in its UBJSON format, gzip-compressed; never pickle).
+framework time per compute operator sampled on each CPU), and per model `<id>.json` (features, trained ranges,
+sample count, CV error, outlier report, hash of the training samples) plus `<id>.ubj.gz` (the XGBoost booster in
+its UBJSON format, gzip-compressed; never pickle).
 
 Models are keyed by (hardware, primitive, pass, group). `group` is the sample `variant` for primitives whose
 variants are different kernels (the norms, softmaxes, element-wise ops, optimizer steps, activations), the topology
@@ -237,8 +238,8 @@ def framework_overheads(samples: pd.DataFrame) -> list[dict]:
     sampled layers, 0 when they say the layer is no slower than its operators). Not a regressor: it does not grow
     with the shape."""
     rows = samples[samples["primitive"].isin(HOST_PRIMITIVES)]
-    return [{"hardware": hardware, "pass": pass_, "per_op_us": round(max(0.0, float(frame["duration_us"].median())), 3),
-             "samples": int(len(frame))}
+    return [{"hardware": hardware, "pass": pass_, "samples": int(len(frame)),
+             "per_op_us": round(max(0.0, float(frame["duration_us"].median())), 3)}
             for (hardware, pass_), frame in rows.groupby(["hardware", "pass"], sort=True)]
 
 

@@ -146,7 +146,7 @@ def _framework_overhead(point: Point, dtype_name: str, timer: Timer) -> dict[str
     dtype, dev = DTYPES[dtype_name], timer.device
     flags = megatron_flags(num_layers=1, hidden_size=point.hidden, num_attention_heads=point.heads,
                            seq_length=point.seq, micro_batch_size=point.micro_batch,
-                           global_batch_size=point.micro_batch, vocab_size=max(point.vocab, 1), train_iters=1,
+                           global_batch_size=point.micro_batch, vocab_size=1, train_iters=1,  # no vocabulary
                            bf16=dtype_name == "bf16", fp16=dtype_name == "fp16")
     args = parse_args(flags, 1, dev.type == "cuda")
     topo = Topology(0, 1, 1, 1, 1, 0, 0, 0, None, None, None, dev)
@@ -154,12 +154,12 @@ def _framework_overhead(point: Point, dtype_name: str, timer: Timer) -> dict[str
         layer = TransformerLayer(args, topo, 0, dtype).train()
         x = _leaf((point.seq, point.micro_batch, point.hidden), dtype, dev)
         whole = timer.fwd_bwd([x, *layer.parameters()], lambda: layer(x))
-    parts = [0.0, 0.0]
-    for case, count in layer_cases(point):
+    parts, cases = [0.0, 0.0], layer_cases(point)
+    for case, count in cases:
         alone = time_case(case, dtype_name, timer)
         parts[0] += count * alone["fwd"]
         parts[1] += count * alone["bwd"]
-    operators = sum(count for _, count in layer_cases(point))
+    operators = sum(count for _, count in cases)
     return {"fwd": (whole[0] - parts[0]) / operators, "bwd": (whole[1] - parts[1]) / operators}
 
 
