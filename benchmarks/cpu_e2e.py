@@ -42,8 +42,9 @@ TRAIN_ITERS = 30
 WARMUP = 5  # iterations left out of the measured median (start-up, allocator warm-up)
 #: Captured runs: profiled steps, then enough unprofiled iterations for a stable median to calibrate on.
 CAPTURE_ITERS, CAPTURE_STEPS = 50, "3-6"
-#: Constants fitted from the four captured runs: `tracekit calibrate`'s default, the set that predicts each captured
-#: run best when fitted on the other three (leave-one-out; the predicted configurations play no part in the choice).
+#: Constants fitted from the four captured runs: `tracekit calibrate`'s default, chosen by leave-one-out over the
+#: captures (none, or the fewest constants within one standard error of the best held-out error; the predicted
+#: configurations play no part in the choice).
 CAL_PARAMS = "auto"
 #: Fixed physically motivated sets, fitted the same way on the samples-only models and scored on the same
 #: measurements (a sensitivity check: the choice above is not made by these scores).

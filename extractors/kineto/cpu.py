@@ -155,16 +155,18 @@ def _issuing_calls(c: EventColumns, ctx) -> dict[int, int]:
     calls = [i for i in by_start if names[i].startswith("c10d::") and not c.op_is_annotation[i]]
     work = [i for i in by_start if c.op_is_annotation[i] and int(ctx.comm_annotation[i]) == i
             and int(ctx.cpu_op[i]) < 0]
-    shapes = {}
+    shapes: dict[int, list] = {}
     open_calls: list[int] = []
     out, k = {}, 0
     for i in work:
         while k < len(calls) and c.op_ts[calls[k]] <= c.op_ts[i]:
-            open_calls.append(int(calls[k]))
+            call = int(calls[k])
+            open_calls.append(call)
+            shapes[call] = _tensor_shapes(json_list(c.op_dims[call]))  # parsed once, not per work item
             k += 1
         first = (json_list(c.op_dims[i]) or [None])[0]
         for j, call in enumerate(open_calls):
-            if pid[call] == pid[i] and first in shapes.setdefault(call, _tensor_shapes(json_list(c.op_dims[call]))):
+            if pid[call] == pid[i] and first in shapes[call]:
                 out[int(i)] = open_calls.pop(j)
                 break
     return out

@@ -15,9 +15,10 @@ models, compare with the iteration times its log measured (median of the iterati
 the first one left out as warm-up), and fit a few GLOBAL constants that minimize the relative error. Writes the
 calibration as JSON for `tracekit predict --calibration FILE`.
 
-Which constants: by default (--params auto, ≥ 3 runs) the set that predicts each run best when fitted on the
-others (leave-one-out) among a few physical accounts: kernel/collective scales, host time per operator, overhead
-per micro-batch or per iteration. Name them with --params to fit exactly those (at most one per run).
+Which constants: by default (--params auto, ≥ 3 runs) chosen by leave-one-out among none and a few physical
+accounts (kernel/collective scales, host time per operator, overhead per micro-batch or per iteration): each set is
+fitted on all runs but one and predicts the one left out, and the fewest constants within one standard error of
+the best held-out error win. Name them with --params to fit exactly those (at most one per run).
 
 Examples:
 
