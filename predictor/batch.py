@@ -1,20 +1,34 @@
-"""The batch CSV schema (`tracekit predict --batch`): the column layout of the shared corpus's
-e2e/vtrain_a100_single_node.csv. Input columns are Megatron settings (short names as in that file); an empty cell
-takes Megatron's default; a cell may carry a note after its value (`full (use_checkpoint=true)`): the leading token is
-the value. `hardware_gpu` is free text ("NVIDIA A100 (SXM variant/memory not stated in repo)"), refined by
-`gpu_memory_gb` when given. The output repeats every input column and appends OUTPUT_COLUMNS.
+"""The batch CSV schema (`tracekit predict --batch`): the column layout of the shared corpus's e2e CSVs.
+
+Input columns are Megatron settings (short names as in those files). Cells are read as published tables write
+them: a value may carry a note after it (`full (use_checkpoint=true)`, `fp16 mixed (...)`): the leading token is
+the value; an empty cell, `not stated`, `unknown` or `n/a` takes Megatron's default; an ambiguous cell
+(`fp16/bf16`) takes the default when it is among the alternatives, else the first; `selective (attention core
+only)` is `selective`. Every such substitution is reported in the row's `prediction_notes` output column (the corpus files have
+a `notes` column of their own, carried through).
+
+What the row's stack and cluster were is read from the row: `framework` picks the software-stack profile
+(`predictor.stack`), `hardware_gpu` + `gpu_memory_gb` the hardware id (a datasheet entry; the closest installed
+models are named in `hardware_used`), `gpus_per_node` + `interconnect` the cluster preset
+(`tracekit.core.cluster.infer_cluster`). `num_gpus` that disagrees with tp·pp·dp·cp is an error naming both.
+The output repeats every input column and appends OUTPUT_COLUMNS.
 """
 from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tracekit.core.cluster import Cluster, infer_cluster
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError, InputError
-from tracekit.core.hardware import Cluster, normalize_hardware
+from tracekit.core.hardware import hardware_spec, normalize_hardware
+
+from .calibration import Calibration
+from .stack import Stack, get_stack, select_stack
 
 #: Columns read as the configuration (everything else is carried through untouched).
 CONFIG_COLUMNS = (
@@ -22,14 +36,19 @@ CONFIG_COLUMNS = (
     "vocab_size", "global_batch_size", "micro_batch_size", "tp", "pp", "dp", "cp", "sequence_parallel",
     "virtual_pipeline_stages", "activation_recompute", "precision", "num_gpus",
 )
-CLUSTER_COLUMNS = ("hardware_gpu", "gpu_memory_gb", "gpus_per_node")
+CLUSTER_COLUMNS = ("hardware_gpu", "gpu_memory_gb", "gpus_per_node", "interconnect")
 #: Optional extra columns understood when present: any TrainingConfig field name (e.g. attention, swiglu).
 BREAKDOWN = ("compute", "exposed_communication", "pipeline_bubble", "optimizer", "other")
 OUTPUT_COLUMNS = (
     "predicted_iteration_time_s", *(f"predicted_{k}_s" for k in BREAKDOWN), "predicted_tflops_per_gpu",
-    "predicted_mfu", "predicted_tokens_per_s", "predicted_memory_gb_per_gpu", "hardware_used", "warnings", "error",
+    "predicted_mfu", "predicted_tokens_per_s", "predicted_memory_gb_per_gpu", "hardware_used", "cluster", "stack",
+    "prediction_notes", "warnings", "error",
 )
 _OPTIMIZER_SHARDED = ("zero", "zero1", "zero-1", "zero_1", "distributed", "distributed_optimizer")
+_UNSTATED = re.compile(r"^(not stated|unknown|n/?a|unspecified|-|\?|none given)\b", re.I)
+#: Defaults the documentation names for cells that do not say (Megatron's own where it has one).
+DEFAULTS = {"micro_batch_size": 1, "precision": "bf16", "activation_recompute": "none", "sequence_parallel": False,
+            "virtual_pipeline_stages": None, "cp": 1}
 
 
 @dataclass
@@ -39,6 +58,12 @@ class BatchRow:
     config: TrainingConfig | None
     cluster: Cluster | None
     error: str | None
+    stack: Stack | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def calibration(self) -> Calibration | None:
+        return self.stack.calibration() if self.stack else None
 
 
 def read_rows(path: str | Path) -> tuple[list[str], list[dict[str, str]]]:
@@ -62,41 +87,108 @@ def read_rows(path: str | Path) -> tuple[list[str], list[dict[str, str]]]:
     return header, rows
 
 
-def hardware_text(cells: dict[str, str]) -> str:
-    """Normalized hardware id from `hardware_gpu` (text before any note) and `gpu_memory_gb`."""
-    text = cells.get("hardware_gpu", "").split("(")[0].strip()
+def read_cell(column: str, text: str) -> tuple[Any, str | None]:
+    """(value, note) of one cell: None for 'take the default' (note says why when the cell said something)."""
+    raw = (text or "").strip()
+    if not raw:
+        if column == "micro_batch_size":
+            return None, f"micro_batch_size not stated: {DEFAULTS['micro_batch_size']} assumed"
+        return None, None
+    if _UNSTATED.match(raw):
+        default = DEFAULTS.get(column, "Megatron's default")
+        return None, f"{column} {raw!r}: {default} assumed"
+    value = raw.split("(")[0].strip() or raw
+    token = value.split()[0]
+    if "/" in token and column in ("precision", "activation_recompute"):
+        options = [t.strip().lower() for t in token.split("/") if t.strip()]
+        default = str(DEFAULTS.get(column, "")).lower()
+        chosen = default if default in options else options[0]
+        return chosen, f"{column} {raw!r} is ambiguous: {chosen} assumed"
+    return token, None
+
+
+def hardware_text(cells: dict[str, str]) -> tuple[str, str | None]:
+    """(hardware id, note) from `hardware_gpu` (text before any note) and `gpu_memory_gb`: the datasheet entry the
+    text names (an A100 without a memory size is the 80 GB part; the note says what was assumed)."""
+    full = cells.get("hardware_gpu", "").strip()
+    text = re.sub(r"\(.*", "", full).strip()
     memory = cells.get("gpu_memory_gb", "").strip().split(" ")[0]
     if memory:
         try:
             text = f"{text} {int(float(memory))}GB"
         except ValueError:
             pass
-    return normalize_hardware(text) if text else ""
+    if re.search(r"pcie", full, re.I) and "pcie" not in text.lower():
+        text += " PCIe"
+    if not text:
+        return "", None
+    hardware = normalize_hardware(text)
+    spec = hardware_spec(hardware)
+    if spec is None or hardware == spec.name:
+        return hardware, None
+    stated = "" if re.search(r"\d+\s*GB", text, re.I) else " (memory not stated)"
+    return spec.name, f"hardware {full!r}: {spec.name} datasheet{stated}"
 
 
 def parse_row(cells: dict[str, str], line: int, hardware: str | None, gpus_per_node: int | None,
-              overrides: dict[str, Any] | None = None) -> BatchRow:
-    """One CSV row → configuration and cluster (or the reason it cannot be predicted)."""
+              overrides: dict[str, Any] | None = None, stack: str | None = None,
+              cluster: Cluster | None = None) -> BatchRow:
+    """One CSV row → configuration, cluster and stack (or the reason it cannot be predicted). `hardware`,
+    `gpus_per_node`, `stack` and `cluster` override what the row says; `overrides` are Megatron settings."""
+    notes: list[str] = []
     try:
-        mapping: dict[str, Any] = {k: cells[k] for k in CONFIG_COLUMNS if k in cells}
+        chosen, note = (get_stack(stack), None) if stack else select_stack(cells.get("framework", ""))
+        if note:
+            notes.append(note)
+        mapping: dict[str, Any] = {}
         known = {f for f in TrainingConfig.__dataclass_fields__ if f != "extra"}
-        mapping.update({k: v for k, v in cells.items() if k in known and k not in mapping})
+        for key in list(CONFIG_COLUMNS) + [k for k in cells if k in known and k not in CONFIG_COLUMNS]:
+            if key not in cells:
+                continue
+            value, note = read_cell(key, cells[key])
+            if note:
+                notes.append(note)
+            if value is not None:
+                mapping[key] = value
         sharding = cells.get("zero_or_fsdp", "").strip().split(" ")[0].lower()
         if sharding in _OPTIMIZER_SHARDED:
             mapping["use_distributed_optimizer"] = True
+        stated = _parallel_product(mapping)
+        if "num_gpus" in mapping and stated and "dp" in mapping and int(float(mapping["num_gpus"])) != stated[0]:
+            raise ConfigError(f"num_gpus {mapping['num_gpus']} disagrees with tp·pp·dp·cp = {stated[1]} = "
+                              f"{stated[0]}")
         mapping.update(overrides or {})
-        config = TrainingConfig.from_mapping(mapping).validate()
-        hw = hardware or hardware_text(cells)
-        if not hw:
-            raise ConfigError("no hardware: fill hardware_gpu or pass --hardware")
-        gpn_cell = cells.get("gpus_per_node", "").strip().split(" ")[0]
-        gpn = gpus_per_node or (int(float(gpn_cell)) if gpn_cell else 8)
-        return BatchRow(line, cells, config, Cluster(hw, gpn), None)
+        config = TrainingConfig.from_mapping(mapping, chosen.config).validate()
+        if cluster is not None:
+            where = cluster if not hardware else cluster.with_hardware(hardware)
+        else:
+            hw, note = (hardware, None) if hardware else hardware_text(cells)
+            if note:
+                notes.append(note)
+            if not hw:
+                raise ConfigError("no hardware: fill hardware_gpu or pass --hardware")
+            gpn_cell = cells.get("gpus_per_node", "").strip().split(" ")[0]
+            gpn = gpus_per_node or (int(float(gpn_cell)) if gpn_cell else None)
+            where, note = infer_cluster(hw, gpn, " ".join(cells.get(k, "") for k in ("interconnect", "hardware_gpu")))
+            if note:
+                notes.append(note)
+        return BatchRow(line, cells, config, where, None, chosen, notes)
     except (ConfigError, ValueError) as exc:
-        return BatchRow(line, cells, None, None, str(exc))
+        return BatchRow(line, cells, None, None, str(exc), None, notes)
 
 
-def output_row(cells: dict[str, str], prediction: Any = None, error: str | None = None) -> dict[str, Any]:
+def _parallel_product(mapping: dict[str, Any]) -> tuple[int, str] | None:
+    """(tp·pp·dp·cp, 'tp·pp·dp·cp' spelled out) from the stated cells; None when one is not a number."""
+    try:
+        parts = [int(float(mapping.get(k, 1))) for k in ("tp", "pp", "dp", "cp")]
+    except (TypeError, ValueError):
+        return None
+    product = parts[0] * parts[1] * parts[2] * parts[3]
+    return product, "·".join(str(p) for p in parts)
+
+
+def output_row(cells: dict[str, str], prediction: Any = None, error: str | None = None,
+               notes: list[str] | None = None) -> dict[str, Any]:
     """Input cells + prediction columns (blank on error)."""
     out: dict[str, Any] = dict(cells)
     if prediction is not None:
@@ -108,11 +200,14 @@ def output_row(cells: dict[str, str], prediction: Any = None, error: str | None 
         out["predicted_tokens_per_s"] = f"{prediction.tokens_per_s:.6g}"
         out["predicted_memory_gb_per_gpu"] = f"{prediction.memory_gb_per_gpu['total']:.3g}"
         out["hardware_used"] = prediction.hardware_used
+        out["cluster"] = prediction.cluster.name
+        out["stack"] = prediction.calibration.name.removeprefix("stack:")
         out["warnings"] = " | ".join(prediction.warnings)
         out["error"] = ""
     else:
         out.update({c: "" for c in OUTPUT_COLUMNS})
         out["error"] = error or "failed"
+    out["prediction_notes"] = " | ".join(notes or [])
     return out
 
 

@@ -323,6 +323,15 @@ class ModelSet:
     def hardware_ids(self) -> list[str]:
         return sorted({m.hardware for m in self.models})
 
+    def sampled_cluster(self, hardware: str) -> str | None:
+        """The cluster preset the collective samples of `hardware` were measured on (the index's `clusters`, set
+        by `tracekit train --cluster HW=NAME`); None when not recorded."""
+        return self.index.get("clusters", {}).get(hardware)
+
+    def sampled_topologies(self, hardware: str, primitive: str) -> set[str]:
+        """`<nodes>x<ranks per node>` keys with a collective model of their own (the pooled model excluded)."""
+        return {g for g in self._by_key.get((hardware, primitive, "comm"), {}) if g != POOLED}
+
     # -- resolution -------------------------------------------------------------------------------------------
     def resolve(self, hardware: str, primitive: str, pass_: str, variant: object = None) -> TrainedModel | None:
         """The model answering a row directly, or None."""

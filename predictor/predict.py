@@ -3,11 +3,14 @@
 Public API (stable; used by the CLI, `tracekit diff/validate` and capture):
 
     predict(config: TrainingConfig, cluster: Cluster, models, calibration=None) -> Prediction
-    predict_many(configs, clusters, models, calibration=None) -> list[Prediction | Exception]
+    predict_many(configs, clusters, models, calibration=None) -> list[Prediction | Exception]  (calibration: one, or
+        one per configuration)
 
 `models` is anything with `predict(frame) -> frame` and `hardware_ids()` (`predictor.models.ModelSet`): it gets one
 frame of operator rows (hardware, primitive, pass, dtype, variant + FEATURE_COLUMNS) and returns `duration_us`,
-`path` ('model' | 'derived' | 'roofline') and `out_of_range` on the same index. `predict_many` builds every
+`path` ('model' | 'derived' | 'roofline') and `out_of_range` on the same index; collectives not measured on the
+configuration's cluster and topology take the algorithm model of `predictor.collectives` instead (path
+'physics'). `predict_many` builds every
 configuration's graph, de-duplicates the operator rows of all of them and asks the models ONCE (only for rows not
 answered before by the same models object: estimates are cached per process, `clear_estimate_cache()` forgets them);
 a configuration that cannot be built (ConfigError...) yields its exception in place. `clusters` is one Cluster for all or one per config.
@@ -25,7 +28,8 @@ Pipeline: graph (predictor.graph) → frame of distinct ops → durations (model
         layers, fwd_us, bwd_us}], busy_s, idle_s}],
     operators[{stage, primitive, pass, time_s, count}] (per iteration on one GPU of that stage; pass fwd|bwd|comm|
         optimizer; recomputed forward ops count under fwd),
-    hardware, hardware_used, gpus_per_node, nodes, world_size, microbatches, schedule, calibration, config{...}.
+    hardware, hardware_used, cluster{name, fabric, link figures...}, gpus_per_node, nodes, world_size, microbatches,
+    schedule, calibration (a stack profile's constants are named `stack:<name>`), config{...}.
 """
 from __future__ import annotations
 
@@ -37,7 +41,8 @@ import numpy as np
 
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
-from tracekit.core.hardware import SPECS, Cluster, hardware_spec
+from tracekit.core.cluster import Cluster
+from tracekit.core.hardware import SPECS, hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES, FEATURE_COLUMNS
 
 from .calibration import NONE, Calibration
@@ -115,6 +120,7 @@ class Prediction:
             "critical_stage": self.critical_stage,
             "hardware": self.cluster.hardware,
             "hardware_used": self.hardware_used,
+            "cluster": self.cluster.to_dict(),
             "gpus_per_node": self.cluster.gpus_per_node,
             "nodes": -(-c.world_size // self.cluster.gpus_per_node),
             "world_size": c.world_size,
@@ -154,16 +160,21 @@ def predict(config: TrainingConfig, cluster: Cluster, models, calibration: Calib
 
 
 def predict_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence[Cluster], models,
-                 calibration: Calibration | None = None) -> list[Prediction | Exception]:
-    """Many configurations with one `models.predict` call over their de-duplicated operator rows."""
+                 calibration: Calibration | Sequence[Calibration | None] | None = None
+                 ) -> list[Prediction | Exception]:
+    """Many configurations with one `models.predict` call over their de-duplicated operator rows; `calibration` is
+    one for all or one per configuration (e.g. each row's stack profile)."""
     prepared = prepare_many(configs, clusters, models)
+    calibrations = calibration if isinstance(calibration, (list, tuple)) else [calibration] * len(prepared)
+    if len(calibrations) != len(prepared):
+        raise ValueError("give one calibration, or one per configuration")
     out: list[Prediction | Exception] = []
-    for item in prepared:
+    for item, cal in zip(prepared, calibrations):
         if isinstance(item, Exception):
             out.append(item)
             continue
         try:
-            out.append(compose(*item, calibration=calibration))
+            out.append(compose(*item, calibration=cal))
         except ConfigError as exc:
             out.append(exc)
     return out
@@ -172,9 +183,12 @@ def predict_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
 def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence[Cluster], models
                  ) -> list[tuple[Graph, Estimates, Cluster, list[str]] | Exception]:
     """Graphs and their (uncalibrated) operator estimates; the expensive half of `predict_many`, reusable when only
-    the calibration changes (calibration fitting recomposes these)."""
-    import pandas as pd
+    the calibration changes (calibration fitting recomposes these).
 
+    Compute operators are answered by `models`. Collectives are answered by the learned models only where they
+    were measured: on the cluster the model set's samples of that hardware came from (`models.sampled_cluster`)
+    and in a topology sampled there; everywhere else by the algorithm model of `predictor.collectives` over the
+    cluster's links (path `physics`)."""
     if isinstance(clusters, Cluster):
         clusters = [clusters] * len(configs)
     if len(clusters) != len(configs):
@@ -182,6 +196,7 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
     available = list(models.hardware_ids())
     built: list[tuple[Graph, Cluster, list[str]] | Exception] = []
     rows: list[dict] = []
+    row_cluster: list[Cluster | None] = []
     row_of: dict[tuple, int] = {}
     spec_rows: list[np.ndarray] = []
     for config, cluster in zip(configs, clusters):
@@ -193,32 +208,28 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
             continue
         mapping = np.empty(len(graph.specs), dtype=np.int64)
         for local_key, i in graph._index.items():
-            key = (hardware, config.precision) + local_key
+            collective = graph.specs[i]["primitive"] in COLLECTIVE_PRIMITIVES
+            key = (hardware, config.precision) + local_key + ((cluster.fingerprint(),) if collective else ())
             j = row_of.get(key)
             if j is None:
                 j = row_of[key] = len(rows)
                 rows.append(graph.specs[i])
+                row_cluster.append(cluster if collective else None)
             mapping[i] = j
         spec_rows.append(mapping)
         built.append((graph, cluster, [note] if note else []))
     keys = list(row_of)
-    duration = np.empty(len(rows))
-    paths = np.empty(len(rows), dtype=object)
-    oor = np.zeros(len(rows), dtype=bool)
     cache = _estimate_cache(models)
     missing = [j for j, key in enumerate(keys) if key not in cache]
     if missing:
-        frame = pd.DataFrame([rows[j] for j in missing], columns=list(KEYS) + list(FEATURE_COLUMNS))
-        result = models.predict(frame)
-        new_d = result["duration_us"].to_numpy(dtype="float64")
-        new_p = result["path"].astype(str).to_numpy()
-        new_o = result["out_of_range"].fillna(False).to_numpy(dtype=bool)
+        answers = _estimate([rows[j] for j in missing], [row_cluster[j] for j in missing], models)
         if len(cache) + len(missing) > CACHE_ROWS:
             cache.clear()
-        for i, j in enumerate(missing):
-            cache[keys[j]] = (float(new_d[i]), str(new_p[i]), bool(new_o[i]))
-    for j, key in enumerate(keys):
-        duration[j], paths[j], oor[j] = cache[key]
+        cache.update({keys[j]: answer for j, answer in zip(missing, answers)})
+    answers = [cache[key] for key in keys]
+    duration = np.array([a[0] for a in answers], dtype="float64")
+    paths = np.array([a[1] for a in answers], dtype=object)
+    oor = np.array([a[2] for a in answers], dtype=bool)
     out: list = []
     it = iter(spec_rows)
     for item in built:
@@ -234,6 +245,44 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
             continue
         out.append((graph, est, cluster, notes))
     return out
+
+
+def _estimate(rows: list[dict], row_clusters: list[Cluster | None], models) -> list[tuple[float, str, bool]]:
+    """(µs, path, out_of_range) per operator row: models for compute rows and for collectives measured on their
+    cluster and topology; the collective algorithm model for the other collectives."""
+    import pandas as pd
+
+    from .collectives import collective_us
+    from .models import topology_key
+
+    frame = pd.DataFrame(rows, columns=list(KEYS) + list(FEATURE_COLUMNS))
+    result = models.predict(frame)
+    duration = result["duration_us"].to_numpy(dtype="float64").copy()
+    path = result["path"].astype(str).to_numpy().astype(object)
+    oor = result["out_of_range"].fillna(False).to_numpy(dtype=bool).copy()
+    collective = np.array([c is not None for c in row_clusters])
+    if collective.any():
+        topology = topology_key(frame).to_numpy()
+        by_cluster: dict[tuple, list[int]] = {}
+        for i in np.flatnonzero(collective):
+            by_cluster.setdefault(row_clusters[i].fingerprint(), []).append(i)
+        for members in by_cluster.values():
+            cluster = row_clusters[members[0]]
+            idx = np.array(members)
+            learned = np.array([
+                str(rows[i]["hardware"]).startswith("cpu-")  # a CPU host's collectives: its own samples
+                or (path[i] == "model" and not oor[i]
+                    and models.sampled_cluster(rows[i]["hardware"]) == cluster.name
+                    and topology[i] in models.sampled_topologies(rows[i]["hardware"], rows[i]["primitive"]))
+                for i in idx])
+            physics = idx[~learned]
+            if not len(physics):
+                continue
+            t, _ = collective_us(frame.iloc[physics], cluster)
+            duration[physics] = t
+            path[physics] = "physics"
+            oor[physics] = False
+    return [(float(d), str(p), bool(o)) for d, p, o in zip(duration, path, oor)]
 
 
 #: Estimates already answered, per models object: identical operator rows are asked once per process.

@@ -10,8 +10,8 @@ Before fitting, samples that cannot be real measurements of the same operator ar
   `MODE_GAP` decades (e.g. an optimizer step that took seconds in one stretch of a sweep and milliseconds at
   larger shapes in the rest).
 Hyper-parameters (target, tree depth, rounds) are chosen by k-fold cross-validation on out-of-fold MAPE; among the
-configurations within 5% of the best, the smallest model is kept. A collective's plain-time model is constrained
-to grow with the message size (a few noisy small-message samples must not make a larger message look quicker), and
+configurations within 5% of the best, the smallest model is kept. A collective is learned as its plain time only
+(never as a ratio to the roofline, which no constraint keeps monotone), constrained to grow with the message size (a few noisy small-message samples must not make a larger message look quicker), and
 between two sampled message sizes it is interpolated log-linearly (trees alone would answer a 7 MB all-reduce
 with the 4 MB sample's time).
 """
@@ -204,10 +204,14 @@ def fit(frame: pd.DataFrame, primitive: str, folds: int = 5, seed: int = 0, thre
 
     base = {RATIO_TARGET: log_roof[~drop], LOG_TARGET: np.zeros(n)}
     labels = {RATIO_TARGET: y, LOG_TARGET: np.log10(t)}
-    candidates = [(RATIO_TARGET, d) for d in depths]
-    if n < LOG_TARGET_MAX_ROWS:
-        candidates += [(LOG_TARGET, d) for d in LOG_TARGET_DEPTHS]
-    size_rule = tuple(int(c in SIZE_FEATURES) for c in keep) if primitive in COLLECTIVE_PRIMITIVES else None
+    collective = primitive in COLLECTIVE_PRIMITIVES
+    if collective:  # the plain time under monotone constraints: a larger message is never quicker, by construction
+        candidates = [(LOG_TARGET, d) for d in LOG_TARGET_DEPTHS]
+    else:
+        candidates = [(RATIO_TARGET, d) for d in depths]
+        if n < LOG_TARGET_MAX_ROWS:
+            candidates += [(LOG_TARGET, d) for d in LOG_TARGET_DEPTHS]
+    size_rule = tuple(int(c in SIZE_FEATURES) for c in keep) if collective else None
     monotone = {RATIO_TARGET: None, LOG_TARGET: size_rule}
     oof = np.full((len(candidates), len(round_steps), n), np.nan)
     k = min(folds, n) if n >= 4 else 0
@@ -225,7 +229,8 @@ def fit(frame: pd.DataFrame, primitive: str, folds: int = 5, seed: int = 0, thre
         pred_t = 10 ** oof
         mape = np.nanmean(np.abs(pred_t - t) / t, axis=2)
         is_log = np.array([c[0] == LOG_TARGET for c in candidates])
-        if is_log.any() and np.nanmin(mape[is_log]) > LOG_TARGET_GAIN * np.nanmin(mape[~is_log]):
+        if is_log.any() and (~is_log).any() and \
+                np.nanmin(mape[is_log]) > LOG_TARGET_GAIN * np.nanmin(mape[~is_log]):
             mape[is_log] = np.nan
         good = np.argwhere(mape <= np.nanmin(mape) * PARSIMONY + 1e-4)
         i, j = min(good, key=lambda ij: (2 ** candidates[ij[0]][1] * round_steps[ij[1]], mape[tuple(ij)]))
@@ -234,7 +239,8 @@ def fit(frame: pd.DataFrame, primitive: str, folds: int = 5, seed: int = 0, thre
         oof_series = pd.Series(np.nan, index=frame.index)
         oof_series[~drop] = pred_t[i, j]
     else:
-        target, depth, rounds = RATIO_TARGET, min(depths), min(round_steps)
+        target, depth = candidates[0][0], min(d for _, d in candidates)
+        rounds = min(round_steps)
         cv = {"folds": 0, "mape": None, "median_ape": None, "p90_ape": None}
         oof_series = pd.Series(np.nan, index=frame.index)
     y = labels[target]

@@ -1,7 +1,8 @@
 """Hardware ids and datasheet lookups."""
 import pytest
 
-from tracekit.core.hardware import Cluster, cpu_hardware_id, hardware_spec, normalize_hardware
+from tracekit.core.cluster import Cluster
+from tracekit.core.hardware import cpu_hardware_id, hardware_spec, normalize_hardware
 from tracekit.core.redact import redact
 
 

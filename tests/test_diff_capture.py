@@ -261,7 +261,7 @@ def test_validate_refit_reports_error_before_and_after(run, diff, tmp_path):
     from predictor.models import ModelSet
     from predictor.predict import predict
     from tracekit.capture.manifest import Manifest
-    from tracekit.core.hardware import Cluster
+    from tracekit.core.cluster import Cluster
 
     manifest = Manifest.load(run["out"])
     after = predict(manifest.config(), Cluster(manifest.hardware, gpus_per_node=2), ModelSet.load(models))

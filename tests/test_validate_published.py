@@ -3,6 +3,7 @@ checked independently of the code under test."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -56,7 +57,8 @@ def models(models_dir):
 def test_published_rows_errors_and_order(sample, models):
     from predictor.predict import predict
     from tracekit.core.config import TrainingConfig
-    from tracekit.core.hardware import Cluster
+    from predictor.stack import get_stack
+    from tracekit.core.cluster import preset
     from tracekit.validate import validate_published
 
     path, picked = sample
@@ -78,8 +80,13 @@ def test_published_rows_errors_and_order(sample, models):
         "global_batch_size": record["global_batch_size"], "micro_batch_size": record["micro_batch_size"],
         "tensor_model_parallel_size": record["tp"], "pipeline_model_parallel_size": record["pp"],
         "data_parallel_size": record["dp"], "recompute_granularity": "full", "precision": "fp16",
+        "attention": "unfused",  # the row's framework, Megatron-DeepSpeed, has no flash attention
     })
-    direct = predict(config, Cluster("A100-SXM4-40GB", gpus_per_node=8), models).iteration_time_s
+    # the row's stack profile brings its host constants; its interconnect text states an 800 Gb/s network
+    cluster = dataclasses.replace(preset("dgx-a100", "A100-SXM4-40GB"), inter_node_gbs=800 / 8 / 8,
+                                  name="dgx-a100+stated-network")
+    stack = get_stack("megatron-deepspeed-2023").calibration()
+    direct = predict(config, cluster, models, stack).iteration_time_s
     assert by_row[3]["predicted_s"] == pytest.approx(direct, rel=1e-12)
     # error arithmetic, recomputed by hand from the file's measured values and the reported predictions
     apes = [abs(by_row[i]["predicted_s"] - float(r["iteration_time_s"])) / float(r["iteration_time_s"])

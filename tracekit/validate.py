@@ -28,6 +28,8 @@ class PublishedRow:
     cluster: Any  # Cluster | None
     measured_s: float
     error: str | None
+    calibration: Any = None  # the row's stack constants (predictor Calibration) | None
+    notes: tuple[str, ...] = ()
 
 
 def parse_hardware_map(items: Iterable[str]) -> dict[str, str]:
@@ -78,7 +80,7 @@ def read_published(path: str | Path, hardware_map: dict[str, str] | None = None,
         hardware = next((hw for key, hw in (hardware_map or {}).items() if key.lower() in text.lower()), None)
         parsed = parse_row(row, line, hardware, None, overrides)
         rows.append(PublishedRow(line, row.get("row_ref") or f"line {line}", parsed.config, parsed.cluster,
-                                 measured, parsed.error))
+                                 measured, parsed.error, parsed.calibration, tuple(parsed.notes)))
     return rows
 
 
@@ -87,7 +89,8 @@ def validate_published(path: str | Path, hardware_map: dict[str, str] | None = N
                        on_batch=None, batch: int = 64) -> dict[str, Any]:
     """Predict every row of a published e2e CSV and score it: {"rows" (worst first), "mape", "median_ape",
     "p90_ape", "failed"}. `models`: a ModelSet (default: the bundled models); `overrides`: Megatron settings for
-    every row (like `predict --set`); `calibration`: a predictor Calibration. Rows are predicted in batches with
+    every row (like `predict --set`); `calibration`: a predictor Calibration used instead of each row's stack
+    profile constants. Rows are predicted in batches with
     `predict_many`; `on_batch(rows_done)` reports progress. A row that cannot be predicted is listed under
     "failed" and left out of the statistics."""
     from predictor.models import ModelSet
@@ -101,7 +104,8 @@ def validate_published(path: str | Path, hardware_map: dict[str, str] | None = N
     good = [r for r in rows if not r.error]
     for first in range(0, len(good), batch):
         chunk = good[first:first + batch]
-        results = predict_many([r.config for r in chunk], [r.cluster for r in chunk], models, calibration)
+        results = predict_many([r.config for r in chunk], [r.cluster for r in chunk], models,
+                               [calibration or r.calibration for r in chunk])
         for row, prediction in zip(chunk, results):
             if isinstance(prediction, Exception):
                 failed.append({"line": row.line, "ref": row.ref, "error": str(prediction)})
@@ -110,7 +114,8 @@ def validate_published(path: str | Path, hardware_map: dict[str, str] | None = N
             c = row.config
             out_rows.append({
                 "line": row.line, "ref": row.ref, "hardware": row.cluster.hardware,
-                "hardware_used": prediction.hardware_used, "world_size": c.world_size, "tp": c.tp, "pp": c.pp,
+                "hardware_used": prediction.hardware_used, "cluster": prediction.cluster.name,
+                "stack": prediction.calibration.name.removeprefix("stack:"), "notes": list(row.notes), "world_size": c.world_size, "tp": c.tp, "pp": c.pp,
                 "dp": c.dp, "micro_batch_size": c.micro_batch_size, "global_batch_size": c.global_batch_size,
                 "num_layers": c.num_layers, "hidden_size": c.hidden_size,
                 "measured_s": row.measured_s, "predicted_s": predicted, "error_s": predicted - row.measured_s,
@@ -299,7 +304,7 @@ def validate_run(run_dir: str | Path, models: Any = None, models_path: str | Pat
 
 def run_cluster(manifest: Any, config: Any):
     """The Cluster a captured run ran on: its hardware, ranks per node and node count."""
-    from tracekit.core.hardware import Cluster
+    from tracekit.core.cluster import Cluster
 
     topology = manifest.topology or {}
     per_node = int(topology.get("ranks_per_node") or config.world_size)

@@ -34,7 +34,7 @@ def measured_run(run_dir: Path):
     """(TrainingConfig, Cluster, median unprofiled iteration time in s) of one capture folder."""
     from tracekit.capture.manifest import MANIFEST_NAME, Manifest
     from tracekit.core.errors import InputError
-    from tracekit.core.hardware import Cluster
+    from tracekit.core.cluster import Cluster
 
     if not (run_dir / MANIFEST_NAME).is_file():
         raise InputError(run_dir, f"not a capture folder (no {MANIFEST_NAME}; make one with `tracekit capture`)")

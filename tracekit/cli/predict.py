@@ -23,7 +23,10 @@ Examples:
   --micro-batch-size 4 --global-batch-size 64 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4
   --fp16" --hardware A100-SXM4-80GB --gpus-per-node 4 --json
 
-  tracekit predict --batch runs.csv --out predicted.csv --hardware A100-SXM4-40GB --set attention=unfused --calibration vtrain-a100
+  tracekit predict --batch runs.csv --out predicted.csv
+
+With --batch, each row's stack (framework column), hardware and cluster (hardware_gpu, gpus_per_node,
+interconnect) are read from the row; the output's notes column says what was assumed where a cell did not say.
 """
 
 
@@ -37,34 +40,30 @@ def _parse_sets(values: list[str]) -> dict[str, str]:
     return out
 
 
-def _cluster(hardware: Optional[str], gpus_per_node: Optional[int], cluster_file: Optional[Path]):
-    from tracekit.core.errors import InputError
-    from tracekit.core.hardware import Cluster, normalize_hardware
+def _cluster(hardware: Optional[str], gpus_per_node: Optional[int], cluster: Optional[str]):
+    """The cluster named by --cluster (a preset name or a YAML/JSON file), else the usual node of --hardware
+    (with a note saying what was assumed), else None."""
+    from tracekit.core.cluster import default_cluster, load_cluster, preset
+    from tracekit.core.errors import ConfigError
+    from tracekit.core.hardware import normalize_hardware
 
-    if cluster_file is not None:
-        import yaml
-
+    hw = normalize_hardware(hardware) if hardware else None
+    if cluster is not None:
+        path = Path(cluster)
+        if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
+            return load_cluster(path, hw, gpus_per_node), None
         try:
-            data = yaml.safe_load(cluster_file.read_text())
-        except OSError as exc:
-            raise InputError(cluster_file, f"cannot read ({exc.strerror or exc})") from exc
-        except yaml.YAMLError as exc:
-            raise InputError(cluster_file, f"not valid YAML/JSON ({exc})") from exc
-        if not isinstance(data, dict) or "hardware" not in data:
-            raise InputError(cluster_file, "a cluster file is a mapping with at least `hardware` (and gpus_per_node)")
-        allowed = {"hardware", "gpus_per_node", "nodes", "intra_node_gbs", "inter_node_gbs"}
-        unknown = set(data) - allowed
-        if unknown:
-            raise InputError(cluster_file, f"unknown key(s) {sorted(unknown)} (allowed: {sorted(allowed)})")
-        data["hardware"] = normalize_hardware(str(data["hardware"]))
-        if hardware:
-            data["hardware"] = normalize_hardware(hardware)
-        if gpus_per_node:
-            data["gpus_per_node"] = gpus_per_node
-        return Cluster(**data)
-    if hardware is None:
-        return None
-    return Cluster(normalize_hardware(hardware), gpus_per_node or 8)
+            found = preset(cluster, hw)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        if gpus_per_node and gpus_per_node != found.gpus_per_node:
+            import dataclasses
+
+            found = dataclasses.replace(found, gpus_per_node=gpus_per_node)
+        return found, None
+    if hw is None:
+        return None, None
+    return default_cluster(hw, gpus_per_node)
 
 
 @app.command("predict", help=HELP)
@@ -75,11 +74,19 @@ def predict_command(
     megatron_log: Optional[Path] = typer.Option(None, "--megatron-log", help="Megatron log with its arguments block."),
     hardware: Optional[str] = typer.Option(None, "--hardware", help="GPU hardware id, e.g. A100-SXM4-80GB."),
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=1, help="GPUs per node (default 8)."),
-    cluster_file: Optional[Path] = typer.Option(None, "--cluster", help="Cluster YAML/JSON: hardware, gpus_per_node"
-                                                                        ", intra_node_gbs, inter_node_gbs."),
+    cluster_name: Optional[str] = typer.Option(
+        None, "--cluster", help="Cluster preset (dgx-a100, selene, dgx-h100, dgx-b200, perlmutter, vista, mi300x, "
+                                "pcie) or a YAML/JSON file (hardware, gpus_per_node, fabric, intra_node_gbs, "
+                                "inter_node_gbs, latencies, in_network_reduction; `preset:` to start from one). "
+                                "Default: the usual node of --hardware; with --batch, what each row says."),
+    stack: Optional[str] = typer.Option(
+        None, "--stack", help="Software-stack profile (megatron-core, megatron-lm-2021, megatron-deepspeed-2023, "
+                              "gpt-neox): attention kernel, overlap defaults and host constants. Default: what the "
+                              "input says (a batch row's framework column), else megatron-core."),
     models_dir: Optional[Path] = typer.Option(None, "--models", help="Model directory (default: bundled models)."),
     calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration name (shipped: see docs) or "
-                                                                          "JSON file; default none."),
+                                                                          "JSON file, used instead of the stack "
+                                                                          "profile's constants."),
     sets: list[str] = typer.Option([], "--set", help="KEY=VALUE Megatron setting that overrides the input (every "
                                                      "row with --batch; repeatable), e.g. --set attention=unfused."),
     batch: Optional[Path] = typer.Option(None, "--batch", help="CSV of configurations (e2e CSV column layout)."),
@@ -91,7 +98,8 @@ def predict_command(
     overrides = _parse_sets(sets)
     with user_errors():
         if batch is not None:
-            _batch(batch, out, hardware, gpus_per_node, cluster_file, models_dir, calibration, overrides, as_json)
+            _batch(batch, out, hardware, gpus_per_node, cluster_name, stack, models_dir, calibration, overrides,
+                   as_json)
             return
         sources = [x for x in (config, megatron_args, megatron_log) if x is not None]
         if len(sources) != 1:
@@ -101,30 +109,35 @@ def predict_command(
 
         if trace_out is not None and trace_out.exists() and not trace_out.is_dir():
             raise InputError(trace_out, "exists and is not a directory (--trace-out takes a folder for the traces)")
+        from predictor.stack import DEFAULT, get_stack
+
+        profile = get_stack(stack or DEFAULT)
         if config is not None:
-            cfg = TrainingConfig.from_file(config)
+            cfg = TrainingConfig.from_file(config, profile.config)
         elif megatron_args is not None:
-            cfg = TrainingConfig.from_megatron_args(megatron_args)
+            cfg = TrainingConfig.from_megatron_args(megatron_args, profile.config)
         else:
             try:
                 text = megatron_log.read_text(errors="replace")
             except OSError as exc:
                 raise InputError(megatron_log, f"cannot read ({exc.strerror or exc})") from exc
-            cfg = TrainingConfig.from_megatron_log(text, str(megatron_log))
+            cfg = TrainingConfig.from_megatron_log(text, str(megatron_log), profile.config)
         if overrides:
             merged = {k: v for k, v in cfg.to_dict().items() if v is not None}
             merged.update(overrides)
             cfg = TrainingConfig.from_mapping(merged)
-        cluster = _cluster(hardware, gpus_per_node, cluster_file)
+        cluster, note = _cluster(hardware, gpus_per_node, cluster_name)
         if cluster is None:
-            fail("name the GPU with --hardware ID (e.g. A100-SXM4-80GB) or --cluster FILE")
+            fail("name the GPU with --hardware ID (e.g. A100-SXM4-80GB) or --cluster NAME|FILE")
         from predictor.calibration import load_calibration
         from predictor.models import ModelSet
         from predictor.predict import predict
 
-        cal = load_calibration(calibration)
+        cal = load_calibration(calibration) if calibration else profile.calibration()
         models = ModelSet.load(models_dir)
         prediction = predict(cfg, cluster, models, cal)
+        if note:
+            prediction.warnings.insert(0, note)
         written = []
         if trace_out is not None:
             from predictor.trace_out import write_traces
@@ -141,7 +154,8 @@ def predict_command(
         console.print(f"predicted traces: {', '.join(str(p) for p in written)}")
 
 
-def _batch(path, out, hardware, gpus_per_node, cluster_file, models_dir, calibration, overrides, as_json) -> None:
+def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, calibration, overrides,
+           as_json) -> None:
     from predictor import batch as B
     from predictor.calibration import load_calibration
     from predictor.models import ModelSet
@@ -149,41 +163,53 @@ def _batch(path, out, hardware, gpus_per_node, cluster_file, models_dir, calibra
 
     if out is None:
         fail("--batch needs --out FILE.csv")
-    cluster = _cluster(hardware, gpus_per_node, cluster_file)
+    cluster = _cluster(hardware, gpus_per_node, cluster_name)[0] if cluster_name else None
     header, cells = B.read_rows(path)
-    cal = load_calibration(calibration)
+    cal = load_calibration(calibration) if calibration else None
     models = ModelSet.load(models_dir)
-    rows = [B.parse_row(c, i + 2, cluster.hardware if cluster else None,
-                        cluster.gpus_per_node if cluster else gpus_per_node, overrides) for i, c in enumerate(cells)]
+    rows = [B.parse_row(c, i + 2, hardware and _normal(hardware), gpus_per_node, overrides, stack, cluster)
+            for i, c in enumerate(cells)]
     good = [r for r in rows if r.error is None]
     with progress(quiet=as_json) as bar:
         task = bar.add_task("predicting", total=len(rows))
-        results = predict_many([r.config for r in good], [r.cluster for r in good], models, cal)
+        results = predict_many([r.config for r in good], [r.cluster for r in good], models,
+                               [cal or r.calibration for r in good])
         bar.update(task, completed=len(rows))
     by_line = dict(zip((r.line for r in good), results))
-    output, failures, used = [], [], set()
+    output, failures, used, stacks, clusters = [], [], set(), set(), set()
     for r in rows:
         result = by_line.get(r.line)
         if r.error is not None or isinstance(result, Exception):
             message = r.error or str(result)
-            output.append(B.output_row(r.cells, error=message))
+            output.append(B.output_row(r.cells, error=message, notes=r.notes))
             failures.append((r.line, message))
         else:
-            output.append(B.output_row(r.cells, result))
+            output.append(B.output_row(r.cells, result, notes=r.notes))
             used.add(result.hardware_used)
+            clusters.add(result.cluster.name)
+            stacks.add(result.calibration.name.removeprefix("stack:"))
     B.write_rows(out, header, output)
     summary = {"input": str(path), "output": str(out), "rows": len(rows), "predicted": len(rows) - len(failures),
                "failed": [{"line": line, "error": msg} for line, msg in failures], "hardware_used": sorted(used),
-               "calibration": cal.name}
+               "clusters": sorted(clusters), "stacks": sorted(stacks),
+               "calibration": cal.name if cal else "stack profiles"}
     if as_json:
         print_json(summary)
     else:
         console.print(f"{summary['predicted']}/{len(rows)} rows predicted → {out} "
-                      f"(hardware models: {', '.join(sorted(used)) or 'none'}; calibration: {cal.name})")
+                      f"(hardware models: {', '.join(sorted(used)) or 'none'}; clusters: "
+                      f"{', '.join(sorted(clusters)) or 'none'}; stacks: {', '.join(sorted(stacks)) or 'none'}"
+                      f"{'; calibration: ' + cal.name if cal else ''})")
         for line, msg in failures:
             err_console.print(f"error: {path}: line {line}: {msg}", markup=False, soft_wrap=True)
     if failures:
         raise typer.Exit(EXIT_PARTIAL if len(failures) < len(rows) else 2)
+
+
+def _normal(hardware: str) -> str:
+    from tracekit.core.hardware import normalize_hardware
+
+    return normalize_hardware(hardware)
 
 
 def _print_prediction(p) -> None:

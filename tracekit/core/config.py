@@ -199,8 +199,9 @@ class TrainingConfig:
         return data
 
     @classmethod
-    def from_mapping(cls, mapping: dict[str, Any]) -> "TrainingConfig":
-        """Build from Megatron argument names (dest or flag form) or their aliases; unknown keys go to `extra`."""
+    def from_mapping(cls, mapping: dict[str, Any], defaults: dict[str, Any] | None = None) -> "TrainingConfig":
+        """Build from Megatron argument names (dest or flag form) or their aliases; unknown keys go to `extra`.
+        `defaults` (e.g. a software stack's) fill the settings the mapping does not state."""
         known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         values: dict[str, Any] = {}
         extra: dict[str, Any] = {}
@@ -210,6 +211,10 @@ class TrainingConfig:
             if value is None:
                 continue
             _apply(key, value, values, extra, known)
+        for raw_key, raw in (defaults or {}).items():
+            key = ALIASES.get(_dest(raw_key), _dest(raw_key))
+            if key not in values and _scalar(raw) is not None:
+                _apply(key, _scalar(raw), values, extra, known)
         missing = [n for n in ("num_layers", "hidden_size", "num_attention_heads", "seq_length") if n not in values]
         if missing:
             raise ConfigError(f"configuration lacks {', '.join(missing)}")
@@ -228,17 +233,19 @@ class TrainingConfig:
         return config
 
     @classmethod
-    def from_megatron_args(cls, argv: str | Iterable[str]) -> "TrainingConfig":
+    def from_megatron_args(cls, argv: str | Iterable[str], defaults: dict[str, Any] | None = None
+                           ) -> "TrainingConfig":
         """Parse a Megatron command line (`--num-layers 24 --bf16 ...`); non-flag words are ignored."""
-        return cls.from_mapping(parse_megatron_argv(argv))
+        return cls.from_mapping(parse_megatron_argv(argv), defaults)
 
     @classmethod
-    def from_megatron_log(cls, text: str, path: str = "log") -> "TrainingConfig":
+    def from_megatron_log(cls, text: str, path: str = "log", defaults: dict[str, Any] | None = None
+                          ) -> "TrainingConfig":
         """Parse the arguments block Megatron prints at start-up."""
-        return cls.from_mapping(parse_arguments_block(text, path))
+        return cls.from_mapping(parse_arguments_block(text, path), defaults)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "TrainingConfig":
+    def from_file(cls, path: str | Path, defaults: dict[str, Any] | None = None) -> "TrainingConfig":
         """YAML or JSON mapping of Megatron argument names; a Megatron log file is recognized by its block."""
         path = Path(path)
         try:
@@ -246,7 +253,7 @@ class TrainingConfig:
         except OSError as exc:
             raise InputError(path, f"cannot read ({exc.strerror or exc})") from exc
         if ARGS_BEGIN.search(text):
-            return cls.from_megatron_log(text, str(path))
+            return cls.from_megatron_log(text, str(path), defaults)
         try:
             if path.suffix.lower() == ".json":
                 data = json.loads(text)
@@ -261,7 +268,7 @@ class TrainingConfig:
         if isinstance(data.get("arguments"), dict):
             data = data["arguments"]
         try:
-            return cls.from_mapping(data)
+            return cls.from_mapping(data, defaults)
         except ConfigError as exc:
             raise InputError(path, str(exc)) from exc
 

@@ -1,4 +1,4 @@
-"""Hardware ids (one normalized string per device kind), datasheet peak rates, and cluster descriptions."""
+"""Hardware ids (one normalized string per device kind) and datasheet peak rates (clusters: `tracekit.core.cluster`)."""
 from __future__ import annotations
 
 import platform
@@ -74,7 +74,9 @@ SPECS: dict[str, HardwareSpec] = {
     "V100-SXM2-32GB": HardwareSpec("V100-SXM2-32GB", 125, 15.7, 900, 32, 80, 150, 12.5),
     "A100-SXM4-40GB": HardwareSpec("A100-SXM4-40GB", 312, 19.5, 1555, 40, 108, 300, 25),
     "A100-SXM4-80GB": HardwareSpec("A100-SXM4-80GB", 312, 19.5, 2039, 80, 108, 300, 25),
+    "A100-PCIE-80GB": HardwareSpec("A100-PCIE-80GB", 312, 19.5, 1935, 80, 108, 32, 12.5),
     "H100-80GB-HBM3": HardwareSpec("H100-80GB-HBM3", 989, 67, 3350, 80, 132, 450, 50),
+    "H100-PCIE-80GB": HardwareSpec("H100-PCIE-80GB", 756, 51, 2000, 80, 114, 64, 25),
     "H800-80GB-HBM3": HardwareSpec("H800-80GB-HBM3", 989, 67, 3350, 80, 132, 200, 50),
     "H200-141GB": HardwareSpec("H200-141GB", 989, 67, 4800, 141, 132, 450, 50),
     # GH200 nodes ship with one 400 Gb/s NIC per superchip (TACC Vista: NDR400; its all-reduces reach 48 GB/s).
@@ -88,9 +90,11 @@ _FAMILY_RULES = (  # (substring tests on the id, spec key); first match wins
     (("GH200",), "GH200-120GB"),
     (("H200",), "H200-141GB"),
     (("H800",), "H800-80GB-HBM3"),
+    (("H100", "PCIE"), "H100-PCIE-80GB"),
     (("H100",), "H100-80GB-HBM3"),
     (("B200",), "B200-180GB"),
     (("A100", "40GB"), "A100-SXM4-40GB"),
+    (("A100", "PCIE"), "A100-PCIE-80GB"),
     (("A100",), "A100-SXM4-80GB"),
     (("V100", "16GB"), "V100-SXM2-16GB"),
     (("V100",), "V100-SXM2-32GB"),
@@ -108,20 +112,3 @@ def hardware_spec(hardware: str) -> HardwareSpec | None:
         if all(n in upper for n in needles):
             return SPECS[key]
     return None
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """Where a job runs: device kind, GPUs per node, node count, and the two link classes' bandwidths."""
-
-    hardware: str
-    gpus_per_node: int = 8
-    nodes: int = 1
-    intra_node_gbs: float | None = None
-    inter_node_gbs: float | None = None
-
-    def link_gbs(self, crosses_nodes: bool) -> float | None:
-        spec = hardware_spec(self.hardware)
-        if crosses_nodes:
-            return self.inter_node_gbs or (spec.inter_node_gbs if spec else None)
-        return self.intra_node_gbs or (spec.intra_node_gbs if spec else None)

@@ -1,0 +1,101 @@
+"""Software-stack profiles: what a training stack does beyond the model's shapes.
+
+A profile (`tracekit/data/stacks/<name>.json`) carries the stack's defaults for what a configuration file rarely
+says — the attention kernel (`unfused`: baddbmm + fused masked softmax + bmm; `flash`), overlap of the gradient
+reduce, the dtype gradients are reduced in — and its host costs as calibration constants (framework time per
+compute operator, per micro-batch call, per iteration). Constants are fitted on one data set and scored on
+another (the profile's `fit` says which); a profile may take its constants from a sibling stack
+(`constants_from`) when it has no measurements of its own.
+
+`select_stack(text)` picks the profile a row or a log names (the e2e `framework` column, a Megatron version
+string, `--stack`); the default for inputs that say nothing is `megatron-core`, today's Megatron.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from tracekit.core.errors import ConfigError
+
+from .calibration import CONSTANTS, Calibration
+
+STACK_DIR = Path(__file__).resolve().parent.parent / "tracekit" / "data" / "stacks"
+DEFAULT = "megatron-core"
+#: Configuration keys a profile may set (TrainingConfig fields); anything the input states wins over them.
+CONFIG_KEYS = ("attention", "overlap_grad_reduce", "overlap_param_gather", "use_distributed_optimizer",
+               "position_embedding_type", "normalization", "swiglu")
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    description: str
+    match: tuple[str, ...]  # regular expressions on a framework / version text
+    config: dict[str, Any] = field(default_factory=dict)
+    constants: dict[str, float] = field(default_factory=dict)
+    fit: dict[str, Any] = field(default_factory=dict)
+
+    def calibration(self) -> Calibration:
+        """The stack's host constants as a calibration named after the stack."""
+        return Calibration(name=f"stack:{self.name}", description=self.description, fit=self.fit,
+                           **{k: float(v) for k, v in self.constants.items()})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "match": list(self.match),
+                "config": self.config, "constants": self.constants, "fit": self.fit}
+
+
+def stack_path(name: str) -> Path:
+    return STACK_DIR / f"{name}.json"
+
+
+@lru_cache(maxsize=None)
+def stacks() -> dict[str, Stack]:
+    """Every shipped profile by name (constants of `constants_from` profiles resolved)."""
+    raw = {}
+    for path in sorted(STACK_DIR.glob("*.json")):
+        doc = json.loads(path.read_text())
+        raw[doc["name"]] = doc
+    out = {}
+    for name, doc in raw.items():
+        unknown = set(doc.get("config", {})) - set(CONFIG_KEYS)
+        if unknown:
+            raise ConfigError(f"{stack_path(name)}: unknown config key(s) {sorted(unknown)}")
+        constants = dict(doc.get("constants", {}))
+        source = doc.get("constants_from")
+        fit = dict(doc.get("fit", {}))
+        if source:
+            constants = dict(raw[source].get("constants", {}))
+            fit = {"constants_from": source, **raw[source].get("fit", {})}
+        bad = set(constants) - set(CONSTANTS)
+        if bad:
+            raise ConfigError(f"{stack_path(name)}: unknown constant(s) {sorted(bad)}")
+        out[name] = Stack(name, doc.get("description", ""), tuple(doc.get("match", ())), doc.get("config", {}),
+                          constants, fit)
+    return out
+
+
+def get_stack(name: str) -> Stack:
+    """A profile by name; ConfigError with a suggestion when unknown."""
+    known = stacks()
+    if name in known:
+        return known[name]
+    near = difflib.get_close_matches(name, list(known), n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    raise ConfigError(f"unknown stack {name!r}{hint}; shipped: {', '.join(known)}")
+
+
+def select_stack(text: str | None) -> tuple[Stack, str]:
+    """The profile a framework/version text names, and a note when none matched (the default is used)."""
+    text = (text or "").strip()
+    if text:
+        for stack in stacks().values():
+            if any(re.search(p, text, re.I) for p in stack.match):
+                return stack, ""
+        return get_stack(DEFAULT), f"stack {text!r} not recognised: {DEFAULT} assumed"
+    return get_stack(DEFAULT), ""

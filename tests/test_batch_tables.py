@@ -1,0 +1,121 @@
+"""Published tables read as they are (predictor.batch): cells with notes, unstated and ambiguous cells, hardware
+text, the stack from the `framework` column and the cluster from `gpus_per_node` + `interconnect`."""
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from predictor.batch import parse_row, read_cell
+from predictor.stack import get_stack, select_stack, stacks
+from tracekit.core.cluster import infer_cluster, stated_network_gbs
+from tracekit.core.errors import ConfigError
+from tests.conftest import CORPUS
+
+E2E = CORPUS / "e2e"
+SETS = ("vtrain_a100_single_node.csv", "vtrain_a100_multi_node.csv", "narayanan2021_table1_a100_selene.csv")
+
+
+def rows_of(name: str) -> list[dict]:
+    with open(E2E / name, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_every_corpus_row_parses_with_the_values_its_cells_state(name):
+    for line, cells in enumerate(rows_of(name), start=2):
+        row = parse_row(cells, line, None, None)
+        assert row.error is None, (line, row.error)
+        c = row.config
+        # the leading value of a cell with a note: 'full (use_checkpoint=true)', 'fp16 mixed (... assumed)'
+        assert c.recompute_granularity == cells["activation_recompute"].split()[0]
+        assert c.precision == "fp16" and cells["precision"].startswith("fp16")
+        assert (c.tp, c.pp, c.dp) == (int(cells["tp"]), int(cells["pp"]), int(cells["dp"]))
+        assert c.world_size == int(cells["num_gpus"])
+        assert row.cluster.gpus_per_node == int(cells["gpus_per_node"])
+        assert row.cluster.hardware == "A100-SXM4-80GB"
+        assert c.attention == "unfused"  # neither 2021 Megatron-LM nor 2023 Megatron-DeepSpeed had flash attention
+
+
+def test_unstated_ambiguous_and_annotated_cells_take_documented_defaults_and_say_so():
+    assert read_cell("micro_batch_size", "") == (None, "micro_batch_size not stated: 1 assumed")
+    value, note = read_cell("precision", "not stated")
+    assert value is None and "precision 'not stated': bf16 assumed" == note
+    assert read_cell("precision", "fp16/bf16") == ("bf16", "precision 'fp16/bf16' is ambiguous: bf16 assumed")
+    assert read_cell("activation_recompute", "selective (attention core only)") == ("selective", None)
+    assert read_cell("activation_recompute", "full (use_checkpoint=true)") == ("full", None)
+    cells = dict(rows_of("narayanan2021_table1_a100_selene.csv")[3], precision="fp16/bf16",
+                 activation_recompute="selective (attention core only)", sequence_parallel="not stated")
+    row = parse_row(cells, 5, None, None)
+    assert row.error is None
+    assert row.config.precision == "bf16" and row.config.recompute_granularity == "selective"
+    assert row.config.sequence_parallel is False and row.config.micro_batch_size == 1
+    assert any("ambiguous" in n for n in row.notes) and any("sequence_parallel" in n for n in row.notes)
+    assert any("micro_batch_size not stated" in n for n in row.notes)
+
+
+def test_num_gpus_that_disagrees_with_the_split_is_an_error_naming_both():
+    cells = dict(rows_of("narayanan2021_table1_a100_selene.csv")[0], num_gpus="48")
+    row = parse_row(cells, 2, None, None)
+    assert row.config is None and "num_gpus 48" in row.error and "1·1·32·1 = 32" in row.error
+
+
+@pytest.mark.parametrize("text, hardware, note", [
+    ("NVIDIA A100-SXM4-80GB (Selene, DGX A100)", "A100-SXM4-80GB", None),
+    ("NVIDIA A100 (SXM variant/memory not stated in repo)", "A100-SXM4-80GB", "memory not stated"),
+    ("A100 40GB", "A100-SXM4-40GB", "A100-SXM4-40GB datasheet"),
+    ("NVIDIA H100 80GB HBM3", "H100-80GB-HBM3", None),
+    ("H100 SXM5", "H100-80GB-HBM3", "H100-80GB-HBM3 datasheet"),
+    ("H100 PCIe", "H100-PCIE-80GB", "H100-PCIE-80GB datasheet"),
+    ("NVIDIA H200", "H200-141GB", "H200-141GB datasheet"),
+    ("GH200", "GH200-120GB", "GH200-120GB datasheet"),
+    ("B200", "B200-180GB", "B200-180GB datasheet"),
+    ("AMD Instinct MI300X", "MI300X", None),
+])
+def test_hardware_text_maps_to_a_datasheet_entry(text, hardware, note):
+    from predictor.batch import hardware_text
+
+    got, said = hardware_text({"hardware_gpu": text})
+    assert got == hardware
+    assert (said is None) if note is None else (note in said)
+
+
+@pytest.mark.parametrize("framework, stack", [
+    ("Megatron-DeepSpeed (microsoft/Megatron-DeepSpeed)", "megatron-deepspeed-2023"),
+    ("Megatron-LM (2021)", "megatron-lm-2021"),
+    ("Megatron-core 0.9 with Transformer Engine", "megatron-core"),
+    ("NeMo 24.07", "megatron-core"),
+    ("GPT-NeoX", "gpt-neox"),
+    ("", "megatron-core"),
+])
+def test_stack_is_selected_from_the_framework_column(framework, stack):
+    chosen, note = select_stack(framework)
+    assert chosen.name == stack and note == ""
+
+
+def test_unknown_framework_falls_back_with_a_note_and_unknown_stack_suggests():
+    chosen, note = select_stack("Colossal-AI 0.3")
+    assert chosen.name == "megatron-core" and "not recognised" in note
+    with pytest.raises(ConfigError, match="did you mean 'megatron-lm-2021'"):
+        get_stack("megatron-lm-2012")
+
+
+def test_stack_constants_are_fitted_on_one_set_and_shared_by_its_fork():
+    # the 2021 Megatron-LM profile has no measurements of its own: it takes its fork's constants, never its rows'
+    known = stacks()
+    assert known["megatron-lm-2021"].constants == known["megatron-deepspeed-2023"].constants
+    assert known["megatron-deepspeed-2023"].fit["data"].startswith("shared corpus e2e/vtrain_a100_single_node.csv")
+    assert "narayanan" not in known["megatron-deepspeed-2023"].fit["data"]
+
+
+def test_cluster_inferred_from_the_interconnect_text():
+    selene, note = infer_cluster("A100-SXM4-80GB", 8, "NVLink3/NVSwitch intra-node; InfiniBand HDR inter-node (Selene)")
+    assert selene.name == "selene" and selene.inter_node_gbs == 25 and note == ""
+    vtrain, note = infer_cluster("A100-SXM4-80GB", 8, "vTrain config assumes intra-node 150 GB/s, inter-node 800 Gbps")
+    assert vtrain.inter_node_gbs == pytest.approx(800 / 8 / 8) and vtrain.intra_node_gbs == 300
+    assert "12.5 GB/s per GPU" in note
+    assert stated_network_gbs("inter-node 400 Gb/s per GPU", 8) == 50
+    assert stated_network_gbs("inter-node 50 GB/s per GPU", 4) == 50
+    assert stated_network_gbs("single node", 8) is None
+    perl, _ = infer_cluster("A100-SXM4-80GB", 4, "")
+    assert perl.name == "perlmutter" and perl.fabric == "nvlink"

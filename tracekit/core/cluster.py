@@ -1,0 +1,231 @@
+"""Cluster descriptions: the device kind, GPUs per node and the link classes collectives run over.
+
+A cluster is a hardware id plus its links: the per-GPU bandwidth inside a node and its fabric (`nvswitch`: every
+GPU reaches every other at full rate; `nvlink`: a point-to-point mesh, a pair gets only its share of the links;
+`pcie`; `xgmi`), the per-GPU share of the node's network bandwidth (NICs × NIC rate / GPUs per node), the
+latency of one step on each link class, and in-network reduction where the hardware has it (`nvls`: NVSwitch
+SHARP on NVLink 4+, `sharp`: InfiniBand SHARP). Bandwidths are unidirectional GB/s (10⁹ bytes/s).
+
+Named presets describe real systems (`PRESETS`; sources in each entry's `source`); `load_cluster` reads one's own
+from YAML/JSON with the same keys; `infer_cluster` picks a preset from what a published row or a trace says
+(hardware, GPUs per node, interconnect text) and says which it picked.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import InputError
+from .hardware import hardware_spec, normalize_hardware
+
+FABRICS = ("nvswitch", "nvlink", "pcie", "xgmi", "none")
+REDUCTIONS = ("none", "nvls", "sharp", "nvls+sharp")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where a job runs. Link figures left as None come from the hardware's datasheet entry."""
+
+    hardware: str
+    gpus_per_node: int = 8
+    nodes: int = 1
+    name: str = "custom"
+    fabric: str = "nvswitch"
+    intra_node_gbs: float | None = None  # per GPU, unidirectional, to peers inside the node
+    inter_node_gbs: float | None = None  # per GPU share of the node's NICs, unidirectional
+    intra_latency_us: float = 2.0  # one ring step inside a node
+    inter_latency_us: float = 8.0  # one ring step across the network
+    in_network_reduction: str = "none"
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.fabric not in FABRICS:
+            raise ValueError(f"fabric must be one of {', '.join(FABRICS)}, not {self.fabric!r}")
+        if self.in_network_reduction not in REDUCTIONS:
+            raise ValueError(f"in_network_reduction must be one of {', '.join(REDUCTIONS)}, "
+                             f"not {self.in_network_reduction!r}")
+        if self.gpus_per_node < 1:
+            raise ValueError(f"gpus_per_node must be ≥ 1, not {self.gpus_per_node}")
+
+    def link_gbs(self, crosses_nodes: bool) -> float | None:
+        """Per-GPU unidirectional bandwidth of a link class (GB/s); None when neither given nor on a datasheet."""
+        spec = hardware_spec(self.hardware)
+        if crosses_nodes:
+            return self.inter_node_gbs or (spec.inter_node_gbs if spec else None)
+        return self.intra_node_gbs or (spec.intra_node_gbs if spec else None)
+
+    def with_hardware(self, hardware: str) -> "Cluster":
+        return dataclasses.replace(self, hardware=hardware)
+
+    def fingerprint(self) -> tuple:
+        """What a collective estimate depends on (cache key)."""
+        return (self.name, self.gpus_per_node, self.fabric, self.link_gbs(False), self.link_gbs(True),
+                self.intra_latency_us, self.inter_latency_us, self.in_network_reduction)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _preset(name: str, hardware: str, gpus_per_node: int, fabric: str, intra: float, nics: int, nic_gbps: float,
+            source: str, reduction: str = "none", intra_latency_us: float = 2.0,
+            inter_latency_us: float = 8.0) -> Cluster:
+    return Cluster(hardware, gpus_per_node, 1, name, fabric, intra, nics * nic_gbps / 8 / gpus_per_node,
+                   intra_latency_us, inter_latency_us, reduction, source)
+
+
+#: Real systems. Intra-node: NVLink 3 = 12 links × 25 GB/s, NVLink 4 = 18 × 25, NVLink 5 = 18 × 50 per GPU.
+PRESETS: dict[str, Cluster] = {c.name: c for c in (
+    _preset("dgx-a100", "A100-SXM4-80GB", 8, "nvswitch", 300, 8, 200,
+            "NVIDIA DGX A100 datasheet: 8 A100 on 6 NVSwitches (NVLink 3, 600 GB/s bidirectional per GPU), "
+            "8 × 200 Gb/s HDR InfiniBand compute NICs"),
+    _preset("selene", "A100-SXM4-80GB", 8, "nvswitch", 300, 8, 200,
+            "Selene (NVIDIA, DGX A100 SuperPOD): DGX A100 nodes, HDR InfiniBand fat tree (Narayanan et al. 2021)"),
+    _preset("dgx-h100", "H100-80GB-HBM3", 8, "nvswitch", 450, 8, 400,
+            "NVIDIA DGX H100 datasheet: 8 H100 on 4 NVSwitches (NVLink 4, 900 GB/s bidirectional per GPU, NVLS), "
+            "8 × 400 Gb/s NDR ConnectX-7", "nvls"),
+    _preset("dgx-b200", "B200-180GB", 8, "nvswitch", 900, 8, 400,
+            "NVIDIA DGX B200 datasheet: NVLink 5 (1.8 TB/s bidirectional per GPU), 8 × 400 Gb/s ConnectX-7", "nvls"),
+    _preset("perlmutter", "A100-SXM4-80GB", 4, "nvlink", 300, 4, 200,
+            "NERSC Perlmutter GPU node: 4 A100 fully connected by NVLink 3 (4 links per pair), 4 × 200 Gb/s "
+            "Slingshot 11 NICs (the seed paper's A100 samples)"),
+    _preset("vista", "GH200-120GB", 1, "none", 450, 1, 400,
+            "TACC Vista: one GH200 per node, one 400 Gb/s NDR InfiniBand NIC (the seed paper's GH200 samples)"),
+    _preset("mi300x", "MI300X", 8, "xgmi", 448, 8, 400,
+            "AMD Instinct MI300X platform: 8 GPUs fully connected by Infinity Fabric (7 × 64 GB/s), "
+            "8 × 400 Gb/s NICs"),
+    _preset("pcie", "A100-PCIE-80GB", 8, "pcie", 25, 2, 100,
+            "a generic PCIe 4.0 node: GPUs behind PCIe switches (~25 GB/s per GPU), 2 × 100 Gb/s NICs"),
+)}
+ALIASES = {"dgx-a100-superpod": "selene", "dgxa100": "dgx-a100", "dgxh100": "dgx-h100", "eos": "dgx-h100"}
+#: Clusters of hosts without GPUs: the collectives of a CPU run go over the host's loopback or its network.
+LOCAL = "local"
+
+
+def preset(name: str, hardware: str | None = None) -> Cluster:
+    """A named preset (case-insensitive), optionally with another hardware id; ValueError naming the known ones."""
+    key = ALIASES.get(name.lower(), name.lower())
+    if key not in PRESETS:
+        near = difflib.get_close_matches(key, list(PRESETS), n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ValueError(f"unknown cluster {name!r}{hint}; presets: {', '.join(PRESETS)}")
+    found = PRESETS[key]
+    return found.with_hardware(hardware) if hardware else found
+
+
+def load_cluster(path: str | Path, hardware: str | None = None, gpus_per_node: int | None = None) -> Cluster:
+    """A cluster file (YAML/JSON mapping with Cluster's keys; `preset: NAME` starts from a preset)."""
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise InputError(path, f"cannot read ({exc.strerror or exc})") from exc
+    except yaml.YAMLError as exc:
+        raise InputError(path, f"not valid YAML/JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise InputError(path, "a cluster file is a mapping (hardware, gpus_per_node, fabric, intra_node_gbs, ...)")
+    allowed = {f.name for f in dataclasses.fields(Cluster)} | {"preset"}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], sorted(allowed), n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise InputError(path, f"unknown key(s) {unknown}{hint}; allowed: {sorted(allowed)}")
+    try:
+        base = preset(str(data.pop("preset"))).to_dict() if "preset" in data else {"name": path.stem}
+        base.update(data)
+        if hardware:
+            base["hardware"] = hardware
+        if gpus_per_node:
+            base["gpus_per_node"] = gpus_per_node
+        if "hardware" not in base:
+            raise ValueError("no `hardware` (or `preset`)")
+        base["hardware"] = normalize_hardware(str(base["hardware"]))
+        return Cluster(**base)
+    except (TypeError, ValueError) as exc:
+        raise InputError(path, str(exc)) from exc
+
+
+def default_cluster(hardware: str, gpus_per_node: int | None = None) -> tuple[Cluster, str]:
+    """The preset a GPU usually sits in (an 8-GPU NVSwitch node for SXM parts), with a note saying so. A CPU id
+    gets the `local` cluster; an unknown GPU a generic 8-GPU node with its datasheet links."""
+    if hardware.startswith("cpu-"):
+        return Cluster(hardware, gpus_per_node or 1, name=LOCAL, fabric="none"), ""
+    upper = hardware.upper()
+    if "PCIE" in upper:
+        name = "pcie"
+    elif "GH200" in upper:
+        name = "vista"
+    elif "H100" in upper or "H200" in upper or "H800" in upper:
+        name = "dgx-h100"
+    elif "B200" in upper:
+        name = "dgx-b200"
+    elif "MI300" in upper:
+        name = "mi300x"
+    elif "A100" in upper or "A800" in upper:
+        name = "dgx-a100" if (gpus_per_node or 8) == 8 else "perlmutter" if gpus_per_node == 4 else "dgx-a100"
+    else:
+        name = ""
+    if not name:
+        spec = hardware_spec(hardware)
+        return Cluster(hardware, gpus_per_node or 8, name="generic",
+                       intra_node_gbs=spec.intra_node_gbs if spec else None,
+                       inter_node_gbs=spec.inter_node_gbs if spec else None), \
+            f"no cluster preset for {hardware}: datasheet links, 8 GPUs per node"
+    found = preset(name, hardware)
+    if gpus_per_node and gpus_per_node != found.gpus_per_node:
+        found = dataclasses.replace(found, gpus_per_node=gpus_per_node, name=f"{name}-like")
+    return found, f"cluster {found.name} assumed ({found.gpus_per_node} GPUs per node, {found.fabric})"
+
+
+_INTERCONNECT_HINTS = (
+    (re.compile(r"selene", re.I), "selene"),
+    (re.compile(r"perlmutter", re.I), "perlmutter"),
+    (re.compile(r"vista", re.I), "vista"),
+    (re.compile(r"\bdgx[- ]?h100|\beos\b", re.I), "dgx-h100"),
+    (re.compile(r"\bdgx[- ]?a100", re.I), "dgx-a100"),
+    (re.compile(r"\bdgx[- ]?b200", re.I), "dgx-b200"),
+)
+
+
+_NETWORK_FIGURE = re.compile(r"inter[- ]?node\D{0,20}?([0-9]+(?:\.[0-9]+)?)\s*(gbps|gb/s|gbit/s)(\s*per\s*gpu)?",
+                             re.I)
+
+
+def stated_network_gbs(text: str, gpus_per_node: int) -> float | None:
+    """Per-GPU network bandwidth (GB/s) from a stated figure such as `inter-node 800 Gbps` (a node's injection
+    bandwidth unless followed by `per GPU`; `Gbps`/`Gb/s` are bits, `GB/s` bytes); None when none is stated."""
+    found = _NETWORK_FIGURE.search(text or "")
+    if not found:
+        return None
+    value = float(found.group(1))
+    unit = found.group(2)
+    gbs = value if unit == "GB/s" else value / 8  # the unit's case tells bytes (GB/s) from bits (Gb/s, Gbps)
+    return gbs if found.group(3) else gbs / max(gpus_per_node, 1)
+
+
+def infer_cluster(hardware: str, gpus_per_node: int | None = None, text: str = "") -> tuple[Cluster, str]:
+    """The cluster a published row describes: a system named in its text (`Selene`, `Perlmutter`, ...), else the
+    usual node of its GPU (`default_cluster`); a network figure the text states (`inter-node 800 Gbps`) replaces
+    the preset's. Intra-node links come with the GPU part (an SXM A100 has NVLink 3 whatever the text assumes), so
+    the datasheet rate stays. Returns the cluster and a note saying what was assumed."""
+    note = ""
+    for pattern, name in _INTERCONNECT_HINTS:
+        if pattern.search(text or ""):
+            cluster = preset(name, hardware)
+            if gpus_per_node and gpus_per_node != cluster.gpus_per_node:
+                cluster = dataclasses.replace(cluster, gpus_per_node=gpus_per_node)
+            break
+    else:
+        cluster, note = default_cluster(hardware, gpus_per_node)
+        if re.search(r"pcie", text or "", re.I) and cluster.fabric != "pcie":
+            cluster = dataclasses.replace(preset("pcie", hardware), gpus_per_node=gpus_per_node or 8)
+            note = f"cluster pcie assumed from the interconnect text ({cluster.gpus_per_node} GPUs per node)"
+    network = stated_network_gbs(text, cluster.gpus_per_node)
+    if network:
+        cluster = dataclasses.replace(cluster, inter_node_gbs=network, name=f"{cluster.name}+stated-network")
+        note = "; ".join(filter(None, [note, f"network {network:g} GB/s per GPU from the interconnect text"]))
+    return cluster, note
