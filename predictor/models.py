@@ -219,7 +219,8 @@ def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict
         atomic_write_json(staging / INDEX, {
             "format": FORMAT,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "provenance": provenance or {},
+            "provenance": {k: v for k, v in (provenance or {}).items() if k != "clusters"},
+            "clusters": (provenance or {}).get("clusters", {}),
             "models": [{k: m[k] for k in ("id", "hardware", "primitive", "pass", "group")} for m in summaries],
             "skipped": skipped,
             "framework": framework,

@@ -91,8 +91,11 @@ def stage_order(stage: int, pp: int, vp: int, m: int) -> list[tuple[str, int, in
     return order
 
 
-def simulate_pipeline(fwd: list[list[Work]], bwd: list[list[Work]], m: int, p2p_us: float = 0.0) -> list[list[Task]]:
-    """Start/end of every task. fwd[s][c] / bwd[s][c]: one micro-batch of chunk c on stage s."""
+def simulate_pipeline(fwd: list[list[Work]], bwd: list[list[Work]], m: int, p2p_us: float = 0.0,
+                      overlap_p2p: bool = False) -> list[list[Task]]:
+    """Start/end of every task. fwd[s][c] / bwd[s][c]: one micro-batch of chunk c on stage s. A task's P2P send
+    blocks its stage (1F1B's batched send/recv), or with `overlap_p2p` (Megatron-core's interleaved schedule)
+    runs beside the stage's next task: the receiver still waits for it, the sender does not."""
     pp, vp = len(fwd), len(fwd[0])
     orders = [stage_order(s, pp, vp, m) for s in range(pp)]
     done: dict[tuple[str, int, int, int], float] = {}
@@ -114,9 +117,14 @@ def simulate_pipeline(fwd: list[list[Work]], bwd: list[list[Work]], m: int, p2p_
                 sends = _sends(kind, s, c, pp, vp)
                 send = p2p_us if sends else 0.0
                 start = max(clock[s], ready)
-                end = start + work.total + send
-                tasks[s].append(Task(kind, s, c, i, start, end, work, send))
-                done[(kind, s, c, i)] = end
+                if overlap_p2p:
+                    end = start + work.total
+                    tasks[s].append(Task(kind, s, c, i, start, end, work, 0.0))
+                    done[(kind, s, c, i)] = end + send
+                else:
+                    end = start + work.total + send
+                    tasks[s].append(Task(kind, s, c, i, start, end, work, send))
+                    done[(kind, s, c, i)] = end
                 clock[s] = end
                 pos[s] += 1
                 remaining -= 1
@@ -151,12 +159,12 @@ def simulate(fwd: list[list[Work]], bwd: list[list[Work]], m: int, *, p2p_us: fl
              grad_buckets_us: list[list[float]] | None = None, overlap_grad: bool = False,
              embedding_sync_us: list[float] | None = None, optimizer_us: list[float] | None = None,
              param_gather_us: list[float] | None = None, overlap_param_gather: bool = False,
-             iteration_overhead_us: float = 0.0) -> Timeline:
+             iteration_overhead_us: float = 0.0, overlap_p2p: bool = False) -> Timeline:
     """The whole iteration. Per stage: grad_buckets_us (DP bucket collectives in order), embedding_sync_us (tied
     embedding all-reduce), optimizer_us, param_gather_us (distributed optimizer's all-gather, exposed unless
-    overlapped with the next forward)."""
+    overlapped with the next forward); overlap_p2p: P2P sends beside the next task (see simulate_pipeline)."""
     pp, vp = len(fwd), len(fwd[0])
-    tasks = simulate_pipeline(fwd, bwd, m, p2p_us)
+    tasks = simulate_pipeline(fwd, bwd, m, p2p_us, overlap_p2p)
     grad_buckets_us = grad_buckets_us or [[] for _ in range(pp)]
     embedding_sync_us = embedding_sync_us or [0.0] * pp
     optimizer_us = optimizer_us or [0.0] * pp

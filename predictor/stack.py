@@ -27,8 +27,8 @@ from .calibration import CONSTANTS, Calibration
 STACK_DIR = Path(__file__).resolve().parent.parent / "tracekit" / "data" / "stacks"
 DEFAULT = "megatron-core"
 #: Configuration keys a profile may set (TrainingConfig fields); anything the input states wins over them.
-CONFIG_KEYS = ("attention", "overlap_grad_reduce", "overlap_param_gather", "use_distributed_optimizer",
-               "position_embedding_type", "normalization", "swiglu")
+CONFIG_KEYS = ("attention", "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p_comm", "tp_comm_overlap",
+               "use_distributed_optimizer", "position_embedding_type", "normalization", "swiglu")
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,11 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from predictor.predict import predict
 from tests.conftest import E2E
 from tracekit.cli import app
-from tracekit.core.config import TrainingConfig
 from tracekit.core.cluster import Cluster
+from tracekit.core.config import TrainingConfig
 
 runner = CliRunner()
 ARGS = ("--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --micro-batch-size 2 "
@@ -260,3 +261,54 @@ def test_defaults_predict_measured_runs_no_constant_was_fitted_on(tmp_path):
         if name.startswith("narayanan"):  # micro-batch size is not stated in Table 1: the default, said per row
             assert all("micro_batch_size not stated: 1 assumed" in g["prediction_notes"] for g in got)
             assert all(g["notes"].startswith("Measured") for g in got)  # the file's own notes column, untouched
+
+
+def test_overlap_as_megatron_does_it(models):
+    from tracekit.core.cluster import preset
+
+    base = dict(num_layers=8, hidden_size=4096, num_attention_heads=32, seq_length=2048, micro_batch_size=1,
+                global_batch_size=64, tensor_model_parallel_size=4, pipeline_model_parallel_size=4,
+                data_parallel_size=2, precision="bf16", sequence_parallel=True)
+    cluster = preset("dgx-a100")
+
+    def run_with(**kw):
+        return predict(TrainingConfig(**base, **kw), cluster, models)
+
+    # interleaved schedule: P2P beside the next task (Megatron-core's default) beats blocking sends
+    blocking = run_with(virtual_pipeline_model_parallel_size=2, overlap_p2p_comm=False)
+    overlapped = run_with(virtual_pipeline_model_parallel_size=2, overlap_p2p_comm=True)
+    assert overlapped.iteration_time_s < blocking.iteration_time_s
+    assert overlapped.breakdown["exposed_communication"] < blocking.breakdown["exposed_communication"]
+    # 1F1B sends are batched and blocking in Megatron whatever the flag
+    assert run_with(overlap_p2p_comm=True).iteration_time_s == run_with(overlap_p2p_comm=False).iteration_time_s
+    # TE's TP overlap hides the TP collectives under the layer's GEMMs (needs sequence parallelism)
+    plain, tp_overlap = run_with(), run_with(tp_comm_overlap=True)
+    assert tp_overlap.breakdown["exposed_communication"] < plain.breakdown["exposed_communication"]
+    assert tp_overlap.breakdown["compute"] == pytest.approx(plain.breakdown["compute"], rel=1e-12)
+    no_sp = dict(base, sequence_parallel=False)
+    assert predict(TrainingConfig(**no_sp, tp_comm_overlap=True), cluster, models).iteration_time_s == \
+        predict(TrainingConfig(**no_sp), cluster, models).iteration_time_s
+    # gradient reduce overlapped with the backward, as --overlap-grad-reduce asks
+    assert run_with(overlap_grad_reduce=True).breakdown["exposed_communication"] < \
+        plain.breakdown["exposed_communication"]
+
+
+def test_collectives_use_learned_models_only_on_their_cluster(models):
+    from tracekit.core.cluster import preset
+
+    # TP all-reduce of [2048, 2, 8192] fp16 = 64 MiB: inside the 42 MB-2.4 GB the Perlmutter samples cover
+    cfg = TrainingConfig(num_layers=4, hidden_size=8192, num_attention_heads=64, seq_length=2048, micro_batch_size=2,
+                         global_batch_size=8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
+                         data_parallel_size=2, precision="fp16")
+    from predictor.predict import prepare_many
+
+    def path_of_tp_all_reduce(cluster) -> str:
+        graph, est, _, _ = prepare_many([cfg], cluster, models)[0]
+        return next(est.path[i] for i, spec in enumerate(graph.specs)
+                    if spec["primitive"] == "all_reduce" and spec["bytes"] == 2048 * 2 * 8192 * 2)
+
+    # the bundled A100 collectives were sampled on Perlmutter (index: A100-SXM4-80GB=perlmutter), a 2-GPU group
+    # inside a node among them: there the learned all-reduce answers; on Selene (not sampled) the physics does
+    assert models.sampled_cluster("A100-SXM4-80GB") == "perlmutter"
+    assert path_of_tp_all_reduce(preset("perlmutter")) == "model"
+    assert path_of_tp_all_reduce(preset("selene")) == "physics"

@@ -28,6 +28,11 @@ def train(
     primitive: Optional[List[str]] = typer.Option(None, "--primitive", help="Only these primitives (repeatable)."),
     folds: int = typer.Option(5, "--folds", min=2, max=10, help="Cross-validation folds."),
     data: Optional[List[str]] = typer.Option(None, "--data", help="Provenance note on the training data, kept in the index (repeatable)."),
+    cluster: Optional[List[str]] = typer.Option(
+        None, "--cluster", help="HW=PRESET: the cluster the collective samples of hardware HW were measured on "
+                                "(e.g. A100-SXM4-80GB=perlmutter; repeatable). predict answers collectives with the "
+                                "learned models only on that cluster and in the topologies sampled there, elsewhere "
+                                "from the algorithm model; without it, GPU collectives always use the latter."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a table."),
 ) -> None:
     import json
@@ -39,6 +44,7 @@ def train(
     from tracekit.core.store import SampleStore
 
     with user_errors():
+        clusters = _sampled_clusters(cluster or [])
         sample_store = SampleStore(store)
         wanted = [normalize_hardware(h) for h in hardware or []] or None
         samples = sample_store.read(hardware=wanted, primitive=primitive or None)
@@ -53,6 +59,7 @@ def train(
             "store": str(sample_store.root),
             "samples": int(len(samples)),
             "hardware": sorted(samples["hardware"].unique().tolist()),
+            "clusters": clusters,
             "sources": [{"id": sid, "path": sources.get(sid, {}).get("path"), "rows": int(n)}
                         for sid, n in sorted(used.items())],
         }
@@ -78,6 +85,24 @@ def train(
             group = f" {entry['group']}" if entry["group"] else ""
             console.print(f"not trained: {entry['hardware']} {entry['primitive']} {entry['pass']}{group} "
                           f"({entry['rows']} samples): {entry['reason']}", markup=False)
+
+
+def _sampled_clusters(items: list[str]) -> dict[str, str]:
+    """`HW=PRESET` pairs → {hardware id: preset name}; ConfigError naming a bad item or an unknown preset."""
+    from tracekit.core.cluster import preset
+    from tracekit.core.errors import ConfigError
+    from tracekit.core.hardware import normalize_hardware
+
+    out = {}
+    for item in items:
+        hw, eq, name = item.partition("=")
+        if not eq or not hw.strip() or not name.strip():
+            raise ConfigError(f"--cluster expects HW=PRESET (e.g. A100-SXM4-80GB=perlmutter), got {item!r}")
+        try:
+            out[normalize_hardware(hw.strip())] = preset(name.strip()).name
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+    return out
 
 
 def model_row(meta: dict) -> dict:

@@ -32,6 +32,7 @@ ALIASES = {
     "layers": "num_layers",
     "hidden": "hidden_size",
     "seq_len": "seq_length",
+    "overlap_p2p_communication": "overlap_p2p_comm",  # Megatron's flag is --no-overlap-p2p-communication
 }
 
 
@@ -60,6 +61,8 @@ class TrainingConfig:
     use_distributed_optimizer: bool = False
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
+    overlap_p2p_comm: bool = True  # Megatron-core: interleaved-schedule P2P overlapped (--no-overlap-p2p-communication)
+    tp_comm_overlap: bool = False  # Transformer Engine userbuffers: TP all-gather/reduce-scatter under the GEMMs
     recompute_granularity: str = "none"  # none | selective | full
     precision: str = "bf16"  # fp16 | bf16 | fp32
     normalization: str = "LayerNorm"  # LayerNorm | RMSNorm
