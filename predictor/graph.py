@@ -82,7 +82,9 @@ class _Builder:
         c = self.c = config
         self.hardware = hardware
         self.gpn = gpus_per_node
-        self.dtype = c.precision
+        # fp8 (Transformer Engine): GEMMs in fp8, everything else in bf16
+        self.dtype = "bf16" if c.precision == "fp8" else c.precision
+        self.gemm_dtype = c.precision
         self.groups = placements(c.tp, c.cp, c.dp, c.pp, gpus_per_node)
         self.specs: list[dict] = []
         self.index: dict[tuple, int] = {}
@@ -107,7 +109,8 @@ class _Builder:
         found = self.index.get(key)
         if found is not None:
             return found
-        row = {"hardware": self.hardware, "primitive": primitive, "pass": pass_, "dtype": self.dtype,
+        dtype = self.gemm_dtype if primitive == "gemm" else self.dtype
+        row = {"hardware": self.hardware, "primitive": primitive, "pass": pass_, "dtype": dtype,
                "variant": variant}
         for name, value in features.items():
             row[name] = float(value)
@@ -331,7 +334,7 @@ def build_graph(config: TrainingConfig, hardware: str, gpus_per_node: int = 8) -
     grad_sync: dict[int, list[OpUse]] = {}
     param_gather: dict[int, list[OpUse]] = {}
     optimizer: dict[int, OpUse] = {}
-    grad_bytes = 4 if c.precision in ("bf16", "fp32") else 2  # fp32 main grads with bf16 (Megatron default)
+    grad_bytes = 4 if c.precision in ("bf16", "fp32", "fp8") else 2  # fp32 main grads with bf16 (Megatron default)
     bucket = max(40_000_000, 1_000_000 * c.dp)  # Megatron's default DDP bucket size (elements)
     for stage in range(pp):
         params = sum(bld_seg.params for bld_seg in segments[stage * vp:(stage + 1) * vp])

@@ -202,6 +202,13 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
     for config, cluster in zip(configs, clusters):
         try:
             hardware, note = resolve_hardware(cluster.hardware, available)
+            notes = [note] if note else []
+            if config.precision == "fp8":
+                spec = hardware_spec(cluster.hardware)
+                if spec is None or not spec.peak_tflops_fp8:
+                    raise ConfigError(f"fp8 needs fp8 tensor cores: {cluster.hardware} has none")
+                notes.append("fp8: GEMMs estimated from bf16 estimates at the datasheet's fp8/bf16 roofline ratio "
+                             "(Transformer Engine fp8 GEMMs, everything else bf16); an estimate, no fp8 samples")
             graph = build_graph(config, hardware, cluster.gpus_per_node)
         except (ConfigError, ValueError, ZeroDivisionError) as exc:
             built.append(exc if isinstance(exc, ConfigError) else ConfigError(str(exc)))
@@ -217,7 +224,7 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
                 row_cluster.append(cluster if collective else None)
             mapping[i] = j
         spec_rows.append(mapping)
-        built.append((graph, cluster, [note] if note else []))
+        built.append((graph, cluster, notes))
     keys = list(row_of)
     cache = _estimate_cache(models)
     missing = [j for j, key in enumerate(keys) if key not in cache]
@@ -256,10 +263,18 @@ def _estimate(rows: list[dict], row_clusters: list[Cluster | None], models) -> l
     from .models import topology_key
 
     frame = pd.DataFrame(rows, columns=list(KEYS) + list(FEATURE_COLUMNS))
-    result = models.predict(frame)
+    fp8 = (frame["dtype"] == "fp8").to_numpy()
+    asked = frame.assign(dtype=np.where(fp8, "bf16", frame["dtype"])) if fp8.any() else frame
+    result = models.predict(asked)
     duration = result["duration_us"].to_numpy(dtype="float64").copy()
     path = result["path"].astype(str).to_numpy().astype(object)
     oor = result["out_of_range"].fillna(False).to_numpy(dtype=bool).copy()
+    if fp8.any():  # Transformer Engine fp8 GEMMs: the bf16 estimate at the fp8/bf16 roofline ratio
+        from .roofline import estimate_us
+
+        ratio = estimate_us(frame[fp8]) / estimate_us(asked[fp8])
+        duration[fp8] = duration[fp8] * ratio
+        path[fp8] = np.where(path[fp8] == "model", "derived", path[fp8])
     collective = np.array([c is not None for c in row_clusters])
     if collective.any():
         topology = topology_key(frame).to_numpy()

@@ -43,6 +43,7 @@ class Rates:
     intra_bw: float
     inter_bw: float
     sms: int
+    fp8_flops: float = 0.0  # 0: no fp8 tensor cores
 
 
 def _best_rate(work: float, run, windows: int = 5, window_s: float = 0.05) -> float:
@@ -107,12 +108,12 @@ def rates(hardware: str) -> Rates | None:
     if spec is None:
         return None
     return Rates(spec.peak_tflops_fp16 * 1e12, spec.peak_tflops_fp32 * 1e12, spec.mem_bw_gbs * 1e9,
-                 spec.intra_node_gbs * 1e9, spec.inter_node_gbs * 1e9, spec.sms)
+                 spec.intra_node_gbs * 1e9, spec.inter_node_gbs * 1e9, spec.sms, spec.peak_tflops_fp8 * 1e12)
 
 
 def hardware_rates(hardware: pd.Series) -> dict[str, np.ndarray]:
     """Per-row peak rates (NaN for unknown hardware)."""
-    names = ("tensor_flops", "vector_flops", "mem_bw", "intra_bw", "inter_bw", "sms")
+    names = ("tensor_flops", "vector_flops", "mem_bw", "intra_bw", "inter_bw", "sms", "fp8_flops")
     out = {name: np.full(len(hardware), np.nan) for name in names}
     for hw, idx in pd.Series(np.arange(len(hardware))).groupby(hardware.to_numpy()).groups.items():
         r = rates(str(hw))
@@ -129,14 +130,16 @@ def estimate_us(frame: pd.DataFrame) -> np.ndarray:
     hw = hardware_rates(frame["hardware"].astype("string").fillna(""))
     prim = frame["primitive"].astype("string").fillna("").to_numpy()
     flops, moved, _ = compute_work(frame)
-    half = dtype_bytes(frame["dtype"] if "dtype" in frame.columns else None, len(frame)) <= 2
-    tensor = np.isin(prim, TENSOR_CORE_PRIMITIVES) & half
-    peak = np.where(tensor, hw["tensor_flops"], hw["vector_flops"]) * COMPUTE_EFFICIENCY
+    size = dtype_bytes(frame["dtype"] if "dtype" in frame.columns else None, len(frame))
+    tensor = np.isin(prim, TENSOR_CORE_PRIMITIVES) & (size <= 2)
+    fp8_peak = np.where(hw["fp8_flops"] > 0, hw["fp8_flops"], np.nan)  # no fp8 tensor cores: no estimate
+    peak = np.where(tensor, np.where(size < 2, fp8_peak, hw["tensor_flops"]), hw["vector_flops"]) * COMPUTE_EFFICIENCY
     with np.errstate(invalid="ignore", divide="ignore"):
         t_compute = np.nan_to_num(flops / peak, nan=0.0)
         t_memory = np.nan_to_num(moved / (hw["mem_bw"] * MEMORY_EFFICIENCY), nan=0.0)
         compute_est = np.maximum(t_compute, t_memory) * 1e6 + KERNEL_OVERHEAD_US
-        compute_est = np.where((np.isnan(flops) & np.isnan(moved)) | np.isnan(hw["mem_bw"]), np.nan, compute_est)
+        compute_est = np.where((np.isnan(flops) & np.isnan(moved)) | np.isnan(hw["mem_bw"]) | np.isnan(peak), np.nan,
+                               compute_est)
 
         nodes = np.nan_to_num(pd.to_numeric(frame.get("nodes"), errors="coerce").to_numpy(dtype="float64"), nan=1.0) \
             if "nodes" in frame.columns else np.ones(len(frame))

@@ -119,3 +119,32 @@ def test_cluster_inferred_from_the_interconnect_text():
     assert stated_network_gbs("single node", 8) is None
     perl, _ = infer_cluster("A100-SXM4-80GB", 4, "")
     assert perl.name == "perlmutter" and perl.fabric == "nvlink"
+
+
+def test_fp8_rows_are_predicted_and_flagged_and_refused_only_without_fp8_tensor_cores(tmp_path):
+    from predictor.calibration import NONE
+    from predictor.models import ModelSet
+    from predictor.predict import predict_many
+    from tracekit.core.config import TrainingConfig
+
+    base = dict(rows_of("narayanan2021_table1_a100_selene.csv")[3], hardware_gpu="NVIDIA H100 SXM5 80GB",
+                gpu_memory_gb="80", interconnect="DGX H100", framework="Megatron-core with Transformer Engine")
+    fp8 = parse_row(dict(base, precision="fp8 (hybrid, delayed scaling)"), 2, None, None)
+    bf16 = parse_row(dict(base, precision="bf16"), 3, None, None)
+    assert fp8.error is None and fp8.config.precision == "fp8" and fp8.cluster.name == "dgx-h100"
+    a, b = predict_many([fp8.config, bf16.config], [fp8.cluster, bf16.cluster], ModelSet.load(), NONE)
+    assert any(w.startswith("fp8: GEMMs estimated") for w in a.warnings)
+    by_prim = {}
+    for doc, key in ((a, "fp8"), (b, "bf16")):
+        for op in doc.operators:
+            if op["stage"] == 0 and op["pass"] == "fwd":
+                by_prim.setdefault(op["primitive"], {})[key] = op["time_s"]
+    assert by_prim["gemm"]["fp8"] < by_prim["gemm"]["bf16"]  # fp8 GEMMs at the fp8 rate
+    assert by_prim["norm"]["fp8"] == by_prim["norm"]["bf16"]  # the rest stays bf16
+    on_a100 = parse_row(dict(base, precision="fp8", hardware_gpu="NVIDIA A100-SXM4-80GB", interconnect=""), 4,
+                        None, None)
+    (err,) = predict_many([on_a100.config], [on_a100.cluster], ModelSet.load(), NONE)
+    assert isinstance(err, ConfigError) and "fp8 needs fp8 tensor cores: A100-SXM4-80GB" in str(err)
+    args = TrainingConfig.from_megatron_args("--num-layers 2 --hidden-size 64 --num-attention-heads 4 "
+                                             "--seq-length 32 --bf16 --fp8-format hybrid")
+    assert args.precision == "fp8"

@@ -303,13 +303,16 @@ def validate_run(run_dir: str | Path, models: Any = None, models_path: str | Pat
 
 
 def run_cluster(manifest: Any, config: Any):
-    """The Cluster a captured run ran on: its hardware, ranks per node and node count."""
-    from tracekit.core.cluster import Cluster
+    """The Cluster a captured run ran on: its hardware's usual node (`default_cluster`) with the run's ranks per node
+    and node count."""
+    import dataclasses
+
+    from tracekit.core.cluster import default_cluster
 
     topology = manifest.topology or {}
     per_node = int(topology.get("ranks_per_node") or config.world_size)
     nodes = int(topology.get("nodes") or max(1, -(-config.world_size // per_node)))
-    return Cluster(manifest.hardware, gpus_per_node=per_node, nodes=nodes)
+    return dataclasses.replace(default_cluster(manifest.hardware, per_node)[0], nodes=nodes)
 
 
 def _refit(paths: list[Path], config: Any, cluster: Any, before: Any, store: str | Path | None,

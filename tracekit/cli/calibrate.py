@@ -33,8 +33,8 @@ Examples:
 def measured_run(run_dir: Path):
     """(TrainingConfig, Cluster, median unprofiled iteration time in s) of one capture folder."""
     from tracekit.capture.manifest import MANIFEST_NAME, Manifest
+    from tracekit.core.cluster import default_cluster
     from tracekit.core.errors import InputError
-    from tracekit.core.cluster import Cluster
 
     if not (run_dir / MANIFEST_NAME).is_file():
         raise InputError(run_dir, f"not a capture folder (no {MANIFEST_NAME}; make one with `tracekit capture`)")
@@ -52,7 +52,7 @@ def measured_run(run_dir: Path):
         raise InputError(run_dir, "no measured iteration times outside the profiled steps and the first iteration "
                                   "(capture with more --train-iters after the profiled --steps)")
     per_node = manifest.topology.get("ranks_per_node") or manifest.world_size or config.world_size
-    return config, Cluster(manifest.hardware, int(per_node)), statistics.median(times) / 1e3
+    return config, default_cluster(manifest.hardware, int(per_node))[0], statistics.median(times) / 1e3
 
 
 @app.command("calibrate", help=HELP)

@@ -36,7 +36,7 @@ def models(
                     "models": [{**model_row(m), "variants": m.get("variants", []), "sources": m.get("sources", []),
                                 "ranges": m.get("ranges", {}), "train_hash": m.get("train_hash")}
                                for m in model_set.summaries()],
-                    "framework": index.get("framework", [])})
+                    "framework": index.get("framework", []), "clusters": index.get("clusters", {})})
         return
     console.print(f"[bold]{model_set.path}[/bold] · created {index.get('created', '?')} · "
                   f"{len(model_set.models)} models · hardware {', '.join(model_set.hardware_ids())}")
@@ -45,6 +45,9 @@ def models(
         console.print(f"  data: {entry}", markup=False)
     print_models(model_set.summaries(), f"{provenance.get('samples', '?')} samples from "
                  f"{len(provenance.get('sources', []))} source files")
+    for hardware, cluster in sorted(index.get("clusters", {}).items()):
+        console.print(f"collectives of {hardware} sampled on cluster {cluster}: learned models answer there, in the "
+                      "topologies sampled; elsewhere the collective algorithm model does", markup=False)
     for entry in index.get("framework", []):
         console.print(f"framework time per compute operator on {entry['hardware']}, {entry['pass']}: "
                       f"{entry['per_op_us']:.1f} µs (median of {entry['samples']} sampled layers)", markup=False)

@@ -64,7 +64,7 @@ class TrainingConfig:
     overlap_p2p_comm: bool = True  # Megatron-core: interleaved-schedule P2P overlapped (--no-overlap-p2p-communication)
     tp_comm_overlap: bool = False  # Transformer Engine userbuffers: TP all-gather/reduce-scatter under the GEMMs
     recompute_granularity: str = "none"  # none | selective | full
-    precision: str = "bf16"  # fp16 | bf16 | fp32
+    precision: str = "bf16"  # fp16 | bf16 | fp32 | fp8 (Transformer Engine fp8 GEMMs, the rest bf16)
     normalization: str = "LayerNorm"  # LayerNorm | RMSNorm
     swiglu: bool = False
     attention: str = "flash"  # flash (flash/fused kernels) | unfused (baddbmm + masked softmax + bmm)
@@ -353,8 +353,12 @@ def _scalar(raw: Any) -> Any:
 
 def _apply(key: str, value: Any, values: dict, extra: dict, known: set[str]) -> None:
     if key in ("fp16", "bf16"):
-        if value is True:
+        if value is True and values.get("precision") != "fp8":  # --bf16 --fp8-format hybrid: fp8 GEMMs
             values["precision"] = key
+        return
+    if key == "fp8_format":  # Megatron/TE: --fp8-format e4m3|hybrid turns the GEMMs to fp8
+        if value not in (None, False, "None"):
+            values["precision"] = "fp8"
         return
     if key == "params_dtype":
         values.setdefault("precision", {"torch.float16": "fp16", "torch.bfloat16": "bf16"}.get(str(value), "fp32"))
@@ -426,5 +430,7 @@ def _precision(value: Any) -> str:
         return "bf16"
     if text in ("fp32", "float32", "float", "torch.float32"):
         return "fp32"
-    raise ConfigError(f"precision must be fp16, bf16 or fp32, not {value!r}")
+    if text in ("fp8", "float8", "e4m3", "hybrid", "fp8-hybrid", "fp8_hybrid", "fp8-e4m3", "fp8_e4m3"):
+        return "fp8"
+    raise ConfigError(f"precision must be fp16, bf16, fp32 or fp8, not {value!r}")
 

@@ -56,7 +56,7 @@ def cpu_hardware_id() -> str:
 
 @dataclass(frozen=True)
 class HardwareSpec:
-    """Datasheet figures of one device kind (dense fp16/bf16 tensor-core peak, no sparsity)."""
+    """Datasheet figures of one device kind (dense fp16/bf16 and fp8 tensor-core peaks, no sparsity)."""
 
     name: str
     peak_tflops_fp16: float
@@ -66,6 +66,7 @@ class HardwareSpec:
     sms: int
     intra_node_gbs: float  # per-GPU unidirectional bandwidth to peers inside a node (NVLink/xGMI)
     inter_node_gbs: float  # per-GPU unidirectional network bandwidth between nodes (typical deployment)
+    peak_tflops_fp8: float = 0.0  # dense fp8 tensor-core peak; 0 where the part has no fp8 tensor cores
 
 
 #: Datasheet figures. Inter-node: one 200 Gb/s NIC per GPU unless the system is known to differ.
@@ -75,15 +76,15 @@ SPECS: dict[str, HardwareSpec] = {
     "A100-SXM4-40GB": HardwareSpec("A100-SXM4-40GB", 312, 19.5, 1555, 40, 108, 300, 25),
     "A100-SXM4-80GB": HardwareSpec("A100-SXM4-80GB", 312, 19.5, 2039, 80, 108, 300, 25),
     "A100-PCIE-80GB": HardwareSpec("A100-PCIE-80GB", 312, 19.5, 1935, 80, 108, 32, 12.5),
-    "H100-80GB-HBM3": HardwareSpec("H100-80GB-HBM3", 989, 67, 3350, 80, 132, 450, 50),
-    "H100-PCIE-80GB": HardwareSpec("H100-PCIE-80GB", 756, 51, 2000, 80, 114, 64, 25),
-    "H800-80GB-HBM3": HardwareSpec("H800-80GB-HBM3", 989, 67, 3350, 80, 132, 200, 50),
-    "H200-141GB": HardwareSpec("H200-141GB", 989, 67, 4800, 141, 132, 450, 50),
+    "H100-80GB-HBM3": HardwareSpec("H100-80GB-HBM3", 989, 67, 3350, 80, 132, 450, 50, 1979),
+    "H100-PCIE-80GB": HardwareSpec("H100-PCIE-80GB", 756, 51, 2000, 80, 114, 64, 25, 1513),
+    "H800-80GB-HBM3": HardwareSpec("H800-80GB-HBM3", 989, 67, 3350, 80, 132, 200, 50, 1979),
+    "H200-141GB": HardwareSpec("H200-141GB", 989, 67, 4800, 141, 132, 450, 50, 1979),
     # GH200 nodes ship with one 400 Gb/s NIC per superchip (TACC Vista: NDR400; its all-reduces reach 48 GB/s).
-    "GH200-120GB": HardwareSpec("GH200-120GB", 989, 67, 4000, 96, 132, 450, 50),
-    "B200-180GB": HardwareSpec("B200-180GB", 2250, 80, 8000, 180, 148, 900, 50),
+    "GH200-120GB": HardwareSpec("GH200-120GB", 989, 67, 4000, 96, 132, 450, 50, 1979),
+    "B200-180GB": HardwareSpec("B200-180GB", 2250, 80, 8000, 180, 148, 900, 50, 4500),
     "MI250X": HardwareSpec("MI250X", 383, 47.9, 3277, 128, 220, 200, 25),
-    "MI300X": HardwareSpec("MI300X", 1307, 163, 5300, 192, 304, 448, 50),
+    "MI300X": HardwareSpec("MI300X", 1307, 163, 5300, 192, 304, 448, 50, 2615),
 }
 
 _FAMILY_RULES = (  # (substring tests on the id, spec key); first match wins
