@@ -277,27 +277,51 @@ def _estimate(rows: list[dict], row_clusters: list[Cluster | None], models) -> l
         path[fp8] = np.where(path[fp8] == "model", "derived", path[fp8])
     collective = np.array([c is not None for c in row_clusters])
     if collective.any():
-        topology = topology_key(frame).to_numpy()
-        by_cluster: dict[tuple, list[int]] = {}
-        for i in np.flatnonzero(collective):
-            by_cluster.setdefault(row_clusters[i].fingerprint(), []).append(i)
-        for members in by_cluster.values():
-            cluster = row_clusters[members[0]]
-            idx = np.array(members)
-            learned = np.array([
-                str(rows[i]["hardware"]).startswith("cpu-")  # a CPU host's collectives: its own samples
-                or (path[i] == "model" and not oor[i]
-                    and models.sampled_cluster(rows[i]["hardware"]) == cluster.name
-                    and topology[i] in models.sampled_topologies(rows[i]["hardware"], rows[i]["primitive"]))
-                for i in idx])
-            physics = idx[~learned]
-            if not len(physics):
-                continue
-            t, _ = collective_us(frame.iloc[physics], cluster)
-            duration[physics] = t
-            path[physics] = "physics"
-            oor[physics] = False
+        _collectives(frame, row_clusters, np.flatnonzero(collective), models, duration, path, oor)
     return [(float(d), str(p), bool(o)) for d, p, o in zip(duration, path, oor)]
+
+
+def _collectives(frame, row_clusters: list, idx: np.ndarray, models, duration: np.ndarray, path: np.ndarray,
+                 oor: np.ndarray) -> None:
+    """Collective rows `idx`, in place. A CPU host's collectives keep their own samples. On the cluster a model set
+    sampled the hardware's collectives on, in a sampled topology, the learned model answers inside its message
+    sizes, and outside them anchors the algorithm model (the algorithm model's time × learned / algorithm at the
+    nearest sampled size: it keeps growing with the message as the physics does). Everything else is the
+    algorithm model of `predictor.collectives` over the row's cluster (path `physics`)."""
+    from .collectives import collective_us
+    from .models import topology_key
+
+    topology = topology_key(frame).to_numpy()
+    groups: dict[tuple, list[int]] = {}
+    for i in idx:
+        groups.setdefault(row_clusters[i].fingerprint(), []).append(int(i))
+    for members in groups.values():
+        cluster = row_clusters[members[0]]
+        rows = frame.iloc[members]
+        own, anchored = [], []
+        for i in members:
+            hardware, primitive = str(frame.at[i, "hardware"]), str(frame.at[i, "primitive"])
+            if hardware.startswith("cpu-"):
+                own.append(i)
+            elif path[i] == "model" and models.sampled_cluster(hardware) == cluster.name \
+                    and topology[i] in models.sampled_topologies(hardware, primitive):
+                (own if not oor[i] else anchored).append(i)
+        physics, _ = collective_us(rows, cluster)
+        by_row = dict(zip(members, physics))
+        for i in set(members) - set(own):
+            duration[i], path[i], oor[i] = by_row[i], "physics", i in anchored
+        if anchored:
+            edge = frame.loc[anchored].copy()
+            for j, i in enumerate(anchored):
+                model = models.resolve(str(frame.at[i, "hardware"]), str(frame.at[i, "primitive"]), "comm",
+                                       topology[i])
+                lo, hi = model.meta["ranges"].get("bytes", [edge.iat[j, edge.columns.get_loc("bytes")]] * 2)
+                edge.iat[j, edge.columns.get_loc("bytes")] = min(max(float(frame.at[i, "bytes"]), lo), hi)
+            edge["numel"] = edge["bytes"] / frame.loc[anchored, "bytes"] * frame.loc[anchored, "numel"]
+            learned = models.predict(edge)["duration_us"].to_numpy(dtype="float64")
+            at_edge, _ = collective_us(edge, cluster)
+            for j, i in enumerate(anchored):
+                duration[i] = by_row[i] * learned[j] / at_edge[j]
 
 
 #: Estimates already answered, per models object: identical operator rows are asked once per process.

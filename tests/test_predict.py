@@ -312,3 +312,37 @@ def test_collectives_use_learned_models_only_on_their_cluster(models):
     assert models.sampled_cluster("A100-SXM4-80GB") == "perlmutter"
     assert path_of_tp_all_reduce(preset("perlmutter")) == "model"
     assert path_of_tp_all_reduce(preset("selene")) == "physics"
+
+
+@pytest.mark.parametrize("cluster_name", ["perlmutter", "selene"])
+def test_every_estimate_grows_with_its_work_far_past_the_trained_ranges(models, cluster_name):
+    # hidden 1k → 64k (the samples stop at 8-16k), micro-batch and sequence growing too: every operator of the
+    # graph — compute and communication, learned (anchored beyond the sampled message sizes on Perlmutter) or
+    # physics (Selene) — must take longer for more work, never flatten or drop
+    from predictor.predict import prepare_many
+    from tracekit.core.cluster import preset
+
+    def per_op(graph, est) -> dict[str, float]:
+        out = {}
+        for seg in graph.segments:
+            for op in seg.fwd + seg.bwd:
+                out[f"{op.name}/{graph.specs[op.spec]['pass']}/{op.recompute}"] = float(est.duration_us[op.spec])
+        for stage, ops in graph.grad_sync.items():  # fixed-size buckets: their total grows, not each one
+            out[f"grad_sync/{stage}"] = float(sum(est.duration_us[op.spec] for op in ops))
+        if graph.p2p is not None:
+            out["p2p"] = float(est.duration_us[graph.p2p])
+        return out
+
+    for sp in (False, True):
+        configs = [TrainingConfig(num_layers=4, hidden_size=h, num_attention_heads=h // 128, seq_length=s,
+                                  micro_batch_size=b, global_batch_size=4 * b, tensor_model_parallel_size=2,
+                                  pipeline_model_parallel_size=2, data_parallel_size=2, precision="fp16",
+                                  sequence_parallel=sp, attention=attention)
+                   for attention in ("flash", "unfused")
+                   for h, s, b in ((1024, 1024, 1), (4096, 2048, 2), (16384, 4096, 4), (65536, 8192, 8))]
+        prepared = prepare_many(configs, preset(cluster_name), models)
+        for start in (0, 4):
+            series = [per_op(*prepared[start + i][:2]) for i in range(4)]
+            for name in series[0]:
+                values = [s[name] for s in series if name in s]
+                assert len(values) == 4 and all(b > a for a, b in zip(values, values[1:])), (name, values)
