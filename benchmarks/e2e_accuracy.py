@@ -16,7 +16,13 @@ stack and era). On vTrain single node itself the figure is 5-fold cross-validate
 with the constants fitted on the other four folds (labelled "5-fold CV"). The collective physics constants come
 from operator-level nccl samples (benchmarks/collective_physics.py), never from these rows.
 
-Run: .venv/bin/python benchmarks/e2e_accuracy.py [--models DIR] [--fit-stack]
+Peers, in the same run (`--peers`, after `bash benchmarks/peers/setup.sh`): the seed paper's released tool
+(estimate-train-time, trained on the same corpus samples) and llm-analysis (an analytical model from PyPI), each in
+its own virtualenv, on the same rows with the same facts (benchmarks/peers/README.md says what each can express).
+estimate-train-time takes 2–3 s a row, so it runs on every row of the two small sets and on every
+`--ett-stride`-th row of the 727.
+
+Run: .venv/bin/python benchmarks/e2e_accuracy.py [--models DIR] [--fit-stack] [--peers]
 """
 from __future__ import annotations
 
@@ -47,6 +53,7 @@ FIT_SET = "vtrain single node"
 FIT_STACK = "megatron-deepspeed-2023"
 FIT_PARAMS = ("host_op_us", "microbatch_overhead_us")
 FOLDS = 5
+PEER_TIMEOUT_S = 3600
 
 
 def load(models, name: str):
@@ -92,6 +99,51 @@ def shapes(rows, predicted: np.ndarray, measured: np.ndarray, worst: int) -> Non
               f"{measured[i]:.4g} s, predicted {predicted[i]:.4g} s ({100 * (predicted[i] - measured[i]) / measured[i]:+.1f}%)")
 
 
+def peer_rows(rows) -> list[dict]:
+    """The facts of each row a peer predictor is given (the same tracekit uses)."""
+    out = []
+    for i, r in enumerate(rows):
+        c, cl = r.config, r.cluster
+        out.append({"id": i, "num_layers": c.num_layers, "hidden_size": c.hidden_size,
+                    "ffn_hidden_size": c.ffn_hidden_size, "num_attention_heads": c.num_attention_heads,
+                    "seq_length": c.seq_length, "vocab_size": c.vocab_size,
+                    "global_batch_size": c.global_batch_size, "micro_batch_size": c.micro_batch_size, "tp": c.tp,
+                    "pp": c.pp, "dp": c.dp, "num_gpus": c.world_size, "gpus_per_node": cl.gpus_per_node,
+                    "precision": c.precision, "recompute": c.recompute_granularity,
+                    "intra_node_gbs": cl.link_gbs(False), "inter_node_gbs": cl.link_gbs(True)})
+    return out
+
+
+def run_peers(rows, measured: np.ndarray, ours: np.ndarray, stride: int
+              ) -> list[tuple[str, int, float | None, str]]:
+    """(peer, rows predicted, MAPE % over them, note) per peer — the note gives tracekit's MAPE on the same rows
+    where the peer predicted a subset; a peer that is not set up says so."""
+    from benchmarks.peers import client
+
+    facts = peer_rows(rows)
+    out = []
+    for name in client.PEERS:
+        picked = facts if name != "estimate-train-time" else facts[::stride]
+        try:
+            answers = client.predict(name, picked, PEER_TIMEOUT_S)
+        except client.PeerUnavailable as exc:
+            out.append((name, 0, None, str(exc)))
+            continue
+        got = [(a["id"], a["iteration_time_s"]) for a in answers if a.get("iteration_time_s")]
+        if not got:
+            out.append((name, 0, None, "no row predicted: " + (answers[0].get("error") or "?" if answers else "?")))
+            continue
+        ids = np.array([i for i, _ in got])
+        predicted = np.array([t for _, t in got])
+        err = np.abs(predicted - measured[ids]) / measured[ids]
+        note = ""
+        if len(got) < len(facts):
+            same = np.abs(ours[ids] - measured[ids]) / measured[ids]
+            note = f"{len(got)} of {len(facts)} rows; tracekit on the same rows {100 * float(same.mean()):.2f}%"
+        out.append((name, len(got), 100 * float(err.mean()), note))
+    return out
+
+
 def fit_stack(prepared, measured: np.ndarray):
     return fit_prepared(prepared, measured, FIT_PARAMS, rounds=5)[0]
 
@@ -123,6 +175,9 @@ def main() -> None:
     parser.add_argument("--fit-stack", action="store_true",
                         help=f"refit {FIT_STACK}'s host constants on {FIT_SET} and write its profile first")
     parser.add_argument("--worst", type=int, default=5)
+    parser.add_argument("--peers", action="store_true", help="also run the peer predictors on the same rows")
+    parser.add_argument("--ett-stride", type=int, default=10,
+                        help="estimate-train-time predicts every Nth row of sets larger than 100 rows (default 10)")
     args = parser.parse_args()
     models = ModelSet.load(args.models)
     print(f"models: {models.path} ({', '.join(models.hardware_ids())})")
@@ -150,11 +205,21 @@ def main() -> None:
         print(f"  {label}: MAPE {mape:.2f}% (median {median:.2f}%, p90 {p90:.2f}%); goal {goal}")
         print(f"  without stack constants: MAPE {bare_mape:.2f}%")
         shapes(rows, predicted, measured, args.worst)
-        summary.append((name, len(rows), len(failed), label, mape, median, p90, bare_mape, goal))
+        peers = run_peers(rows, measured, predicted, args.ett_stride if len(rows) > 100 else 1) if args.peers else []
+        for peer, n, peer_mape, note in peers:
+            figure = "not run" if peer_mape is None else f"MAPE {peer_mape:.2f}% on {n} rows"
+            print(f"  peer {peer}: {figure}{' (' + note + ')' if note else ''}")
+        summary.append((name, len(rows), len(failed), label, mape, median, p90, bare_mape, goal, peers))
     print(f"\n{'set':<20} {'rows':>5} {'failed':>6} {'MAPE %':>7} {'median %':>8} {'p90 %':>6} "
           f"{'no stack constants %':>20}  goal   (figure)")
-    for name, n, bad, label, mape, median, p90, bare, goal in summary:
+    for name, n, bad, label, mape, median, p90, bare, goal, _ in summary:
         print(f"{name:<20} {n:>5} {bad:>6} {mape:>7.2f} {median:>8.2f} {p90:>6.2f} {bare:>20.2f}  {goal:<6} ({label})")
+    if args.peers:
+        print(f"\n{'set':<20} {'tracekit MAPE %':>15} " + " ".join(f"{p + ' MAPE % (rows)':>32}"
+                                                              for p, *_ in summary[0][9]))
+        for name, n, _, _, mape, *_, peers in summary:
+            cells = [f"{'—' if m is None else f'{m:.2f}'} ({k})" for _, k, m, _ in peers]
+            print(f"{name:<20} {mape:>15.2f} " + " ".join(f"{c:>32}" for c in cells))
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ class BatchRow:
 
     @property
     def calibration(self) -> Calibration | None:
-        return self.stack.calibration() if self.stack else None
+        return self.stack.calibration(self.cluster.hardware if self.cluster else "") if self.stack else None
 
 
 def read_rows(path: str | Path) -> tuple[list[str], list[dict[str, str]]]:

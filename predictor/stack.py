@@ -7,8 +7,10 @@ compute operator, per micro-batch call, per iteration). Constants are fitted on 
 another (the profile's `fit` says which); a profile may take its constants from a sibling stack
 (`constants_from`) when it has no measurements of its own.
 
-`select_stack(text)` picks the profile a row or a log names (the e2e `framework` column, a Megatron version
-string, `--stack`); the default for inputs that say nothing is `megatron-core`, today's Megatron.
+`select_stack(text)` picks the profile a row names (the e2e `framework` column, a version string, `--stack`);
+`stack_of_arguments(args)` the one a Megatron log's arguments block shows (Megatron-DeepSpeed prints `deepspeed`,
+Megatron-core `transformer_impl`); the default for inputs that say nothing is `megatron-core`, today's Megatron.
+Host constants are GPU facts: on a CPU (`cpu-*`) the framework time `tracekit sample` measured serves instead.
 """
 from __future__ import annotations
 
@@ -40,10 +42,11 @@ class Stack:
     constants: dict[str, float] = field(default_factory=dict)
     fit: dict[str, Any] = field(default_factory=dict)
 
-    def calibration(self) -> Calibration:
-        """The stack's host constants as a calibration named after the stack."""
+    def calibration(self, hardware: str = "") -> Calibration:
+        """The stack's host constants as a calibration named after the stack (none on a CPU)."""
+        constants = {} if hardware.startswith("cpu-") else self.constants
         return Calibration(name=f"stack:{self.name}", description=self.description, fit=self.fit,
-                           **{k: float(v) for k, v in self.constants.items()})
+                           **{k: float(v) for k, v in constants.items()})
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "match": list(self.match),
@@ -99,3 +102,15 @@ def select_stack(text: str | None) -> tuple[Stack, str]:
                 return stack, ""
         return get_stack(DEFAULT), f"stack {text!r} not recognised: {DEFAULT} assumed"
     return get_stack(DEFAULT), ""
+
+
+def stack_of_arguments(args: dict[str, Any]) -> Stack | None:
+    """The profile a Megatron arguments block shows, or None when it shows none."""
+    def truthy(key: str) -> bool:
+        return str(args.get(key, "")).strip().lower() in ("true", "1")
+
+    if truthy("deepspeed") or any(k.startswith(("zero_", "deepspeed_")) for k in args):
+        return get_stack("megatron-deepspeed-2023")
+    if "transformer_impl" in args or "use_mcore_models" in args:
+        return get_stack("megatron-core")
+    return None

@@ -177,6 +177,30 @@ def test_megatron_log_input(tmp_path):
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["world_size"] == 4 and doc["config"]["precision"] == "fp16" and doc["microbatches"] == 4
+    assert doc["calibration"] == "stack:megatron-core" and doc["config"]["attention"] == "flash"
+    # Megatron-DeepSpeed prints `deepspeed ... True`: its stack profile (unfused attention, its host constants)
+    log.write_text("\n".join(lines[:-1] + [f"  deepspeed {'.' * 31} True", lines[-1]]) + "\n")
+    ds = json.loads(run("--megatron-log", str(log), "--hardware", "A100-SXM4-80GB", "--json").stdout)
+    assert ds["calibration"] == "stack:megatron-deepspeed-2023" and ds["config"]["attention"] == "unfused"
+    assert "stack megatron-deepspeed-2023: the log's arguments block shows it" in ds["warnings"]
+    assert ds["iteration_time_s"] > doc["iteration_time_s"]  # host floor + per-micro-batch cost on top
+
+
+def test_stack_flag_fills_what_the_input_does_not_state(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("num_layers: 4\nhidden_size: 1024\nnum_attention_heads: 16\nseq_length: 1024\n")
+    old = json.loads(run(str(job), "--hardware", "A100-SXM4-80GB", "--stack", "megatron-lm-2021", "--json").stdout)
+    assert old["config"]["attention"] == "unfused" and old["calibration"] == "stack:megatron-lm-2021"
+    job.write_text(job.read_text() + "attention: flash\n")  # what the input states wins over the profile
+    stated = json.loads(run(str(job), "--hardware", "A100-SXM4-80GB", "--stack", "megatron-lm-2021", "--json").stdout)
+    assert stated["config"]["attention"] == "flash"
+    res = run(str(job), "--hardware", "A100-SXM4-80GB", "--stack", "megatron-lm-2012")
+    assert res.exit_code == 2 and "did you mean 'megatron-lm-2021'" in res.stderr
+    # host constants are GPU facts: a CPU prediction under a GPU stack carries none
+    from predictor.stack import get_stack
+
+    assert get_stack("megatron-deepspeed-2023").calibration("cpu-some-cpu").values() == \
+        get_stack("gpt-neox").calibration("A100-SXM4-80GB").values()
 
 
 def test_trace_out_read_back_by_hta(tmp_path):

@@ -109,19 +109,26 @@ def predict_command(
 
         if trace_out is not None and trace_out.exists() and not trace_out.is_dir():
             raise InputError(trace_out, "exists and is not a directory (--trace-out takes a folder for the traces)")
-        from predictor.stack import DEFAULT, get_stack
+        from predictor.stack import DEFAULT, get_stack, stack_of_arguments
+        from tracekit.core.config import ARGS_BEGIN, parse_arguments_block
 
-        profile = get_stack(stack or DEFAULT)
-        if config is not None:
-            cfg = TrainingConfig.from_file(config, profile.config)
-        elif megatron_args is not None:
-            cfg = TrainingConfig.from_megatron_args(megatron_args, profile.config)
-        else:
+        log, text = (megatron_log if megatron_log is not None else
+                     config if config is not None and config.suffix.lower() not in (".yaml", ".yml", ".json")
+                     else None), None
+        if log is not None:
             try:
-                text = megatron_log.read_text(errors="replace")
+                text = log.read_text(errors="replace")
             except OSError as exc:
-                raise InputError(megatron_log, f"cannot read ({exc.strerror or exc})") from exc
+                raise InputError(log, f"cannot read ({exc.strerror or exc})") from exc
+        shown = stack_of_arguments(parse_arguments_block(text, str(log))) \
+            if text is not None and ARGS_BEGIN.search(text) else None
+        profile = get_stack(stack) if stack else (shown or get_stack(DEFAULT))
+        if megatron_log is not None:
             cfg = TrainingConfig.from_megatron_log(text, str(megatron_log), profile.config)
+        elif config is not None:
+            cfg = TrainingConfig.from_file(config, profile.config)
+        else:
+            cfg = TrainingConfig.from_megatron_args(megatron_args, profile.config)
         if overrides:
             merged = {k: v for k, v in cfg.to_dict().items() if v is not None}
             merged.update(overrides)
@@ -133,11 +140,13 @@ def predict_command(
         from predictor.models import ModelSet
         from predictor.predict import predict
 
-        cal = load_calibration(calibration) if calibration else profile.calibration()
+        cal = load_calibration(calibration) if calibration else profile.calibration(cluster.hardware)
         models = ModelSet.load(models_dir)
         prediction = predict(cfg, cluster, models, cal)
         if note:
             prediction.warnings.insert(0, note)
+        if shown is not None and not stack:
+            prediction.warnings.insert(0, f"stack {shown.name}: the log's arguments block shows it")
         written = []
         if trace_out is not None:
             from predictor.trace_out import write_traces
