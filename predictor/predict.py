@@ -6,14 +6,17 @@ Public API (stable; used by the CLI, `tracekit diff/validate` and capture):
     predict_many(configs, clusters, models, calibration=None) -> list[Prediction | Exception]  (calibration: one, or
         one per configuration)
 
-`models` is anything with `predict(frame) -> frame` and `hardware_ids()` (`predictor.models.ModelSet`): it gets one
-frame of operator rows (hardware, primitive, pass, dtype, variant + FEATURE_COLUMNS) and returns `duration_us`,
-`path` ('model' | 'derived' | 'roofline') and `out_of_range` on the same index; collectives not measured on the
-configuration's cluster and topology take the algorithm model of `predictor.collectives` instead (path
-'physics'). `predict_many` builds every
-configuration's graph, de-duplicates the operator rows of all of them and asks the models ONCE (only for rows not
+`models` is anything with the interface of `predictor.models.ModelSet` — `predict(frame) -> frame`,
+`hardware_ids()`, `framework_us(hw)`, `sampled_cluster(hw)`, `sampled_topologies(hw, primitive)`,
+`resolve(hw, primitive, pass, group)`: `predict` gets a frame of operator rows (hardware, primitive, pass, dtype,
+variant + FEATURE_COLUMNS) and returns `duration_us`, `path` ('model' | 'derived' | 'roofline') and `out_of_range`
+on the same index. Collectives not measured on the configuration's cluster and topology take the algorithm model of
+`predictor.collectives` instead (path 'physics'; beyond the sampled message sizes, anchored to the learned model).
+`predict_many` builds every configuration's graph, de-duplicates the operator rows of all of them and asks the
+models once (plus once for learned collectives outside their sampled sizes, when there are any; only rows not
 answered before by the same models object: estimates are cached per process, `clear_estimate_cache()` forgets them);
-a configuration that cannot be built (ConfigError...) yields its exception in place. `clusters` is one Cluster for all or one per config.
+a configuration that cannot be built (ConfigError...) yields its exception in place. `clusters` is one Cluster for
+all or one per config.
 
 Pipeline: graph (predictor.graph) → frame of distinct ops → durations (models) → calibration constants
 (predictor.calibration) → schedule simulation (predictor.schedule) → Prediction.
