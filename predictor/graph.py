@@ -334,7 +334,7 @@ def build_graph(config: TrainingConfig, hardware: str, gpus_per_node: int = 8) -
     grad_sync: dict[int, list[OpUse]] = {}
     param_gather: dict[int, list[OpUse]] = {}
     optimizer: dict[int, OpUse] = {}
-    grad_bytes = 4 if c.precision in ("bf16", "fp32", "fp8") else 2  # fp32 main grads with bf16 (Megatron default)
+    grad_bytes = c.grad_bytes  # fp32 main grads with bf16 (Megatron's rule), or when the stack/config asks
     bucket = max(40_000_000, 1_000_000 * c.dp)  # Megatron's default DDP bucket size (elements)
     for stage in range(pp):
         params = sum(bld_seg.params for bld_seg in segments[stage * vp:(stage + 1) * vp])

@@ -30,7 +30,7 @@ def memory_per_gpu(graph: Graph) -> tuple[dict[str, float], list[str]]:
     """({weights, gradients, optimizer_state, activations, total} in GB for the fullest stage, warnings)."""
     c = graph.config
     weight_bytes = 4 if c.precision == "fp32" else 2
-    grad_bytes = 4 if c.precision in ("bf16", "fp32", "fp8") else 2
+    grad_bytes = c.grad_bytes
     state_bytes = 8 if c.precision == "fp32" else 12  # Adam m, v (+ fp32 master weights in mixed precision)
     shard = c.dp if c.use_distributed_optimizer else 1
     per_layer = _layer_activation_bytes(graph)

@@ -2,7 +2,8 @@
 
 A profile (`tracekit/data/stacks/<name>.json`) carries the stack's defaults for what a configuration file rarely
 says — the attention kernel (`unfused`: baddbmm + fused masked softmax + bmm; `flash`), overlap of the gradient
-reduce, the dtype gradients are reduced in — and its host costs as calibration constants (framework time per
+reduce, P2P and TP communication, the dtype gradients are kept and reduced in (memory and DP traffic) — and its
+host costs as calibration constants (framework time per
 compute operator, per micro-batch call, per iteration). Constants are fitted on one data set and scored on
 another (the profile's `fit` says which); a profile may take its constants from a sibling stack
 (`constants_from`) when it has no measurements of its own.
@@ -30,7 +31,8 @@ STACK_DIR = Path(__file__).resolve().parent.parent / "tracekit" / "data" / "stac
 DEFAULT = "megatron-core"
 #: Configuration keys a profile may set (TrainingConfig fields); anything the input states wins over them.
 CONFIG_KEYS = ("attention", "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p_comm", "tp_comm_overlap",
-               "use_distributed_optimizer", "position_embedding_type", "normalization", "swiglu")
+               "use_distributed_optimizer", "accumulate_allreduce_grads_in_fp32", "position_embedding_type",
+               "normalization", "swiglu")
 
 
 @dataclass(frozen=True)

@@ -370,3 +370,17 @@ def test_every_estimate_grows_with_its_work_far_past_the_trained_ranges(models, 
             for name in series[0]:
                 values = [s[name] for s in series if name in s]
                 assert len(values) == 4 and all(b > a for a, b in zip(values, values[1:])), (name, values)
+
+
+def test_gradients_in_fp32_double_the_data_parallel_traffic_and_memory(models):
+    from predictor.graph import build_graph
+    from predictor.memory import memory_per_gpu
+
+    base = dict(num_layers=4, hidden_size=1024, num_attention_heads=16, seq_length=1024, global_batch_size=8,
+                data_parallel_size=2, precision="fp16")
+    fp16, fp32 = (build_graph(TrainingConfig(**base, accumulate_allreduce_grads_in_fp32=flag), "A100-SXM4-80GB")
+                  for flag in (False, True))
+    dp_bytes = [sum(g.specs[op.spec]["bytes"] for op in g.grad_sync[0]) for g in (fp16, fp32)]
+    assert dp_bytes[1] == 2 * dp_bytes[0]
+    assert memory_per_gpu(fp32)[0]["gradients"] == pytest.approx(2 * memory_per_gpu(fp16)[0]["gradients"])
+    assert TrainingConfig(**dict(base, precision="bf16")).grad_bytes == 4  # Megatron forces it with bf16

@@ -63,6 +63,9 @@ class TrainingConfig:
     overlap_param_gather: bool = False
     overlap_p2p_comm: bool = True  # Megatron-core: interleaved-schedule P2P overlapped (--no-overlap-p2p-communication)
     tp_comm_overlap: bool = False  # Transformer Engine userbuffers: TP all-gather/reduce-scatter under the GEMMs
+    #: gradients kept and all-reduced in fp32 (Megatron's --accumulate-allreduce-grads-in-fp32); None: Megatron's
+    #: rule, forced on for bf16 (and fp8, trained in bf16), off for fp16
+    accumulate_allreduce_grads_in_fp32: bool | None = None
     recompute_granularity: str = "none"  # none | selective | full
     precision: str = "bf16"  # fp16 | bf16 | fp32 | fp8 (Transformer Engine fp8 GEMMs, the rest bf16)
     normalization: str = "LayerNorm"  # LayerNorm | RMSNorm
@@ -150,6 +153,13 @@ class TrainingConfig:
     @property
     def dtype_bytes(self) -> int:
         return 4 if self.precision == "fp32" else 2
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per gradient element kept and reduced across data-parallel ranks."""
+        if self.precision in ("bf16", "fp32", "fp8") or self.accumulate_allreduce_grads_in_fp32:
+            return 4
+        return 2
 
     # -- validation ---------------------------------------------------------------------------------------------
     def validate(self) -> "TrainingConfig":
