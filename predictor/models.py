@@ -1,7 +1,9 @@
 """Sets of trained operator regressors: train, save, load and predict (vectorized).
 
-A model directory holds `index.json` (the list of models, the provenance of the data they were trained on, and the
-framework time per compute operator sampled on each CPU), and per model `<id>.json` (features, trained ranges,
+A model directory holds `index.json` (the list of models, the provenance of the data they were trained on, the
+framework time per compute operator sampled on each CPU, the CPU rates the models were normalised with — loading
+the set makes them those ids' rates, so a model predicts the same on every machine — and the cluster each
+hardware's collectives were sampled on), and per model `<id>.json` (features, trained ranges,
 sample count, CV error, outlier report, hash of the training samples) plus `<id>.ubj.gz` (the XGBoost booster in
 its UBJSON format, gzip-compressed; never pickle).
 
@@ -25,7 +27,7 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable
@@ -40,7 +42,7 @@ from tracekit.core.samples import COLLECTIVE_PRIMITIVES, HOST_PRIMITIVES
 
 from .features import shape_features
 from .regressor import FitResult, fit, physics_table, predict
-from .roofline import estimate_us
+from .roofline import Rates, estimate_us, rates, record_rates
 
 FORMAT = "tracekit-models/1"
 INDEX = "index.json"
@@ -224,6 +226,7 @@ def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict
             "models": [{k: m[k] for k in ("id", "hardware", "primitive", "pass", "group")} for m in summaries],
             "skipped": skipped,
             "framework": framework,
+            "rates": {hw: asdict(rates(hw)) for hw in sorted(samples["hardware"].unique()) if hw.startswith("cpu-")},
         })
         _make_readable(staging)
         _swap_in(staging, out)
@@ -305,6 +308,11 @@ class ModelSet:
             raise ModelError(f"{index_path}: unreadable model index ({exc})") from exc
         if index.get("format") != FORMAT:
             raise ModelError(f"{index_path}: unknown model format {index.get('format')!r} (expected {FORMAT})")
+        for hardware, recorded in index.get("rates", {}).items():
+            try:
+                record_rates(hardware, Rates(**recorded))
+            except TypeError as exc:
+                raise ModelError(f"{index_path}: unreadable rates of {hardware} ({exc})") from exc
         models = []
         for entry in index.get("models", []):
             meta_path = root / f"{entry['id']}.json"

@@ -2,7 +2,9 @@
 
 GPU peaks come from the datasheet table in `tracekit.core.hardware.SPECS`; a `cpu-*` hardware id uses this
 machine's CPU, measured once per machine (a float32 matmul and a large copy) and kept in a cache file, so that
-every process predicts with the same rates (they are also model features). The estimate is derated by typical
+every process predicts with the same rates (they are also model features). A model set trained on a CPU records the
+rates it was normalised with, and loading it makes them that id's rates (`record_rates`): the model predicts the
+same on another machine. The estimate is derated by typical
 achievable fractions (below) so that it is a usable fallback rather than an unreachable bound.
 """
 from __future__ import annotations
@@ -99,9 +101,24 @@ def cpu_rates() -> Rates:
     return measured
 
 
+#: Rates a loaded model set was trained with (CPU ids): they win over this machine's, so a model predicts the same
+#: on every machine it is loaded on.
+_RECORDED: dict[str, Rates] = {}
+
+
+def record_rates(hardware: str, recorded: Rates) -> None:
+    """Use `recorded` for `hardware` from now on in this process (what a model set was normalised with)."""
+    if _RECORDED.get(hardware) != recorded:
+        _RECORDED[hardware] = recorded
+        rates.cache_clear()
+
+
 @lru_cache(maxsize=64)
 def rates(hardware: str) -> Rates | None:
-    """Peak rates for a hardware id; None when it is neither in the datasheet table nor a CPU."""
+    """Peak rates for a hardware id; None when it is neither in the datasheet table nor a CPU. A CPU id uses the
+    rates recorded by a loaded model set trained on it, else this machine's measured rates."""
+    if hardware in _RECORDED:
+        return _RECORDED[hardware]
     if hardware.startswith("cpu-"):
         return cpu_rates()
     spec = hardware_spec(hardware)

@@ -3,6 +3,7 @@ a model, a derived estimate (related collective, sibling device) and the rooflin
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -131,3 +132,38 @@ def test_prediction_is_vectorized_and_flags_out_of_range(comm_models):
     lo, hi = meta["ranges"]["bytes"]
     assert out["out_of_range"].tolist() == [not (lo <= s <= hi) for s in shapes]
     assert (out["path"] == "model").all() and np.isfinite(out["duration_us"]).all()
+
+
+def test_a_cpu_model_predicts_the_same_on_a_machine_with_other_rates(tmp_path):
+    """Models carry the CPU rates they were normalised with: trained where this CPU measured R, loaded where it
+    measures R/7 (another machine's cache file), they give the same estimates — not ones shifted by the features."""
+    import json
+    import subprocess
+    import sys
+
+    from predictor.roofline import cpu_rates
+    from tracekit.core.hardware import cpu_hardware_id
+
+    here = cpu_rates()
+    fast, slow = tmp_path / "fast", tmp_path / "slow"
+    for folder, factor in ((fast, 1.0), (slow, 1 / 7)):
+        folder.mkdir()
+        rates = {k: (v * factor if k != "sms" else v) for k, v in here.__dict__.items()}
+        (folder / "cpu-rates.json").write_text(json.dumps({cpu_hardware_id(): rates}))
+    data = Path(__file__).parent / "data" / "cpu_collectives.csv"
+    train = (f"import pandas as pd; from predictor.models import train_models; "
+             f"train_models(pd.read_csv({str(data)!r}, comment='#'), {str(tmp_path / 'set')!r}, {{}}, folds=2)")
+    ask = (f"import pandas as pd; from predictor.models import ModelSet; "
+           f"s = pd.read_csv({str(data)!r}, comment='#').drop(columns='duration_us'); "
+           f"print(list(ModelSet.load({str(tmp_path / 'set')!r}).predict(s)['duration_us']))")
+
+    def run(code: str, cache) -> str:
+        env = {**os.environ, "TRACEKIT_CACHE_DIR": str(cache)}
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                              check=True, cwd=Path(__file__).parent.parent).stdout
+
+    run(train, fast)
+    assert run(ask, fast) == run(ask, slow)
+    recorded = json.loads((tmp_path / "set" / "index.json").read_text())["rates"]
+    assert set(recorded) == {"cpu-intel-xeon-processor"}
+    assert recorded["cpu-intel-xeon-processor"]["vector_flops"] == pytest.approx(here.vector_flops)
