@@ -109,3 +109,14 @@ def test_layers_per_virtual_stage_sets_the_interleaving_degree():
     assert config.vp == 24 // (4 * 3)
     with pytest.raises(ConfigError, match="not divisible by pp · num_layers_per_virtual_pipeline_stage = 20"):
         TrainingConfig.from_megatron_args(argv.replace("stage 3", "stage 5"))
+
+
+@pytest.mark.parametrize("args, message", [
+    ("--num-layers 1000000000", "num_layers 1000000000 is beyond what tracekit simulates"),
+    ("--num-layers 8 --global-batch-size 100000000", "100000000 micro-batches per iteration"),
+    ("--num-layers 8 --hidden-size 4000000 --num-attention-heads 16", "hidden_size 4000000 is beyond"),
+])
+def test_sizes_past_any_real_job_are_refused_not_simulated_for_hours(args, message):
+    base = "--hidden-size 1024 --num-attention-heads 16 --seq-length 1024 "
+    with pytest.raises(ConfigError, match=message):
+        TrainingConfig.from_megatron_args(base + args).validate()

@@ -384,3 +384,19 @@ def test_gradients_in_fp32_double_the_data_parallel_traffic_and_memory(models):
     assert dp_bytes[1] == 2 * dp_bytes[0]
     assert memory_per_gpu(fp32)[0]["gradients"] == pytest.approx(2 * memory_per_gpu(fp16)[0]["gradients"])
     assert TrainingConfig(**dict(base, precision="bf16")).grad_bytes == 4  # Megatron forces it with bf16
+
+
+def test_misspelt_settings_are_refused_with_a_suggestion(tmp_path):
+    res = run("--megatron-args", ARGS + " --sequence-paralel", "--hardware", "A100-SXM4-80GB")
+    assert res.exit_code == 2 and "did you mean 'sequence_parallel'" in res.stderr
+    res = run("--megatron-args", ARGS, "--hardware", "A100-SXM4-80GB", "--set", "atention=unfused")
+    assert res.exit_code == 2 and "--set: unknown setting 'atention' (did you mean 'attention'?)" in res.stderr
+    res = run("--megatron-args", ARGS, "--hardware", "A100-SXM4-80GB", "--set", "colour=blue")
+    assert res.exit_code == 2 and "unknown setting 'colour'" in res.stderr
+    job = tmp_path / "job.yaml"
+    job.write_text("num_layers: 4\nhidden_size: 1024\nnum_attention_heads: 16\nseq_length: 1024\nmicro_bach_size: 2\n")
+    res = run(str(job), "--hardware", "A100-SXM4-80GB")
+    assert res.exit_code == 2 and "job.yaml" in res.stderr and "did you mean 'micro_batch_size'" in res.stderr
+    # Megatron's own arguments tracekit does not model stay accepted (kept aside), e.g. the learning rate
+    assert run("--megatron-args", ARGS + " --lr 1e-4 --recompute-method uniform", "--hardware",
+               "A100-SXM4-80GB").exit_code == 0

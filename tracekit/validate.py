@@ -45,13 +45,20 @@ def parse_hardware_map(items: Iterable[str]) -> dict[str, str]:
 
 
 def parse_sets(items: Iterable[str]) -> dict[str, str]:
-    """`KEY=VALUE` Megatron settings (as `tracekit predict --set`)."""
+    """`KEY=VALUE` Megatron settings (`--set` of predict and validate); a key tracekit does not read is an error
+    (with a suggestion), not an override silently without effect."""
+    from tracekit.core.config import check_settings
+
     out: dict[str, str] = {}
     for item in items:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
         out[key.strip()] = value.strip()
+    try:
+        check_settings(out)
+    except ConfigError as exc:
+        raise ConfigError(f"--set: {exc}") from exc
     return out
 
 

@@ -30,16 +30,6 @@ interconnect) are read from the row; the output's notes column says what was ass
 """
 
 
-def _parse_sets(values: list[str]) -> dict[str, str]:
-    out = {}
-    for item in values:
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            fail(f"--set expects KEY=VALUE, got {item!r}")
-        out[key.strip()] = value.strip()
-    return out
-
-
 def _cluster(hardware: Optional[str], gpus_per_node: Optional[int], cluster: Optional[str]):
     """The cluster named by --cluster (a preset name or a YAML/JSON file), else the usual node of --hardware
     (with a note saying what was assumed), else None."""
@@ -95,8 +85,10 @@ def predict_command(
                                                                        "traces (rank-{r}.json) into this folder."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
-    overrides = _parse_sets(sets)
     with user_errors():
+        from tracekit.validate import parse_sets
+
+        overrides = parse_sets(sets)
         if batch is not None:
             _batch(batch, out, hardware, gpus_per_node, cluster_name, stack, models_dir, calibration, overrides,
                    as_json)

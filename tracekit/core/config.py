@@ -36,6 +36,12 @@ ALIASES = {
 }
 
 
+#: Sizes past any real training job (the largest published: ~200 layers, ~100k GPUs, hidden ~50k, a few thousand
+#: micro-batches): a value beyond them is a typo, and simulating it would run for hours.
+LIMITS = {"num_layers": 10_000, "world_size": 1_000_000, "hidden_size": 1_000_000, "seq_length": 10_000_000,
+          "microbatches": 100_000}
+
+
 @dataclass
 class TrainingConfig:
     """One Megatron GPT training job. Field names are Megatron's argument names (dest form)."""
@@ -170,6 +176,13 @@ class TrainingConfig:
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be ≥ 1, got {getattr(self, name)}")
         tp, pp, cp, dp, vp = self.tp, self.pp, self.cp, self.dp, self.vp
+        for name, value, limit in (("num_layers", self.num_layers, LIMITS["num_layers"]),
+                                   ("world size", self.world_size, LIMITS["world_size"]),
+                                   ("hidden_size", self.hidden_size, LIMITS["hidden_size"]),
+                                   ("seq_length", self.seq_length, LIMITS["seq_length"])):
+            if int(value) > limit:
+                raise ConfigError(f"{name} {value} is beyond what tracekit simulates (at most {limit:,}); "
+                                  "is it a typo?")
         if self.num_attention_heads % tp:
             raise ConfigError(f"num_attention_heads {self.num_attention_heads} is not divisible by tp {tp}")
         if self.num_query_groups % tp:
@@ -194,6 +207,10 @@ class TrainingConfig:
                 f"global_batch_size {self.global_batch_size} is not divisible by micro_batch_size·dp = "
                 f"{self.micro_batch_size}·{dp}"
             )
+        if self.num_microbatches * vp > LIMITS["microbatches"]:
+            raise ConfigError(f"{self.num_microbatches} micro-batches per iteration (global_batch_size "
+                              f"{self.global_batch_size} / micro_batch_size·dp) is beyond what tracekit simulates (at "
+                              f"most {LIMITS['microbatches']:,} per stage); is it a typo?")
         if vp > 1 and self.num_microbatches % pp:
             raise ConfigError(
                 f"the interleaved schedule needs micro-batches ({self.num_microbatches}) divisible by pp {pp}"
@@ -212,12 +229,17 @@ class TrainingConfig:
         return data
 
     @classmethod
-    def from_mapping(cls, mapping: dict[str, Any], defaults: dict[str, Any] | None = None) -> "TrainingConfig":
+    def from_mapping(cls, mapping: dict[str, Any], defaults: dict[str, Any] | None = None,
+                     strict: bool = False) -> "TrainingConfig":
         """Build from Megatron argument names (dest or flag form) or their aliases; unknown keys go to `extra`.
-        `defaults` (e.g. a software stack's) fill the settings the mapping does not state."""
+        `defaults` (e.g. a software stack's) fill the settings the mapping does not state. `strict` (a file or
+        command line a person typed, not a Megatron log) refuses a key that is a near-miss of a known one
+        (`micro_bach_size`) with a suggestion instead of keeping it aside unused."""
         known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         values: dict[str, Any] = {}
         extra: dict[str, Any] = {}
+        if strict:
+            _refuse_near_misses(mapping, known)
         for raw_key, raw in mapping.items():
             key = ALIASES.get(_dest(raw_key), _dest(raw_key))
             value = _scalar(raw)
@@ -248,8 +270,9 @@ class TrainingConfig:
     @classmethod
     def from_megatron_args(cls, argv: str | Iterable[str], defaults: dict[str, Any] | None = None
                            ) -> "TrainingConfig":
-        """Parse a Megatron command line (`--num-layers 24 --bf16 ...`); non-flag words are ignored."""
-        return cls.from_mapping(parse_megatron_argv(argv), defaults)
+        """Parse a Megatron command line (`--num-layers 24 --bf16 ...`); non-flag words are ignored; a misspelt flag
+        of a setting tracekit reads (`--sequence-paralel`) is an error with a suggestion."""
+        return cls.from_mapping(parse_megatron_argv(argv), defaults, strict=True)
 
     @classmethod
     def from_megatron_log(cls, text: str, path: str = "log", defaults: dict[str, Any] | None = None
@@ -281,7 +304,7 @@ class TrainingConfig:
         if isinstance(data.get("arguments"), dict):
             data = data["arguments"]
         try:
-            return cls.from_mapping(data, defaults)
+            return cls.from_mapping(data, defaults, strict=True)
         except ConfigError as exc:
             raise InputError(path, str(exc)) from exc
 
@@ -359,6 +382,34 @@ def _scalar(raw: Any) -> Any:
         except ValueError:
             pass
     return token
+
+
+#: Megatron arguments `_apply` reads besides TrainingConfig's fields and ALIASES.
+_READ = ("fp16", "bf16", "fp8_format", "params_dtype", "recompute_activations", "use_flash_attn", "transformer_impl",
+         "disable_bias_linear", "num_layers_per_virtual_pipeline_stage", "group_query_attention")
+
+
+def _refuse_near_misses(mapping: dict[str, Any], known: set[str], only_known: bool = False) -> None:
+    """ConfigError for the first key that is not a setting tracekit reads but is one letter or two away from one
+    (with `only_known`, for any key tracekit does not read)."""
+    import difflib
+
+    names = sorted(known | set(ALIASES) | set(_READ))
+    for raw_key in mapping:
+        key = _dest(raw_key)
+        if key in names:
+            continue
+        near = difflib.get_close_matches(key, names, n=1, cutoff=0.85 if not only_known else 0.6)
+        if near:
+            raise ConfigError(f"unknown setting {raw_key!r} (did you mean {near[0]!r}?)")
+        if only_known:
+            raise ConfigError(f"unknown setting {raw_key!r}: tracekit reads {', '.join(names)}")
+
+
+def check_settings(mapping: dict[str, Any]) -> None:
+    """ConfigError unless every key is a setting tracekit reads (e.g. `--set KEY=VALUE` overrides)."""
+    known = {f.name for f in dataclasses.fields(TrainingConfig)} - {"extra"}
+    _refuse_near_misses(mapping, known, only_known=True)
 
 
 def _apply(key: str, value: Any, values: dict, extra: dict, known: set[str]) -> None:
