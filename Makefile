@@ -7,7 +7,7 @@ STAMP := $(VENV)/.tracekit-installed
 DEMO_STORE := .tracekit-demo
 DEMO_OUT := .tracekit-demo-out
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean chromium
 
 install: $(STAMP)
 
@@ -23,8 +23,18 @@ demo: $(STAMP)
 	$(BIN)/tracekit predict traces/configs/llemma-7b-a100.yaml --hardware A100-SXM4-80GB --gpus-per-node 4 \
 		--trace-out $(DEMO_OUT)/predicted
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(BIN)/python -m pytest
+
+# The HTML report tests render pages in headless Chromium: installed from the distribution's packages when missing
+# and this user may (root, or passwordless sudo); otherwise one line says how.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	{ if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; else SUDO=none; fi; \
+	  if [ "$$SUDO" != none ] && command -v apt-get >/dev/null 2>&1 && \
+	     $$SUDO apt-get update -qq >/dev/null 2>&1 && $$SUDO apt-get install -y -qq chromium >/dev/null 2>&1; then \
+	    echo "make: installed chromium (headless HTML tests)"; \
+	  else echo "make: chromium is missing and could not be installed here: the 4 HTML report tests will fail (install the distribution's chromium package)"; fi; }
 
 clean:
 	rm -rf $(VENV) $(DEMO_STORE) $(DEMO_OUT) .pytest_cache

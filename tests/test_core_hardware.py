@@ -45,3 +45,20 @@ def test_redact_drops_environment_and_tokens():
     clean = redact(trace)
     assert "metadata" not in clean and clean["deviceProperties"][0]["name"] == "NVIDIA H100"
     assert "hf_" not in str(clean) and clean["api_key"] == "<redacted>"
+
+
+def test_command_lines_lose_every_credential_and_keep_the_rest():
+    from tracekit.core.redact import redact_argv
+
+    wandb = "0123456789abcdef0123456789abcdef01234567"
+    argv = ["env", f"WANDB_API_KEY={wandb}", "AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG", "CUDA_VISIBLE_DEVICES=0,1",
+            "python3", "train.py", "--hf-token", "hf_x", "--password", "p", "--api-key=abc", "--num-layers", "24",
+            "--wandb-key", wandb, "--note", "hf_abcdefghijklmnopqrstuvwxyz0", "--lr", "1e-4"]
+    clean = redact_argv(argv)
+    text = " ".join(clean)
+    for secret in (wandb, "wJalrXUtnFEMI", "hf_x", " p ", "abc", "hf_abcdefghijklmnopqrstuvwxyz0"):
+        assert secret not in f" {text} ", secret
+    assert clean[:5] == ["env", "WANDB_API_KEY=<redacted>", "AWS_SECRET_ACCESS_KEY=<redacted>",
+                         "CUDA_VISIBLE_DEVICES=0,1", "python3"]
+    assert clean[6:8] == ["--hf-token", "<redacted>"] and "--api-key=<redacted>" in clean
+    assert clean[clean.index("--num-layers") + 1] == "24" and clean[-1] == "1e-4"  # the rest is kept as typed

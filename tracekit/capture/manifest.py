@@ -16,7 +16,7 @@ from tracekit.core.atomic import atomic_write_json
 from tracekit.core.config import ARGS_BEGIN, TrainingConfig, parse_iteration_times_ms, parse_megatron_argv
 from tracekit.core.errors import ConfigError, InputError
 from tracekit.core.hardware import cpu_hardware_id, normalize_hardware
-from tracekit.core.redact import redact
+from tracekit.core.redact import redact, redact_argv
 
 from .megatron_flags import StepRange
 
@@ -62,7 +62,9 @@ class Manifest:
         return [t for i, t in zip(self.iterations, self.iteration_times_ms) if i not in skip]
 
     def to_dict(self) -> dict[str, Any]:
-        return redact(asdict(self))
+        data = redact(asdict(self))
+        data["command"] = redact_argv(self.command)
+        return data
 
     def write(self, out_dir: str | Path) -> Path:
         path = Path(out_dir) / MANIFEST_NAME
