@@ -1,8 +1,11 @@
 """The sample store: Parquet files partitioned by hardware and primitive, one file per source and partition.
 
-Appends are atomic and idempotent: a source (identified by its content hash) is added at most once; its files are
-written under temporary names, renamed into place, and only then recorded in `sources.json`. Readers see only
-recorded sources, so an interrupted or failed add leaves the store as it was.
+Appends are atomic and idempotent, also from many processes at once: a source (identified by its content hash) is
+added at most once. Its Parquet files are written under temporary names of this process, then — holding the
+store's lock (`filelock`, a file beside `sources.json`) — the source list is read again, the files renamed into
+place and the source recorded in `sources.json` in one step; a source another process recorded meanwhile is not
+written twice. Readers see only recorded sources, so an add interrupted at any point (even killed) leaves the store
+readable and as it was.
 """
 from __future__ import annotations
 
@@ -10,7 +13,10 @@ import json
 import os
 import re
 import shutil
+import uuid
 from pathlib import Path
+
+from filelock import FileLock
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,6 +45,11 @@ class SampleStore:
         self.root = Path(root) if root is not None else default_store()
         self._manifest_path = self.root / "sources.json"
 
+    def _lock(self) -> FileLock:
+        """The store-wide lock around every change of the source list (and the files it records)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.root / ".lock"))
+
     # -- sources ----------------------------------------------------------------------------------------------
     def sources(self) -> dict[str, dict]:
         """Recorded sources: source id → metadata (path, kind, rows, ...)."""
@@ -62,6 +73,7 @@ class SampleStore:
         if any(s != source_id for s in bad):
             raise StoreError(f"samples of source {source_id} carry another source id")
         staged: list[tuple[Path, Path]] = []
+        token = uuid.uuid4().hex[:12]  # temporary names of this add alone: concurrent adds never share one
         try:
             hardware_col, primitive_col = table.column("hardware"), table.column("primitive")
             keys = pa.table({"h": hardware_col, "p": primitive_col}).group_by(["h", "p"]).aggregate([])
@@ -69,30 +81,36 @@ class SampleStore:
                 folder = self.root / "samples" / f"hardware={_part(hardware)}" / f"primitive={_part(primitive)}"
                 folder.mkdir(parents=True, exist_ok=True)
                 final = folder / f"{source_id}.parquet"
-                tmp = folder / f".{source_id}.parquet.tmp"
+                tmp = folder / f".{source_id}.{token}.parquet.tmp"
                 rows_of_part = pc.and_(pc.equal(hardware_col, hardware), pc.equal(primitive_col, primitive))
                 pq.write_table(table.filter(rows_of_part), tmp)
                 staged.append((tmp, final))
-            for tmp, final in staged:
-                os.replace(tmp, final)
-            sources[source_id] = {**(meta or {}), "rows": table.num_rows}
-            atomic_write_json(self._manifest_path, sources)
+            with self._lock():
+                sources = self.sources()
+                if source_id in sources:  # another process added it while this one was writing
+                    for tmp, _ in staged:
+                        tmp.unlink(missing_ok=True)
+                    return 0
+                for tmp, final in staged:
+                    os.replace(tmp, final)
+                sources[source_id] = {**(meta or {}), "rows": table.num_rows}
+                atomic_write_json(self._manifest_path, sources)
         except BaseException:
-            for tmp, final in staged:
+            for tmp, _ in staged:
                 tmp.unlink(missing_ok=True)
-                final.unlink(missing_ok=True)
             raise
         return table.num_rows
 
     def remove(self, source_id: str) -> None:
         """Forget a source and delete its files."""
-        sources = self.sources()
-        if source_id not in sources:
-            return
-        del sources[source_id]
-        atomic_write_json(self._manifest_path, sources)
-        for path in (self.root / "samples").glob(f"*/*/{source_id}.parquet"):
-            path.unlink(missing_ok=True)
+        with self._lock():
+            sources = self.sources()
+            if source_id not in sources:
+                return
+            del sources[source_id]
+            atomic_write_json(self._manifest_path, sources)
+            for path in (self.root / "samples").glob(f"*/*/{source_id}.parquet"):
+                path.unlink(missing_ok=True)
 
     # -- reading ----------------------------------------------------------------------------------------------
     def read(self, hardware: str | list[str] | None = None, primitive: str | list[str] | None = None):
