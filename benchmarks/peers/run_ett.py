@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import math
 import os
 import re
 import sys
-import time
-import traceback
 from pathlib import Path
+
+from protocol import serve
 
 GPU = "NVIDIAA100-SXM4-80GB"
 COMM_BUCKET = 1260000000  # docs/configuration.md default; the rows' DDP all-reduces the whole buffer at once
@@ -203,13 +202,6 @@ class Runner:
 
 
 def main() -> int:
-    try:
-        rows = json.load(sys.stdin)
-        if not isinstance(rows, list):
-            raise ValueError("stdin must hold a JSON list of row objects")
-    except Exception as e:  # noqa: BLE001
-        print(f"run_ett: cannot read rows from stdin: {e}", file=sys.stderr)
-        return 2
     data = data_dir()
     fatal = None
     runner = None
@@ -225,31 +217,11 @@ def main() -> int:
             runner = Runner(data)
     except Exception as e:  # noqa: BLE001
         fatal = f"estimate-train-time unavailable ({sys.executable}, data {data}): {type(e).__name__}: {e}"
-    out = []
-    for i, row in enumerate(rows):
-        rid = row.get("id") if isinstance(row, dict) else None
-        rec = {"id": rid, "iteration_time_s": None, "error": None, "notes": ""}
-        t0 = time.perf_counter()
-        if fatal:
-            rec["error"] = fatal
-        elif not isinstance(row, dict):
-            rec["error"] = "row is not a JSON object"
-        else:
-            try:
-                rec["iteration_time_s"], rec["notes"] = runner.predict(row)
-            except Exception as e:  # noqa: BLE001
-                rec["error"] = f"{type(e).__name__}: {e}".strip()
-                if os.environ.get("PEER_VERBOSE"):
-                    traceback.print_exc(file=sys.stderr)
-        log(f"{i + 1}/{len(rows)} {rid}: "
-            + (f"{rec['iteration_time_s']:.4f} s" if rec["error"] is None else f"error: {rec['error']}")
-            + f" ({time.perf_counter() - t0:.1f} s)")
-        out.append(rec)
-    if lock is not None:
-        lock.close()
-    json.dump(out, sys.stdout)
-    sys.stdout.write("\n")
-    return 0
+    try:
+        return serve("estimate-train-time", lambda row: runner.predict(row), fatal)
+    finally:
+        if lock is not None:
+            lock.close()
 
 
 if __name__ == "__main__":

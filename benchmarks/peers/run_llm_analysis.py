@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import sys
-import traceback
+
+from protocol import serve
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers is imported by llm_analysis.config; never fetch
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -42,10 +42,6 @@ MODEL_NOTE = ("llm-analysis 0.2.2 training(): latency_per_iter = (fwd + 2*fwd + 
               "bubble, optimizer step or memory-bound op time enters it (intra/inter-node bandwidth are set on the "
               "GPU config but 0.2.2 uses them only in its forward-latency breakdown); MLP FLOPs are 16*b*s*h^2 "
               "(assume ffn = 4h); vocab used unpadded")
-
-
-def log(msg: str) -> None:
-    print(f"[llm-analysis] {msg}", file=sys.stderr, flush=True)
 
 
 def _int(row: dict, key: str) -> int:
@@ -120,13 +116,7 @@ def predict_row(row: dict, la) -> tuple[float, str]:
 
 
 def main() -> int:
-    try:
-        rows = json.load(sys.stdin)
-        if not isinstance(rows, list):
-            raise ValueError("stdin must hold a JSON list of row objects")
-    except Exception as e:  # noqa: BLE001
-        print(f"run_llm_analysis: cannot read rows from stdin: {e}", file=sys.stderr)
-        return 2
+    la, import_error = None, None
     try:
         with contextlib.redirect_stdout(sys.stderr):
             from llm_analysis import analysis as A  # noqa: N812
@@ -134,30 +124,9 @@ def main() -> int:
             from llm_analysis.logger import logger as la_logger
         la_logger.setLevel(logging.WARNING if os.environ.get("PEER_VERBOSE") else logging.ERROR)
         la = (A, C)
-        import_error = None
     except Exception as e:  # noqa: BLE001
         import_error = f"llm-analysis does not import in {sys.executable}: {type(e).__name__}: {e}"
-    out = []
-    for i, row in enumerate(rows):
-        rid = row.get("id") if isinstance(row, dict) else None
-        rec = {"id": rid, "iteration_time_s": None, "error": None, "notes": ""}
-        if import_error:
-            rec["error"] = import_error
-        elif not isinstance(row, dict):
-            rec["error"] = "row is not a JSON object"
-        else:
-            try:
-                rec["iteration_time_s"], rec["notes"] = predict_row(row, la)
-            except Exception as e:  # noqa: BLE001
-                rec["error"] = f"{type(e).__name__}: {e}".strip()
-                if os.environ.get("PEER_VERBOSE"):
-                    traceback.print_exc(file=sys.stderr)
-        log(f"{i + 1}/{len(rows)} {rid}: "
-            + (f"{rec['iteration_time_s']:.4f} s" if rec["error"] is None else f"error: {rec['error']}"))
-        out.append(rec)
-    json.dump(out, sys.stdout)
-    sys.stdout.write("\n")
-    return 0
+    return serve("llm-analysis", lambda row: predict_row(row, la), import_error)
 
 
 if __name__ == "__main__":
