@@ -11,6 +11,17 @@ import traceback
 from typing import Callable
 
 
+def positive_int(row: dict, key: str) -> int:
+    """A row's whole positive number; ValueError naming the key otherwise."""
+    v = row.get(key)
+    if v is None or v == "":
+        raise ValueError(f"missing {key}")
+    f = float(v)
+    if f != int(f) or f <= 0:
+        raise ValueError(f"{key}={v!r} is not a positive integer")
+    return int(f)
+
+
 def serve(name: str, predict_row: Callable[[dict], tuple[float, str]], fatal: str | None = None) -> int:
     """Run the protocol with `predict_row(row) -> (seconds, notes)`; `fatal` is an error every row gets."""
     try:

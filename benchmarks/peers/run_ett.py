@@ -29,7 +29,7 @@ import re
 import sys
 from pathlib import Path
 
-from protocol import serve
+from protocol import positive_int as _int, serve
 
 GPU = "NVIDIAA100-SXM4-80GB"
 COMM_BUCKET = 1260000000  # docs/configuration.md default; the rows' DDP all-reduces the whole buffer at once
@@ -62,16 +62,6 @@ def peers_dir() -> Path:
 def data_dir() -> Path:
     env = os.environ.get("TRACEKIT_ETT_DATA")
     return Path(env) if env else peers_dir() / "ett-data" / "Perlmutter"
-
-
-def _int(row: dict, key: str) -> int:
-    v = row.get(key)
-    if v is None or v == "":
-        raise ValueError(f"missing {key}")
-    f = float(v)
-    if f != int(f) or f <= 0:
-        raise ValueError(f"{key}={v!r} is not a positive integer")
-    return int(f)
 
 
 class Runner:

@@ -25,7 +25,7 @@ import logging
 import os
 import sys
 
-from protocol import serve
+from protocol import positive_int as _int, serve
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # transformers is imported by llm_analysis.config; never fetch
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -42,16 +42,6 @@ MODEL_NOTE = ("llm-analysis 0.2.2 training(): latency_per_iter = (fwd + 2*fwd + 
               "bubble, optimizer step or memory-bound op time enters it (intra/inter-node bandwidth are set on the "
               "GPU config but 0.2.2 uses them only in its forward-latency breakdown); MLP FLOPs are 16*b*s*h^2 "
               "(assume ffn = 4h); vocab used unpadded")
-
-
-def _int(row: dict, key: str) -> int:
-    v = row.get(key)
-    if v is None or v == "":
-        raise ValueError(f"missing {key}")
-    f = float(v)
-    if f != int(f) or f <= 0:
-        raise ValueError(f"{key}={v!r} is not a positive integer")
-    return int(f)
 
 
 def predict_row(row: dict, la) -> tuple[float, str]:
