@@ -187,7 +187,8 @@ class _Writer:
         dtype = "fp32" if spec["bytes"] == 4 * spec["numel"] else self.dtype  # fp32 main grads, CE partials
         _, torch_name, short = _TORCH_DTYPE[dtype]
         name, kern = _NCCL[prim]
-        n = int(spec["group_size"])
+        # a P2P transfer runs on the pipeline group, as Megatron's batch_isend_irecv does: the trace names that group
+        n = self.graph.config.pp if group in ("p2p", "pp") else int(spec["group_size"])
         numel = int(spec["numel"])
         nelems_in, nelems_out = {"all_gather": (numel, numel * n), "reduce_scatter": (numel * n, numel)}.get(
             prim, (numel, numel))
@@ -210,8 +211,8 @@ class _Writer:
         if group == "embd":
             return [coords["tp"] + coords["cp"] * st["cp"] + coords["dp"] * st["dp"] + s * st["pp"]
                     for s in (0, c.pp - 1)]
-        nxt = min(coords["pp"] + 1, c.pp - 1)
-        return sorted({self.rank, self.rank + (nxt - coords["pp"]) * st["pp"]})
+        base = self.rank - coords["pp"] * st["pp"]  # p2p: this rank's whole pipeline group
+        return [base + s * st["pp"] for s in range(c.pp)]
 
 
 def _expand(ops: list[OpUse]) -> Iterator[OpUse]:

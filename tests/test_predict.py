@@ -400,3 +400,16 @@ def test_misspelt_settings_are_refused_with_a_suggestion(tmp_path):
     # Megatron's own arguments tracekit does not model stay accepted (kept aside), e.g. the learning rate
     assert run("--megatron-args", ARGS + " --lr 1e-4 --recompute-method uniform", "--hardware",
                "A100-SXM4-80GB").exit_code == 0
+
+
+def test_diff_of_a_pp4_prediction_keeps_four_stages(tmp_path):
+    # predicted traces hold one rank per stage (0, 4, 8, 12 of 16); their P2P names the whole pipeline group, as
+    # Megatron's batch_isend_irecv does, so diff finds pp = 4 from the traces alone (it grouped them in 2 stages)
+    pred = tmp_path / "pred"
+    args = ARGS.replace("--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2",
+                        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 --world-size 16")
+    assert run("--megatron-args", args, "--hardware", "A100-SXM4-80GB", "--trace-out", str(pred)).exit_code == 0
+    done = runner.invoke(app, ["diff", str(pred), str(pred), "--json"])
+    assert done.exit_code == 0, done.output
+    stages = [(s["stage"], s["ranks"]) for s in json.loads(done.stdout)["by_stage"]]
+    assert stages == [(0, [0]), (1, [4]), (2, [8]), (3, [12])]

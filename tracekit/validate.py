@@ -228,12 +228,17 @@ def diff_inputs(predicted: dict[str, Any] | list[Any], real_traces: list[Any], r
         else:
             check_same_split(predicted.get("config") or {}, config_dict)
     real_groups = process_groups(real_traces)
+    world = None
     if config_dict is not None:
         pp = int(config_dict.get("pipeline_model_parallel_size") or 1)
+        world = int(config_dict.get("world_size") or 0) or None
     else:
         pp = pipeline_size([real_traces, predicted], [real_groups, process_groups(predicted)])
-    real_side = summarize_traces(real_traces, "real", pp=pp, process_groups=real_groups)
-    per_stage = max(int(real_side.world_size or len(real_traces)) // pp, 1)
+    # Megatron's rank order puts pp slowest: a stage is world/pp consecutive ranks. The configuration's world size
+    # decides it (traces of a few ranks, or predicted traces of one rank per stage, do not tell the world)
+    per_stage = max(world // pp, 1) if world else None
+    real_side = summarize_traces(real_traces, "real", pp=pp, ranks_per_stage=per_stage, process_groups=real_groups)
+    per_stage = per_stage or max(int(real_side.world_size or len(real_traces)) // pp, 1)
     if isinstance(predicted, dict):
         predicted_side = summarize_prediction(predicted, real_side.ranks, per_stage)
     else:
