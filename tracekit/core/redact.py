@@ -1,25 +1,62 @@
-"""Keep process environments and credentials out of everything tracekit stores or prints: structures (`redact`)
-and command lines (`redact_argv`: `NAME=VALUE` environment assignments, `--flag VALUE` / `--flag=VALUE` whose name
-says credential, and values that look like one, in any position)."""
+"""Keep process environments and credentials out of everything tracekit stores or prints: structures (`redact`),
+command lines (`redact_argv`) and lines of text such as a captured log (`redact_text`).
+
+A name says "credential" when one of its words (split at `-`, `_`, case changes) is token, secret, password, passwd,
+pwd, credential(s), auth, authorization, cookie or passphrase, or when its last word is key/keys after another word
+(`api_key`, `WANDB_API_KEY`, `access_key`, `--wandb-key`). Names that merely contain those letters are not:
+`--tokenizer-type`, `--num-tokens`, `max_tokens`, `--key-size`. Values are replaced by `<redacted>` where such a name
+assigns them (`NAME=VALUE`, `--flag VALUE`, `--flag=VALUE`, `name: value` in text), and anywhere they have a known
+token shape (Hugging Face, GitHub, OpenAI-style, AWS access key ids, Slack), are a long hex key (≥ 32 digits, e.g.
+W&B's 40), a URL's `user:password@`, or a `Bearer` header value. A `bash -c "..."` string is redacted inside.
+"""
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Any
 
-_SECRET_KEY = re.compile(r"(token|secret|passw|pwd|api[_-]?key|access[_-]?key|credential|auth|private[_-]?key|"
-                         r"session|cookie)", re.I)
+_SECRET_WORDS = frozenset({"token", "secret", "password", "passwd", "pwd", "credential", "credentials", "auth",
+                           "authorization", "cookie", "passphrase", "apikey", "accesskey", "privatekey"})
 _SECRET_VALUE = re.compile(
-    r"(hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16}|xox[abpr]-[A-Za-z0-9-]{10,})"
+    r"(hf_[A-Za-z0-9]{8,}|gh[pousr]_[A-Za-z0-9]{8,}|github_pat_[A-Za-z0-9_]{8,}|sk-[A-Za-z0-9_-]{8,}|"
+    r"AKIA[0-9A-Z]{16}|xox[abpr]-[A-Za-z0-9-]{10,})"
 )
+_LONG_HEX = re.compile(r"\b[0-9a-fA-F]{32,}\b")
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^\s:/@]+):(?P<password>[^\s@/]+)@")
+_BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}")
+#: inside a line of text: `--flag=VALUE` / `--flag VALUE`, and `NAME=VALUE`, `name: value`, `name ...... value`
+_TEXT_FLAG = re.compile(r"(?P<name>(?<![\w-])--?[A-Za-z][\w-]*)(?P<sep>=|\s+)(?P<value>[^\s-]\S*)")
+_TEXT_ASSIGNMENT = re.compile(r"(?P<name>\b[A-Za-z_][\w.-]*)(?P<sep>\s*[=:]\s*|\s+\.{2,}\s*)(?P<value>\S+)")
 #: Top-level trace keys that carry a process environment and are never kept.
 ENVIRONMENT_KEYS = frozenset({"metadata", "env", "environment", "environ"})
+REDACTED = "<redacted>"
+
+
+def _words(name: str) -> list[str]:
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", str(name).lstrip("-"))
+    return [w for w in re.split(r"[\s_\-.]+", spaced.lower()) if w]
+
+
+def secret_name(name: str) -> bool:
+    """True when a variable, key or flag name says it holds a credential (see the module docstring)."""
+    words = _words(name)
+    if any(w in _SECRET_WORDS for w in words):
+        return True
+    return len(words) >= 2 and words[-1] in ("key", "keys")
 
 
 def looks_secret(key: str, value: Any) -> bool:
     """True when a key/value pair looks like a credential."""
-    if _SECRET_KEY.search(str(key)):
+    if secret_name(str(key)):
         return True
-    return isinstance(value, str) and bool(_SECRET_VALUE.search(value))
+    return isinstance(value, str) and bool(_SECRET_VALUE.search(value) or _LONG_HEX.search(value))
+
+
+def _scrub(text: str) -> str:
+    """Token shapes, long hex keys, URL credentials and bearer values replaced in a string."""
+    text = _URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{m.group('user')}:{REDACTED}@", text)
+    text = _BEARER.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
+    return _LONG_HEX.sub(REDACTED, _SECRET_VALUE.sub(REDACTED, text))
 
 
 def redact(obj: Any) -> Any:
@@ -29,43 +66,59 @@ def redact(obj: Any) -> Any:
         for key, value in obj.items():
             if str(key).lower() in ENVIRONMENT_KEYS:
                 continue
-            out[key] = "<redacted>" if looks_secret(key, value) and not isinstance(value, (dict, list)) else redact(value)
+            out[key] = REDACTED if secret_name(str(key)) and not isinstance(value, (dict, list)) else redact(value)
         return out
     if isinstance(obj, list):
         return [redact(v) for v in obj]
-    if isinstance(obj, str) and _SECRET_VALUE.search(obj):
-        return _SECRET_VALUE.sub("<redacted>", obj)
+    if isinstance(obj, str):
+        return _scrub(obj)
     return obj
 
 
-_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
-_LONG_HEX = re.compile(r"\b[0-9a-fA-F]{32,}\b")  # API keys printed as long hex strings (e.g. W&B's 40)
-
-
 def redact_argv(words: list[str]) -> list[str]:
-    """A command line with its credentials replaced by '<redacted>': the value of a `NAME=VALUE` word or of a
-    `--flag VALUE` / `--flag=VALUE` whose name looks like a credential (`WANDB_API_KEY=`, `--hf-token`,
-    `--password`), and any word holding a known token shape or a long hex key."""
+    """A command line with its credentials replaced by '<redacted>' and everything else kept as typed."""
     out: list[str] = []
     hide_next = False
-    for word in words:
-        text = str(word)
-        if hide_next and not text.startswith("-"):
-            out.append("<redacted>")
+    shell_next = False
+    for word in map(str, words):
+        if hide_next and not word.startswith("-"):
+            out.append(REDACTED)
             hide_next = False
             continue
         hide_next = False
-        flag, eq, value = text.partition("=")
-        if text.startswith("-") and _SECRET_KEY.search(flag):
+        if shell_next:  # the script of `bash -c "..."`
+            out.append(_redact_shell(word))
+            shell_next = False
+            continue
+        name, eq, _ = word.partition("=")
+        if word.startswith("-") and secret_name(name):
             if eq:
-                out.append(f"{flag}=<redacted>")
+                out.append(f"{name}={REDACTED}")
             else:
-                out.append(text)
+                out.append(word)
                 hide_next = True
             continue
-        assignment = _ASSIGNMENT.match(text)
-        if assignment and _SECRET_KEY.search(assignment.group(1)):
-            out.append(f"{assignment.group(1)}=<redacted>")
+        if eq and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) and secret_name(name):
+            out.append(f"{name}={REDACTED}")
             continue
-        out.append(_LONG_HEX.sub("<redacted>", _SECRET_VALUE.sub("<redacted>", text)))
+        shell_next = word == "-c" and bool(out) and out[-1].rsplit("/", 1)[-1] in ("bash", "sh", "zsh", "dash")
+        out.append(_scrub(word))
     return out
+
+
+def _redact_shell(script: str) -> str:
+    try:
+        return shlex.join(redact_argv(shlex.split(script)))
+    except ValueError:  # unbalanced quotes: fall back to the text rules
+        return redact_text(script)
+
+
+def redact_text(line: str) -> str:
+    """One line of text (a log line) with credentials replaced: values a credential name assigns (`KEY=VALUE`,
+    `key: value`, `--flag value`) and credential shapes anywhere."""
+    def assignment(match: re.Match) -> str:
+        if secret_name(match.group("name")) and match.group("value") != REDACTED:
+            return f"{match.group('name')}{match.group('sep')}{REDACTED}"
+        return match.group(0)
+
+    return _TEXT_ASSIGNMENT.sub(assignment, _TEXT_FLAG.sub(assignment, _scrub(line)))
