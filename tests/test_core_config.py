@@ -115,6 +115,7 @@ def test_layers_per_virtual_stage_sets_the_interleaving_degree():
     ("--num-layers 1000000000", "num_layers 1000000000 is beyond what tracekit simulates"),
     ("--num-layers 8 --global-batch-size 100000000", "100000000 micro-batches per iteration"),
     ("--num-layers 8 --hidden-size 4000000 --num-attention-heads 16", "hidden_size 4000000 is beyond"),
+    ("--num-layers 8 --global-batch-size 1000000000", "global_batch_size 1000000000 is beyond"),
 ])
 def test_sizes_past_any_real_job_are_refused_not_simulated_for_hours(args, message):
     base = "--hidden-size 1024 --num-attention-heads 16 --seq-length 1024 "

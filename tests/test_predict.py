@@ -413,3 +413,10 @@ def test_diff_of_a_pp4_prediction_keeps_four_stages(tmp_path):
     assert done.exit_code == 0, done.output
     stages = [(s["stage"], s["ranks"]) for s in json.loads(done.stdout)["by_stage"]]
     assert stages == [(0, [0]), (1, [4]), (2, [8]), (3, [12])]
+
+
+def test_gpus_flag_sets_the_world_and_dp_follows():
+    doc = json.loads(run("--megatron-args", ARGS, "--hardware", "A100-SXM4-80GB", "--gpus", "16", "--json").stdout)
+    assert doc["world_size"] == 16 and doc["config"]["data_parallel_size"] == 16 // (2 * 2) and doc["nodes"] == 2
+    res = run("--megatron-args", ARGS, "--hardware", "A100-SXM4-80GB", "--gpus", "6")
+    assert res.exit_code == 2 and "world size 6 is not divisible by tp·pp·cp = 4" in res.stderr

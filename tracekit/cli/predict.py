@@ -77,6 +77,8 @@ def predict_command(
     calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration name (shipped: see docs) or "
                                                                           "JSON file, used instead of the stack "
                                                                           "profile's constants."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", "--world-size", min=1,
+                                       help="GPUs of the job (world size); dp = GPUs / (tp·pp·cp)."),
     sets: list[str] = typer.Option([], "--set", help="KEY=VALUE Megatron setting that overrides the input (every "
                                                      "row with --batch; repeatable), e.g. --set attention=unfused."),
     batch: Optional[Path] = typer.Option(None, "--batch", help="CSV of configurations (e2e CSV column layout)."),
@@ -89,6 +91,8 @@ def predict_command(
         from tracekit.validate import parse_sets
 
         overrides = parse_sets(sets)
+        if gpus is not None:  # the world decides dp: a dp the input states would contradict it
+            overrides = {**overrides, "world_size": gpus, "data_parallel_size": None}
         if batch is not None:
             _batch(batch, out, hardware, gpus_per_node, cluster_name, stack, models_dir, calibration, overrides,
                    as_json)

@@ -39,7 +39,7 @@ ALIASES = {
 #: Sizes past any real training job (the largest published: ~200 layers, ~100k GPUs, hidden ~50k, a few thousand
 #: micro-batches): a value beyond them is a typo, and simulating it would run for hours.
 LIMITS = {"num_layers": 10_000, "world_size": 1_000_000, "hidden_size": 1_000_000, "seq_length": 10_000_000,
-          "microbatches": 100_000}
+          "global_batch_size": 100_000_000, "microbatches": 100_000}
 
 
 @dataclass
@@ -179,7 +179,8 @@ class TrainingConfig:
         for name, value, limit in (("num_layers", self.num_layers, LIMITS["num_layers"]),
                                    ("world size", self.world_size, LIMITS["world_size"]),
                                    ("hidden_size", self.hidden_size, LIMITS["hidden_size"]),
-                                   ("seq_length", self.seq_length, LIMITS["seq_length"])):
+                                   ("seq_length", self.seq_length, LIMITS["seq_length"]),
+                                   ("global_batch_size", self.global_batch_size, LIMITS["global_batch_size"])):
             if int(value) > limit:
                 raise ConfigError(f"{name} {value} is beyond what tracekit simulates (at most {limit:,}); "
                                   "is it a typo?")
