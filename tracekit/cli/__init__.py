@@ -9,7 +9,7 @@ from .app import app
 
 COMMAND_MODULES = (
     "ingest", "import_samples", "train", "evaluate", "models", "predict", "diff", "validate",
-    "megatron_args", "capture", "sample", "calibrate",
+    "megatron_args", "capture", "sample", "calibrate", "search",
 )
 
 for _name in COMMAND_MODULES:

@@ -1,0 +1,183 @@
+"""Configuration search: the splits Megatron accepts for a model on N GPUs, pruned by memory, predicted in one batched
+model call (`predict_many`), ranked.
+
+Public API:
+
+    enumerate_configs(base: dict, gpus: int, fixed: set[str]) -> (configs, rejected)
+    search(base, gpus, cluster, models, fixed, calibration=None, objective="time", price_per_gpu_hour=None,
+           progress=None) -> SearchResult
+
+`base` is the job as Megatron argument names (the model, the global batch, whatever else the input states); keys in
+`fixed` keep the input's value, the others of SEARCH_KEYS are varied: tensor parallelism (divides the heads and the
+query groups), pipeline parallelism (divides the layers), context parallelism (only when opened), data parallelism
+(the rest of the GPUs), micro-batch size (divides the per-replica batch, at most MAX_MICRO_BATCH), interleaving
+(virtual stages that divide a stage's layers, when the micro-batches divide by pp), sequence parallelism (with
+tp > 1), activation recompute (none, selective, full) and the distributed optimizer (with dp > 1). A candidate
+Megatron would refuse (`TrainingConfig.validate`) is counted under `pruned["invalid"]`; one whose memory per GPU
+exceeds the GPU's under `pruned["memory"]`. Ranking: iteration time (`time`), tokens per second (`tokens_per_s`) or
+cost per iteration (`cost`, with a price per GPU-hour).
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from tracekit.core.cluster import Cluster
+from tracekit.core.config import ALIASES, TrainingConfig
+from tracekit.core.errors import ConfigError
+from tracekit.core.hardware import hardware_spec
+
+from .graph import build_graph
+from .memory import memory_per_gpu
+from .predict import predict_many
+
+SEARCH_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+               "micro_batch_size", "virtual_pipeline_model_parallel_size", "sequence_parallel",
+               "recompute_granularity", "use_distributed_optimizer")
+MAX_MICRO_BATCH = 16
+OBJECTIVES = ("time", "tokens_per_s", "cost")
+
+
+@dataclass
+class SearchResult:
+    candidates: list[dict[str, Any]]  # ranked, best first
+    evaluated: int
+    pruned: dict[str, int]
+    seconds: float
+    objective: str
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self, top: int | None = None) -> dict[str, Any]:
+        return {"candidates": self.candidates[:top] if top else self.candidates, "evaluated": self.evaluated,
+                "pruned": self.pruned, "seconds": self.seconds, "objective": self.objective, "notes": self.notes}
+
+
+def _divisors(n: int, limit: int | None = None) -> list[int]:
+    return [d for d in range(1, (limit or n) + 1) if n % d == 0]
+
+
+def canonical(key: str) -> str:
+    """A Megatron argument name (flag or dest form, or an alias) as TrainingConfig's field name."""
+    dest = str(key).strip().lstrip("-").replace("-", "_").lower()
+    return ALIASES.get(dest, dest)
+
+
+def enumerate_configs(base: dict[str, Any], gpus: int, fixed: set[str]) -> tuple[list[TrainingConfig], int]:
+    """Every candidate configuration Megatron accepts, and how many combinations it would refuse."""
+    model = TrainingConfig.from_mapping({**base, "world_size": gpus})
+    if "global_batch_size" not in {canonical(k) for k in base}:
+        raise ConfigError("a search needs the global batch size (--global-batch-size): it is what the splits share")
+
+    def options(key: str, values: list) -> list:
+        return [getattr(model, key)] if key in fixed else values
+
+    heads, groups, layers = model.num_attention_heads, model.num_query_groups, model.num_layers
+    tps = options("tensor_model_parallel_size", [t for t in _divisors(gpus) if heads % t == 0 and groups % t == 0])
+    pps = options("pipeline_model_parallel_size", [p for p in _divisors(gpus) if layers % p == 0])
+    cps = options("context_parallel_size", [1])
+    recomputes = options("recompute_granularity", ["none", "selective", "full"])
+    configs, rejected = [], 0
+    for tp, pp, cp, recompute in itertools.product(tps, pps, cps, recomputes):
+        if gpus % (tp * pp * cp):
+            rejected += 1
+            continue
+        dp = gpus // (tp * pp * cp)
+        per_replica = model.global_batch_size // dp if model.global_batch_size % dp == 0 else 0
+        mbs = options("micro_batch_size", _divisors(per_replica, min(per_replica, MAX_MICRO_BATCH)) or [1])
+        sps = options("sequence_parallel", [tp > 1])
+        dist = options("use_distributed_optimizer", [False, True] if dp > 1 else [False])
+        for mb, sp, distributed in itertools.product(mbs, sps, dist):
+            m = per_replica // mb if per_replica and per_replica % mb == 0 else 0
+            vps = options("virtual_pipeline_model_parallel_size",
+                          [1] + ([v for v in _divisors(layers // pp)[1:] if m and m % pp == 0] if pp > 1 else []))
+            for vp in vps:
+                values = {**base, "world_size": gpus, "tensor_model_parallel_size": tp,
+                          "pipeline_model_parallel_size": pp, "context_parallel_size": cp, "data_parallel_size": dp,
+                          "micro_batch_size": mb, "virtual_pipeline_model_parallel_size": vp or 1,
+                          "sequence_parallel": sp, "recompute_granularity": recompute,
+                          "use_distributed_optimizer": distributed}
+                try:
+                    configs.append(TrainingConfig.from_mapping(values).validate())
+                except ConfigError:
+                    rejected += 1
+    return configs, rejected
+
+
+def search(base: dict[str, Any], gpus: int, cluster: Cluster, models, fixed: set[str] | None = None,
+           calibration=None, objective: str = "time", price_per_gpu_hour: float | None = None,
+           progress: Callable[[int, int], None] | None = None) -> SearchResult:
+    """Enumerate, prune by memory, predict in one batched call, rank (see the module docstring)."""
+    if objective not in OBJECTIVES:
+        raise ConfigError(f"objective must be one of {', '.join(OBJECTIVES)}, not {objective!r}")
+    if objective == "cost" and not price_per_gpu_hour:
+        raise ConfigError("the cost objective needs a price per GPU-hour (--price-per-gpu-hour)")
+    start = time.perf_counter()
+    fixed = {canonical(k) for k in (fixed or set())}
+    configs, rejected = enumerate_configs(base, gpus, fixed)
+    spec = hardware_spec(cluster.hardware)
+    fitting, memories, too_big = [], [], 0
+    for i, config in enumerate(configs):
+        memory, _ = memory_per_gpu(build_graph(config, cluster.hardware, cluster.gpus_per_node))
+        if spec is not None and memory["total"] > spec.memory_gb:
+            too_big += 1
+        else:
+            fitting.append(config)
+            memories.append(memory)
+        if progress and i % 200 == 0:
+            progress(i, len(configs) * 2)
+    predictions = predict_many(fitting, cluster, models, calibration)
+    if progress:
+        progress(len(configs) * 2, len(configs) * 2)
+    candidates = []
+    failed = 0
+    for config, memory, prediction in zip(fitting, memories, predictions):
+        if isinstance(prediction, Exception):
+            failed += 1
+            continue
+        seconds = prediction.iteration_time_s
+        cost = seconds * gpus * price_per_gpu_hour / 3600 if price_per_gpu_hour else None
+        candidates.append({
+            "config": {**{k: getattr(config, k) for k in SEARCH_KEYS}, "data_parallel_size": config.dp,
+                       "virtual_pipeline_model_parallel_size": config.vp},
+            "iteration_time_s": seconds, "tokens_per_s": prediction.tokens_per_s, "mfu": prediction.mfu,
+            "tflops_per_gpu": prediction.tflops_per_gpu, "memory_gb_per_gpu": memory["total"], "fits": True,
+            "cost_per_iteration": cost, "breakdown": prediction.breakdown,
+        })
+    key = {"time": lambda c: c["iteration_time_s"], "tokens_per_s": lambda c: -c["tokens_per_s"],
+           "cost": lambda c: c["cost_per_iteration"]}[objective]
+    candidates.sort(key=key)
+    notes = []
+    if len(candidates) >= 2:
+        notes.append(separation(candidates[0], candidates[1]))
+    return SearchResult(candidates, len(fitting), {"invalid": rejected, "memory": too_big, "failed": failed},
+                        time.perf_counter() - start, objective, notes)
+
+
+SHORT = {"tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp", "context_parallel_size": "cp",
+         "data_parallel_size": "dp", "micro_batch_size": "mb", "virtual_pipeline_model_parallel_size": "vp",
+         "sequence_parallel": "sp", "recompute_granularity": "recompute", "use_distributed_optimizer": "dist-opt"}
+
+
+def split_name(config: dict[str, Any]) -> str:
+    """`tp2 pp4 dp8 mb1 vp2 sp recompute-full dist-opt`: a candidate's settings, defaults left out."""
+    parts = [f"{SHORT[k]}{config[k]}" for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                                 "data_parallel_size", "micro_batch_size")]
+    if config["context_parallel_size"] > 1:
+        parts.append(f"cp{config['context_parallel_size']}")
+    if config["virtual_pipeline_model_parallel_size"] > 1:
+        parts.append(f"vp{config['virtual_pipeline_model_parallel_size']}")
+    parts += ["sp"] if config["sequence_parallel"] else []
+    parts += [f"recompute-{config['recompute_granularity']}"] if config["recompute_granularity"] != "none" else []
+    return " ".join(parts + (["dist-opt"] if config["use_distributed_optimizer"] else []))
+
+
+def separation(first: dict[str, Any], second: dict[str, Any]) -> str:
+    """What separates the best candidate from the next: the settings that differ and the largest breakdown gap."""
+    diff = [f"{SHORT[k]} {first['config'][k]} vs {second['config'][k]}" for k in SHORT
+            if first["config"].get(k) != second["config"].get(k)]
+    gaps = {k: first["breakdown"][k] - second["breakdown"][k] for k in first["breakdown"]}
+    part = max(gaps, key=lambda k: abs(gaps[k]))
+    return (f"best vs next: {', '.join(diff) or 'same settings'}: {part.replace('_', ' ')} {gaps[part]:+.3g} s, "
+            f"iteration {first['iteration_time_s'] - second['iteration_time_s']:+.3g} s")

@@ -1,0 +1,87 @@
+"""`tracekit search`: every split Megatron accepts, pruned by memory, ranked by the same predictions `predict` makes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from predictor.models import ModelSet
+from predictor.predict import predict
+from predictor.search import search
+from tracekit.cli import app
+from tracekit.core.cluster import preset
+from tracekit.core.config import TrainingConfig, parse_megatron_argv
+from tracekit.core.hardware import hardware_spec
+
+JOB = "--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --global-batch-size 32 --fp16"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def models():
+    return ModelSet.load()
+
+
+def test_candidates_are_valid_splits_of_the_gpus_and_keep_what_the_input_states(models):
+    base = parse_megatron_argv(JOB + " --micro-batch-size 2")
+    result = search(base, 8, preset("dgx-a100"), models, fixed={"micro_batch_size"})
+    assert result.evaluated == len(result.candidates) > 20
+    seen = set()
+    for c in result.candidates:
+        cfg = c["config"]
+        assert cfg["micro_batch_size"] == 2
+        assert cfg["tensor_model_parallel_size"] * cfg["pipeline_model_parallel_size"] * \
+            cfg["context_parallel_size"] * cfg["data_parallel_size"] == 8
+        assert 16 % cfg["tensor_model_parallel_size"] == 0 and 8 % cfg["pipeline_model_parallel_size"] == 0
+        seen.add((cfg["tensor_model_parallel_size"], cfg["pipeline_model_parallel_size"]))
+        assert not (cfg["sequence_parallel"] and cfg["tensor_model_parallel_size"] == 1)
+    assert {(1, 1), (8, 1), (1, 8), (2, 4)} <= seen  # every tp·pp split of 8 GPUs that divides heads and layers
+    times = [c["iteration_time_s"] for c in result.candidates]
+    assert times == sorted(times)
+
+
+def test_the_ranking_is_what_predict_says_of_each_candidate(models):
+    base = parse_megatron_argv(JOB)
+    result = search(base, 8, preset("dgx-a100"), models)
+    for c in (result.candidates[0], result.candidates[len(result.candidates) // 2]):
+        cfg = TrainingConfig.from_mapping({**base, **c["config"], "world_size": 8})
+        assert predict(cfg, preset("dgx-a100"), models).iteration_time_s == pytest.approx(c["iteration_time_s"],
+                                                                                        rel=1e-12)
+    assert result.notes and result.notes[0].startswith("best vs next:")
+
+
+def test_configurations_that_do_not_fit_are_pruned_and_counted(models):
+    big = parse_megatron_argv("--num-layers 24 --hidden-size 8192 --num-attention-heads 64 --seq-length 2048 "
+                              "--global-batch-size 64 --bf16")
+    result = search(big, 8, preset("dgx-a100"), models)
+    limit = hardware_spec("A100-SXM4-80GB").memory_gb
+    assert result.pruned["memory"] > 0 and result.candidates
+    assert all(c["memory_gb_per_gpu"] <= limit for c in result.candidates)
+    # ~20B parameters with 16 bytes of weights, gradients and Adam state each: 2-way model parallelism leaves
+    # ~160 GB (or ~70 GB sharded plus activations) per GPU, past 80 GB
+    assert all(c["config"]["tensor_model_parallel_size"] * c["config"]["pipeline_model_parallel_size"] >= 4
+               for c in result.candidates)
+
+
+def test_cli_json_contract_vary_and_objectives():
+    res = runner.invoke(app, ["search", "--megatron-args", JOB + " --tensor-model-parallel-size 2", "--gpus", "8",
+                              "--hardware", "A100-SXM4-80GB", "--top", "3", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert set(doc) >= {"candidates", "evaluated", "pruned", "seconds", "objective"} and len(doc["candidates"]) == 3
+    first = doc["candidates"][0]
+    assert set(first) >= {"config", "iteration_time_s", "memory_gb_per_gpu", "fits", "breakdown", "mfu"}
+    assert {c["config"]["tensor_model_parallel_size"] for c in doc["candidates"]} == {2}  # stated: fixed
+    opened = runner.invoke(app, ["search", "--megatron-args", JOB + " --tensor-model-parallel-size 2", "--gpus", "8",
+                                 "--hardware", "A100-SXM4-80GB", "--vary", "tp", "--json"])
+    assert len({c["config"]["tensor_model_parallel_size"] for c in json.loads(opened.stdout)["candidates"]}) > 1
+    bad = runner.invoke(app, ["search", "--megatron-args", JOB, "--gpus", "8", "--hardware", "A100-SXM4-80GB",
+                              "--vary", "tensr_model_parallel_size"])
+    assert bad.exit_code == 2 and "did you mean" in bad.stderr
+    cost = runner.invoke(app, ["search", "--megatron-args", JOB, "--gpus", "8", "--hardware", "A100-SXM4-80GB",
+                               "--objective", "cost"])
+    assert cost.exit_code == 2 and "price per GPU-hour" in cost.stderr
+    no_batch = runner.invoke(app, ["search", "--megatron-args", JOB.replace("--global-batch-size 32 ", ""),
+                                   "--gpus", "8", "--hardware", "A100-SXM4-80GB"])
+    assert no_batch.exit_code == 2 and "global batch size" in no_batch.stderr

@@ -1,0 +1,111 @@
+"""`tracekit search`: the best split of a job over N GPUs, ranked by predicted iteration time."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .app import app
+from .output import console, fail, print_json, progress, user_errors
+
+HELP = """Find the best configuration of a job on N GPUs: every split Megatron accepts (tp, pp, dp, cp, virtual
+stages, micro-batch, sequence parallelism, activation recompute, distributed optimizer), pruned by the memory
+model, predicted in one batched model call, ranked.
+
+Settings the input states stay fixed; --vary KEYS opens them (comma-separated Megatron names or tp, pp, cp,
+micro_batch_size, vp, sequence_parallel, recompute_granularity, use_distributed_optimizer; `all` opens every one).
+
+Examples:
+
+  tracekit search --megatron-args "--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096
+  --global-batch-size 512 --bf16" --gpus 64 --hardware H100-80GB-HBM3 --top 5
+
+  tracekit search job.yaml --gpus 256 --cluster selene --objective cost --price-per-gpu-hour 2.5 --json
+"""
+
+
+@app.command("search", help=HELP)
+def search_command(
+    config: Optional[Path] = typer.Argument(None, help="Job: YAML/JSON of Megatron argument names."),
+    megatron_args: Optional[str] = typer.Option(None, "--megatron-args", help="Job as Megatron command-line arguments."),
+    gpus: int = typer.Option(..., "--gpus", min=1, help="GPUs the job gets (world size)."),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="GPU hardware id, e.g. H100-80GB-HBM3."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=1, help="GPUs per node."),
+    cluster_name: Optional[str] = typer.Option(None, "--cluster", help="Cluster preset or YAML/JSON file "
+                                                                       "(see `tracekit predict --help`)."),
+    stack: Optional[str] = typer.Option(None, "--stack", help="Software-stack profile (default megatron-core)."),
+    vary: Optional[str] = typer.Option(None, "--vary", help="Comma-separated settings to vary although the input "
+                                                            "states them; `all` for every one."),
+    top: int = typer.Option(10, "--top", min=1, help="How many candidates to print."),
+    objective: str = typer.Option("time", "--objective", help="time | tokens_per_s | cost"),
+    price: Optional[float] = typer.Option(None, "--price-per-gpu-hour", min=0.0, help="For --objective cost."),
+    models_dir: Optional[Path] = typer.Option(None, "--models", help="Model directory (default: bundled models)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> None:
+    with user_errors():
+        import yaml
+
+        from predictor.models import ModelSet
+        from predictor.search import SEARCH_KEYS, canonical, search
+        from predictor.stack import DEFAULT, get_stack
+        from tracekit.core.config import check_settings, parse_megatron_argv
+        from tracekit.core.errors import InputError
+
+        from .predict import _cluster
+
+        if (config is None) == (megatron_args is None):
+            fail("give the job as CONFIG or --megatron-args (one of them)")
+        if config is not None:
+            try:
+                base = yaml.safe_load(config.read_text())
+            except (OSError, yaml.YAMLError) as exc:
+                raise InputError(config, f"cannot read the job ({exc})") from exc
+            if not isinstance(base, dict):
+                raise InputError(config, "a job is a mapping of Megatron argument names to values")
+        else:
+            base = parse_megatron_argv(megatron_args)
+        opened = {canonical(k) for k in (vary or "").split(",") if k.strip()}
+        if opened - {"all"}:
+            check_settings({k: 1 for k in opened - {"all"}})
+        fixed = set() if "all" in opened else {canonical(k) for k in base} - opened
+        profile = get_stack(stack or DEFAULT)
+        base = {**profile.config, **base}
+        where, note = _cluster(hardware, gpus_per_node, cluster_name)
+        if where is None:
+            fail("name the GPU with --hardware ID or --cluster NAME|FILE")
+        models = ModelSet.load(models_dir)
+        with progress(quiet=as_json) as bar:
+            task = bar.add_task("searching", total=1)
+            result = search(base, gpus, where, models, fixed & set(SEARCH_KEYS),
+                            profile.calibration(where.hardware), objective, price,
+                            lambda done, total: bar.update(task, completed=done, total=total))
+        if note:
+            result.notes.insert(0, note)
+    if as_json:
+        print_json(result.to_dict(top))
+        return
+    _print(result, top, where, gpus)
+
+
+def _print(result, top: int, cluster, gpus: int) -> None:
+    from rich.table import Table
+
+    from predictor.search import split_name
+
+    table = Table(title=f"best of {result.evaluated} configurations on {gpus} × {cluster.hardware} "
+                        f"({cluster.name}), by {result.objective.replace('_', ' ')}")
+    for col in ("#", "split", "s/iter", "comm", "bubble", "GB/GPU", "MFU"):
+        table.add_column(col, justify="left" if col == "split" else "right", overflow="fold")
+    for i, c in enumerate(result.candidates[:top], start=1):
+        b = c["breakdown"]
+        table.add_row(str(i), split_name(c["config"]), f"{c['iteration_time_s']:.4g}",
+                      f"{b['exposed_communication']:.3g}", f"{b['pipeline_bubble']:.3g}",
+                      f"{c['memory_gb_per_gpu']:.1f}", "n/a" if c["mfu"] is None else f"{100 * c['mfu']:.1f}%")
+    console.print(table)
+    pruned = result.pruned
+    console.print(f"pruned: {pruned['memory']} for memory, {pruned['invalid']} that Megatron would refuse"
+                  + (f", {pruned['failed']} not predictable" if pruned["failed"] else "")
+                  + f"; {result.seconds:.1f} s")
+    for note in result.notes:
+        console.print(note, markup=False)
