@@ -4,8 +4,9 @@ model call (`predict_many`), ranked.
 Public API:
 
     enumerate_configs(base: dict, gpus: int, fixed: set[str]) -> (configs, rejected)
+    evaluate(configs, cluster, models, calibration, gpus, price) -> (candidate rows, {"memory", "failed"})
     search(base, gpus, cluster, models, fixed, calibration=None, objective="time", price_per_gpu_hour=None,
-           progress=None) -> SearchResult
+           executor=None) -> SearchResult
 
 `base` is the job as Megatron argument names (the model, the global batch, whatever else the input states); keys in
 `fixed` keep the input's value, the others of SEARCH_KEYS are varied: tensor parallelism (divides the heads and the
@@ -22,7 +23,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from tracekit.core.cluster import Cluster
 from tracekit.core.config import ALIASES, TrainingConfig
@@ -105,10 +106,42 @@ def enumerate_configs(base: dict[str, Any], gpus: int, fixed: set[str]) -> tuple
     return configs, rejected
 
 
+def evaluate(configs: list[TrainingConfig], cluster: Cluster, models, calibration=None, gpus: int = 1,
+             price_per_gpu_hour: float | None = None) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """One shard of the work: memory check, one batched prediction of what fits, candidate rows. Returns (rows,
+    {"memory": pruned, "failed": unpredictable}). The local executor runs it on everything, the Ray one per shard."""
+    spec = hardware_spec(cluster.hardware)
+    fitting, memories, too_big = [], [], 0
+    for config in configs:
+        memory, _ = memory_per_gpu(build_graph(config, cluster.hardware, cluster.gpus_per_node))
+        if spec is not None and memory["total"] > spec.memory_gb:
+            too_big += 1
+        else:
+            fitting.append(config)
+            memories.append(memory)
+    rows, failed = [], 0
+    for config, memory, prediction in zip(fitting, memories, predict_many(fitting, cluster, models, calibration)):
+        if isinstance(prediction, Exception):
+            failed += 1
+            continue
+        seconds = prediction.iteration_time_s
+        rows.append({
+            "config": {**{k: getattr(config, k) for k in SEARCH_KEYS}, "data_parallel_size": config.dp,
+                       "virtual_pipeline_model_parallel_size": config.vp},
+            "iteration_time_s": seconds, "tokens_per_s": prediction.tokens_per_s, "mfu": prediction.mfu,
+            "tflops_per_gpu": prediction.tflops_per_gpu, "memory_gb_per_gpu": memory["total"], "fits": True,
+            "cost_per_iteration": seconds * gpus * price_per_gpu_hour / 3600 if price_per_gpu_hour else None,
+            "breakdown": prediction.breakdown,
+        })
+    return rows, {"memory": too_big, "failed": failed}
+
+
 def search(base: dict[str, Any], gpus: int, cluster: Cluster, models, fixed: set[str] | None = None,
            calibration=None, objective: str = "time", price_per_gpu_hour: float | None = None,
-           progress: Callable[[int, int], None] | None = None) -> SearchResult:
-    """Enumerate, prune by memory, predict in one batched call, rank (see the module docstring)."""
+           executor=None) -> SearchResult:
+    """Enumerate, prune by memory, predict in one batched call, rank (see the module docstring). `executor`
+    (default: this process) is anything with `run(configs, cluster, models, calibration, gpus, price)` returning
+    what `evaluate` returns, e.g. `predictor.ray_executor.RayExecutor`."""
     if objective not in OBJECTIVES:
         raise ConfigError(f"objective must be one of {', '.join(OBJECTIVES)}, not {objective!r}")
     if objective == "cost" and not price_per_gpu_hour:
@@ -116,42 +149,15 @@ def search(base: dict[str, Any], gpus: int, cluster: Cluster, models, fixed: set
     start = time.perf_counter()
     fixed = {canonical(k) for k in (fixed or set())}
     configs, rejected = enumerate_configs(base, gpus, fixed)
-    spec = hardware_spec(cluster.hardware)
-    fitting, memories, too_big = [], [], 0
-    for i, config in enumerate(configs):
-        memory, _ = memory_per_gpu(build_graph(config, cluster.hardware, cluster.gpus_per_node))
-        if spec is not None and memory["total"] > spec.memory_gb:
-            too_big += 1
-        else:
-            fitting.append(config)
-            memories.append(memory)
-        if progress and i % 200 == 0:
-            progress(i, len(configs) * 2)
-    predictions = predict_many(fitting, cluster, models, calibration)
-    if progress:
-        progress(len(configs) * 2, len(configs) * 2)
-    candidates = []
-    failed = 0
-    for config, memory, prediction in zip(fitting, memories, predictions):
-        if isinstance(prediction, Exception):
-            failed += 1
-            continue
-        seconds = prediction.iteration_time_s
-        cost = seconds * gpus * price_per_gpu_hour / 3600 if price_per_gpu_hour else None
-        candidates.append({
-            "config": {**{k: getattr(config, k) for k in SEARCH_KEYS}, "data_parallel_size": config.dp,
-                       "virtual_pipeline_model_parallel_size": config.vp},
-            "iteration_time_s": seconds, "tokens_per_s": prediction.tokens_per_s, "mfu": prediction.mfu,
-            "tflops_per_gpu": prediction.tflops_per_gpu, "memory_gb_per_gpu": memory["total"], "fits": True,
-            "cost_per_iteration": cost, "breakdown": prediction.breakdown,
-        })
+    if executor is None:
+        candidates, pruned = evaluate(configs, cluster, models, calibration, gpus, price_per_gpu_hour)
+    else:
+        candidates, pruned = executor.run(configs, cluster, models, calibration, gpus, price_per_gpu_hour)
     key = {"time": lambda c: c["iteration_time_s"], "tokens_per_s": lambda c: -c["tokens_per_s"],
            "cost": lambda c: c["cost_per_iteration"]}[objective]
-    candidates.sort(key=key)
-    notes = []
-    if len(candidates) >= 2:
-        notes.append(separation(candidates[0], candidates[1]))
-    return SearchResult(candidates, len(fitting), {"invalid": rejected, "memory": too_big, "failed": failed},
+    candidates.sort(key=lambda c: (key(c), split_name(c["config"])))  # ties: one order whatever the executor
+    notes = [separation(candidates[0], candidates[1])] if len(candidates) >= 2 else []
+    return SearchResult(candidates, len(candidates) + pruned["failed"], {"invalid": rejected, **pruned},
                         time.perf_counter() - start, objective, notes)
 
 

@@ -85,3 +85,31 @@ def test_cli_json_contract_vary_and_objectives():
     no_batch = runner.invoke(app, ["search", "--megatron-args", JOB.replace("--global-batch-size 32 ", ""),
                                    "--gpus", "8", "--hardware", "A100-SXM4-80GB"])
     assert no_batch.exit_code == 2 and "global batch size" in no_batch.stderr
+
+
+def test_ray_executor_gives_the_local_ranking(models):
+    ray = pytest.importorskip("ray")
+    from predictor.ray_executor import RayExecutor
+
+    base = parse_megatron_argv(JOB)
+    local = search(base, 8, preset("dgx-a100"), models)
+    executor = RayExecutor(shard=64, init_options={"num_cpus": 2, "object_store_memory": 80 * 1024 * 1024})
+    try:
+        sharded = search(base, 8, preset("dgx-a100"), models, executor=executor)
+    finally:
+        ray.shutdown()
+    assert len(local.candidates) > 64  # more than one shard
+    assert sharded.candidates == local.candidates and sharded.pruned == local.pruned
+    assert sharded.evaluated == local.evaluated
+
+
+def test_ray_executor_without_ray_says_how_to_install_it(monkeypatch):
+    import sys
+
+    from predictor.ray_executor import INSTALL_HINT, RayExecutor
+    from tracekit.core.errors import ConfigError
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as on a machine without the extra
+    with pytest.raises(ConfigError, match="pip install 'tracekit\\[ray\\]'"):
+        RayExecutor().run([], preset("dgx-a100"), None)
+    assert "tracekit[ray]" in INSTALL_HINT

@@ -39,6 +39,10 @@ def search_command(
                                                             "states them; `all` for every one."),
     top: int = typer.Option(10, "--top", min=1, help="How many candidates to print."),
     objective: str = typer.Option("time", "--objective", help="time | tokens_per_s | cost"),
+    executor: str = typer.Option("local", "--executor", help="local (this process) | ray (Ray tasks; local Ray "
+                                                             "started on demand; needs `tracekit[ray]`)"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="An existing Ray cluster for "
+                                                                          "--executor ray (e.g. auto, ray://head:10001)."),
     price: Optional[float] = typer.Option(None, "--price-per-gpu-hour", min=0.0, help="For --objective cost."),
     models_dir: Optional[Path] = typer.Option(None, "--models", help="Model directory (default: bundled models)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
@@ -75,11 +79,18 @@ def search_command(
         if where is None:
             fail("name the GPU with --hardware ID or --cluster NAME|FILE")
         models = ModelSet.load(models_dir)
+        if executor not in ("local", "ray"):
+            fail(f"--executor must be local or ray, not {executor!r}")
+        runner = None
+        if executor == "ray":
+            from predictor.ray_executor import RayExecutor, _ray
+
+            _ray()  # says how to install Ray before any work when it is missing
+            runner = RayExecutor(ray_address)
         with progress(quiet=as_json) as bar:
-            task = bar.add_task("searching", total=1)
+            bar.add_task(f"searching ({executor})", total=None)
             result = search(base, gpus, where, models, fixed & set(SEARCH_KEYS),
-                            profile.calibration(where.hardware), objective, price,
-                            lambda done, total: bar.update(task, completed=done, total=total))
+                            profile.calibration(where.hardware), objective, price, runner)
         if note:
             result.notes.insert(0, note)
     if as_json:
