@@ -142,6 +142,7 @@ def search(base: dict[str, Any], gpus: int, cluster: Cluster, models, fixed: set
     """Enumerate, prune by memory, predict in one batched call, rank (see the module docstring). `executor`
     (default: this process) is anything with `run(configs, cluster, models, calibration, gpus, price)` returning
     what `evaluate` returns, e.g. `predictor.ray_executor.RayExecutor`."""
+    objective = objective.replace("-", "_")  # tokens-per-s or tokens_per_s
     if objective not in OBJECTIVES:
         raise ConfigError(f"objective must be one of {', '.join(OBJECTIVES)}, not {objective!r}")
     if objective == "cost" and not price_per_gpu_hour:

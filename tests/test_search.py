@@ -82,6 +82,10 @@ def test_cli_json_contract_vary_and_objectives():
     cost = runner.invoke(app, ["search", "--megatron-args", JOB, "--gpus", "8", "--hardware", "A100-SXM4-80GB",
                                "--objective", "cost"])
     assert cost.exit_code == 2 and "price per GPU-hour" in cost.stderr
+    priced = json.loads(runner.invoke(app, ["search", "--megatron-args", JOB, "--gpus", "8", "--hardware",
+                                            "A100-SXM4-80GB", "--objective", "tokens-per-s", "--json"]).stdout)
+    rates = [c["tokens_per_s"] for c in priced["candidates"]]
+    assert priced["objective"] == "tokens_per_s" and rates == sorted(rates, reverse=True)
     no_batch = runner.invoke(app, ["search", "--megatron-args", JOB.replace("--global-batch-size 32 ", ""),
                                    "--gpus", "8", "--hardware", "A100-SXM4-80GB"])
     assert no_batch.exit_code == 2 and "global batch size" in no_batch.stderr

@@ -38,7 +38,8 @@ def search_command(
     vary: Optional[str] = typer.Option(None, "--vary", help="Comma-separated settings to vary although the input "
                                                             "states them; `all` for every one."),
     top: int = typer.Option(10, "--top", min=1, help="How many candidates to print."),
-    objective: str = typer.Option("time", "--objective", help="time | tokens_per_s | cost"),
+    objective: str = typer.Option("time", "--objective", help="time | tokens-per-s | cost (needs "
+                                                              "--price-per-gpu-hour)"),
     executor: str = typer.Option("local", "--executor", help="local (this process) | ray (Ray tasks; local Ray "
                                                              "started on demand; needs `tracekit[ray]`)"),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="An existing Ray cluster for "
