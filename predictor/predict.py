@@ -262,9 +262,6 @@ def _estimate(rows: list[dict], row_clusters: list[Cluster | None], models) -> l
     cluster and topology; the collective algorithm model for the other collectives."""
     import pandas as pd
 
-    from .collectives import collective_us
-    from .models import topology_key
-
     frame = pd.DataFrame(rows, columns=list(KEYS) + list(FEATURE_COLUMNS))
     fp8 = (frame["dtype"] == "fp8").to_numpy()
     asked = frame.assign(dtype=np.where(fp8, "bf16", frame["dtype"])) if fp8.any() else frame

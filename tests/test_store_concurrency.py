@@ -3,7 +3,6 @@ and a process killed in the middle of an import never leaves an unreadable or in
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -115,8 +115,6 @@ class SampleStore:
     # -- reading ----------------------------------------------------------------------------------------------
     def read(self, hardware: str | list[str] | None = None, primitive: str | list[str] | None = None):
         """All recorded samples (optionally of some hardware ids / primitives) as a pandas DataFrame."""
-        import pandas as pd
-
         known = self.sources()
         hardware_set = {_part(h) for h in ([hardware] if isinstance(hardware, str) else hardware or [])}
         primitive_set = {_part(p) for p in ([primitive] if isinstance(primitive, str) else primitive or [])}
