@@ -30,7 +30,7 @@ def _work_tracekit(files: list[str]) -> None:
     from tracekit.core.store import SampleStore
 
     with tempfile.TemporaryDirectory() as store:
-        result = ingest_paths(files, SampleStore(store))
+        result = ingest_paths(files, SampleStore(store), jobs=1)  # one process: CPU time and peak memory compare
     print(json.dumps({"ok": len(result.traces), "failed": len(result.errors)}))
 
 

@@ -155,3 +155,20 @@ def test_bundled_demo_traces_ingest_cleanly(tmp_path):
     assert names == sorted(p.name for p in TRACES.rglob("*.json*"))
     table = ingest(str(TRACES), "--store", str(tmp_path / "store2"))
     assert "collectives matched across ranks: 8" in table.stdout
+
+
+def test_parallel_ingest_gives_what_one_process_gives(tmp_path):
+    """A run's ranks parsed by 2 processes write the same samples, reports and matched collectives as one process
+    (the DLRM ranks bundled in traces/, forced parallel whatever their size)."""
+    from extractors.kineto import ingest_paths
+    from tracekit.core.store import SampleStore
+
+    run = Path(__file__).resolve().parent.parent / "traces" / "kineto" / "dlrm_8rank"
+    results, frames = [], []
+    for jobs in (1, 2):
+        store = SampleStore(tmp_path / f"jobs{jobs}")
+        results.append(ingest_paths([str(run)], store, jobs=jobs, parallel_min_bytes=0))
+        frames.append(store.read().sort_values(["source", "rank", "kernel", "duration_us"]).reset_index(drop=True))
+    assert results[0].traces == results[1].traces and results[0].errors == results[1].errors
+    assert results[0].matched_collectives == results[1].matched_collectives > 0
+    assert frames[0].equals(frames[1]) and len(frames[0]) > 0

@@ -31,8 +31,9 @@ Public API (other parts of tracekit build on these names):
   ``blocked_us``         CPU runs, gloo work of a synchronous call: the calling thread's time from the call to its
                          next operator (what the collective cost the step); NaN otherwise.
 - ``trace_samples(trace, source_id) -> DataFrame`` in the sample schema (collectives carry transfer time).
-- ``ingest_paths(paths, store, progress=None) -> IngestResult``: files, directories (one run each, rank files
-  matched for collectives) and globs into a SampleStore; ``IngestResult.as_json()`` is the ``--json`` document
+- ``ingest_paths(paths, store, progress=None, jobs=None) -> IngestResult``: files, directories (one run each, rank
+  files matched for collectives; a large run's files parsed by `jobs` processes, every core by default) and globs
+  into a SampleStore; ``IngestResult.as_json()`` is the ``--json`` document
   ``{"traces": [...], "errors": [{"path", "error"}]}``.
 - ``match_collectives(frames)`` splits matched collectives of one run's ranks into wait and transfer.
 """

@@ -22,6 +22,9 @@ from .output import EXIT_FAILED, EXIT_PARTIAL, console, err_console, print_json,
 def ingest(
     paths: List[str] = typer.Argument(..., metavar="PATH...", help="Trace files, directories of rank traces, or globs."),
     store: Optional[Path] = typer.Option(None, "--store", help="Sample store directory (default $TRACEKIT_HOME or ./.tracekit)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Processes that parse a run's traces "
+                                                                       "(default: every core; runs under 32 MB are "
+                                                                       "parsed in this process)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
 ) -> None:
     from extractors.kineto import ingest_paths
@@ -35,7 +38,7 @@ def ingest(
             def advance(done: int, total: int, path) -> None:
                 bar.update(task, completed=done, total=total, description=f"ingesting {Path(path).name}")
 
-            result = ingest_paths(paths, sample_store, progress=advance)
+            result = ingest_paths(paths, sample_store, progress=advance, jobs=jobs)
     for error in result.errors:
         err_console.print(f"error: {error['path']}: {error['error']}", markup=False, soft_wrap=True)
     if as_json:
