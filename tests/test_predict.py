@@ -420,3 +420,11 @@ def test_gpus_flag_sets_the_world_and_dp_follows():
     assert doc["world_size"] == 16 and doc["config"]["data_parallel_size"] == 16 // (2 * 2) and doc["nodes"] == 2
     res = run("--megatron-args", ARGS, "--hardware", "A100-SXM4-80GB", "--gpus", "6")
     assert res.exit_code == 2 and "world size 6 is not divisible by tp·pp·cp = 4" in res.stderr
+
+
+def test_short_help_and_version():
+    helped = runner.invoke(app, ["-h"])
+    assert helped.exit_code == 0 and "Usage" in helped.stdout and "search" in helped.stdout
+    assert runner.invoke(app, ["predict", "-h"]).exit_code == 0
+    version = runner.invoke(app, ["--version"])
+    assert version.exit_code == 0 and version.stdout.startswith("tracekit ")

@@ -1,14 +1,37 @@
 """The `tracekit` typer application that every command module registers on."""
+from typing import Optional
+
 import typer
 
 app = typer.Typer(
     name="tracekit",
     help=(
         "Predict and explain the iteration time of distributed LLM training from profiler traces.\n\n"
-        "Typical loop: tracekit capture → tracekit ingest → tracekit train → tracekit predict → tracekit validate."
+        "Typical loop: tracekit capture → tracekit ingest → tracekit train → tracekit predict → tracekit validate; "
+        "tracekit search for the best configuration of a job."
     ),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"tracekit {version('tracekit')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            typer.echo("tracekit (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    show_version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True,
+                                                help="Print tracekit's version and exit."),
+) -> None:
+    """The options every command shares (the app's help text is the Typer's)."""
