@@ -11,6 +11,7 @@ micro-batches (all of them when m = pp), with model chunk (k mod pp·vp) // pp f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 
 @dataclass(frozen=True)
@@ -91,45 +92,62 @@ def stage_order(stage: int, pp: int, vp: int, m: int) -> list[tuple[str, int, in
     return order
 
 
+@lru_cache(maxsize=256)
+def _plan(pp: int, vp: int, m: int) -> tuple[tuple[tuple, ...], ...]:
+    """Per stage, in Megatron's order: (kind, microbatch, chunk, dependency as (stage, position) or None, whether the
+    task ends with a P2P send). Shared by every configuration with the same pp, vp and micro-batches."""
+    orders = [stage_order(s, pp, vp, m) for s in range(pp)]
+    position = {(kind, s, c, i): k for s, order in enumerate(orders) for k, (kind, i, c) in enumerate(order)}
+    plan = []
+    for s, order in enumerate(orders):
+        rows = []
+        for kind, i, c in order:
+            dep = _dependency(kind, s, c, i, pp, vp)
+            rows.append((kind, i, c, None if dep is None else (dep[1], position[dep]), _sends(kind, s, c, pp, vp)))
+        plan.append(tuple(rows))
+    return tuple(plan)
+
+
 def simulate_pipeline(fwd: list[list[Work]], bwd: list[list[Work]], m: int, p2p_us: float = 0.0,
                       overlap_p2p: bool = False) -> list[list[Task]]:
     """Start/end of every task. fwd[s][c] / bwd[s][c]: one micro-batch of chunk c on stage s. A task's P2P send
     blocks its stage (1F1B's batched send/recv), or with `overlap_p2p` (Megatron-core's interleaved schedule)
     runs beside the stage's next task: the receiver still waits for it, the sender does not."""
     pp, vp = len(fwd), len(fwd[0])
-    orders = [stage_order(s, pp, vp, m) for s in range(pp)]
-    done: dict[tuple[str, int, int, int], float] = {}
+    plan = _plan(pp, vp, m)
+    arrival = [[0.0] * len(rows) for rows in plan]  # when each task's output reaches the task that waits on it
     tasks: list[list[Task]] = [[] for _ in range(pp)]
     clock = [0.0] * pp
-    pos = [0] * pp
-    remaining = sum(len(o) for o in orders)
+    count = [0] * pp
+    remaining = sum(len(rows) for rows in plan)
     while remaining:
-        progressed = False
+        before = remaining
         for s in range(pp):
-            order = orders[s]
-            while pos[s] < len(order):
-                kind, i, c = order[pos[s]]
-                dep = _dependency(kind, s, c, i, pp, vp)
-                if dep is not None and dep not in done:
-                    break
-                ready = done[dep] if dep is not None else 0.0
-                work = (fwd if kind == "F" else bwd)[s][c]
-                sends = _sends(kind, s, c, pp, vp)
-                send = p2p_us if sends else 0.0
-                start = max(clock[s], ready)
-                if overlap_p2p:
-                    end = start + work.total
-                    tasks[s].append(Task(kind, s, c, i, start, end, work, 0.0))
-                    done[(kind, s, c, i)] = end + send
+            rows, k, now, out, arrive = plan[s], count[s], clock[s], tasks[s], arrival[s]
+            while k < len(rows):
+                kind, i, c, dep, sends = rows[k]
+                if dep is None:
+                    ready = 0.0
+                elif count[dep[0]] > dep[1]:
+                    ready = arrival[dep[0]][dep[1]]
                 else:
-                    end = start + work.total + send
-                    tasks[s].append(Task(kind, s, c, i, start, end, work, send))
-                    done[(kind, s, c, i)] = end
-                clock[s] = end
-                pos[s] += 1
+                    break
+                work = (fwd if kind == "F" else bwd)[s][c]
+                send = p2p_us if sends else 0.0
+                start = now if now > ready else ready
+                if overlap_p2p:
+                    now = start + work.total
+                    out.append(Task(kind, s, c, i, start, now, work, 0.0))
+                    arrive[k] = now + send
+                else:
+                    now = start + work.total + send
+                    out.append(Task(kind, s, c, i, start, now, work, send))
+                    arrive[k] = now
+                k += 1
+                count[s] = k  # the last stage's backward waits on its own forward, earlier in its order
                 remaining -= 1
-                progressed = True
-        if not progressed:  # cannot happen for Megatron's orders; guards against an inconsistent schedule
+            clock[s] = now
+        if remaining == before:  # cannot happen for Megatron's orders; guards an inconsistent schedule
             raise RuntimeError("pipeline schedule deadlocked")
     return tasks
 
