@@ -1,7 +1,7 @@
 """The collective algorithm model (predictor.collectives) against every measured collective table in the corpus.
 
-Scores the α–β model over each table's cluster preset — vTrain's nccl-tests all-reduce tables of one 8×A100 NVSwitch
-node (as `dgx-a100`), the seed paper's NCCL samples on Perlmutter (4×A100 NVLink mesh per node, Slingshot) and
+Scores the α–β model over each table's cluster preset — vTrain's nccl-tests all-reduce tables of one 8×A100
+NVSwitch node (as `dgx-a100`), the seed paper's NCCL samples on Perlmutter (4×A100 NVLink mesh per node, Slingshot) and
 Vista (1 GH200 per node, NDR400) — beside the learned models of the bundled set on the same rows (which were
 trained on these very samples, so their figure is in-sample). Prints MAPE, median and signed bias per table.
 

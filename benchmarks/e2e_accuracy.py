@@ -64,7 +64,7 @@ def load(models, name: str):
     rows = [r for r in rows if not r.error]
     prepared = prepare_many([r.config for r in rows], [r.cluster for r in rows], models)
     keep = [i for i, p in enumerate(prepared) if not isinstance(p, Exception)]
-    failed += [rows[i] for i in range(len(rows)) if i not in set(keep)]
+    failed += [r for r, p in zip(rows, prepared) if isinstance(p, Exception)]
     rows, prepared = [rows[i] for i in keep], [prepared[i] for i in keep]
     measured = np.array([float(r.cells["iteration_time_s"]) for r in rows])
     return rows, prepared, measured, failed
@@ -96,7 +96,8 @@ def shapes(rows, predicted: np.ndarray, measured: np.ndarray, worst: int) -> Non
         c = rows[i].config
         print(f"    line {rows[i].line}: {c.world_size} GPUs L{c.num_layers} h{c.hidden_size} gbs "
               f"{c.global_batch_size} mb {c.micro_batch_size} tp{c.tp} pp{c.pp} dp{c.dp}: measured "
-              f"{measured[i]:.4g} s, predicted {predicted[i]:.4g} s ({100 * (predicted[i] - measured[i]) / measured[i]:+.1f}%)")
+              f"{measured[i]:.4g} s, predicted {predicted[i]:.4g} s "
+              f"({100 * (predicted[i] - measured[i]) / measured[i]:+.1f}%)")
 
 
 def peer_rows(rows) -> list[dict]:

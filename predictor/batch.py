@@ -4,8 +4,8 @@ Input columns are Megatron settings (short names as in those files). Cells are r
 them: a value may carry a note after it (`full (use_checkpoint=true)`, `fp16 mixed (...)`): the leading token is
 the value; an empty cell, `not stated`, `unknown` or `n/a` takes Megatron's default; an ambiguous cell
 (`fp16/bf16`) takes the default when it is among the alternatives, else the first; `selective (attention core
-only)` is `selective`. Every such substitution is reported in the row's `prediction_notes` output column (the corpus files have
-a `notes` column of their own, carried through).
+only)` is `selective`. Every such substitution is reported in the row's `prediction_notes` output column (the
+corpus files have a `notes` column of their own, carried through).
 
 What the row's stack and cluster were is read from the row: `framework` picks the software-stack profile
 (`predictor.stack`), `hardware_gpu` + `gpu_memory_gb` the hardware id (a datasheet entry; the closest installed
@@ -36,7 +36,6 @@ CONFIG_COLUMNS = (
     "vocab_size", "global_batch_size", "micro_batch_size", "tp", "pp", "dp", "cp", "sequence_parallel",
     "virtual_pipeline_stages", "activation_recompute", "precision", "num_gpus",
 )
-CLUSTER_COLUMNS = ("hardware_gpu", "gpu_memory_gb", "gpus_per_node", "interconnect")
 #: Optional extra columns understood when present: any TrainingConfig field name (e.g. attention, swiglu).
 BREAKDOWN = ("compute", "exposed_communication", "pipeline_bubble", "optimizer", "other")
 OUTPUT_COLUMNS = (
@@ -187,10 +186,9 @@ def _parallel_product(mapping: dict[str, Any]) -> tuple[int, str] | None:
     return product, "·".join(str(p) for p in parts)
 
 
-def output_row(cells: dict[str, str], prediction: Any = None, error: str | None = None,
-               notes: list[str] | None = None) -> dict[str, Any]:
-    """Input cells + prediction columns (blank on error)."""
-    out: dict[str, Any] = dict(cells)
+def output_row(row: BatchRow, prediction: Any = None, error: str | None = None) -> dict[str, Any]:
+    """The row's input cells + prediction columns (blank on error) + what was assumed reading it."""
+    out: dict[str, Any] = dict(row.cells)
     if prediction is not None:
         out["predicted_iteration_time_s"] = f"{prediction.iteration_time_s:.6g}"
         for key in BREAKDOWN:
@@ -201,13 +199,13 @@ def output_row(cells: dict[str, str], prediction: Any = None, error: str | None 
         out["predicted_memory_gb_per_gpu"] = f"{prediction.memory_gb_per_gpu['total']:.3g}"
         out["hardware_used"] = prediction.hardware_used
         out["cluster"] = prediction.cluster.name
-        out["stack"] = prediction.calibration.name.removeprefix("stack:")
+        out["stack"] = row.stack.name if row.stack else ""
         out["warnings"] = " | ".join(prediction.warnings)
         out["error"] = ""
     else:
         out.update({c: "" for c in OUTPUT_COLUMNS})
         out["error"] = error or "failed"
-    out["prediction_notes"] = " | ".join(notes or [])
+    out["prediction_notes"] = " | ".join(row.notes)
     return out
 
 

@@ -217,9 +217,10 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
             built.append(exc if isinstance(exc, ConfigError) else ConfigError(str(exc)))
             continue
         mapping = np.empty(len(graph.specs), dtype=np.int64)
+        links = (cluster.fingerprint(),)  # what a collective's estimate depends on besides its row
         for local_key, i in graph._index.items():
             collective = graph.specs[i]["primitive"] in COLLECTIVE_PRIMITIVES
-            key = (hardware, config.precision) + local_key + ((cluster.fingerprint(),) if collective else ())
+            key = (hardware, config.precision) + local_key + (links if collective else ())
             j = row_of.get(key)
             if j is None:
                 j = row_of[key] = len(rows)

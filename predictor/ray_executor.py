@@ -59,6 +59,7 @@ class RayExecutor:
     """Runs `evaluate` over shards of the candidates as Ray tasks and merges their rows."""
 
     def __init__(self, address: str | None = None, shard: int = SHARD, init_options: dict | None = None):
+        _ray()  # without Ray, say how to install it before any work is done
         self.address = address
         self.shard = shard
         self.init_options = init_options or {}

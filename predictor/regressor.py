@@ -11,7 +11,8 @@ Before fitting, samples that cannot be real measurements of the same operator ar
   larger shapes in the rest).
 Hyper-parameters (target, tree depth, rounds) are chosen by k-fold cross-validation on out-of-fold MAPE; among the
 configurations within 5% of the best, the smallest model is kept. A collective is learned as its plain time only
-(never as a ratio to the roofline, which no constraint keeps monotone), constrained to grow with the message size (a few noisy small-message samples must not make a larger message look quicker), and
+(never as a ratio to the roofline, which no constraint keeps monotone), constrained to grow with the message size
+(a few noisy small-message samples must not make a larger message look quicker), and
 between two sampled message sizes it is interpolated log-linearly (trees alone would answer a 7 MB all-reduce
 with the 4 MB sample's time).
 """

@@ -1,5 +1,5 @@
 """Configuration search: the splits Megatron accepts for a model on N GPUs, pruned by memory, predicted in one batched
-model call (`predict_many`), ranked.
+model call (`predict.prepare_many`), ranked.
 
 Public API:
 
@@ -26,13 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracekit.core.cluster import Cluster
-from tracekit.core.config import ALIASES, TrainingConfig
+from tracekit.core.config import TrainingConfig, setting_name
 from tracekit.core.errors import ConfigError
 from tracekit.core.hardware import hardware_spec
 
-from .graph import build_graph
 from .memory import memory_per_gpu
-from .predict import predict_many
+from .predict import compose, prepare_many
 
 SEARCH_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
                "micro_batch_size", "virtual_pipeline_model_parallel_size", "sequence_parallel",
@@ -59,16 +58,10 @@ def _divisors(n: int, limit: int | None = None) -> list[int]:
     return [d for d in range(1, (limit or n) + 1) if n % d == 0]
 
 
-def canonical(key: str) -> str:
-    """A Megatron argument name (flag or dest form, or an alias) as TrainingConfig's field name."""
-    dest = str(key).strip().lstrip("-").replace("-", "_").lower()
-    return ALIASES.get(dest, dest)
-
-
 def enumerate_configs(base: dict[str, Any], gpus: int, fixed: set[str]) -> tuple[list[TrainingConfig], int]:
     """Every candidate configuration Megatron accepts, and how many combinations it would refuse."""
-    model = TrainingConfig.from_mapping({**base, "world_size": gpus})
-    if "global_batch_size" not in {canonical(k) for k in base}:
+    model = TrainingConfig.from_mapping({**base, "world_size": gpus}, strict=True)  # a misspelt key is an error
+    if "global_batch_size" not in {setting_name(k) for k in base}:
         raise ConfigError("a search needs the global batch size (--global-batch-size): it is what the splits share")
 
     def options(key: str, values: list) -> list:
@@ -108,20 +101,22 @@ def enumerate_configs(base: dict[str, Any], gpus: int, fixed: set[str]) -> tuple
 
 def evaluate(configs: list[TrainingConfig], cluster: Cluster, models, calibration=None, gpus: int = 1,
              price_per_gpu_hour: float | None = None) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """One shard of the work: memory check, one batched prediction of what fits, candidate rows. Returns (rows,
-    {"memory": pruned, "failed": unpredictable}). The local executor runs it on everything, the Ray one per shard."""
+    """One shard of the work: graphs and operator estimates of every candidate in one batched model call, then
+    the schedule simulation of those whose memory fits. Returns (candidate rows, {"memory": pruned, "failed":
+    unpredictable}). The local executor runs it on everything, the Ray one per shard."""
     spec = hardware_spec(cluster.hardware)
-    fitting, memories, too_big = [], [], 0
-    for config in configs:
-        memory, _ = memory_per_gpu(build_graph(config, cluster.hardware, cluster.gpus_per_node))
+    rows, too_big, failed = [], 0, 0
+    for config, item in zip(configs, prepare_many(configs, cluster, models)):
+        if isinstance(item, Exception):
+            failed += 1
+            continue
+        memory, _ = memory_per_gpu(item[0])
         if spec is not None and memory["total"] > spec.memory_gb:
             too_big += 1
-        else:
-            fitting.append(config)
-            memories.append(memory)
-    rows, failed = [], 0
-    for config, memory, prediction in zip(fitting, memories, predict_many(fitting, cluster, models, calibration)):
-        if isinstance(prediction, Exception):
+            continue
+        try:
+            prediction = compose(*item, calibration=calibration)
+        except ConfigError:
             failed += 1
             continue
         seconds = prediction.iteration_time_s
@@ -148,7 +143,7 @@ def search(base: dict[str, Any], gpus: int, cluster: Cluster, models, fixed: set
     if objective == "cost" and not price_per_gpu_hour:
         raise ConfigError("the cost objective needs a price per GPU-hour (--price-per-gpu-hour)")
     start = time.perf_counter()
-    fixed = {canonical(k) for k in (fixed or set())}
+    fixed = {setting_name(k) for k in (fixed or set())}
     configs, rejected = enumerate_configs(base, gpus, fixed)
     if executor is None:
         candidates, pruned = evaluate(configs, cluster, models, calibration, gpus, price_per_gpu_hour)

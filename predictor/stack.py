@@ -15,7 +15,6 @@ Host constants are GPU facts: on a CPU (`cpu-*`) the framework time `tracekit sa
 """
 from __future__ import annotations
 
-import difflib
 import json
 import re
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from tracekit.core.errors import ConfigError
+from tracekit.core.errors import ConfigError, did_you_mean
 
 from .calibration import CONSTANTS, Calibration
 
@@ -49,10 +48,6 @@ class Stack:
         constants = {} if hardware.startswith("cpu-") else self.constants
         return Calibration(name=f"stack:{self.name}", description=self.description, fit=self.fit,
                            **{k: float(v) for k, v in constants.items()})
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "description": self.description, "match": list(self.match),
-                "config": self.config, "constants": self.constants, "fit": self.fit}
 
 
 def stack_path(name: str) -> Path:
@@ -90,9 +85,7 @@ def get_stack(name: str) -> Stack:
     known = stacks()
     if name in known:
         return known[name]
-    near = difflib.get_close_matches(name, list(known), n=1)
-    hint = f" (did you mean {near[0]!r}?)" if near else ""
-    raise ConfigError(f"unknown stack {name!r}{hint}; shipped: {', '.join(known)}")
+    raise ConfigError(f"unknown stack {name!r}{did_you_mean(name, known)}; shipped: {', '.join(known)}")
 
 
 def select_stack(text: str | None) -> tuple[Stack, str]:

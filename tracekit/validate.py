@@ -28,8 +28,7 @@ class PublishedRow:
     cluster: Any  # Cluster | None
     measured_s: float
     error: str | None
-    calibration: Any = None  # the row's stack constants (predictor Calibration) | None
-    notes: tuple[str, ...] = ()
+    parsed: Any = None  # the predictor.batch.BatchRow it was read as: its stack (and constants), what was assumed
 
 
 def parse_hardware_map(items: Iterable[str]) -> dict[str, str]:
@@ -87,7 +86,7 @@ def read_published(path: str | Path, hardware_map: dict[str, str] | None = None,
         hardware = next((hw for key, hw in (hardware_map or {}).items() if key.lower() in text.lower()), None)
         parsed = parse_row(row, line, hardware, None, overrides)
         rows.append(PublishedRow(line, row.get("row_ref") or f"line {line}", parsed.config, parsed.cluster,
-                                 measured, parsed.error, parsed.calibration, tuple(parsed.notes)))
+                                 measured, parsed.error, parsed))
     return rows
 
 
@@ -112,7 +111,7 @@ def validate_published(path: str | Path, hardware_map: dict[str, str] | None = N
     for first in range(0, len(good), batch):
         chunk = good[first:first + batch]
         results = predict_many([r.config for r in chunk], [r.cluster for r in chunk], models,
-                               [calibration or r.calibration for r in chunk])
+                               [calibration or r.parsed.calibration for r in chunk])
         for row, prediction in zip(chunk, results):
             if isinstance(prediction, Exception):
                 failed.append({"line": row.line, "ref": row.ref, "error": str(prediction)})
@@ -122,7 +121,8 @@ def validate_published(path: str | Path, hardware_map: dict[str, str] | None = N
             out_rows.append({
                 "line": row.line, "ref": row.ref, "hardware": row.cluster.hardware,
                 "hardware_used": prediction.hardware_used, "cluster": prediction.cluster.name,
-                "stack": prediction.calibration.name.removeprefix("stack:"), "notes": list(row.notes), "world_size": c.world_size, "tp": c.tp, "pp": c.pp,
+                "stack": row.parsed.stack.name, "notes": list(row.parsed.notes), "world_size": c.world_size,
+                "tp": c.tp, "pp": c.pp,
                 "dp": c.dp, "micro_batch_size": c.micro_batch_size, "global_batch_size": c.global_batch_size,
                 "num_layers": c.num_layers, "hidden_size": c.hidden_size,
                 "measured_s": row.measured_s, "predicted_s": predicted, "error_s": predicted - row.measured_s,

@@ -6,7 +6,6 @@ Library entry point: `capture(out_dir, argv, steps=...) -> Manifest`.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -16,14 +15,10 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 from tracekit.core.errors import ConfigError
-from tracekit.core.redact import redact_text
+from tracekit.core.redact import redact_line
 
 from .manifest import LOG_NAME, MANIFEST_NAME, Manifest, build, launcher_world, split_launch
 from .megatron_flags import StepRange, expected_trace_globs, parse_ranks, profiling_flags
-
-#: Cheap test of a log line before the full redaction (training logs are long; few lines hold anything secret).
-_MAYBE_SECRET = re.compile(rb"(?i)token|secret|pass|pwd|auth|cookie|key|credential|hf_|gh[pousr]_|github_pat|sk-|"
-                           rb"akia|xox|://|bearer|basic|[0-9a-f]{32}")
 
 HOOK_DIR = Path(__file__).resolve().parent / "hook"
 HOOK_TRACES = "traces"
@@ -39,7 +34,7 @@ def detect_mode(argv: list[str]) -> str:
 
 def run_teed(argv: list[str], log_path: Path, env: dict[str, str] | None = None, echo: bool = True) -> int:
     """Run `argv`; copy its stdout/stderr line by line to ours and, with credentials redacted
-    (`tracekit.core.redact.redact_text`), to `log_path`. Returns its exit code (128 + N when killed by signal N,
+    (`tracekit.core.redact.redact_line`), to `log_path`. Returns its exit code (128 + N when killed by signal N,
     127 when the command does not exist)."""
     lock = threading.Lock()
     with open(log_path, "wb") as log:
@@ -54,7 +49,7 @@ def run_teed(argv: list[str], log_path: Path, env: dict[str, str] | None = None,
 
         def pump(stream: BinaryIO, target: BinaryIO) -> None:
             for line in iter(stream.readline, b""):
-                kept = redact_text(line.decode("utf-8", "replace")).encode() if _MAYBE_SECRET.search(line) else line
+                kept = redact_line(line)
                 with lock:
                     log.write(kept)  # the log kept in the capture folder holds no credential
                     log.flush()

@@ -7,8 +7,8 @@ app = typer.Typer(
     name="tracekit",
     help=(
         "Predict and explain the iteration time of distributed LLM training from profiler traces.\n\n"
-        "Typical loop: tracekit capture → tracekit ingest → tracekit train → tracekit predict → tracekit validate; "
-        "tracekit search for the best configuration of a job."
+        "Typical loop: tracekit capture → tracekit ingest → tracekit train → tracekit predict → "
+        "tracekit validate; tracekit search for the best configuration of a job."
     ),
     no_args_is_help=True,
     add_completion=False,

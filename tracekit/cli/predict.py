@@ -34,7 +34,6 @@ def _cluster(hardware: Optional[str], gpus_per_node: Optional[int], cluster: Opt
     """The cluster named by --cluster (a preset name or a YAML/JSON file), else the usual node of --hardware
     (with a note saying what was assumed), else None."""
     from tracekit.core.cluster import default_cluster, load_cluster, preset
-    from tracekit.core.errors import ConfigError
     from tracekit.core.hardware import normalize_hardware
 
     hw = normalize_hardware(hardware) if hardware else None
@@ -42,15 +41,7 @@ def _cluster(hardware: Optional[str], gpus_per_node: Optional[int], cluster: Opt
         path = Path(cluster)
         if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
             return load_cluster(path, hw, gpus_per_node), None
-        try:
-            found = preset(cluster, hw)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
-        if gpus_per_node and gpus_per_node != found.gpus_per_node:
-            import dataclasses
-
-            found = dataclasses.replace(found, gpus_per_node=gpus_per_node)
-        return found, None
+        return preset(cluster, hw, gpus_per_node), None
     if hw is None:
         return None, None
     return default_cluster(hw, gpus_per_node)
@@ -116,11 +107,12 @@ def predict_command(
                 text = log.read_text(errors="replace")
             except OSError as exc:
                 raise InputError(log, f"cannot read ({exc.strerror or exc})") from exc
+        is_log = text is not None and (megatron_log is not None or bool(ARGS_BEGIN.search(text)))
         shown = stack_of_arguments(parse_arguments_block(text, str(log))) \
-            if text is not None and ARGS_BEGIN.search(text) else None
+            if is_log and ARGS_BEGIN.search(text) else None
         profile = get_stack(stack) if stack else (shown or get_stack(DEFAULT))
-        if megatron_log is not None:
-            cfg = TrainingConfig.from_megatron_log(text, str(megatron_log), profile.config)
+        if is_log:  # the text already read: a --megatron-log, or a CONFIG that is a log
+            cfg = TrainingConfig.from_megatron_log(text, str(log), profile.config)
         elif config is not None:
             cfg = TrainingConfig.from_file(config, profile.config)
         else:
@@ -165,6 +157,7 @@ def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, 
     from predictor.calibration import load_calibration
     from predictor.models import ModelSet
     from predictor.predict import predict_many
+    from tracekit.core.hardware import normalize_hardware
 
     if out is None:
         fail("--batch needs --out FILE.csv")
@@ -172,8 +165,8 @@ def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, 
     header, cells = B.read_rows(path)
     cal = load_calibration(calibration) if calibration else None
     models = ModelSet.load(models_dir)
-    rows = [B.parse_row(c, i + 2, hardware and _normal(hardware), gpus_per_node, overrides, stack, cluster)
-            for i, c in enumerate(cells)]
+    hw = normalize_hardware(hardware) if hardware else None
+    rows = [B.parse_row(c, i + 2, hw, gpus_per_node, overrides, stack, cluster) for i, c in enumerate(cells)]
     good = [r for r in rows if r.error is None]
     with progress(quiet=as_json) as bar:
         task = bar.add_task("predicting", total=len(rows))
@@ -186,13 +179,13 @@ def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, 
         result = by_line.get(r.line)
         if r.error is not None or isinstance(result, Exception):
             message = r.error or str(result)
-            output.append(B.output_row(r.cells, error=message, notes=r.notes))
+            output.append(B.output_row(r, error=message))
             failures.append((r.line, message))
         else:
-            output.append(B.output_row(r.cells, result, notes=r.notes))
+            output.append(B.output_row(r, result))
             used.add(result.hardware_used)
             clusters.add(result.cluster.name)
-            stacks.add(result.calibration.name.removeprefix("stack:"))
+            stacks.add(r.stack.name)
     B.write_rows(out, header, output)
     summary = {"input": str(path), "output": str(out), "rows": len(rows), "predicted": len(rows) - len(failures),
                "failed": [{"line": line, "error": msg} for line, msg in failures], "hardware_used": sorted(used),
@@ -209,12 +202,6 @@ def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, 
             err_console.print(f"error: {path}: line {line}: {msg}", markup=False, soft_wrap=True)
     if failures:
         raise typer.Exit(EXIT_PARTIAL if len(failures) < len(rows) else 2)
-
-
-def _normal(hardware: str) -> str:
-    from tracekit.core.hardware import normalize_hardware
-
-    return normalize_hardware(hardware)
 
 
 def _print_prediction(p) -> None:

@@ -28,7 +28,8 @@ Examples:
 @app.command("search", help=HELP)
 def search_command(
     config: Optional[Path] = typer.Argument(None, help="Job: YAML/JSON of Megatron argument names."),
-    megatron_args: Optional[str] = typer.Option(None, "--megatron-args", help="Job as Megatron command-line arguments."),
+    megatron_args: Optional[str] = typer.Option(None, "--megatron-args",
+                                                help="Job as Megatron command-line arguments."),
     gpus: int = typer.Option(..., "--gpus", min=1, help="GPUs the job gets (world size)."),
     hardware: Optional[str] = typer.Option(None, "--hardware", help="GPU hardware id, e.g. H100-80GB-HBM3."),
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=1, help="GPUs per node."),
@@ -42,8 +43,9 @@ def search_command(
                                                               "--price-per-gpu-hour)"),
     executor: str = typer.Option("local", "--executor", help="local (this process) | ray (Ray tasks; local Ray "
                                                              "started on demand; needs `tracekit[ray]`)"),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="An existing Ray cluster for "
-                                                                          "--executor ray (e.g. auto, ray://head:10001)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address",
+                                              help="An existing Ray cluster for --executor ray (e.g. auto, "
+                                                   "ray://head:10001)."),
     price: Optional[float] = typer.Option(None, "--price-per-gpu-hour", min=0.0, help="For --objective cost."),
     models_dir: Optional[Path] = typer.Option(None, "--models", help="Model directory (default: bundled models)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
@@ -52,9 +54,9 @@ def search_command(
         import yaml
 
         from predictor.models import ModelSet
-        from predictor.search import SEARCH_KEYS, canonical, search
+        from predictor.search import SEARCH_KEYS, search
         from predictor.stack import DEFAULT, get_stack
-        from tracekit.core.config import check_settings, parse_megatron_argv
+        from tracekit.core.config import check_settings, parse_megatron_argv, setting_name
         from tracekit.core.errors import InputError
 
         from .predict import _cluster
@@ -70,10 +72,10 @@ def search_command(
                 raise InputError(config, "a job is a mapping of Megatron argument names to values")
         else:
             base = parse_megatron_argv(megatron_args)
-        opened = {canonical(k) for k in (vary or "").split(",") if k.strip()}
+        opened = {setting_name(k) for k in (vary or "").split(",") if k.strip()}
         if opened - {"all"}:
             check_settings({k: 1 for k in opened - {"all"}})
-        fixed = set() if "all" in opened else {canonical(k) for k in base} - opened
+        fixed = set() if "all" in opened else {setting_name(k) for k in base} - opened
         profile = get_stack(stack or DEFAULT)
         base = {**profile.config, **base}
         where, note = _cluster(hardware, gpus_per_node, cluster_name)
@@ -84,9 +86,8 @@ def search_command(
             fail(f"--executor must be local or ray, not {executor!r}")
         runner = None
         if executor == "ray":
-            from predictor.ray_executor import RayExecutor, _ray
+            from predictor.ray_executor import RayExecutor
 
-            _ray()  # says how to install Ray before any work when it is missing
             runner = RayExecutor(ray_address)
         with progress(quiet=as_json) as bar:
             bar.add_task(f"searching ({executor})", total=None)

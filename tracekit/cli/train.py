@@ -98,10 +98,7 @@ def _sampled_clusters(items: list[str]) -> dict[str, str]:
         hw, eq, name = item.partition("=")
         if not eq or not hw.strip() or not name.strip():
             raise ConfigError(f"--cluster expects HW=PRESET (e.g. A100-SXM4-80GB=perlmutter), got {item!r}")
-        try:
-            out[normalize_hardware(hw.strip())] = preset(name.strip()).name
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
+        out[normalize_hardware(hw.strip())] = preset(name.strip()).name
     return out
 
 

@@ -13,12 +13,11 @@ from YAML/JSON with the same keys; `infer_cluster` picks a preset from what a pu
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InputError
+from .errors import ConfigError, InputError, did_you_mean
 from .hardware import hardware_spec, normalize_hardware
 
 FABRICS = ("nvswitch", "nvlink", "pcie", "xgmi", "none")
@@ -104,15 +103,18 @@ ALIASES = {"dgx-a100-superpod": "selene", "dgxa100": "dgx-a100", "dgxh100": "dgx
 LOCAL = "local"
 
 
-def preset(name: str, hardware: str | None = None) -> Cluster:
-    """A named preset (case-insensitive), optionally with another hardware id; ValueError naming the known ones."""
+def preset(name: str, hardware: str | None = None, gpus_per_node: int | None = None) -> Cluster:
+    """A named preset (case-insensitive), optionally with another hardware id or node size; ConfigError naming the
+    known ones."""
     key = ALIASES.get(name.lower(), name.lower())
     if key not in PRESETS:
-        near = difflib.get_close_matches(key, list(PRESETS), n=1)
-        hint = f" (did you mean {near[0]!r}?)" if near else ""
-        raise ValueError(f"unknown cluster {name!r}{hint}; presets: {', '.join(PRESETS)}")
+        raise ConfigError(f"unknown cluster {name!r}{did_you_mean(key, PRESETS)}; presets: {', '.join(PRESETS)}")
     found = PRESETS[key]
-    return found.with_hardware(hardware) if hardware else found
+    if hardware:
+        found = found.with_hardware(hardware)
+    if gpus_per_node and gpus_per_node != found.gpus_per_node:
+        found = dataclasses.replace(found, gpus_per_node=gpus_per_node)
+    return found
 
 
 def load_cluster(path: str | Path, hardware: str | None = None, gpus_per_node: int | None = None) -> Cluster:
@@ -131,9 +133,8 @@ def load_cluster(path: str | Path, hardware: str | None = None, gpus_per_node: i
     allowed = {f.name for f in dataclasses.fields(Cluster)} | {"preset"}
     unknown = sorted(set(data) - allowed)
     if unknown:
-        near = difflib.get_close_matches(unknown[0], sorted(allowed), n=1)
-        hint = f" (did you mean {near[0]!r}?)" if near else ""
-        raise InputError(path, f"unknown key(s) {unknown}{hint}; allowed: {sorted(allowed)}")
+        raise InputError(path, f"unknown key(s) {unknown}{did_you_mean(unknown[0], sorted(allowed))}; "
+                               f"allowed: {sorted(allowed)}")
     try:
         base = preset(str(data.pop("preset"))).to_dict() if "preset" in data else {"name": path.stem}
         base.update(data)
@@ -145,7 +146,7 @@ def load_cluster(path: str | Path, hardware: str | None = None, gpus_per_node: i
             raise ValueError("no `hardware` (or `preset`)")
         base["hardware"] = normalize_hardware(str(base["hardware"]))
         return Cluster(**base)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, ConfigError) as exc:
         raise InputError(path, str(exc)) from exc
 
 
@@ -166,7 +167,7 @@ def default_cluster(hardware: str, gpus_per_node: int | None = None) -> tuple[Cl
     elif "MI300" in upper:
         name = "mi300x"
     elif "A100" in upper or "A800" in upper:
-        name = "dgx-a100" if (gpus_per_node or 8) == 8 else "perlmutter" if gpus_per_node == 4 else "dgx-a100"
+        name = "perlmutter" if gpus_per_node == 4 else "dgx-a100"
     else:
         name = ""
     if not name:
@@ -175,9 +176,9 @@ def default_cluster(hardware: str, gpus_per_node: int | None = None) -> tuple[Cl
                        intra_node_gbs=spec.intra_node_gbs if spec else None,
                        inter_node_gbs=spec.inter_node_gbs if spec else None), \
             f"no cluster preset for {hardware}: datasheet links, 8 GPUs per node"
-    found = preset(name, hardware)
-    if gpus_per_node and gpus_per_node != found.gpus_per_node:
-        found = dataclasses.replace(found, gpus_per_node=gpus_per_node, name=f"{name}-like")
+    found = preset(name, hardware, gpus_per_node)
+    if found.gpus_per_node != PRESETS[name].gpus_per_node:
+        found = dataclasses.replace(found, name=f"{name}-like")
     return found, f"cluster {found.name} assumed ({found.gpus_per_node} GPUs per node, {found.fabric})"
 
 
@@ -215,14 +216,12 @@ def infer_cluster(hardware: str, gpus_per_node: int | None = None, text: str = "
     note = ""
     for pattern, name in _INTERCONNECT_HINTS:
         if pattern.search(text or ""):
-            cluster = preset(name, hardware)
-            if gpus_per_node and gpus_per_node != cluster.gpus_per_node:
-                cluster = dataclasses.replace(cluster, gpus_per_node=gpus_per_node)
+            cluster = preset(name, hardware, gpus_per_node)
             break
     else:
         cluster, note = default_cluster(hardware, gpus_per_node)
         if re.search(r"pcie", text or "", re.I) and cluster.fabric != "pcie":
-            cluster = dataclasses.replace(preset("pcie", hardware), gpus_per_node=gpus_per_node or 8)
+            cluster = preset("pcie", hardware, gpus_per_node)
             note = f"cluster pcie assumed from the interconnect text ({cluster.gpus_per_node} GPUs per node)"
     network = stated_network_gbs(text, cluster.gpus_per_node)
     if network:

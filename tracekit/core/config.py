@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .errors import ConfigError, InputError
+from .errors import ConfigError, InputError, did_you_mean
 
 ARGS_BEGIN = re.compile(r"-{3,}\s*arguments\s*-{3,}")
 ARGS_END = re.compile(r"-{3,}\s*end of arguments\s*-{3,}")
@@ -176,12 +176,9 @@ class TrainingConfig:
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be ≥ 1, got {getattr(self, name)}")
         tp, pp, cp, dp, vp = self.tp, self.pp, self.cp, self.dp, self.vp
-        for name, value, limit in (("num_layers", self.num_layers, LIMITS["num_layers"]),
-                                   ("world size", self.world_size, LIMITS["world_size"]),
-                                   ("hidden_size", self.hidden_size, LIMITS["hidden_size"]),
-                                   ("seq_length", self.seq_length, LIMITS["seq_length"]),
-                                   ("global_batch_size", self.global_batch_size, LIMITS["global_batch_size"])):
-            if int(value) > limit:
+        for name, limit in LIMITS.items():
+            value = getattr(self, name, None)  # micro-batches: checked below, once the split is known valid
+            if value is not None and int(value) > limit:
                 raise ConfigError(f"{name} {value} is beyond what tracekit simulates (at most {limit:,}); "
                                   "is it a typo?")
         if self.num_attention_heads % tp:
@@ -242,13 +239,13 @@ class TrainingConfig:
         if strict:
             _refuse_near_misses(mapping, known)
         for raw_key, raw in mapping.items():
-            key = ALIASES.get(_dest(raw_key), _dest(raw_key))
+            key = setting_name(raw_key)
             value = _scalar(raw)
             if value is None:
                 continue
             _apply(key, value, values, extra, known)
         for raw_key, raw in (defaults or {}).items():
-            key = ALIASES.get(_dest(raw_key), _dest(raw_key))
+            key = setting_name(raw_key)
             if key not in values and _scalar(raw) is not None:
                 _apply(key, _scalar(raw), values, extra, known)
         missing = [n for n in ("num_layers", "hidden_size", "num_attention_heads", "seq_length") if n not in values]
@@ -366,6 +363,11 @@ def _dest(name: str) -> str:
     return str(name).strip().lstrip("-").replace("-", "_").lower()
 
 
+def setting_name(key: str) -> str:
+    """A Megatron argument name (flag or dest form, or an alias such as `tp`) as TrainingConfig's field name."""
+    return ALIASES.get(_dest(key), _dest(key))
+
+
 def _scalar(raw: Any) -> Any:
     """Strings from logs/CSV cells → Python values; a note after the value ('full (use_checkpoint=true)') is cut."""
     if not isinstance(raw, str):
@@ -393,16 +395,14 @@ _READ = ("fp16", "bf16", "fp8_format", "params_dtype", "recompute_activations", 
 def _refuse_near_misses(mapping: dict[str, Any], known: set[str], only_known: bool = False) -> None:
     """ConfigError for the first key that is not a setting tracekit reads but is one letter or two away from one
     (with `only_known`, for any key tracekit does not read)."""
-    import difflib
-
     names = sorted(known | set(ALIASES) | set(_READ))
     for raw_key in mapping:
         key = _dest(raw_key)
         if key in names:
             continue
-        near = difflib.get_close_matches(key, names, n=1, cutoff=0.85 if not only_known else 0.6)
-        if near:
-            raise ConfigError(f"unknown setting {raw_key!r} (did you mean {near[0]!r}?)")
+        hint = did_you_mean(key, names, cutoff=0.85 if not only_known else 0.6)
+        if hint:
+            raise ConfigError(f"unknown setting {raw_key!r}{hint}")
         if only_known:
             raise ConfigError(f"unknown setting {raw_key!r}: tracekit reads {', '.join(names)}")
 

@@ -25,3 +25,11 @@ class StoreError(TracekitError):
 
 class ModelError(TracekitError):
     """Regressor models are missing, unreadable or do not cover a request."""
+
+
+def did_you_mean(word: str, choices, cutoff: float = 0.6) -> str:
+    """` (did you mean 'x'?)` for the closest of `choices` to a mistyped `word`, or '' when none is close."""
+    import difflib
+
+    near = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
+    return f" (did you mean {near[0]!r}?)" if near else ""

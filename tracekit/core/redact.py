@@ -1,5 +1,5 @@
 """Keep process environments and credentials out of everything tracekit stores or prints: structures (`redact`),
-command lines (`redact_argv`) and lines of text such as a captured log (`redact_text`).
+command lines (`redact_argv`) and lines of text such as a captured log (`redact_text`, `redact_line` on bytes).
 
 A name says "credential" when one of its words (split at `-`, `_`, case changes) is token, secret, password, passwd,
 pwd, credential(s), auth, authorization, cookie or passphrase, or when its last word is key/keys after another word
@@ -43,13 +43,6 @@ def secret_name(name: str) -> bool:
     if any(w in _SECRET_WORDS for w in words):
         return True
     return len(words) >= 2 and words[-1] in ("key", "keys")
-
-
-def looks_secret(key: str, value: Any) -> bool:
-    """True when a key/value pair looks like a credential."""
-    if secret_name(str(key)):
-        return True
-    return isinstance(value, str) and bool(_SECRET_VALUE.search(value) or _LONG_HEX.search(value))
 
 
 def _scrub(text: str) -> str:
@@ -122,3 +115,15 @@ def redact_text(line: str) -> str:
         return match.group(0)
 
     return _TEXT_ASSIGNMENT.sub(assignment, _TEXT_FLAG.sub(assignment, _scrub(line)))
+
+
+#: Cheap test of a raw log line before the full rules (training logs are long; few lines hold anything secret).
+_MAYBE_SECRET = re.compile(rb"(?i)token|secret|pass|pwd|auth|cookie|key|credential|hf_|gh[pousr]_|github_pat|sk-|"
+                           rb"akia|xox|://|bearer|basic|[0-9a-f]{32}")
+
+
+def redact_line(line: bytes) -> bytes:
+    """`redact_text` of one raw output line (bytes in, bytes out), skipping lines that cannot hold a credential."""
+    if not _MAYBE_SECRET.search(line):
+        return line
+    return redact_text(line.decode("utf-8", "replace")).encode()
