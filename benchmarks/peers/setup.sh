@@ -32,15 +32,22 @@ command -v sha256sum >/dev/null 2>&1 || die "sha256sum not found (coreutils)"
 PYVER=$("$PY" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])') || die "'$PY' does not run"
 mkdir -p "$PEERS" || die "cannot create $PEERS"
 
+# fresh_venv LABEL DIR STAMP: 1 (nothing to do) when DIR holds a virtualenv set up for STAMP, else 0 after making
+# DIR a new empty virtualenv
+fresh_venv() {
+  if [ -x "$2/bin/python" ] && [ "$(cat "$2/.ready" 2>/dev/null)" = "$3" ]; then
+    say "$1: already set up in $2 ($3)"
+    return 1
+  fi
+  say "$1: creating venv $2 with $PY ($PYVER)"
+  rm -rf "$2"
+  "$PY" -m venv "$2" || die "'$PY -m venv $2' failed (python3-venv missing?)"
+}
+
 # ---------------------------------------------------------------------------------------------- llm-analysis
 LA=$PEERS/llm-analysis
 LA_STAMP="llm-analysis==0.2.2 python=$PYVER constraints=$(sha256sum "$HERE/llm-analysis-constraints.txt" | cut -c1-16)"
-if [ -x "$LA/bin/python" ] && [ "$(cat "$LA/.ready" 2>/dev/null)" = "$LA_STAMP" ]; then
-  say "llm-analysis: already set up in $LA ($LA_STAMP)"
-else
-  say "llm-analysis: creating venv $LA with $PY ($PYVER)"
-  rm -rf "$LA"
-  "$PY" -m venv "$LA" || die "'$PY -m venv $LA' failed (python3-venv missing?)"
+if fresh_venv llm-analysis "$LA" "$LA_STAMP"; then
   log=$PEERS/llm-analysis-setup.log
   say "llm-analysis: pip install llm-analysis==0.2.2 (pinned by benchmarks/peers/llm-analysis-constraints.txt; log $log)"
   if ! "$LA/bin/python" -m pip install --disable-pip-version-check -c "$HERE/llm-analysis-constraints.txt" \
@@ -60,12 +67,7 @@ fi
 ETT=$PEERS/ett
 ETT_STAMP="estimate-train-time@1ac4d5e44116 tarball=$(sha256sum "$ETT_TARBALL" | cut -c1-16) python=$PYVER constraints=$(sha256sum "$HERE/ett-constraints.txt" | cut -c1-16)"
 ett_rebuilt=0
-if [ -x "$ETT/bin/python" ] && [ "$(cat "$ETT/.ready" 2>/dev/null)" = "$ETT_STAMP" ]; then
-  say "estimate-train-time: already set up in $ETT"
-else
-  say "estimate-train-time: creating venv $ETT with $PY ($PYVER)"
-  rm -rf "$ETT"
-  "$PY" -m venv "$ETT" || die "'$PY -m venv $ETT' failed (python3-venv missing?)"
+if fresh_venv estimate-train-time "$ETT" "$ETT_STAMP"; then
   mkdir -p "$ETT/src" && tar -xzf "$ETT_TARBALL" -C "$ETT/src" || die "cannot unpack $ETT_TARBALL"
   [ -f "$ETT/src/estimate-train-time/pyproject.toml" ] || die "unexpected tarball layout: no estimate-train-time/pyproject.toml"
   log=$PEERS/ett-setup.log
