@@ -121,3 +121,53 @@ def test_sizes_past_any_real_job_are_refused_not_simulated_for_hours(args, messa
     base = "--hidden-size 1024 --num-attention-heads 16 --seq-length 1024 "
     with pytest.raises(ConfigError, match=message):
         TrainingConfig.from_megatron_args(base + args).validate()
+
+
+# Megatron's argparse (allow_abbrev=False) refuses any flag it does not define; tracekit does the same against the
+# flag list of its pinned Megatron-LM snapshot, so a typo cannot silently change the prediction.
+BASE = "--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024"
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--recompute-granularty full", "unknown setting 'recompute_granularty' (did you mean 'recompute_granularity'?)"),
+    ("--use-distributed-optimiser", "did you mean 'use_distributed_optimizer'?"),
+    ("--tensor-parallel-size 2", "unknown setting 'tensor_parallel_size'"),
+    ("--zebra-mode", "'zebra_mode': not a flag of Megatron-LM (NVIDIA/Megatron-LM@"),
+])
+def test_flags_megatron_does_not_have_are_refused(flag, message):
+    with pytest.raises(ConfigError, match="--allow-unknown") as info:
+        TrainingConfig.from_megatron_args(f"{BASE} {flag}")
+    assert message in str(info.value)
+
+
+def test_megatron_flags_tracekit_does_not_model_are_accepted_and_kept_aside():
+    argv = (f"{BASE} --lr 1e-4 --train-iters 100 --data-path 0.5 a 0.5 b --tokenizer-type GPT2BPETokenizer "
+            "--no-persist-layer-norm --use-mcore-models --transformer-impl local --attention-backend flash")
+    config = TrainingConfig.from_megatron_args(argv)
+    assert config.extra["lr"] == 1e-4 and config.train_iters == 100
+    assert config.extra["data_path"] == ["0.5", "a", "0.5", "b"] and config.extra["persist_layer_norm"] is False
+
+
+def test_a_switch_does_not_swallow_the_next_word():
+    # --use-mcore-models takes no value in Megatron's parser: the word after it is not its value
+    config = TrainingConfig.from_megatron_args(f"{BASE} --use-mcore-models stray-word --fp16")
+    assert config.extra["use_mcore_models"] is True and config.precision == "fp16"
+
+
+def test_allow_unknown_keeps_newer_flags_with_a_warning(tmp_path):
+    warnings: list[str] = []
+    config = TrainingConfig.from_megatron_args(f"{BASE} --zebra-mode 3 --sequence-paralel", unknown=warnings)
+    assert config.extra["zebra_mode"] == 3 and not config.sequence_parallel
+    assert len(warnings) == 2 and "did you mean 'sequence_parallel'?" in warnings[1]
+    job = tmp_path / "job.yaml"
+    job.write_text("num_layers: 4\nhidden_size: 1024\nnum_attention_heads: 16\nseq_length: 1024\nzebra_mode: 3\n")
+    with pytest.raises(InputError, match="job.yaml.*unknown setting 'zebra_mode'"):
+        TrainingConfig.from_file(job)
+    warnings.clear()
+    assert TrainingConfig.from_file(job, unknown=warnings).num_layers == 4 and "zebra_mode" in warnings[0]
+
+
+def test_a_megatron_log_from_a_newer_version_is_read_as_it_is():
+    # a log is what a real run accepted: arguments tracekit has never heard of are not an error there
+    log = LOG.replace("  bf16 ...", "  zebra_mode ...................................... 3\n  bf16 ...")
+    assert TrainingConfig.from_megatron_log(log).extra["zebra_mode"] == 3

@@ -428,3 +428,11 @@ def test_short_help_and_version():
     assert runner.invoke(app, ["predict", "-h"]).exit_code == 0
     version = runner.invoke(app, ["--version"])
     assert version.exit_code == 0 and version.stdout.startswith("tracekit ")
+
+
+def test_unknown_megatron_flags_need_allow_unknown_and_then_warn():
+    res = run("--megatron-args", ARGS + " --zebra-mode 3", "--hardware", "A100-SXM4-80GB")
+    assert res.exit_code == 2 and "unknown setting 'zebra_mode'" in res.stderr and "--allow-unknown" in res.stderr
+    res = run("--megatron-args", ARGS + " --zebra-mode 3", "--hardware", "A100-SXM4-80GB", "--allow-unknown",
+              "--json")
+    assert res.exit_code == 0 and "'zebra_mode' is not a flag of Megatron-LM" in res.stdout  # JSON warnings list

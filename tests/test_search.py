@@ -89,6 +89,12 @@ def test_cli_json_contract_vary_and_objectives():
     no_batch = runner.invoke(app, ["search", "--megatron-args", JOB.replace("--global-batch-size 32 ", ""),
                                    "--gpus", "8", "--hardware", "A100-SXM4-80GB"])
     assert no_batch.exit_code == 2 and "global batch size" in no_batch.stderr
+    typo = ["search", "--megatron-args", JOB + " --sequence-paralel", "--gpus", "8", "--hardware", "A100-SXM4-80GB"]
+    refused = runner.invoke(app, typo)
+    assert refused.exit_code == 2 and "did you mean 'sequence_parallel'?" in refused.stderr
+    allowed = runner.invoke(app, typo + ["--allow-unknown", "--json"])
+    assert allowed.exit_code == 0 and "not a flag of Megatron-LM" in allowed.stderr
+    assert json.loads(allowed.stdout)["candidates"]  # the unknown flag was kept aside, the search ran
 
 
 def test_ray_executor_gives_the_local_ranking(models):

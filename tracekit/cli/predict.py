@@ -76,6 +76,9 @@ def predict_command(
     out: Optional[Path] = typer.Option(None, "--out", help="Output CSV for --batch."),
     trace_out: Optional[Path] = typer.Option(None, "--trace-out", help="Write the predicted timeline as Kineto "
                                                                        "traces (rank-{r}.json) into this folder."),
+    allow_unknown: bool = typer.Option(False, "--allow-unknown", help="Accept settings that are not flags of the "
+                                                                      "Megatron-LM tracekit knows (e.g. from a newer "
+                                                                      "version): a warning, not an error."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     with user_errors():
@@ -111,12 +114,13 @@ def predict_command(
         shown = stack_of_arguments(parse_arguments_block(text, str(log))) \
             if is_log and ARGS_BEGIN.search(text) else None
         profile = get_stack(stack) if stack else (shown or get_stack(DEFAULT))
+        unknown: list[str] | None = [] if allow_unknown else None
         if is_log:  # the text already read: a --megatron-log, or a CONFIG that is a log
             cfg = TrainingConfig.from_megatron_log(text, str(log), profile.config)
         elif config is not None:
-            cfg = TrainingConfig.from_file(config, profile.config)
+            cfg = TrainingConfig.from_file(config, profile.config, unknown)
         else:
-            cfg = TrainingConfig.from_megatron_args(megatron_args, profile.config)
+            cfg = TrainingConfig.from_megatron_args(megatron_args, profile.config, unknown)
         if overrides:
             merged = {k: v for k, v in cfg.to_dict().items() if v is not None}
             merged.update(overrides)
@@ -133,6 +137,7 @@ def predict_command(
         prediction = predict(cfg, cluster, models, cal)
         if note:
             prediction.warnings.insert(0, note)
+        prediction.warnings[:0] = unknown or []
         if shown is not None and not stack:
             prediction.warnings.insert(0, f"stack {shown.name}: the log's arguments block shows it")
         written = []
@@ -239,4 +244,4 @@ def _print_prediction(p) -> None:
             f"{f['variant']} {f['pass']} ({f['path']}{', out of range' if f['out_of_range'] else ''})"
             for f in p.fallbacks[:8]) + (" ..." if len(p.fallbacks) > 8 else ""))
     for w in p.warnings:
-        console.print(f"[yellow]warning:[/yellow] {w}")
+        err_console.print(f"[yellow]warning:[/yellow] {w}")

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from .app import app
-from .output import console, fail, print_json, progress, user_errors
+from .output import console, err_console, fail, print_json, progress, user_errors
 
 HELP = """Find the best configuration of a job on N GPUs: every split Megatron accepts (tp, pp, dp, cp, virtual
 stages, micro-batch, sequence parallelism, activation recompute, distributed optimizer), pruned by the memory
@@ -48,6 +48,9 @@ def search_command(
                                                    "ray://head:10001)."),
     price: Optional[float] = typer.Option(None, "--price-per-gpu-hour", min=0.0, help="For --objective cost."),
     models_dir: Optional[Path] = typer.Option(None, "--models", help="Model directory (default: bundled models)."),
+    allow_unknown: bool = typer.Option(False, "--allow-unknown", help="Accept settings that are not flags of the "
+                                                                      "Megatron-LM tracekit knows (e.g. from a newer "
+                                                                      "version): a warning, not an error."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     with user_errors():
@@ -56,7 +59,8 @@ def search_command(
         from predictor.models import ModelSet
         from predictor.search import SEARCH_KEYS, search
         from predictor.stack import DEFAULT, get_stack
-        from tracekit.core.config import check_settings, parse_megatron_argv, setting_name
+        from tracekit.core.config import check_settings, own_setting_names, parse_megatron_argv, setting_name
+        from tracekit.core.megatron_arguments import refuse_unknown, unknown_settings
         from tracekit.core.errors import InputError
 
         from .predict import _cluster
@@ -72,6 +76,12 @@ def search_command(
                 raise InputError(config, "a job is a mapping of Megatron argument names to values")
         else:
             base = parse_megatron_argv(megatron_args)
+        warnings: list[str] | None = [] if allow_unknown else None
+        refuse_unknown(base, own_setting_names(), warnings)
+        strange = {key for key, _ in unknown_settings(base, own_setting_names())}  # kept aside, as predict does
+        base = {k: v for k, v in base.items() if k not in strange}
+        for line in warnings or []:
+            err_console.print(f"[yellow]warning:[/yellow] {line}")
         opened = {setting_name(k) for k in (vary or "").split(",") if k.strip()}
         if opened - {"all"}:
             check_settings({k: 1 for k in opened - {"all"}})

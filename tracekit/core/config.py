@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .errors import ConfigError, InputError, did_you_mean
+from .megatron_arguments import dest_form, is_switch, refuse_unknown
 
 ARGS_BEGIN = re.compile(r"-{3,}\s*arguments\s*-{3,}")
 ARGS_END = re.compile(r"-{3,}\s*end of arguments\s*-{3,}")
@@ -228,16 +229,17 @@ class TrainingConfig:
 
     @classmethod
     def from_mapping(cls, mapping: dict[str, Any], defaults: dict[str, Any] | None = None,
-                     strict: bool = False) -> "TrainingConfig":
-        """Build from Megatron argument names (dest or flag form) or their aliases; unknown keys go to `extra`.
-        `defaults` (e.g. a software stack's) fill the settings the mapping does not state. `strict` (a file or
-        command line a person typed, not a Megatron log) refuses a key that is a near-miss of a known one
-        (`micro_bach_size`) with a suggestion instead of keeping it aside unused."""
+                     strict: bool = False, unknown: list[str] | None = None) -> "TrainingConfig":
+        """Build from Megatron argument names (dest or flag form) or their aliases; keys tracekit does not read go
+        to `extra`. `defaults` (e.g. a software stack's) fill the settings the mapping does not state. `strict` (a
+        file or command line a person typed, not a Megatron log) refuses a key that is neither Megatron's nor
+        tracekit's (`micro_bach_size`, `--sequence-paralel`) with a suggestion, as Megatron's argparse would; given
+        an `unknown` list (the user's --allow-unknown), such keys are kept aside and a warning is appended to it."""
         known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         values: dict[str, Any] = {}
         extra: dict[str, Any] = {}
         if strict:
-            _refuse_near_misses(mapping, known)
+            refuse_unknown(mapping, own_setting_names(), unknown)
         for raw_key, raw in mapping.items():
             key = setting_name(raw_key)
             value = _scalar(raw)
@@ -266,11 +268,11 @@ class TrainingConfig:
         return config
 
     @classmethod
-    def from_megatron_args(cls, argv: str | Iterable[str], defaults: dict[str, Any] | None = None
-                           ) -> "TrainingConfig":
-        """Parse a Megatron command line (`--num-layers 24 --bf16 ...`); non-flag words are ignored; a misspelt flag
-        of a setting tracekit reads (`--sequence-paralel`) is an error with a suggestion."""
-        return cls.from_mapping(parse_megatron_argv(argv), defaults, strict=True)
+    def from_megatron_args(cls, argv: str | Iterable[str], defaults: dict[str, Any] | None = None,
+                           unknown: list[str] | None = None) -> "TrainingConfig":
+        """Parse a Megatron command line (`--num-layers 24 --bf16 ...`); non-flag words are ignored; a flag Megatron
+        does not have (`--sequence-paralel`) is an error with a suggestion (a warning in `unknown`, if given)."""
+        return cls.from_mapping(parse_megatron_argv(argv), defaults, strict=True, unknown=unknown)
 
     @classmethod
     def from_megatron_log(cls, text: str, path: str = "log", defaults: dict[str, Any] | None = None
@@ -279,8 +281,10 @@ class TrainingConfig:
         return cls.from_mapping(parse_arguments_block(text, path), defaults)
 
     @classmethod
-    def from_file(cls, path: str | Path, defaults: dict[str, Any] | None = None) -> "TrainingConfig":
-        """YAML or JSON mapping of Megatron argument names; a Megatron log file is recognized by its block."""
+    def from_file(cls, path: str | Path, defaults: dict[str, Any] | None = None,
+                  unknown: list[str] | None = None) -> "TrainingConfig":
+        """YAML or JSON mapping of Megatron argument names; a Megatron log file is recognized by its block. Unknown
+        keys: as `from_mapping(strict=True, unknown=...)`."""
         path = Path(path)
         try:
             text = path.read_text()
@@ -302,14 +306,18 @@ class TrainingConfig:
         if isinstance(data.get("arguments"), dict):
             data = data["arguments"]
         try:
-            return cls.from_mapping(data, defaults, strict=True)
+            return cls.from_mapping(data, defaults, strict=True, unknown=unknown)
         except ConfigError as exc:
             raise InputError(path, str(exc)) from exc
 
 
 def parse_megatron_argv(argv: str | Iterable[str]) -> dict[str, Any]:
-    """Megatron flags → {dest: value}; a flag with no value is True (`--no-x` sets x False)."""
+    """Megatron flags → {dest: value}; a flag with no value is True (`--no-x` sets x False). In a whole launch line
+    (`torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 24 ...`) only the flags after the script count."""
     words = shlex.split(argv) if isinstance(argv, str) else list(argv)
+    scripts = [i for i, w in enumerate(words) if w.endswith(".py") and not w.startswith("-")]
+    if scripts:
+        words = words[scripts[-1] + 1:]
     out: dict[str, Any] = {}
     i = 0
     while i < len(words):
@@ -317,17 +325,17 @@ def parse_megatron_argv(argv: str | Iterable[str]) -> dict[str, Any]:
         if word.startswith("--") and len(word) > 2:
             name, eq, inline = word[2:].partition("=")
             if eq:
-                out[_dest(name)] = inline
-            elif i + 1 < len(words) and not _is_flag(words[i + 1]):
+                out[dest_form(name)] = inline
+            elif i + 1 < len(words) and not _is_flag(words[i + 1]) and not is_switch(name):
                 values = []
                 while i + 1 < len(words) and not _is_flag(words[i + 1]):
                     values.append(words[i + 1])
                     i += 1
-                out[_dest(name)] = values[0] if len(values) == 1 else values
+                out[dest_form(name)] = values[0] if len(values) == 1 else values
             elif name.startswith("no-"):
-                out[_dest(name[3:])] = False
+                out[dest_form(name[3:])] = False
             else:
-                out[_dest(name)] = True
+                out[dest_form(name)] = True
         i += 1
     return out
 
@@ -359,13 +367,9 @@ def _is_flag(word: str) -> bool:
     return word.startswith("--") and not re.fullmatch(r"--?\d+(\.\d+)?", word)
 
 
-def _dest(name: str) -> str:
-    return str(name).strip().lstrip("-").replace("-", "_").lower()
-
-
 def setting_name(key: str) -> str:
     """A Megatron argument name (flag or dest form, or an alias such as `tp`) as TrainingConfig's field name."""
-    return ALIASES.get(_dest(key), _dest(key))
+    return ALIASES.get(dest_form(key), dest_form(key))
 
 
 def _scalar(raw: Any) -> Any:
@@ -392,25 +396,19 @@ _READ = ("fp16", "bf16", "fp8_format", "params_dtype", "recompute_activations", 
          "disable_bias_linear", "num_layers_per_virtual_pipeline_stage", "group_query_attention")
 
 
-def _refuse_near_misses(mapping: dict[str, Any], known: set[str], only_known: bool = False) -> None:
-    """ConfigError for the first key that is not a setting tracekit reads but is one letter or two away from one
-    (with `only_known`, for any key tracekit does not read)."""
-    names = sorted(known | set(ALIASES) | set(_READ))
-    for raw_key in mapping:
-        key = _dest(raw_key)
-        if key in names:
-            continue
-        hint = did_you_mean(key, names, cutoff=0.85 if not only_known else 0.6)
-        if hint:
-            raise ConfigError(f"unknown setting {raw_key!r}{hint}")
-        if only_known:
-            raise ConfigError(f"unknown setting {raw_key!r}: tracekit reads {', '.join(names)}")
+def own_setting_names() -> set[str]:
+    """Every setting name tracekit reads itself: TrainingConfig's fields, their aliases, and the Megatron
+    arguments it interprets."""
+    return ({f.name for f in dataclasses.fields(TrainingConfig)} - {"extra"}) | set(ALIASES) | set(_READ)
 
 
 def check_settings(mapping: dict[str, Any]) -> None:
     """ConfigError unless every key is a setting tracekit reads (e.g. `--set KEY=VALUE` overrides)."""
-    known = {f.name for f in dataclasses.fields(TrainingConfig)} - {"extra"}
-    _refuse_near_misses(mapping, known, only_known=True)
+    names = sorted(own_setting_names())
+    for raw_key in mapping:
+        if dest_form(raw_key) not in names:
+            raise ConfigError(f"unknown setting {raw_key!r}{did_you_mean(dest_form(raw_key), names)}: "
+                              f"tracekit reads {', '.join(names)}")
 
 
 def _apply(key: str, value: Any, values: dict, extra: dict, known: set[str]) -> None:
