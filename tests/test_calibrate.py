@@ -97,8 +97,10 @@ def test_calibration_lowers_the_error_predict_reports_and_loads_back(fitted):
     def mape(pred):
         return statistics.mean(abs(p - m) / m for p, m in zip(pred, measured))
 
-    if written["fit"]["params"]:  # constants were fitted: they lower the error on the runs they were fitted on
-        assert mape(after) < mape(before)
+    if written["fit"]["params"]:
+        # constants were fitted: the fit starts from a grid that holds the uncalibrated point and keeps its best
+        # round, so on the runs it was fitted on it can only lower the error (by how much depends on the captures)
+        assert mape(after) <= mape(before)
     else:  # the one-standard-error rule kept the models as they are (noisy captures): nothing changes
         assert after == before
     assert mape(after) == pytest.approx(written["fit"]["mape_in_sample"], rel=1e-9)
