@@ -6,9 +6,9 @@ then predict other configurations, run them, and compare predicted with measured
 Steps (all through the `tracekit` command, as a user would run them):
   1. tracekit sample --device cpu --ranks 2              (micro-benchmarks, gloo collectives over 2 processes)
   2. tracekit capture -- torchrun ... -m tracekit.reference   (4 training configurations, 2 ranks each, ingested)
-  3. tracekit train --store S --out M --hardware cpu-... --folds 2   (twice: on the samples alone, and on the
+  3. tracekit train --store S --models-out M --hardware cpu-... --folds 2   (twice: on the samples alone, and on the
      samples plus the captured runs, to show what the captures add)
-  4. tracekit calibrate CAPTURE... --models M --out cal.json   (per model set: a few global constants fitted to the
+  4. tracekit calibrate CAPTURE... --models M --calibration-out cal.json   (per model set: a few global constants fitted to the
      iteration times the captured runs measured without the profiler; which constants: chosen by leave-one-out)
   5. tracekit predict CONFIG --hardware cpu-... --gpus-per-node 2 --models M [--calibration cal.json] --json
      (other configurations; without and with the calibration)
@@ -161,14 +161,14 @@ def main() -> None:
     captures = [str(work / f"capture-{i}") for i in range(len(CAPTURED))]
     for label, store in sources.items():
         models_dir = store.with_name(store.name.replace("store", "models"))
-        timed(f"train ({label})", lambda: tracekit("train", "--store", str(store), "--out", str(models_dir),
+        timed(f"train ({label})", lambda: tracekit("train", "--store", str(store), "--models-out", str(models_dir),
                                                    "--hardware", hardware, "--folds", str(args.folds), "--json",
                                                    step=f"train ({label})"))
         predictions[label] = timed(f"predict ({label})", lambda: {
             name: predicted_ms(m, models_dir, hardware, work, name) for name, m in PREDICTED.items()})
         cal = models_dir.with_name(f"calibration-{models_dir.name}.json")
         fits[label] = json.loads(timed(f"calibrate ({label})", lambda: tracekit(
-            "calibrate", *captures, "--models", str(models_dir), "--params", CAL_PARAMS, "--out", str(cal), "--json",
+            "calibrate", *captures, "--models", str(models_dir), "--params", CAL_PARAMS, "--calibration-out", str(cal), "--json",
             step=f"calibrate ({label})")))
         predictions[f"{label} + calibration"] = timed(f"predict ({label} + calibration)", lambda: {
             name: predicted_ms(m, models_dir, hardware, work, name, cal) for name, m in PREDICTED.items()})
@@ -178,7 +178,7 @@ def main() -> None:
     def fit_alternatives():
         for i, params in enumerate(ALT_PARAMS):
             cal = work / f"calibration-alt-{i}.json"
-            tracekit("calibrate", *captures, "--models", str(models_dir), "--params", params, "--out", str(cal),
+            tracekit("calibrate", *captures, "--models", str(models_dir), "--params", params, "--calibration-out", str(cal),
                      "--json", step=f"calibrate ({params})")
             alternatives[params] = {name: predicted_ms(m, models_dir, hardware, work, name, cal)
                                     for name, m in PREDICTED.items()}

@@ -2,7 +2,7 @@
 
 For each set in ../shared/corpus/e2e — vTrain single node (727 rows, 2–8 A100), vTrain multi node (55 rows, 64–512
 A100), Narayanan 2021 Table 1 (10 rows, 32–3,072 A100 on Selene) — every row is predicted as
-`tracekit predict --batch FILE --out OUT` predicts it with no other flag: the software-stack profile from the row's
+`tracekit predict --batch FILE --csv-out OUT` predicts it with no other flag: the software-stack profile from the row's
 `framework`, the hardware from `hardware_gpu`, the cluster preset from `gpus_per_node` + `interconnect`
 (predictor.batch). Printed per set: MAPE, median and p90 of the absolute percentage error, per parallel shape
 (tp, pp, dp) with the signed bias, and the worst rows; beside it the same rows without any stack constants (the

@@ -73,7 +73,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.csv"
-        cmd = [tracekit, "predict", "--batch", str(E2E), "--out", str(out), "--set", "attention=unfused"]
+        cmd = [tracekit, "predict", "--batch", str(E2E), "--csv-out", str(out), "--set", "attention=unfused"]
         if args.models:
             cmd += ["--models", args.models]
         cli_batch = min(timed(lambda: subprocess.run(cmd, check=True, capture_output=True), args.repeat))

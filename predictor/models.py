@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from tracekit.core.atomic import atomic_write_json
+from tracekit.core.atomic import atomic_write_json, umask_mode
 from tracekit.core.errors import ModelError
 from tracekit.core.hardware import hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES, HOST_PRIMITIVES
@@ -204,6 +204,7 @@ def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    staging.chmod(umask_mode(folder=True))  # mkdtemp's folder is private; the model set is not
     summaries: list[dict] = []
     try:
         for (hardware, primitive, pass_, group), index in training_sets(samples):

@@ -61,9 +61,9 @@ def fitted(tmp_path_factory) -> dict:
     for name, model in RUNS.items():
         dirs.append(base / name)
         _capture(dirs[-1], store, launch_argv(2, **COMMON, **model))
-    cli("train", "--store", store, "--out", models, "--folds", "2", "--json")
+    cli("train", "--store", store, "--models-out", models, "--folds", "2", "--json")
     out = base / "cpu-cal.json"
-    doc = json.loads(cli("calibrate", *dirs, "--models", models, "--out", out, "--json").stdout)
+    doc = json.loads(cli("calibrate", *dirs, "--models", models, "--calibration-out", out, "--json").stdout)
     return {"base": base, "dirs": dirs, "models": models, "out": out, "doc": doc}
 
 
@@ -125,7 +125,7 @@ def test_auto_chooses_the_constants_by_their_real_held_out_error(fitted, tmp_pat
     for out in range(len(dirs)):
         cal = tmp_path / f"loo-{out}.json"
         cli("calibrate", *[d for i, d in enumerate(dirs) if i != out], "--models", fitted["models"],
-            "--params", ",".join(check["params"]), "--out", cal, "--json")
+            "--params", ",".join(check["params"]), "--calibration-out", cal, "--json")
         measured = _unprofiled_median_s(dirs[out] / "train.log")
         errors.append(abs(_predict_s(dirs[out], fitted["models"], "--calibration", cal) - measured) / measured)
     assert statistics.mean(errors) == pytest.approx(check["loo_mape"], rel=1e-6)
@@ -218,7 +218,7 @@ def test_bad_inputs_fail_with_one_line(fitted, tmp_path):
     # every iteration profiled: nothing measured without the profiler
     profiled = tmp_path / "profiled"
     _capture(profiled, tmp_path / "store", launch_argv(2, **{**COMMON, "train_iters": 5}, **RUNS["dp2"]))
-    done = cli("calibrate", dirs[0], profiled, "--models", models, "--params", "comm_scale", "--out",
+    done = cli("calibrate", dirs[0], profiled, "--models", models, "--params", "comm_scale", "--calibration-out",
                tmp_path / "never.json", check=False)
     assert done.exit_code == 2 and "no measured iteration times" in done.stderr and str(profiled) in done.stderr
     assert not (tmp_path / "never.json").exists()

@@ -331,7 +331,7 @@ def test_the_loop_continues_train_and_predict_on_the_captured_cpu_samples(tp_run
     out, _, store_dir = tp_run
     manifest = Manifest.load(out)
     models = out.parent / "models"
-    done = _cli("train", "--store", str(store_dir), "--out", str(models), "--folds", "2", "--json")
+    done = _cli("train", "--store", str(store_dir), "--models-out", str(models), "--folds", "2", "--json")
     assert done.returncode == 0, done.stderr[-1500:]
     index = json.loads((models / "index.json").read_text())
     trained = {(m["hardware"], m["primitive"], m["pass"]) for m in index["models"]}

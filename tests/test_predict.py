@@ -119,7 +119,7 @@ def test_batch_csv_with_a_bad_row(tmp_path):
     rows[1] = dict(rows[1], tp="3")  # 16 heads are not divisible by tp 3 (and the world no longer matches)
     src = _write_csv(tmp_path / "in.csv", header, rows)
     out = tmp_path / "out.csv"
-    res = run("--batch", str(src), "--out", str(out), "--set", "attention=unfused")
+    res = run("--batch", str(src), "--csv-out", str(out), "--set", "attention=unfused")
     assert res.exit_code == 1  # partly done
     assert "line 3" in res.stderr
     with open(out, newline="") as fh:
@@ -274,7 +274,7 @@ def test_defaults_predict_measured_runs_no_constant_was_fitted_on(tmp_path):
             ("vtrain_a100_multi_node.csv", 0.12, "megatron-deepspeed-2023", "dgx-a100+stated-network"),
             ("narayanan2021_table1_a100_selene.csv", 0.07, "megatron-lm-2021", "selene")):
         out = tmp_path / f"out-{name}"
-        res = run("--batch", str(E2E / name), "--out", str(out), "--json")
+        res = run("--batch", str(E2E / name), "--csv-out", str(out), "--json")
         assert res.exit_code == 0, res.output
         with open(out, newline="") as fh:
             got = list(csv.DictReader(fh))

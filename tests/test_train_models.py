@@ -104,7 +104,7 @@ def test_train_command_table_and_json(tmp_path):
         frame = ett.read_file(A100 / name)
         store.add(frame["source"].iloc[0], frame, {"path": name})
     out = tmp_path / "models"
-    result = runner.invoke(app, ["train", "--store", str(store.root), "--out", str(out), "--json", "--folds", "3"])
+    result = runner.invoke(app, ["train", "--store", str(store.root), "--models-out", str(out), "--json", "--folds", "3"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     keys = {(m["primitive"], m["pass"], m["group"]) for m in doc["models"]}
@@ -115,7 +115,7 @@ def test_train_command_table_and_json(tmp_path):
         assert model["cv_mape"] < 0.05  # both ops are smooth bandwidth-bound kernels
     table = runner.invoke(app, ["models", "--models", str(out)], env={"COLUMNS": "200"})
     assert table.exit_code == 0 and "RMSlayernorm" in table.stdout
-    empty = runner.invoke(app, ["train", "--store", str(tmp_path / "nothing"), "--out", str(tmp_path / "m2")])
+    empty = runner.invoke(app, ["train", "--store", str(tmp_path / "nothing"), "--models-out", str(tmp_path / "m2")])
     assert empty.exit_code == 2 and "no samples to train on" in empty.stderr
     assert not (tmp_path / "m2").exists()
 

@@ -28,7 +28,7 @@ def test_train_and_evaluate_on_an_ingested_trace(tmp_path):
     samples = SampleStore(store).read()
     assert (samples["primitive"] == "other").any()
     out = tmp_path / "models"
-    result = runner.invoke(app, ["train", "--store", str(store), "--out", str(out), "--folds", "3", "--json"])
+    result = runner.invoke(app, ["train", "--store", str(store), "--models-out", str(out), "--folds", "3", "--json"])
     assert result.exit_code == 0, result.output
     doc = _strict(result.stdout)
     trained = {(m["primitive"], m["pass"]) for m in doc["models"]}

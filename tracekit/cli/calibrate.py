@@ -22,7 +22,7 @@ the best held-out error win. Name them with --params to fit exactly those (at mo
 
 Examples:
 
-  tracekit calibrate runs/tp2 runs/pp2 runs/dp2 --models models/ --out cpu.json
+  tracekit calibrate runs/tp2 runs/pp2 runs/dp2 --models models/ --calibration-out cpu.json
 
   tracekit predict job.yaml --hardware cpu-amd-epyc --gpus-per-node 2 --models models/ --calibration cpu.json
 
@@ -59,7 +59,7 @@ def measured_run(run_dir: Path):
 def calibrate_command(
     run_dirs: list[Path] = typer.Argument(..., help="`tracekit capture` output folders (one per measured run)."),
     models_dir: Optional[Path] = typer.Option(None, "--models", help="Model directory (default: bundled models)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write the calibration JSON here (for predict "
+    out: Optional[Path] = typer.Option(None, "--calibration-out", help="Write the calibration JSON here (for predict "
                                                            "--calibration FILE)."),
     params: str = typer.Option("auto", "--params",
                                help="auto (chosen by leave-one-out; ≥ 3 runs), or comma-separated constants: "
@@ -67,7 +67,7 @@ def calibrate_command(
                                     "op_overhead_us, iteration_overhead_us."),
     regularization: float = typer.Option(0.01, "--regularization", min=0.0,
                                          help="Pull toward no calibration (0 = none)."),
-    name: Optional[str] = typer.Option(None, "--name", help="Calibration name (default: --out's file name)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Calibration name (default: --calibration-out's file name)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     chosen = "auto" if params.strip() == "auto" else tuple(p.strip() for p in params.split(",") if p.strip())

@@ -23,7 +23,7 @@ Examples:
   --micro-batch-size 4 --global-batch-size 64 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4
   --fp16" --hardware A100-SXM4-80GB --gpus-per-node 4 --json
 
-  tracekit predict --batch runs.csv --out predicted.csv
+  tracekit predict --batch runs.csv --csv-out predicted.csv
 
 With --batch, each row's stack (framework column), hardware and cluster (hardware_gpu, gpus_per_node,
 interconnect) are read from the row; the output's notes column says what was assumed where a cell did not say.
@@ -73,7 +73,7 @@ def predict_command(
     sets: list[str] = typer.Option([], "--set", help="KEY=VALUE Megatron setting that overrides the input (every "
                                                      "row with --batch; repeatable), e.g. --set attention=unfused."),
     batch: Optional[Path] = typer.Option(None, "--batch", help="CSV of configurations (e2e CSV column layout)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Output CSV for --batch."),
+    out: Optional[Path] = typer.Option(None, "--csv-out", help="Output CSV for --batch (required with it)."),
     trace_out: Optional[Path] = typer.Option(None, "--trace-out", help="Write the predicted timeline as Kineto "
                                                                        "traces (rank-{r}.json) into this folder."),
     allow_unknown: bool = typer.Option(False, "--allow-unknown", help="Accept settings that are not flags of the "
@@ -165,7 +165,7 @@ def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, 
     from tracekit.core.hardware import normalize_hardware
 
     if out is None:
-        fail("--batch needs --out FILE.csv")
+        fail("--batch needs --csv-out FILE.csv")
     cluster = _cluster(hardware, gpus_per_node, cluster_name)[0] if cluster_name else None
     header, cells = B.read_rows(path)
     cal = load_calibration(calibration) if calibration else None

@@ -17,13 +17,13 @@ from .output import console, print_json, progress, user_errors
         "on the samples in the store: XGBoost on shape + physics features predicting log(time / roofline), "
         "hyper-parameters by 5-fold cross-validation (≈1–3 min on 2 cores for the ~170k published samples). "
         "Samples that cannot be real (faster than the link allows) or form a separate mode orders of magnitude "
-        "away are set aside and reported. Writes XGBoost UBJ + JSON metadata (never pickle) to --out.\n\n"
-        "Example: tracekit train --store .tracekit --out models/ --hardware A100-SXM4-80GB"
+        "away are set aside and reported. Writes XGBoost UBJ + JSON metadata (never pickle) to --models-out.\n\n"
+        "Example: tracekit train --store .tracekit --models-out models/ --hardware A100-SXM4-80GB"
     ),
 )
 def train(
     store: Optional[Path] = typer.Option(None, "--store", help="Sample store (default $TRACEKIT_HOME or ./.tracekit)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Model directory to write (default <store>/models)."),
+    out: Optional[Path] = typer.Option(None, "--models-out", help="Model directory to write (default <store>/models)."),
     hardware: Optional[List[str]] = typer.Option(None, "--hardware", help="Only these hardware ids (repeatable)."),
     primitive: Optional[List[str]] = typer.Option(None, "--primitive", help="Only these primitives (repeatable)."),
     folds: int = typer.Option(5, "--folds", min=2, max=10, help="Cross-validation folds."),

@@ -1,4 +1,6 @@
-"""Write files so that readers never see a half-written one: temp file in the same folder, then rename."""
+"""Write files so that readers never see a half-written one: temp file in the same folder, then rename. The temp
+files and folders `tempfile` makes are private (0600/0700); what is published gets the mode the user's umask gives a
+new file or folder, as `open` and `mkdir` would."""
 from __future__ import annotations
 
 import json
@@ -6,6 +8,13 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+
+def umask_mode(folder: bool = False) -> int:
+    """The mode a new file (0666) or folder (0777) gets under this process's umask."""
+    mask = os.umask(0)  # the only way to read it; set straight back
+    os.umask(mask)
+    return (0o777 if folder else 0o666) & ~mask
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -18,6 +27,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, umask_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
