@@ -1,5 +1,5 @@
-"""The predicted timeline as Kineto-format Chrome traces (one `rank-{r}.json` per simulated rank), so Perfetto,
-HTA and `tracekit ingest` read predicted and real traces alike.
+"""The predicted timeline as Kineto-format Chrome traces (one `rank-{r}.json.gz` per simulated rank, or plain
+`rank-{r}.json`), so Perfetto, HTA and `tracekit ingest` read predicted and real traces alike.
 
 Each operator instance becomes a `cpu_op` (named as PyTorch/Megatron name it: aten::mm with `Input Dims`/`Input
 type`, record_param_comms with the collective metadata of PyTorch ≥ 2.3) holding a `cudaLaunchKernel`
@@ -11,8 +11,9 @@ marked `ProfilerStep#N` (CPU user_annotation and GPU gpu_user_annotation). Times
 """
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from tracekit.core.atomic import atomic_write_bytes
 from tracekit.core.hardware import hardware_spec
@@ -44,15 +45,21 @@ def default_ranks(graph: Graph) -> list[int]:
 
 
 def write_traces(prediction: "Prediction", out_dir: str | Path, ranks: list[int] | None = None,
-                 iterations: int = 2) -> list[Path]:
-    """Write one trace per simulated rank (default: first rank of each stage); returns the paths."""
+                 iterations: int = 2, compress: bool = True, progress: Callable[[Path], None] | None = None
+                 ) -> list[Path]:
+    """Write one trace per simulated rank (default: first rank of each stage), gzip-compressed unless `compress` is
+    False (a 7B model's two ranks are ~160 MB of JSON, ~10 MB gzipped); `progress(path)` after each file. Returns
+    the paths."""
     graph = prediction.graph
     ranks = ranks or default_ranks(graph)
     out = []
     for rank in ranks:
-        path = Path(out_dir) / f"rank-{rank}.json"
-        atomic_write_bytes(path, dumps(rank_trace(prediction, rank, iterations)))
+        path = Path(out_dir) / f"rank-{rank}.json{'.gz' if compress else ''}"
+        data = dumps(rank_trace(prediction, rank, iterations))
+        atomic_write_bytes(path, gzip.compress(data, compresslevel=3, mtime=0) if compress else data)
         out.append(path)
+        if progress:
+            progress(path)
     return out
 
 

@@ -108,7 +108,7 @@ def test_every_real_iteration_is_matched(run, diff):
         rank = _raw(path)["distributedInfo"]["rank"]
         steps[rank] = _steps(path)
     assert sorted(a["rank"] for a in report["alignment"]) == sorted(steps) == [0, 1]
-    predicted_steps = _steps(sorted(run["predicted"].glob("*.json"))[0])  # pp = 1: one predicted trace
+    predicted_steps = _steps(sorted(run["predicted"].glob("*.json.gz"))[0])  # pp = 1: one predicted trace
     for row in report["alignment"]:
         real = sorted(steps[row["rank"]])
         assert sorted(row["real_steps"] + row["dropped_steps"]) == real  # each step kept or named as warm-up
@@ -131,7 +131,7 @@ def test_every_real_iteration_is_matched(run, diff):
 def test_primitive_totals_equal_what_ingest_reports(run, diff):
     report = diff["report"]
     real = _ingest_totals(run["traces"], run["base"] / "store-real")
-    predicted = _ingest_totals(sorted(run["predicted"].glob("*.json")), run["base"] / "store-pred")
+    predicted = _ingest_totals(sorted(run["predicted"].glob("*.json.gz")), run["base"] / "store-pred")
     for side, expected in (("real", real), ("predicted", predicted)):
         got = report["totals"][side]
         assert set(got) == set(expected), side
@@ -345,7 +345,7 @@ def test_pipeline_stages_are_aligned_stage_by_stage(pp_run):
     # the real traces' folder sits in the capture run, whose manifest says pp = 2
     report = json.loads(cli("diff", pp_run["predicted"], pp_run["out"] / "tensorboard", "--json").stdout)
     assert [(s["stage"], s["ranks"]) for s in report["by_stage"]] == [(0, [0]), (1, [1])]
-    assert sorted(p.name for p in pp_run["predicted"].glob("*.json")) == ["rank-0.json", "rank-1.json"]
+    assert sorted(p.name for p in pp_run["predicted"].glob("*.json.gz")) == ["rank-0.json.gz", "rank-1.json.gz"]
     assert [(a["rank"], a["predicted_rank"]) for a in report["alignment"]] == [(0, 0), (1, 1)]
     real = report["breakdown"]["real"]
     assert real["pipeline_bubble"] > 0  # stages wait on each other

@@ -60,7 +60,27 @@ def test_timeline_holds_every_device_event_of_the_rank(rendered):
         svg = re.search(rf'<svg[^>]*id="{svg_id}".*?</svg>', dom, re.S).group(0)
         assert svg.count('<rect class="ev"') == len(device)  # the one profiled step holds all of them
         lanes = re.findall(r'<text x="4" y="\d+">([^<]+)</text>', svg)
-        assert lanes == streams
+        assert lanes == [f"{_kind(device, stream)} · {stream}" for stream in streams]
+
+
+def _kind(device: list[dict], stream: str) -> str:
+    """What mostly runs on a stream, by time, read straight from the trace: NCCL kernels, copies/sets, the rest."""
+    busy = {"communication": 0.0, "memory": 0.0, "compute": 0.0}
+    for e in device:
+        if str(e["tid"]) == stream:
+            kind = ("memory" if e["cat"] != "kernel" else
+                    "communication" if "nccl" in e["name"].lower() else "compute")
+            busy[kind] += e["dur"]
+    return max(busy, key=busy.get)
+
+
+def test_a_diff_of_a_run_with_itself_reads_as_no_error(rendered):
+    """The DLRM set against itself: a zero error is drawn neutral, not as a miss, and counts are whole operators."""
+    report, _, dom = rendered
+    assert report["iteration_time_s"]["error"] == 0
+    assert re.search(r'error: <b class="zero">\+0 s \(\+0\.0%\)</b>', dom)
+    counts = re.findall(r"<td>([^<]*)</td>", dom)
+    assert counts and not any(re.fullmatch(r"\d+\.\d+", c) for c in counts)  # no 288.5 operators
 
 
 def test_page_is_self_contained(rendered):

@@ -3,6 +3,7 @@ one batched model call, and predicted traces read back by HTA and `tracekit inge
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 
 import pytest
@@ -208,7 +209,7 @@ def test_trace_out_read_back_by_hta(tmp_path):
               "4", "--trace-out", str(tmp_path), "--json")
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
-    assert sorted(p.rsplit("/", 1)[1] for p in doc["trace_files"]) == ["rank-0.json", "rank-2.json"]
+    assert sorted(p.rsplit("/", 1)[1] for p in doc["trace_files"]) == ["rank-0.json.gz", "rank-2.json.gz"]
     from hta.trace_analysis import TraceAnalysis
 
     analysis = TraceAnalysis(trace_dir=str(tmp_path))
@@ -216,7 +217,12 @@ def test_trace_out_read_back_by_hta(tmp_path):
     breakdown = analysis.get_temporal_breakdown(visualize=False)
     assert (breakdown["compute_time(us)"] > 0).all()
     assert (breakdown["non_compute_time(us)"] > 0).all()  # NCCL kernels are communication to HTA
-    raw = json.loads((tmp_path / "rank-0.json").read_text())
+    raw = json.loads(gzip.decompress((tmp_path / "rank-0.json.gz").read_bytes()))
+    plain = tmp_path / "plain"
+    assert run("--megatron-args", ARGS + " --sequence-parallel", "--hardware", "A100-SXM4-80GB", "--gpus-per-node",
+               "4", "--trace-out", str(plain), "--trace-plain").exit_code == 0
+    assert sorted(p.name for p in plain.iterdir()) == ["rank-0.json", "rank-2.json"]
+    assert json.loads((plain / "rank-0.json").read_text()) == raw  # the same trace, uncompressed
     kernels = [e for e in raw["traceEvents"] if e.get("cat") == "kernel"]
     nccl = [e for e in kernels if e["name"].startswith("ncclDevKernel_")]
     assert {e["args"]["Process Group Description"] for e in nccl} >= {"TENSOR_MODEL_PARALLEL_GROUP",

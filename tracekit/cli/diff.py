@@ -6,8 +6,10 @@ from typing import Any, Optional
 
 import typer
 
+from tracekit.report.numbers import percent, seconds, signed_seconds
+
 from .app import app
-from .output import console, print_json, user_errors
+from .output import console, err_console, print_json, user_errors
 
 
 @app.command("diff")
@@ -45,12 +47,13 @@ def print_report(report: dict[str, Any]) -> None:
     it = report["iteration_time_s"]
     spread = it.get("real_spread") or {}
     console.print(
-        f"iteration time: real {_s(it['real'])} (± {_s(spread.get('std'))}, {spread.get('steps')} steps"
+        f"iteration time: real {seconds(it['real'])} (± {seconds(spread.get('std'))}, {spread.get('steps')} steps"
         + (f", warm-up step {spread['dropped_warmup_steps']} ignored" if spread.get("dropped_warmup_steps") else "")
-        + f"), predicted {_s(it['predicted'])}, error {_signed(it['error'])} ({_pct(it.get('rel_error'))})"
+        + f"), predicted {seconds(it['predicted'])}, error {signed_seconds(it['error'])} "
+          f"({percent(it.get('rel_error'), signed=True)})"
     )
     for warning in report.get("warnings", []):
-        console.print(f"[yellow]warning:[/] {warning}")
+        err_console.print(f"[yellow]warning:[/] {warning}")
     for title, rows, key in (("per primitive", report["by_primitive"], "primitive"),
                              ("per pass", report.get("by_pass", []), "pass"),
                              ("per stage", report["by_stage"], "stage")):
@@ -58,8 +61,8 @@ def print_report(report: dict[str, Any]) -> None:
         for col in (key, "real", "predicted", "error", "rel. error"):
             table.add_column(col, justify="left" if col == key else "right")
         for row in rows:
-            table.add_row(str(row[key]), _s(row["real_s"]), _s(row["predicted_s"]), _signed(row["error_s"]),
-                          _pct(row["rel_error"]))
+            table.add_row(str(row[key]), seconds(row["real_s"]), seconds(row["predicted_s"]),
+                          signed_seconds(row["error_s"]), percent(row["rel_error"], signed=True))
         console.print(table)
     breakdown = report.get("breakdown") or {}
     if breakdown.get("real") and breakdown.get("predicted"):
@@ -67,7 +70,7 @@ def print_report(report: dict[str, Any]) -> None:
         for col in ("part", "real", "predicted"):
             table.add_column(col, justify="left" if col == "part" else "right")
         for part in ("compute", "exposed_communication", "pipeline_bubble", "optimizer", "other"):
-            table.add_row(part, _s(breakdown["real"].get(part)), _s(breakdown["predicted"].get(part)))
+            table.add_row(part, seconds(breakdown["real"].get(part)), seconds(breakdown["predicted"].get(part)))
         console.print(table)
     if report["largest_contributors"]:
         console.print("largest contributors to the error:")
@@ -76,20 +79,6 @@ def print_report(report: dict[str, Any]) -> None:
     for side, label in (("real_only", "only in the real trace"), ("predicted_only", "only in the prediction")):
         rows = report["unmatched"].get(side) or []
         if rows:
-            console.print(f"{label}: " + ", ".join(f"{r['pass']} {r['primitive']} ({_s(r['time_s'])})" for r in rows))
+            console.print(f"{label}: " + ", ".join(f"{r['pass']} {r['primitive']} ({seconds(r['time_s'])})"
+                                                  for r in rows))
 
-
-def _s(value: Any) -> str:
-    if value is None:
-        return "—"
-    v = abs(float(value))
-    text = f"{v:.3f} s" if v >= 1 else f"{v * 1e3:.2f} ms" if v >= 1e-3 else f"{v * 1e6:.1f} µs"
-    return ("-" if float(value) < 0 else "") + text
-
-
-def _signed(value: Any) -> str:
-    return "—" if value is None else ("+" if float(value) >= 0 else "") + _s(value)
-
-
-def _pct(value: Any) -> str:
-    return "—" if value is None else f"{float(value) * 100:+.1f}%"

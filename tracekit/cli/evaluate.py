@@ -6,6 +6,8 @@ from typing import List, Optional
 
 import typer
 
+from tracekit.report.numbers import percent
+
 from .app import app
 from .output import console, err_console, print_json, user_errors
 
@@ -126,11 +128,9 @@ def _print(table, models_path: Path) -> None:
                           ("n", "right"), ("MAPE", "right"), ("median", "right"), ("p90", "right"),
                           ("out of range", "right"), ("paths", "left")):
         out.add_column(name, justify=justify)
-    def pct(value) -> str:
-        return "—" if value is None or value != value else f"{100 * value:.2f}%"
-
     for row in table.to_dict("records"):
-        out.add_row(row["hardware"], row["primitive"], row["pass"], row["variant"], str(row["n"]), pct(row["mape"]),
-                    pct(row["median_ape"]), pct(row["p90_ape"]), str(row["out_of_range"]),
+        out.add_row(row["hardware"], row["primitive"], row["pass"], row["variant"], str(row["n"]),
+                    percent(row["mape"], 2), percent(row["median_ape"], 2), percent(row["p90_ape"], 2),
+                    str(row["out_of_range"]),
                     ", ".join(f"{k} {v}" for k, v in row["paths"].items()))
     console.print(out)

@@ -75,7 +75,9 @@ def predict_command(
     batch: Optional[Path] = typer.Option(None, "--batch", help="CSV of configurations (e2e CSV column layout)."),
     out: Optional[Path] = typer.Option(None, "--csv-out", help="Output CSV for --batch (required with it)."),
     trace_out: Optional[Path] = typer.Option(None, "--trace-out", help="Write the predicted timeline as Kineto "
-                                                                       "traces (rank-{r}.json) into this folder."),
+                                                                       "traces (rank-{r}.json.gz) into this folder."),
+    trace_gzip: bool = typer.Option(True, "--trace-gzip/--trace-plain", help="--trace-out files gzip-compressed "
+                                                                            "(default) or plain JSON."),
     allow_unknown: bool = typer.Option(False, "--allow-unknown", help="Accept settings that are not flags of the "
                                                                       "Megatron-LM tracekit knows (e.g. from a newer "
                                                                       "version): a warning, not an error."),
@@ -142,9 +144,12 @@ def predict_command(
             prediction.warnings.insert(0, f"stack {shown.name}: the log's arguments block shows it")
         written = []
         if trace_out is not None:
-            from predictor.trace_out import write_traces
+            from predictor.trace_out import default_ranks, write_traces
 
-            written = write_traces(prediction, trace_out)
+            with progress(quiet=as_json) as bar:
+                task = bar.add_task("writing predicted traces", total=len(default_ranks(prediction.graph)))
+                written = write_traces(prediction, trace_out, compress=trace_gzip,
+                                       progress=lambda _: bar.advance(task))
     if as_json:
         doc = prediction.to_dict()
         if written:

@@ -6,6 +6,8 @@ from typing import List, Optional
 
 import typer
 
+from tracekit.report.numbers import percent
+
 from .app import app
 from .output import console, print_json, progress, user_errors
 
@@ -127,10 +129,6 @@ def outlier_note(meta: dict) -> str:
     return "; ".join(parts)
 
 
-def _pct(value) -> str:
-    return "—" if value is None else f"{100 * value:.2f}%"
-
-
 def print_models(metas: list[dict], caption: str) -> None:
     from rich.table import Table
 
@@ -142,5 +140,6 @@ def print_models(metas: list[dict], caption: str) -> None:
     for meta in metas:
         row = model_row(meta)
         table.add_row(row["hardware"], row["primitive"], row["pass"], row["group"], str(row["samples"]),
-                      _pct(row["cv_mape"]), _pct(row["median_ape"]), _pct(row["p90_ape"]), row["note"])
+                      percent(row["cv_mape"], 2), percent(row["median_ape"], 2), percent(row["p90_ape"], 2),
+                      row["note"])
     console.print(table)

@@ -7,8 +7,11 @@ error, `rect.bar-stage`), `chart-breakdown` (stacked iteration breakdown of each
 """
 from __future__ import annotations
 
+from collections import Counter
 from html import escape
 from typing import Any
+
+from .numbers import count, percent, seconds, signed_seconds
 
 COLORS = {
     "computation": "#4e79a7", "communication": "#e15759", "memory": "#59a14f", "other": "#9c9c9c",
@@ -23,7 +26,7 @@ body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
 h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}
 th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
-.summary span{display:inline-block;margin-right:24px}.pos{color:#b22}.neg{color:#26a}
+.summary span{display:inline-block;margin-right:24px}.pos{color:#b22}.neg{color:#26a}.zero{color:#222}
 .legend span{margin-right:14px}.sw{display:inline-block;width:10px;height:10px;margin-right:4px}
 svg text{font:11px system-ui,sans-serif}.warn{color:#a60}
 """
@@ -71,11 +74,11 @@ def _summary(report: dict, it: dict) -> str:
     rel = it.get("rel_error")
     spread = it.get("real_spread") or {}
     items = [
-        f"<span>real: <b>{_fmt_s(real)}</b>"
-        + (f" ± {_fmt_s(spread.get('std'))} over {spread.get('steps')} steps" if spread.get("steps") else "")
+        f"<span>real: <b>{seconds(real)}</b>"
+        + (f" ± {seconds(spread.get('std'))} over {spread.get('steps')} steps" if spread.get("steps") else "")
         + "</span>",
-        f"<span>predicted: <b>{_fmt_s(pred)}</b></span>",
-        f"<span>error: <b class='{_sign_class(it.get('error'))}'>{_fmt_signed_s(it.get('error'))}"
+        f"<span>predicted: <b>{seconds(pred)}</b></span>",
+        f"<span>error: <b class='{_sign_class(it.get('error'))}'>{signed_seconds(it.get('error'))}"
         f" ({_fmt_pct(rel)})</b></span>",
     ]
     inputs = report.get("inputs", {})
@@ -102,13 +105,14 @@ def _timeline_svg(svg_id: str, events: list[dict], span: float) -> str:
     if len(events) > MAX_TIMELINE_EVENTS:
         events = sorted(events, key=lambda e: -e["dur"])[:MAX_TIMELINE_EVENTS]
     lanes = sorted({str(e["lane"]) for e in events}, key=_lane_key)
-    width, left, lane_h = 1100, 120, 18
+    names = _lane_names(events)
+    width, left, lane_h = 1100, 150, 18
     height = 24 + lane_h * max(len(lanes), 1)
     scale = (width - left - 10) / span
     out = [f"<svg id='{svg_id}' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
            f"xmlns='http://www.w3.org/2000/svg'>"]
     for i, lane in enumerate(lanes):
-        out.append(f"<text x='4' y='{14 + i * lane_h + 12}'>{escape(lane[:18])}</text>")
+        out.append(f"<text x='4' y='{14 + i * lane_h + 12}'>{escape(names[lane][:24])}</text>")
     lane_index = {lane: i for i, lane in enumerate(lanes)}
     for e in events:
         x = left + e["ts"] * scale
@@ -122,7 +126,7 @@ def _timeline_svg(svg_id: str, events: list[dict], span: float) -> str:
     for frac in (0, 0.25, 0.5, 0.75, 1.0):
         x = left + frac * span * scale
         anchor = "end" if frac == 1.0 else "start" if frac == 0 else "middle"
-        out.append(f"<text x='{x:.1f}' y='10' text-anchor='{anchor}'>{_fmt_s(frac * span / 1e6)}</text>")
+        out.append(f"<text x='{x:.1f}' y='10' text-anchor='{anchor}'>{seconds(frac * span / 1e6)}</text>")
     out.append("</svg>")
     return "".join(out)
 
@@ -143,7 +147,7 @@ def _primitive_chart(rows: list[dict]) -> str:
             out.append(
                 f"<rect class='bar-{side}' data-primitive='{escape(str(r['primitive']))}' x='{left}' "
                 f"y='{y + j * 11}' width='{w:.2f}' height='10' fill='{COLORS[side]}'>"
-                f"<title>{side}: {_fmt_s(value)}</title></rect>"
+                f"<title>{side}: {seconds(value)}</title></rect>"
             )
         out.append(f"<text x='{left + 4 + max(r.get('real_s') or 0, r.get('predicted_s') or 0) / top * (width - left)}'"
                    f" y='{y + 14}'>{_fmt_pct(r.get('rel_error'))}</text>")
@@ -162,7 +166,7 @@ def _stage_chart(rows: list[dict]) -> str:
         y = 10 + i * row_h
         w = abs(v) / top * half
         x = mid if v >= 0 else mid - w
-        color = "#e15759" if v >= 0 else "#4e79a7"
+        color = "#e15759" if v > 0 else "#4e79a7" if v < 0 else COLORS["other"]
         out.append(f"<text x='4' y='{y + 14}'>stage {escape(str(r.get('stage')))}</text>")
         out.append(f"<rect class='bar-stage' data-stage='{escape(str(r.get('stage')))}' x='{x:.2f}' y='{y}' "
                    f"width='{w:.2f}' height='16' fill='{color}'><title>{_fmt_pct(v)}</title></rect>")
@@ -184,7 +188,7 @@ def _breakdown_chart(breakdown: dict) -> str:
             value = breakdown[side].get(part) or 0.0
             w = value / total * (width - left)
             out.append(f"<rect class='bar-part' data-part='{part}' x='{x:.2f}' y='{y}' width='{w:.2f}' height='22' "
-                       f"fill='{COLORS.get(part, COLORS['other'])}'><title>{part}: {_fmt_s(value)}</title></rect>")
+                       f"fill='{COLORS.get(part, COLORS['other'])}'><title>{part}: {seconds(value)}</title></rect>")
             x += w
     y = 12 + 30 * len(sides)
     for j, part in enumerate(PARTS):
@@ -236,8 +240,10 @@ def _cell(column: str, value: Any) -> str:
         return "—"
     if column == "rel_error":
         return _fmt_pct(value)
+    if column.endswith("_count"):  # a mean over ranks: whole operators
+        return count(value)
     if column.endswith("_s") or column in ("real", "predicted"):
-        return _fmt_signed_s(value) if column == "error_s" else _fmt_s(value)
+        return signed_seconds(value) if column == "error_s" else seconds(value)
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, list):
@@ -249,26 +255,26 @@ def _lane_key(lane: str) -> tuple:
     return (0, int(lane)) if lane.lstrip("-").isdigit() else (1, lane)
 
 
-def _fmt_s(value: Any) -> str:
-    if value is None:
-        return "—"
-    v = float(value)
-    if abs(v) >= 1:
-        return f"{v:.3f} s"
-    if abs(v) >= 1e-3:
-        return f"{v * 1e3:.2f} ms"
-    return f"{v * 1e6:.1f} µs"
-
-
-def _fmt_signed_s(value: Any) -> str:
-    if value is None:
-        return "—"
-    return ("+" if float(value) >= 0 else "−") + _fmt_s(abs(float(value)))
-
-
 def _fmt_pct(value: Any) -> str:
-    return "—" if value is None else f"{float(value) * 100:+.1f}%"
+    return percent(value, signed=True)
 
 
 def _sign_class(value: Any) -> str:
-    return "" if value is None else ("pos" if float(value) >= 0 else "neg")
+    """Red for a prediction above the measurement, blue below, neutral for none (a zero error is not a miss)."""
+    if value is None:
+        return ""
+    return "pos" if float(value) > 0 else "neg" if float(value) < 0 else "zero"
+
+
+def _lane_names(events: list[dict]) -> dict[str, str]:
+    """A timeline lane (a stream id, or a name the trace gave) labelled by what mostly runs on it: `compute · 7`,
+    `communication · 20`, `memory · 24`."""
+    kinds: dict[str, Counter] = {}
+    for e in events:
+        kinds.setdefault(str(e["lane"]), Counter())[e.get("category") or "other"] += e["dur"]
+    names = {}
+    for lane, seen in kinds.items():
+        kind = seen.most_common(1)[0][0]
+        kind = "compute" if kind == "computation" else kind
+        names[lane] = f"{kind} · {lane}" if lane.lstrip("-").isdigit() else lane
+    return names
