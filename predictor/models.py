@@ -367,7 +367,7 @@ class ModelSet:
                 return groups[name]
         return max(groups.values(), key=lambda m: m.meta.get("samples", 0))
 
-    def _sibling(self, hardware: str, primitive: str, pass_: str) -> str | None:
+    def sibling(self, hardware: str, primitive: str, pass_: str) -> str | None:
         """Another hardware id of the same GPU family with a model for this primitive and pass."""
         spec = hardware_spec(hardware)
         if spec is None:
@@ -523,7 +523,7 @@ class ModelSet:
     def _derive_sibling(self, sub: pd.DataFrame, rows: np.ndarray, duration, path, oor) -> None:
         keys = sub[["hardware", "primitive", "pass"]].astype(str)
         for (hw, prim, pass_), idx in keys.groupby(["hardware", "primitive", "pass"]).groups.items():
-            other = self._sibling(hw, prim, pass_)
+            other = self.sibling(hw, prim, pass_)
             if other is None:
                 continue
             pos = sub.index.get_indexer(idx)
