@@ -10,12 +10,14 @@ its UBJSON format, gzip-compressed; never pickle).
 Models are keyed by (hardware, primitive, pass, group). `group` is the sample `variant` for primitives whose
 variants are different kernels (the norms, softmaxes, element-wise ops, optimizer steps, activations), the topology
 `<nodes>x<ranks per node>` for collectives (plus a pooled `*` model over all measured topologies, which answers
-the others), and `*` (all variants pooled) for the rest. `predict` answers each operator row by one of three paths:
+the others), and `*` (all variants pooled) for the rest. `predict` answers each operator row by one of four paths:
 - `model`: a model of that hardware, primitive and pass;
 - `derived`: a collective composed from related models on that hardware (reduce_scatter ≈ all_gather at the same
   per-rank bytes, all_reduce ≈ reduce_scatter + all_gather of bytes/n, all_to_all ≈ all_gather of bytes/n,
   broadcast ≈ all_reduce · n/(2(n−1)), send_recv ≈ a 2-rank all_gather), or a compute primitive from a model of
   a sibling device (A100 40 GB ↔ 80 GB) scaled by the ratio of their roofline estimates;
+- `transfer`: a compute row of a GPU with a datasheet entry and no models, from the models of other GPUs through
+  their rooflines (`predictor.transfer`); the `sources` column names them with their weights;
 - `roofline`: the roofline estimate of `predictor.roofline` (no model covers the row).
 """
 from __future__ import annotations
@@ -43,6 +45,7 @@ from tracekit.core.samples import COLLECTIVE_PRIMITIVES, HOST_PRIMITIVES
 from .features import shape_features
 from .regressor import FitResult, fit, physics_table, predict
 from .roofline import Rates, estimate_us, rates, record_rates
+from .transfer import transfer
 
 FORMAT = "tracekit-models/1"
 INDEX = "index.json"
@@ -71,7 +74,7 @@ ALIASES = {
     "laststage": "lastStage_optimizer", "laststageoptimizer": "lastStage_optimizer",
     "optimizer": "optimizer", "adam": "optimizer", "gelu": "gelu",
 }
-OUTPUT_COLUMNS = ("duration_us", "path", "out_of_range")
+OUTPUT_COLUMNS = ("duration_us", "path", "out_of_range", "sources")
 
 
 def _norm(text: object) -> str:
@@ -365,7 +368,7 @@ class ModelSet:
                 return groups[name]
         return max(groups.values(), key=lambda m: m.meta.get("samples", 0))
 
-    def _sibling(self, hardware: str, primitive: str, pass_: str) -> str | None:
+    def sibling(self, hardware: str, primitive: str, pass_: str) -> str | None:
         """Another hardware id of the same GPU family with a model for this primitive and pass."""
         spec = hardware_spec(hardware)
         if spec is None:
@@ -379,8 +382,10 @@ class ModelSet:
         return None
 
     # -- prediction -------------------------------------------------------------------------------------------
-    def predict(self, ops: pd.DataFrame) -> pd.DataFrame:
-        """Duration (µs), path ('model' | 'derived' | 'roofline') and out_of_range for each operator row.
+    def predict(self, ops: pd.DataFrame, transfer_primitives: frozenset[str] | None = None) -> pd.DataFrame:
+        """Duration (µs), path ('model' | 'derived' | 'transfer' | 'roofline'), out_of_range and sources (the source
+        GPUs of transfer answers with their weights, '' otherwise) for each operator row. `transfer_primitives`:
+        the primitives that may take the transfer path (default: those `predictor.transfer` selected).
 
         `out_of_range` is True when a shape feature lies outside the range the answering model was trained on, and
         for roofline answers (no training data covers them). `duration_us` is NaN only for rows whose work even the
@@ -396,12 +401,21 @@ class ModelSet:
         duration = physics[1].copy() if n else np.zeros(0)  # the roofline answers rows no model takes
         path = np.full(n, "roofline", dtype=object)
         oor = np.ones(n, dtype=bool)
+        sources = np.full(n, "", dtype=object)
         done = self._predict_direct(frame, duration, path, oor, tag="model", physics=physics)
         missing = np.flatnonzero(~done)
         if len(missing):
             self._predict_derived(frame, missing, duration, path, oor)
-        return pd.DataFrame({"duration_us": duration.astype("float64"), "path": path, "out_of_range": oor},
-                            index=ops.index)
+            rest = missing[path[missing] == "roofline"]
+            t, named, t_oor, hit = transfer(self, frame, rest, transfer_primitives)
+            duration[rest[hit]], sources[rest[hit]], oor[rest[hit]] = t[hit], named[hit], t_oor[hit]
+            path[rest[hit]] = "transfer"
+        return pd.DataFrame({"duration_us": duration.astype("float64"), "path": path, "out_of_range": oor,
+                             "sources": sources}, index=ops.index)
+
+    def without(self, hardware: str) -> "ModelSet":
+        """This set without the models of `hardware` (leave-one-GPU-out: its rows then take the transfer path)."""
+        return ModelSet(self.path, self.index, [m for m in self.models if m.hardware != hardware])
 
     def _predict_direct(self, frame: pd.DataFrame, duration: np.ndarray, path: np.ndarray, oor: np.ndarray,
                         tag: str, physics: tuple[pd.DataFrame, np.ndarray] | None = None) -> np.ndarray:
@@ -454,7 +468,8 @@ class ModelSet:
         if len(compute):
             self._derive_sibling(frame.iloc[compute], compute, duration, path, oor)
 
-    def _direct_only(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def direct_estimates(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Duration (NaN where no model of the row's own hardware answers), out_of_range and answered, per row."""
         n = len(frame)
         duration = np.full(n, np.nan)
         path = np.full(n, "roofline", dtype=object)
@@ -469,7 +484,7 @@ class ModelSet:
 
         def ask(kind: str, scale_bytes: np.ndarray, mask: np.ndarray, extra: dict | None = None):
             part = sub[mask].assign(primitive=kind, bytes=nbytes[mask] * scale_bytes[mask], **(extra or {}))
-            return self._direct_only(part)
+            return self.direct_estimates(part)
 
         # (target, recipe): each recipe is a list of (kind, bytes scale, time factor); all parts must be answered.
         recipes = {
@@ -509,13 +524,13 @@ class ModelSet:
     def _derive_sibling(self, sub: pd.DataFrame, rows: np.ndarray, duration, path, oor) -> None:
         keys = sub[["hardware", "primitive", "pass"]].astype(str)
         for (hw, prim, pass_), idx in keys.groupby(["hardware", "primitive", "pass"]).groups.items():
-            other = self._sibling(hw, prim, pass_)
+            other = self.sibling(hw, prim, pass_)
             if other is None:
                 continue
             pos = sub.index.get_indexer(idx)
             part = sub.iloc[pos]
             moved = part.assign(hardware=other)
-            t, part_oor, ok = self._direct_only(moved)
+            t, part_oor, ok = self.direct_estimates(moved)
             ratio = estimate_us(part) / estimate_us(moved)
             good = ok & np.isfinite(ratio)
             target = rows[pos[good]]

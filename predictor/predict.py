@@ -9,8 +9,9 @@ Public API (stable; used by the CLI, `tracekit diff/validate` and capture):
 `models` is anything with the interface of `predictor.models.ModelSet` — `predict(frame) -> frame`,
 `hardware_ids()`, `framework_us(hw)`, `sampled_cluster(hw)`, `sampled_topologies(hw, primitive)`,
 `resolve(hw, primitive, pass, group)`: `predict` gets a frame of operator rows (hardware, primitive, pass, dtype,
-variant + FEATURE_COLUMNS) and returns `duration_us`, `path` ('model' | 'derived' | 'roofline') and `out_of_range`
-on the same index. Collectives not measured on the configuration's cluster and topology take the algorithm model of
+variant + FEATURE_COLUMNS) and returns `duration_us`, `path` ('model' | 'derived' | 'transfer' | 'roofline') and
+`out_of_range` on the same index (a GPU without models takes `transfer`: the note of `resolve_hardware` names its
+source GPUs). Collectives not measured on the configuration's cluster and topology take the algorithm model of
 `predictor.collectives` instead (path 'physics'; beyond the sampled message sizes, anchored to the learned model).
 `predict_many` builds every configuration's graph, de-duplicates the operator rows of all of them and asks the
 models once (plus once for learned collectives outside their sampled sizes, when there are any; only rows not
@@ -43,7 +44,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tracekit.core.config import TrainingConfig
-from tracekit.core.errors import ConfigError
+from tracekit.core.errors import ConfigError, did_you_mean
 from tracekit.core.cluster import Cluster
 from tracekit.core.hardware import SPECS, hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES, FEATURE_COLUMNS
@@ -53,6 +54,7 @@ from .flops import throughput
 from .graph import Graph, OpUse, build_graph
 from .memory import memory_per_gpu
 from .schedule import Timeline, Work, simulate
+from .transfer import source_weights
 
 TENSOR_PRIMITIVES = ("gemm", "bmm", "attention")
 KEYS = ("hardware", "primitive", "pass", "dtype", "variant")
@@ -135,9 +137,10 @@ class Prediction:
         }
 
 
-def resolve_hardware(requested: str, available: Sequence[str]) -> tuple[str, str | None]:
+def resolve_hardware(requested: str, available: Sequence[str], compute: Sequence[str] = ()) -> tuple[str, str | None]:
     """The installed hardware model to use for `requested`: itself, else the same GPU family (e.g. an A100 40 GB
-    → A100-SXM4-80GB models), else the requested id unchanged (the models then fall back to roofline)."""
+    → A100-SXM4-80GB models), else the requested id unchanged: a GPU in the datasheet table then takes the transfer
+    path from the GPUs with compute models (`compute`, named in the note), anything else the roofline."""
     if requested in available or not available:
         return requested, None
     spec = hardware_spec(requested)
@@ -150,7 +153,12 @@ def resolve_hardware(requested: str, available: Sequence[str]) -> tuple[str, str
             return hw, f"no models for {requested}; using {hw}'s models (same GPU family)"
     if spec is None and not requested.startswith("cpu-"):
         raise ConfigError(f"unknown hardware {requested!r}: no trained models (installed: {', '.join(available)}) "
-                          f"and no datasheet peaks (known: {', '.join(SPECS)})")
+                          f"and no datasheet peaks (known: {', '.join(SPECS)}){did_you_mean(requested, SPECS)}")
+    weights = source_weights(requested, list(compute)) if spec is not None else []
+    if weights:
+        named = ", ".join(f"{hw} {w:.2f}" for hw, w in weights)
+        return requested, (f"no models for {requested}: compute operators transferred from the models of {named} "
+                           "(weights by datasheet similarity; path `transfer`), collectives from the link model")
     return requested, f"no models for {requested} (installed: {', '.join(available)}); operators use roofline estimates"
 
 
@@ -197,6 +205,7 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
     if len(clusters) != len(configs):
         raise ValueError("give one cluster, or one per configuration")
     available = list(models.hardware_ids())
+    compute = [hw for hw in available if models.resolve(hw, "gemm", "fwd") is not None]
     built: list[tuple[Graph, Cluster, list[str]] | Exception] = []
     rows: list[dict] = []
     row_cluster: list[Cluster | None] = []
@@ -204,7 +213,7 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
     spec_rows: list[np.ndarray] = []
     for config, cluster in zip(configs, clusters):
         try:
-            hardware, note = resolve_hardware(cluster.hardware, available)
+            hardware, note = resolve_hardware(cluster.hardware, available, compute)
             notes = [note] if note else []
             if config.precision == "fp8":
                 spec = hardware_spec(cluster.hardware)

@@ -46,7 +46,8 @@ def test_evaluate_json_counts_and_ranges(models, tmp_path):
     assert [(m["pass"], m["variant"]) for m in doc["models"]] == [("bwd", "layernorm"), ("fwd", "layernorm")]
     for entry in doc["models"]:
         assert list(entry) == ["hardware", "primitive", "pass", "variant", "n", "mape", "median_ape", "p90_ape",
-                               "out_of_range"]
+                               "out_of_range", "paths", "sources"]
+        assert entry["paths"] == {"model": len(rows)} and entry["sources"] == []
         assert entry["hardware"] == "A100-SXM4-80GB" and entry["primitive"] == "norm"
         assert entry["n"] == len(rows)
         assert entry["out_of_range"] == outside

@@ -16,7 +16,8 @@ KEYS = ["hardware", "primitive", "pass", "variant"]
 
 def error_table(samples, predictions):
     """Per (hardware, primitive, pass, variant): n, mape, median_ape, p90_ape (fractions, over the rows that got an
-    estimate; None when none did: samples without shapes), out_of_range (count) and rows per prediction path."""
+    estimate; None when none did: samples without shapes), out_of_range (count), rows per prediction path (`model`,
+    `derived`, `transfer`, `roofline`; `no estimate`: rows without shapes) and the source GPUs of transfer answers."""
     import numpy as np
     import pandas as pd
 
@@ -29,6 +30,7 @@ def error_table(samples, predictions):
     frame["ape"] = frame["ape"].abs()
     frame["oor"] = predictions["out_of_range"].to_numpy()
     frame["path"] = predictions["path"].to_numpy()
+    frame["sources"] = predictions["sources"].to_numpy() if "sources" in predictions.columns else ""
     rows = []
     for key, group in frame.groupby(KEYS, sort=True):
         ape = group["ape"].to_numpy()
@@ -40,6 +42,7 @@ def error_table(samples, predictions):
             **dict(zip(KEYS, key)), "n": int(len(group)),
             **ape_summary(ape),
             "out_of_range": int(group["oor"].sum()), "paths": paths,
+            "sources": sorted({s for s in group["sources"] if s}),
         })
     return pd.DataFrame(rows)
 
@@ -86,8 +89,10 @@ def load_samples(paths: list[str], fmt: str, store: Path | None, hardware: str |
     help=(
         "Run trained models on another sample set (held-out rows, samples from a new trace) and print MAPE, median "
         "and p90 absolute percentage error and how many samples fell outside the trained ranges, per (hardware, "
-        "primitive, pass, variant). Rows without a model are answered by the roofline estimate and counted.\n\n"
-        "Example: tracekit evaluate --models models/ heldout/ --format ett --json"
+        "primitive, pass, variant), with the path that answered them — the one `predict` would use: `model`, `derived`, "
+        "`transfer` (a GPU without models, from the models of the GPUs named in `sources`) or `roofline`.\n\n"
+        "Example: tracekit evaluate --models models/ heldout/ --format ett --json\n\n"
+        "Example: tracekit evaluate --store .tracekit --hardware H100-80GB-HBM3"
     ),
 )
 def evaluate(
@@ -99,13 +104,18 @@ def evaluate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a table."),
 ) -> None:
     from predictor.models import ModelSet
-    from tracekit.core.errors import InputError
+    from tracekit.core.errors import InputError, did_you_mean
     from tracekit.core.hardware import normalize_hardware
 
     with user_errors():
         wanted = normalize_hardware(hardware) if hardware else None
         samples = load_samples(paths or [], fmt, store, wanted)
         samples = samples[samples["duration_us"] > 0].reset_index(drop=True)
+        if samples.empty and wanted:
+            known = sorted(load_samples(paths or [], fmt, store, None)["hardware"].astype(str).unique())
+            raise InputError(", ".join(paths or []) or str(store or "store"),
+                             f"no samples of hardware {wanted!r} (present: {', '.join(known) or 'none'})"
+                             f"{did_you_mean(wanted, known)}")
         if samples.empty:
             raise InputError(", ".join(paths or []) or str(store or "store"), "no samples to evaluate on")
         model_set = ModelSet.load(models)
@@ -115,7 +125,8 @@ def evaluate(
             return None if isinstance(value, float) and value != value else value
 
         print_json({"models": [{k: clean(row[k]) for k in (*KEYS, "n", "mape", "median_ape", "p90_ape",
-                                                           "out_of_range")} for row in table.to_dict("records")]})
+                                                           "out_of_range", "paths", "sources")}
+                               for row in table.to_dict("records")]})
         return
     _print(table, model_set.path)
 
@@ -126,11 +137,11 @@ def _print(table, models_path: Path) -> None:
     out = Table(caption=f"models: {models_path}", caption_justify="left")
     for name, justify in (("hardware", "left"), ("primitive", "left"), ("pass", "left"), ("variant", "left"),
                           ("n", "right"), ("MAPE", "right"), ("median", "right"), ("p90", "right"),
-                          ("out of range", "right"), ("paths", "left")):
+                          ("out of range", "right"), ("paths", "left"), ("sources", "left")):
         out.add_column(name, justify=justify)
     for row in table.to_dict("records"):
         out.add_row(row["hardware"], row["primitive"], row["pass"], row["variant"], str(row["n"]),
                     percent(row["mape"], 2), percent(row["median_ape"], 2), percent(row["p90_ape"], 2),
-                    str(row["out_of_range"]),
-                    ", ".join(f"{k} {v}" for k, v in row["paths"].items()))
+                    str(row["out_of_range"]), ", ".join(f"{k} {v}" for k, v in row["paths"].items()),
+                    "; ".join(row["sources"]))
     console.print(out)

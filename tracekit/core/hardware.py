@@ -1,10 +1,13 @@
-"""Hardware ids (one normalized string per device kind) and datasheet peak rates (clusters: `tracekit.core.cluster`)."""
+"""Hardware ids (one normalized string per device kind) and the datasheet table (`tracekit/data/hardware.json`: peaks,
+bandwidths, SM/CU count, L2, clock and the source of each entry). Clusters: `tracekit.core.cluster`."""
 from __future__ import annotations
 
 import platform
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from .errors import InputError
 
 _VENDOR_WORDS = {"NVIDIA", "TESLA", "AMD", "INSTINCT", "QUADRO", "GEFORCE", "RADEON"}
 _FUSED = re.compile(r"^(GH200|GB200|H100|H200|H800|A100|A800|B200|B100|V100|L40S|L4|A10G?|MI\d{3}X?)(\d+GB)$")
@@ -56,7 +59,8 @@ def cpu_hardware_id() -> str:
 
 @dataclass(frozen=True)
 class HardwareSpec:
-    """Datasheet figures of one device kind (dense fp16/bf16 and fp8 tensor-core peaks, no sparsity)."""
+    """Datasheet figures of one device kind (dense fp16/bf16 and fp8 tensor-core peaks, no sparsity); units in
+    `tracekit/data/hardware.json`."""
 
     name: str
     peak_tflops_fp16: float
@@ -67,25 +71,39 @@ class HardwareSpec:
     intra_node_gbs: float  # per-GPU unidirectional bandwidth to peers inside a node (NVLink/xGMI)
     inter_node_gbs: float  # per-GPU unidirectional network bandwidth between nodes (typical deployment)
     peak_tflops_fp8: float = 0.0  # dense fp8 tensor-core peak; 0 where the part has no fp8 tensor cores
+    l2_mb: float = 0.0
+    clock_mhz: float = 0.0
+    source: str = ""
 
 
-#: Datasheet figures. Inter-node: one 200 Gb/s NIC per GPU unless the system is known to differ.
-SPECS: dict[str, HardwareSpec] = {
-    "V100-SXM2-16GB": HardwareSpec("V100-SXM2-16GB", 125, 15.7, 900, 16, 80, 150, 12.5),
-    "V100-SXM2-32GB": HardwareSpec("V100-SXM2-32GB", 125, 15.7, 900, 32, 80, 150, 12.5),
-    "A100-SXM4-40GB": HardwareSpec("A100-SXM4-40GB", 312, 19.5, 1555, 40, 108, 300, 25),
-    "A100-SXM4-80GB": HardwareSpec("A100-SXM4-80GB", 312, 19.5, 2039, 80, 108, 300, 25),
-    "A100-PCIE-80GB": HardwareSpec("A100-PCIE-80GB", 312, 19.5, 1935, 80, 108, 32, 12.5),
-    "H100-80GB-HBM3": HardwareSpec("H100-80GB-HBM3", 989, 67, 3350, 80, 132, 450, 50, 1979),
-    "H100-PCIE-80GB": HardwareSpec("H100-PCIE-80GB", 756, 51, 2000, 80, 114, 64, 25, 1513),
-    "H800-80GB-HBM3": HardwareSpec("H800-80GB-HBM3", 989, 67, 3350, 80, 132, 200, 50, 1979),
-    "H200-141GB": HardwareSpec("H200-141GB", 989, 67, 4800, 141, 132, 450, 50, 1979),
-    # GH200 nodes ship with one 400 Gb/s NIC per superchip (TACC Vista: NDR400; its all-reduces reach 48 GB/s).
-    "GH200-120GB": HardwareSpec("GH200-120GB", 989, 67, 4000, 96, 132, 450, 50, 1979),
-    "B200-180GB": HardwareSpec("B200-180GB", 2250, 80, 8000, 180, 148, 900, 50, 4500),
-    "MI250X": HardwareSpec("MI250X", 383, 47.9, 3277, 128, 220, 200, 25),
-    "MI300X": HardwareSpec("MI300X", 1307, 163, 5300, 192, 304, 448, 50, 2615),
-}
+DATASHEETS = Path(__file__).resolve().parent.parent / "data" / "hardware.json"
+_REQUIRED = ("id", "peak_tflops_fp16", "peak_tflops_fp32", "mem_bw_gbs", "memory_gb", "sms", "l2_mb", "clock_mhz",
+             "intra_node_gbs", "inter_node_gbs", "source")
+
+
+def load_datasheets(path: Path = DATASHEETS) -> dict[str, HardwareSpec]:
+    """The datasheet table (one entry per GPU, each with its source): hardware id → HardwareSpec."""
+    import json
+
+    try:
+        entries = json.loads(path.read_text())["gpus"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(path, f"unreadable datasheet table ({exc})") from exc
+    out: dict[str, HardwareSpec] = {}
+    for i, entry in enumerate(entries):
+        missing = [k for k in _REQUIRED if not isinstance(entry, dict) or entry.get(k) in (None, "")]
+        if missing:
+            raise InputError(path, f"entry {i + 1}: missing {', '.join(missing)}")
+        out[entry["id"]] = HardwareSpec(
+            entry["id"], float(entry["peak_tflops_fp16"]), float(entry["peak_tflops_fp32"]),
+            float(entry["mem_bw_gbs"]), float(entry["memory_gb"]), int(entry["sms"]), float(entry["intra_node_gbs"]),
+            float(entry["inter_node_gbs"]), float(entry.get("peak_tflops_fp8") or 0.0), float(entry["l2_mb"]),
+            float(entry["clock_mhz"]), str(entry["source"]))
+    return out
+
+
+#: Datasheet figures (tracekit/data/hardware.json).
+SPECS: dict[str, HardwareSpec] = load_datasheets()
 
 _FAMILY_RULES = (  # (substring tests on the id, spec key); first match wins
     (("GH200",), "GH200-120GB"),

@@ -1,0 +1,170 @@
+"""Transfer across hardware: estimates for a GPU that has a datasheet entry but no models, from the models of others.
+
+Contract: `transfer(models, frame, rows) -> (duration_us, sources, out_of_range, done)` for the rows `rows` of an
+operator frame (hardware, primitive, pass, dtype, variant + shape features) that no model of their own hardware and
+no sibling device answered. A row qualifies when its hardware is in the datasheet table (`tracekit.core.hardware`),
+its primitive is a compute primitive (collectives depend on the cluster's links, not on the GPU: the link model
+answers them) and the roofline can size its work on both devices.
+
+Method (no constant is fitted here: what is learned is the source GPUs' own models, trained on their samples
+only, so an estimate for a GPU never uses that GPU's kernels). For each source GPU S with a model for the row's
+primitive and pass, the model predicts the row as if it ran on S: t_S. Its fixed part f = min(KERNEL_OVERHEAD_US,
+t_S / 2) (launch and latency, which do not scale with the device's peaks) is kept; the rest is an efficiency
+relative to S's roofline and is applied to the target's:
+
+    t_T = f + (t_S − f) · work_T / work_S · q_S / q_T
+
+`work` is the roofline time without overhead on each device, max(FLOPs / peak, bytes / bandwidth) — so a row
+compute-bound on one device and memory-bound on the other scales with the right rate on each — and `q` is the wave
+efficiency tiles / (⌈tiles / SMs⌉ · SMs) for tensor-core primitives (GEMM, bmm, attention) where the row is
+compute-bound on that device (1 elsewhere): a 132-tile GEMM fills one wave on 132 SMs and 1.22 waves on 108.
+Memory-bound primitives (norms, softmax, activations, element-wise) scale with the bandwidth alone.
+
+Sources are weighted by their similarity to the target in datasheet features (log of dense fp16 peak, HBM
+bandwidth, SM/CU count, L2 size and clock): weight ∝ 1 / (d + 0.05), d the root mean square of the log ratios; the
+estimate is the weighted geometric mean. `sources` names them, most similar first, e.g. "GH200-120GB 0.78,
+A100-SXM4-80GB 0.22". `out_of_range` is True when any source model left its trained range.
+
+Where the transfer is used is itself measured on source GPUs only: `tracekit/data/transfer.json` holds, per
+primitive, the leave-one-GPU-out median errors of transfer and roofline on the seed paper's samples (A100's models
+scoring GH200's samples and back), written by `python benchmarks/operator_accuracy.py --transfer --write-selection
+tracekit/data/transfer.json`. A primitive takes the transfer path when the geometric mean over both directions of
+(transfer error / roofline error) is below 1; the others (and primitives never measured) keep the roofline.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from tracekit.core.errors import ModelError
+from tracekit.core.hardware import HardwareSpec, hardware_spec
+from tracekit.core.samples import COLLECTIVE_PRIMITIVES
+
+from .features import compute_work, dtype_bytes
+from .roofline import COMPUTE_EFFICIENCY, KERNEL_OVERHEAD_US, MEMORY_EFFICIENCY, TENSOR_CORE_PRIMITIVES, \
+    estimate_us, hardware_rates
+
+SELECTION = Path(__file__).resolve().parent.parent / "tracekit" / "data" / "transfer.json"
+#: Datasheet features compared to pick sources (HardwareSpec attribute names).
+SIMILARITY_FEATURES = ("peak_tflops_fp16", "mem_bw_gbs", "sms", "l2_mb", "clock_mhz")
+DISTANCE_FLOOR = 0.05
+
+
+@lru_cache(maxsize=1)
+def selected_primitives() -> frozenset[str]:
+    """Primitives whose leave-one-GPU-out errors favour transfer over the roofline (see module docstring)."""
+    try:
+        table = json.loads(SELECTION.read_text())["primitives"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"{SELECTION}: unreadable transfer selection ({exc})") from exc
+    return frozenset(p for p, entry in table.items() if entry.get("use"))
+
+
+def choose(leave_one_out: dict[str, dict[str, float]]) -> bool:
+    """Use transfer for a primitive when the geometric mean of transfer/roofline error over the directions is < 1."""
+    ratios = [v["transfer"] / v["roofline"] for v in leave_one_out.values() if v["roofline"] > 0]
+    return bool(ratios) and float(np.exp(np.mean(np.log(ratios)))) < 1.0
+
+
+def similarity(target: HardwareSpec, source: HardwareSpec) -> float:
+    """Root mean square of the log ratios of the datasheet features (0: identical on paper)."""
+    logs = [np.log(getattr(target, f) / getattr(source, f)) for f in SIMILARITY_FEATURES
+            if getattr(target, f) > 0 and getattr(source, f) > 0]
+    return float(np.sqrt(np.mean(np.square(logs)))) if logs else np.inf
+
+
+def source_weights(target: str, candidates: list[str]) -> list[tuple[str, float]]:
+    """(source, weight) for the candidate GPUs with a datasheet entry, most similar first; weights sum to 1."""
+    spec = hardware_spec(target)
+    if spec is None:
+        return []
+    scored = []
+    for hw in candidates:
+        other = hardware_spec(hw)
+        if other is None or hw == target or other.name == spec.name:
+            continue
+        scored.append((hw, 1.0 / (similarity(spec, other) + DISTANCE_FLOOR)))
+    total = sum(w for _, w in scored)
+    return sorted(((hw, w / total) for hw, w in scored), key=lambda x: -x[1])
+
+
+def work_us(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Roofline time without the launch overhead (µs) and whether the row is compute-bound on its hardware."""
+    total = estimate_us(frame) - KERNEL_OVERHEAD_US
+    flops, moved, _ = compute_work(frame)
+    rates = hardware_rates(frame["hardware"].astype("string").fillna(""))
+    prim = frame["primitive"].astype("string").fillna("").to_numpy()
+    size = dtype_bytes(frame["dtype"] if "dtype" in frame.columns else None, len(frame))
+    tensor = np.isin(prim, TENSOR_CORE_PRIMITIVES) & (size <= 2)
+    peak = np.where(tensor, rates["tensor_flops"], rates["vector_flops"]) * COMPUTE_EFFICIENCY
+    with np.errstate(invalid="ignore", divide="ignore"):
+        bound = np.nan_to_num(flops / peak) >= np.nan_to_num(moved / (rates["mem_bw"] * MEMORY_EFFICIENCY))
+    return total, bound
+
+
+def wave_efficiency(frame: pd.DataFrame, compute_bound: np.ndarray) -> np.ndarray:
+    """tiles / (⌈tiles / SMs⌉ · SMs) for compute-bound tensor-core rows, 1 elsewhere."""
+    _, _, tiles = compute_work(frame)
+    sms = hardware_rates(frame["hardware"].astype("string").fillna(""))["sms"]
+    prim = frame["primitive"].astype("string").fillna("").to_numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        q = tiles / (np.ceil(tiles / sms) * sms)
+    use = np.isin(prim, TENSOR_CORE_PRIMITIVES) & compute_bound & np.isfinite(q) & (q > 0)
+    return np.where(use, q, 1.0)
+
+
+def transfer(models, frame: pd.DataFrame, rows: np.ndarray, primitives: frozenset[str] | None = None):
+    """Transfer estimates for `frame.iloc[rows]` (see module docstring) of the `primitives` given (default: the
+    selected ones). Returns arrays over `rows`: duration (µs, NaN where not answered), sources (str), out_of_range
+    (bool) and done (bool)."""
+    n = len(rows)
+    duration = np.full(n, np.nan)
+    sources = np.full(n, "", dtype=object)
+    oor = np.ones(n, dtype=bool)
+    done = np.zeros(n, dtype=bool)
+    if not n:
+        return duration, sources, oor, done
+    sub = frame.iloc[rows].reset_index(drop=True)
+    prim = sub["primitive"].astype(str).to_numpy()
+    wanted = selected_primitives() if primitives is None else primitives
+    eligible = np.isin(prim, list(wanted)) & ~np.isin(prim, COLLECTIVE_PRIMITIVES) & ~sub["hardware"].astype(str).str.startswith("cpu-").to_numpy()
+    target_work, target_bound = work_us(sub)
+    eligible &= np.isfinite(target_work) & (target_work > 0)
+    target_q = wave_efficiency(sub, target_bound)
+    keys = sub[["hardware", "primitive", "pass"]].astype(str)
+    for (hw, primitive, pass_), index in keys[eligible].groupby(["hardware", "primitive", "pass"]).groups.items():
+        pos = np.asarray(index)
+        candidates = [s for s in models.hardware_ids() if models.resolve(s, primitive, pass_) is not None]
+        weights = source_weights(hw, candidates)
+        if not weights:
+            continue
+        part = sub.iloc[pos]
+        log_sum = np.zeros(len(pos))
+        weight_sum = np.zeros(len(pos))
+        any_oor = np.zeros(len(pos), dtype=bool)
+        used: list[str] = []
+        for source, weight in weights:
+            moved = part.assign(hardware=source)
+            t_s, s_oor, ok = models.direct_estimates(moved)
+            w_s, s_bound = work_us(moved)
+            ok &= np.isfinite(t_s) & (t_s > 0) & np.isfinite(w_s) & (w_s > 0)
+            if not ok.any():
+                continue
+            fixed = np.minimum(KERNEL_OVERHEAD_US, t_s / 2.0)
+            scale = target_work[pos] / w_s * wave_efficiency(moved, s_bound) / target_q[pos]
+            t_t = fixed + (t_s - fixed) * scale
+            log_sum[ok] += weight * np.log(t_t[ok])
+            weight_sum[ok] += weight
+            any_oor[ok] |= s_oor[ok]
+            used.append(f"{source} {weight:.2f}")
+        hit = weight_sum > 0
+        duration[pos[hit]] = np.exp(log_sum[hit] / weight_sum[hit])
+        sources[pos[hit]] = ", ".join(used)
+        oor[pos[hit]] = any_oor[hit]
+        done[pos[hit]] = True
+    return duration, sources, oor, done
+
