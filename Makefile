@@ -1,13 +1,15 @@
-# Two entry points (see README): `make demo` runs tracekit on the bundled traces, `make test` runs the suite.
-# Both create the virtualenv in .venv and install what they need on first use.
+# Entry points (see README): `make demo` runs tracekit on the bundled traces, `make test` runs the suite, `make docs`
+# builds the documentation site into site/ (mkdocs --strict). Each creates the virtualenv in .venv and installs what
+# it needs on first use.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tracekit-installed
+DOCS_STAMP := $(VENV)/.tracekit-docs-installed
 DEMO_STORE := .tracekit-demo
 DEMO_OUT := .tracekit-demo-out
 
-.PHONY: demo test install clean chromium
+.PHONY: demo test docs install clean chromium
 
 install: $(STAMP)
 
@@ -17,6 +19,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
+$(DOCS_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[docs]'
+	touch $(DOCS_STAMP)
+
 demo: $(STAMP)
 	rm -rf $(DEMO_STORE) $(DEMO_OUT)
 	$(BIN)/tracekit ingest traces/kineto --store $(DEMO_STORE)
@@ -25,6 +33,10 @@ demo: $(STAMP)
 
 test: $(STAMP) chromium
 	$(BIN)/python -m pytest
+
+# The documentation site: every page, link and anchor checked (--strict), the API page read from the docstrings.
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # The HTML report tests render pages in headless Chromium: installed from the distribution's packages when missing
 # and this user may (root, or passwordless sudo); otherwise one line says how.
@@ -37,4 +49,4 @@ chromium:
 	  else echo "make: chromium is missing and could not be installed here: the 4 HTML report tests will fail (install the distribution's chromium package)"; fi; }
 
 clean:
-	rm -rf $(VENV) $(DEMO_STORE) $(DEMO_OUT) .pytest_cache
+	rm -rf $(VENV) $(DEMO_STORE) $(DEMO_OUT) .pytest_cache site
