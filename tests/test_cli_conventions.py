@@ -65,3 +65,8 @@ def test_written_files_and_folders_follow_the_umask(tmp_path):
     assert _mode(models) == 0o755
     assert {_mode(p) for p in models.iterdir()} == {0o644}
     assert {_mode(p) for p in store.rglob("*") if p.is_file()} <= {0o644}
+
+
+def test_python_dash_m_is_the_same_command():
+    done = subprocess.run([sys.executable, "-m", "tracekit", "--version"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.startswith("tracekit ")
