@@ -12,7 +12,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from tracekit.core.errors import TracekitError
 
-console = Console()
+#: Results on stdout. Piped or redirected, rich would wrap tables at 80 columns; there they are drawn at full width
+#: (one line per row, for grep and less -S) and without colour.
+console = Console() if sys.stdout.isatty() else Console(width=400, no_color=True, highlight=False)
+#: Warnings, errors and progress on stderr.
 err_console = Console(stderr=True, highlight=False)
 
 EXIT_FAILED = 2  # nothing could be done
