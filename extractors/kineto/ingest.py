@@ -91,7 +91,9 @@ def rank_sets(traces: list) -> list:
 
 def trace_samples(trace: KinetoTrace, source_id: str):
     """The trace's device events as rows of the sample schema (collectives carry their transfer time; gloo work of
-    a synchronous call on a CPU run, what its caller waited: `tracekit sample` times a call so)."""
+    a synchronous call on a CPU run, what its caller waited: `tracekit sample` times a call so). Backward kernels
+    linked to their forward op (extractors/kineto/backward.py) become one row per autograd node and role: the sum
+    of its kernels' times, the forward op as `variant`, the kernels' names joined by " + "."""
     import pandas as pd
 
     ev = trace.device_events
@@ -106,7 +108,8 @@ def trace_samples(trace: KinetoTrace, source_id: str):
         "primitive": ev["primitive"].array,
         "pass": ev["pass"].array,
         "dtype": ev["dtype"].array,
-        "variant": ev["op"].array,
+        "variant": ev["fwd_op"].where(ev["fwd_op"].notna(), ev["op"]).array,
+        "role": ev["role"].array,
         **{name: ev[name].to_numpy(dtype=float) for name in FEATURE_COLUMNS},
         "duration_us": duration,
         "wait_us": wait,
@@ -118,7 +121,27 @@ def trace_samples(trace: KinetoTrace, source_id: str):
         "source": source_id,
         "source_path": trace.path.name,
     })
+    node = ev["bwd_node"].to_numpy()
+    linked = node >= 0
+    if linked.any():
+        frame = per_role(frame, node, linked)
     return frame[list(COLUMNS)]
+
+
+def per_role(frame, node: np.ndarray, linked: np.ndarray):
+    """Sample rows with the linked backward kernels of each (autograd node, role) summed into one row."""
+    import pandas as pd
+
+    sub = frame[linked].assign(_node=node[linked])
+    keys = ["_node", "role"]
+    if not sub.duplicated(keys).any():
+        return frame
+    grouped = sub.groupby(keys, sort=False)
+    rows = grouped.first()
+    rows["duration_us"] = grouped["duration_us"].sum()
+    rows["kernel"] = grouped["kernel"].agg(lambda names: " + ".join(dict.fromkeys(names)))
+    rows = rows.reset_index().drop(columns="_node")
+    return pd.concat([frame[~linked], rows[frame.columns]], ignore_index=True)
 
 
 def busy_time(ev) -> float:
@@ -154,8 +177,19 @@ def trace_report(trace: KinetoTrace, written: int) -> dict:
         "primitives": {name: {"count": int(row["count"]), "time_us": round(float(row["sum"]), 3)}
                        for name, row in by_prim.iterrows()},
         "unclassified_share": round(other / total, 6) if total > 0 else 0.0,
+        "backward": backward_report(ev),
         "samples_written": int(written),
     }
+
+
+def backward_report(ev) -> dict:
+    """Backward compute kernels (ops on CPU runs): how many are linked to their forward op, per role, and how many
+    are not (they keep their own launching op's shapes)."""
+    bwd = ev[(ev["pass"] == "bwd") & (ev["category"] == "computation")]
+    roles = bwd["role"].value_counts()
+    linked = int(roles.sum())
+    return {"kernels": len(bwd), "linked": linked, "unlinked": len(bwd) - linked,
+            "roles": {str(k): int(v) for k, v in sorted(roles.items())}}
 
 
 #: A run's traces are parsed in parallel processes only when they are this large together: below it, starting the
