@@ -56,11 +56,17 @@ def backward_node_op(name: str) -> str | None:
     return "aten::" + re.sub(r"(?<!^)(?=[A-Z])", "_", m.group(1)).lower()
 
 
-def forward_by_sequence(c: EventColumns, backward: np.ndarray) -> dict[int, list[int]]:
-    """Autograd sequence number → the forward operators that carry it (several where composites share it)."""
+def forward_by_sequence(c: EventColumns, backward: np.ndarray, wanted: np.ndarray | None = None
+                        ) -> dict[int, list[int]]:
+    """Autograd sequence number (of those `wanted`, default all) → the forward operators that carry it (several
+    where composites share it)."""
+    mask = (c.op_seq >= 0) & ~backward & ~c.op_is_annotation
+    if wanted is not None:
+        mask &= np.isin(c.op_seq, wanted)
     out: dict[int, list[int]] = {}
-    for i in np.flatnonzero((c.op_seq >= 0) & ~backward & ~c.op_is_annotation).tolist():
-        out.setdefault(int(c.op_seq[i]), []).append(i)
+    rows = np.flatnonzero(mask)
+    for i, seq in zip(rows.tolist(), c.op_seq[rows].tolist()):
+        out.setdefault(seq, []).append(i)
     return out
 
 
@@ -125,32 +131,31 @@ def link_backward(c: EventColumns, lk: Linkage, candidates: np.ndarray) -> Backw
     dev_op = lk.dev_op
     rows = np.flatnonzero(candidates & (dev_op >= 0))
     rows = rows[ctx.node[dev_op[rows]] >= 0]
-    forward = forward_by_sequence(c, ctx.backward) if len(rows) else {}
+    forward = forward_by_sequence(c, ctx.backward, np.unique(c.op_seq[ctx.node[dev_op[rows]]])) if len(rows) else {}
     nodes: dict[int, tuple[int, str | None]] = {}  # node → (forward op, its primitive)
     gemm_ops: dict[int, list[int]] = {}  # node → its GEMM ops in launch order
     gemm_of: dict[int, int] = {}  # device event → the GEMM op its role is read from
-    for d in rows.tolist():
-        op = int(dev_op[d])
-        node = int(ctx.node[op])
+    ops = dev_op[rows]
+    launchers = ctx.cpu_op[ops]
+    callers = np.where(launchers >= 0, ctx.parent[np.maximum(launchers, 0)], -1) if len(ops) else launchers
+    columns = (rows, ctx.node[ops], launchers, callers, ctx.node_gemm[ops])
+    for d, node, launcher, caller, gemm in zip(*(col.tolist() for col in columns)):
         if node not in nodes:
             fwd = forward_op(forward, names, int(c.op_seq[node]), backward_node_op(names[node]))
             nodes[node] = (fwd, _forward_primitive(names[fwd]) if fwd >= 0 else None)
         fwd, primitive = nodes[node]
         if primitive is None:
             continue
-        launcher = int(ctx.cpu_op[op])
-        if names[node].startswith(_WRAPPER) and launcher >= 0 and int(ctx.parent[launcher]) == node \
-                and names[launcher] in _ENGINE_ACCUMULATE:
+        if caller == node and launcher >= 0 and names[launcher] in _ENGINE_ACCUMULATE \
+                and names[node].startswith(_WRAPPER):
             continue  # the engine adding up a tensor's gradients from several consumers
         node_of[d], fwd_of[d] = node, fwd
         if primitive not in ("gemm", "bmm"):
             role[d] = WHOLE
-            continue
-        gemm = int(ctx.node_gemm[op])
-        if gemm >= 0:
-            ops = gemm_ops.setdefault(node, [])
-            if gemm not in ops:
-                ops.append(gemm)
+        elif gemm >= 0:
+            node_gemms = gemm_ops.setdefault(node, [])
+            if gemm not in node_gemms:
+                node_gemms.append(gemm)
             gemm_of[d] = gemm  # resolved below, once all of the node's GEMM ops are known
         elif launcher >= 0 and names[launcher] == "aten::sum":
             role[d] = "bgrad"

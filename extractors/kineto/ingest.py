@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import glob
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -103,45 +104,52 @@ def trace_samples(trace: KinetoTrace, source_id: str):
     dur = np.where(np.isnan(blocked), dur, blocked)
     duration = np.where(np.isnan(wait), dur, dur - np.nan_to_num(wait))
     iteration = ev["iteration"].to_numpy()
+    node = ev["bwd_node"].to_numpy()
+    kernel = ev["name"].to_numpy(dtype=object)
+    keep = slice(None)
+    if np.any(node >= 0):
+        keep, duration, kernel = per_role(node, ev["role"].to_numpy(dtype=object), duration, kernel)
     frame = pd.DataFrame({
         "hardware": trace.hardware,
-        "primitive": ev["primitive"].array,
-        "pass": ev["pass"].array,
-        "dtype": ev["dtype"].array,
-        "variant": ev["fwd_op"].where(ev["fwd_op"].notna(), ev["op"]).array,
-        "role": ev["role"].array,
-        **{name: ev[name].to_numpy(dtype=float) for name in FEATURE_COLUMNS},
-        "duration_us": duration,
-        "wait_us": wait,
-        "process_group": ev["process_group"].to_numpy(),
-        "stream": ev["stream"].to_numpy(),
+        "primitive": ev["primitive"].array[keep],
+        "pass": ev["pass"].array[keep],
+        "dtype": ev["dtype"].array[keep],
+        "variant": np.where(node >= 0, ev["fwd_op"].to_numpy(dtype=object), ev["op"].to_numpy(dtype=object))[keep],
+        "role": ev["role"].array[keep],
+        **{name: ev[name].to_numpy(dtype=float)[keep] for name in FEATURE_COLUMNS},
+        "duration_us": duration[keep],
+        "wait_us": wait[keep],
+        "process_group": ev["process_group"].to_numpy()[keep],
+        "stream": ev["stream"].to_numpy()[keep],
         "rank": trace.rank,
-        "iteration": pd.array([int(x) if x >= 0 else None for x in iteration.tolist()], dtype="Int64"),
-        "kernel": ev["name"].array,
+        "iteration": pd.array([int(x) if x >= 0 else None for x in iteration[keep].tolist()], dtype="Int64"),
+        "kernel": kernel[keep],
         "source": source_id,
         "source_path": trace.path.name,
     })
-    node = ev["bwd_node"].to_numpy()
-    linked = node >= 0
-    if linked.any():
-        frame = per_role(frame, node, linked)
     return frame[list(COLUMNS)]
 
 
-def per_role(frame, node: np.ndarray, linked: np.ndarray):
-    """Sample rows with the linked backward kernels of each (autograd node, role) summed into one row."""
+def per_role(node: np.ndarray, role: np.ndarray, duration: np.ndarray, kernel: np.ndarray):
+    """(rows to keep, durations, kernel names): the linked backward kernels (`node` ≥ 0) of each (autograd node,
+    role) become their first row, with the group's summed duration and its kernels' names joined by " + "."""
     import pandas as pd
 
-    sub = frame[linked].assign(_node=node[linked])
-    keys = ["_node", "role"]
-    if not sub.duplicated(keys).any():
-        return frame
-    grouped = sub.groupby(keys, sort=False)
-    rows = grouped.first()
-    rows["duration_us"] = grouped["duration_us"].sum()
-    rows["kernel"] = grouped["kernel"].agg(lambda names: " + ".join(dict.fromkeys(names)))
-    rows = rows.reset_index().drop(columns="_node")
-    return pd.concat([frame[~linked], rows[frame.columns]], ignore_index=True)
+    idx = np.flatnonzero(node >= 0)
+    codes, _ = pd.factorize(role[idx])
+    key = node[idx] * 8 + codes  # fewer than 8 roles
+    order = np.argsort(key, kind="stable")
+    idx, key = idx[order], key[order]
+    start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    first = idx[start]
+    duration, kernel = duration.copy(), kernel.copy()
+    duration[first] = np.add.reduceat(duration[idx], start)
+    sizes = np.diff(np.r_[start, len(idx)])
+    for row, s, n in zip(first.tolist(), start.tolist(), sizes.tolist()):
+        if n > 1:
+            kernel[row] = " + ".join(dict.fromkeys(kernel[idx[s:s + n]]))
+    keep = np.sort(np.concatenate([np.flatnonzero(node < 0), first]))
+    return keep, duration, kernel
 
 
 def busy_time(ev) -> float:
@@ -185,11 +193,10 @@ def trace_report(trace: KinetoTrace, written: int) -> dict:
 def backward_report(ev) -> dict:
     """Backward compute kernels (ops on CPU runs): how many are linked to their forward op, per role, and how many
     are not (they keep their own launching op's shapes)."""
-    bwd = ev[(ev["pass"] == "bwd") & (ev["category"] == "computation")]
-    roles = bwd["role"].value_counts()
-    linked = int(roles.sum())
-    return {"kernels": len(bwd), "linked": linked, "unlinked": len(bwd) - linked,
-            "roles": {str(k): int(v) for k, v in sorted(roles.items())}}
+    bwd = (ev["pass"].to_numpy(dtype=object) == "bwd") & (ev["category"].to_numpy(dtype=object) == "computation")
+    roles = Counter(role for role in ev["role"].to_numpy(dtype=object)[bwd] if isinstance(role, str))
+    linked, kernels = sum(roles.values()), int(bwd.sum())
+    return {"kernels": kernels, "linked": linked, "unlinked": kernels - linked, "roles": dict(sorted(roles.items()))}
 
 
 #: A run's traces are parsed in parallel processes only when they are this large together: below it, starting the

@@ -131,12 +131,13 @@ def op_context(c: EventColumns) -> tuple[OpContext, np.ndarray]:
             lay_l[i] = lay_l[p]
             bwd_l[i] = bwd_l[p] or is_bwd
             opt_l[i] = opt_l[p] or is_opt
-            node_l[i] = node_l[p]
-            gemm_l[i] = gemm_l[p]
-            if is_node and seq_l[i] >= 0 and (node_l[p] < 0 or seq_l[node_l[p]] != seq_l[i]):
-                node_l[i], gemm_l[i] = i, -1  # a new node (the call inside its own evaluate_function is not)
-            elif is_gemm and gemm_l[i] < 0 and node_l[i] >= 0:
-                gemm_l[i] = i
+            if bwd_l[i]:  # autograd nodes are backward ops
+                node = node_l[i] = node_l[p]
+                gemm_l[i] = gemm_l[p]
+                if is_node and seq_l[i] >= 0 and (node < 0 or seq_l[node] != seq_l[i]):
+                    node_l[i], gemm_l[i] = i, -1  # a new node (the call inside its own evaluate_function is not)
+                elif is_gemm and gemm_l[p] < 0 and node >= 0:
+                    gemm_l[i] = i
         else:
             bwd_l[i] = is_bwd
             opt_l[i] = is_opt
