@@ -3,8 +3,9 @@
 Each operator file becomes samples of tracekit's primitives with the tensor shapes of the paper's micro-benchmarks
 (tensors laid out [l, b, ...] as in Megatron/GPT-NeoX; `mp` = tensor-parallel degree, vocabulary 50257 padded to a
 multiple of 128·mp). NCCL files become collectives: `bytes` = fp16 element count × 2 (the per-rank buffer),
-`group_size` = nodes × GPUs per node. The fit-summary files (`<GPU>.csv`, no op suffix) are not samples; their
-`Best_error%` entries (the paper's per-operator error) are read by `fit_summaries`.
+`group_size` = nodes × GPUs per node. A `B_dur(us)` row is the whole backward of the op (role `whole`), keyed by
+the forward shapes like the `F_dur(us)` row beside it. The fit-summary files (`<GPU>.csv`, no op suffix) are not
+samples; their `Best_error%` entries (the paper's per-operator error) are read by `fit_summaries`.
 """
 from __future__ import annotations
 
@@ -193,7 +194,8 @@ def read_file(path: str | Path, source: str | None = None) -> pd.DataFrame:
         raise InputError(path, f"missing column(s) {missing} for operator {op!r}")
     c = _numeric(frame, path, list(inputs) + [d for _, d in durations], positive=True)
     shapes = pd.DataFrame(_shapes(op, c))
-    parts = [shapes.assign(primitive=primitive, **{"pass": name}, duration_us=c[col]) for name, col in durations]
+    parts = [shapes.assign(primitive=primitive, **{"pass": name}, duration_us=c[col],
+                           role="whole" if name == "bwd" else None) for name, col in durations]
     return pd.concat(parts, ignore_index=True).assign(**base)
 
 

@@ -73,7 +73,9 @@ def compute_work(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarra
     """FLOPs, bytes moved and output tiles per row (NaN where a primitive's work is not modelled).
 
     The backward pass of GEMM-like primitives does twice the forward work (dgrad + wgrad); attention's backward
-    2.5× (recompute of scores included), causal attention half the score work.
+    2.5× (recompute of scores included), causal attention half the score work. A backward row with a `role`
+    (features of the forward GEMM M × K · K × N) is one part of it: `dgrad` and `wgrad` one forward's work each
+    with M × K and K × N output tiles, `bgrad` a reduction of the M × N gradient to N.
     """
     prim = frame["primitive"].astype("string").fillna("").to_numpy()
     passes = frame["pass"].astype("string").fillna("").to_numpy() if "pass" in frame.columns else np.full(len(frame), "")
@@ -83,15 +85,23 @@ def compute_work(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarra
     rows, width, numel = _col(frame, "rows"), _col(frame, "width"), _col(frame, "numel")
     numel = np.where(np.isnan(numel), rows * width, numel)
     bwd = passes == "bwd"
+    role = frame["role"].astype("string").fillna("").to_numpy() if "role" in frame.columns else np.full(len(frame), "")
 
     flops = np.full(len(frame), np.nan)
     moved = np.full(len(frame), np.nan)
     tiles = np.full(len(frame), np.nan)
 
     is_mm = np.isin(prim, ("gemm", "bmm"))
-    mm_flops = 2.0 * batch * m * n * k * np.where(bwd, 2.0, 1.0)
-    mm_bytes = esize * batch * (m * k + k * n + m * n) * np.where(bwd, 2.0, 1.0)
-    mm_tiles = batch * np.ceil(m / TILE) * np.ceil(n / TILE)
+    whole = np.where(bwd & ~np.isin(role, ("dgrad", "wgrad")), 2.0, 1.0)
+    mm_flops = 2.0 * batch * m * n * k * whole
+    mm_bytes = esize * batch * (m * k + k * n + m * n) * whole
+    out_m = np.where(role == "wgrad", k, m)  # output of dgrad: M × K, of wgrad: K × N
+    out_n = np.where(role == "dgrad", k, n)
+    mm_tiles = batch * np.ceil(out_m / TILE) * np.ceil(out_n / TILE)
+    bias = role == "bgrad"
+    mm_flops = np.where(bias, batch * m * n, mm_flops)
+    mm_bytes = np.where(bias, esize * batch * (m * n + n), mm_bytes)
+    mm_tiles = np.where(bias, np.ceil(batch * m * n / (TILE * TILE)), mm_tiles)
     flops = np.where(is_mm, mm_flops, flops)
     moved = np.where(is_mm, mm_bytes, moved)
     tiles = np.where(is_mm, mm_tiles, tiles)

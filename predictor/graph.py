@@ -1,10 +1,14 @@
 """Operator graph of one micro-batch's forward and backward on every pipeline stage, as Megatron builds a GPT.
 
 Each distinct operator shape becomes one *spec* (a row of the estimation frame: hardware, primitive, pass, dtype,
-variant and the shape features of `tracekit.core.samples.FEATURE_COLUMNS`); the graph refers to specs by index,
-so an iteration's thousands of operator instances need only a few dozen estimates. Conventions follow the seed
-paper's samples (corpus README): tensors are `[l, b, ...]`; a `bwd` row stands for the whole backward of one forward
-operator and carries that forward operator's features; `variant` is the seed paper's op name where one applies.
+variant, role and the shape features of `tracekit.core.samples.FEATURE_COLUMNS`); the graph refers to specs by
+index, so an iteration's thousands of operator instances need only a few dozen estimates. Conventions follow the
+seed paper's samples (corpus README): tensors are `[l, b, ...]`; `variant` is the seed paper's op name where one
+applies; every `bwd` row carries its forward operator's features. The backward of an op is asked in one of two
+forms, whichever the model set holds for the hardware and primitive (`ModelSet.role_primitives`, passed in as
+`backward_roles`): the whole backward (one row, no role: the seed paper's form, the default), or for GEMMs
+(gemm, bmm) in `backward_roles` its parts per role: `dgrad` and `wgrad` (one forward's FLOPs each) and, for a
+linear with a bias (`add_bias_linear`; never the LM head), `bgrad` — together the same work as the whole row.
 
 Per layer (forward): norm → [SP all-gather] → QKV GEMM (linear1) → RoPE → core attention (flash_atten, or
 baddbmm + ScaledUpperTriangMaskedSoftmax + attention dropout + bmm) → out-proj GEMM (linear2) → all-reduce
@@ -16,6 +20,7 @@ replays the layer's forward (with its collectives) before its backward; `selecti
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from tracekit.core.config import TrainingConfig
@@ -78,9 +83,11 @@ class Graph:
 
 
 class _Builder:
-    def __init__(self, config: TrainingConfig, hardware: str, gpus_per_node: int) -> None:
+    def __init__(self, config: TrainingConfig, hardware: str, gpus_per_node: int,
+                 backward_roles: Collection[str] = ()) -> None:
         c = self.c = config
         self.hardware = hardware
+        self.roles = frozenset(backward_roles) & {"gemm", "bmm"}
         self.gpn = gpus_per_node
         # fp8 (Transformer Engine): GEMMs in fp8, everything else in bf16
         self.dtype = "bf16" if c.precision == "fp8" else c.precision
@@ -104,14 +111,14 @@ class _Builder:
         self.sp_tokens = self.tokens // t if self.sp else self.tokens
 
     # -- specs -----------------------------------------------------------------------------------------------
-    def spec(self, primitive: str, pass_: str, variant: str, **features: float) -> int:
-        key = (primitive, pass_, variant, *features.items())  # call sites pass features in a fixed order
+    def spec(self, primitive: str, pass_: str, variant: str, role: str | None = None, **features: float) -> int:
+        key = (primitive, pass_, variant, role, *features.items())  # call sites pass features in a fixed order
         found = self.index.get(key)
         if found is not None:
             return found
         dtype = self.gemm_dtype if primitive == "gemm" else self.dtype
         row = {"hardware": self.hardware, "primitive": primitive, "pass": pass_, "dtype": dtype,
-               "variant": variant}
+               "variant": variant, "role": role}
         for name, value in features.items():
             row[name] = float(value)
         self.specs.append(row)
@@ -119,11 +126,16 @@ class _Builder:
         return self.index[key]
 
     def compute(self, name: str, primitive: str, variant: str, flops: float = 0.0, per_layer: bool = True,
-                **features: float) -> tuple[OpUse, OpUse]:
-        """A forward op and its whole backward (same features, pass bwd)."""
+                bias: bool = False, **features: float) -> tuple[OpUse, OpUse | tuple[OpUse, ...]]:
+        """A forward op and its backward (same features, pass bwd): whole, or its parts per role where the graph
+        asks for `primitive` per role (see the module docstring)."""
         fwd = OpUse(name, self.spec(primitive, "fwd", variant, **features), per_layer=per_layer, flops=flops)
-        bwd = OpUse(name, self.spec(primitive, "bwd", variant, **features), per_layer=per_layer, flops=2 * flops)
-        return fwd, bwd
+        if primitive not in self.roles:
+            return fwd, OpUse(name, self.spec(primitive, "bwd", variant, **features), per_layer=per_layer,
+                              flops=2 * flops)
+        roles = ("dgrad", "wgrad", "bgrad") if bias else ("dgrad", "wgrad")
+        return fwd, tuple(OpUse(name, self.spec(primitive, "bwd", variant, role, **features), per_layer=per_layer,
+                                flops=0.0 if role == "bgrad" else flops) for role in roles)
 
     def collective(self, name: str, primitive: str, group: str, nbytes: float, per_layer: bool = True,
                    variant: str | None = None) -> OpUse | None:
@@ -138,8 +150,10 @@ class _Builder:
         return OpUse(name, spec, per_layer=per_layer, group=group)
 
     # -- building blocks ---------------------------------------------------------------------------------------
-    def gemm(self, name: str, variant: str, m: int, n: int, k: int, per_layer: bool = True):
-        return self.compute(name, "gemm", variant, 2.0 * m * n * k, per_layer, m=m, n=n, k=k, batch=1)
+    def gemm(self, name: str, variant: str, m: int, n: int, k: int, per_layer: bool = True, bias: bool = True):
+        """A linear layer's GEMM (`bias`: it has one where the configuration adds biases)."""
+        return self.compute(name, "gemm", variant, 2.0 * m * n * k, per_layer, bias and self.c.add_bias_linear,
+                            m=m, n=n, k=k, batch=1)
 
     def norm(self, name: str, per_layer: bool = True):
         variant = "RMSlayernorm" if self.c.normalization == "RMSNorm" else "layernorm"
@@ -226,7 +240,7 @@ class _Builder:
         fwd.append(self.residual("mlp.bias_dropout_add"))
 
         forward = [op for op, _ in fwd if op is not None]
-        backward = [op for _, op in reversed(fwd) if op is not None]
+        backward = [part for _, op in reversed(fwd) for part in _parts(op)]
         if c.recompute_granularity == "full":
             replay = [OpUse(o.name, o.spec, per_layer=True, group=o.group, flops=o.flops, recompute=True)
                       for o in forward]
@@ -262,7 +276,7 @@ class _Builder:
         full_act = rows * h * self.bytes
         if self.sp:
             fwd.append(self.collective("output_layer.all_gather", "all_gather", "tp", full_act / self.t, False))
-        lm = self.gemm("output_layer", "linear_final", rows, v_t, h, per_layer=False)
+        lm = self.gemm("output_layer", "linear_final", rows, v_t, h, per_layer=False, bias=False)
         fwd.append(lm[0])
         ce = self.compute("loss.vocab_parallel_cross_entropy", "cross_entropy", "parallel_cross_entropy_128",
                           0.0, False, rows=rows, width=v_t, numel=rows * v_t, tp=self.t)
@@ -272,7 +286,7 @@ class _Builder:
             if op:
                 fwd.append(op)
         bwd.append(ce[1])
-        bwd.append(lm[1])
+        bwd.extend(_parts(lm[1]))
         if self.sp:
             op = self.collective("output_layer.grad_reduce_scatter", "reduce_scatter", "tp", full_act / self.t,
                                  False)
@@ -306,10 +320,12 @@ class _Builder:
         return norm + (0 if tied_here else self.v // self.t * self.h)
 
 
-def build_graph(config: TrainingConfig, hardware: str, gpus_per_node: int = 8) -> Graph:
-    """The operator graph of `config` on `hardware` (validated first; raises ConfigError)."""
+def build_graph(config: TrainingConfig, hardware: str, gpus_per_node: int = 8,
+                backward_roles: Collection[str] = ()) -> Graph:
+    """The operator graph of `config` on `hardware` (validated first; raises ConfigError). `backward_roles`: the
+    primitives (gemm, bmm) whose backward is asked per role rather than whole (module docstring)."""
     config.validate()
-    bld = _Builder(config, hardware, gpus_per_node)
+    bld = _Builder(config, hardware, gpus_per_node, backward_roles)
     c = config
     pp, vp = c.pp, c.vp
     per_chunk = c.num_layers // (pp * vp)
@@ -370,6 +386,13 @@ def build_graph(config: TrainingConfig, hardware: str, gpus_per_node: int = 8) -
         optimizer[stage] = OpUse("optimizer.step", spec)
     return Graph(config, hardware, gpus_per_node, bld.groups, bld.specs, segments, p2p_op and p2p_op.spec,
                  grad_sync, param_gather, optimizer, bld.index)
+
+
+def _parts(op: OpUse | tuple[OpUse, ...] | None) -> tuple[OpUse, ...]:
+    """The OpUses of one op's backward (none, the whole, or its parts per role)."""
+    if op is None:
+        return ()
+    return op if isinstance(op, tuple) else (op,)
 
 
 def _times(ops: list[OpUse], layers: int) -> list[OpUse]:

@@ -10,9 +10,19 @@ its UBJSON format, gzip-compressed; never pickle).
 Models are keyed by (hardware, primitive, pass, group). `group` is the sample `variant` for primitives whose
 variants are different kernels (the norms, softmaxes, element-wise ops, optimizer steps, activations), the topology
 `<nodes>x<ranks per node>` for collectives (plus a pooled `*` model over all measured topologies, which answers
-the others), and `*` (all variants pooled) for the rest. `predict` answers each operator row by one of four paths:
+the others), the `role` for the parts of a GEMM's backward (`dgrad`, `wgrad`, `bgrad`: trace kernels linked to
+their forward op), and `*` (all variants pooled) for the rest.
+
+Backward, one family in two forms, both keyed by the forward op's shape features: the whole backward of an op (the
+seed paper's `bwd` rows, role `whole` or none) and, for gemm/bmm, its parts per role. A row asking for a role is
+answered only by that role's model; a whole row only by a whole-form model, else (path `derived`) by the sum of
+the role models the set holds (dgrad + wgrad, + bgrad where held). `role_primitives(hw)` names the primitives
+whose backward the set holds per role only; the operator graph asks those per role (predictor/graph.py).
+
+`predict` answers each operator row by one of four paths:
 - `model`: a model of that hardware, primitive and pass;
-- `derived`: a collective composed from related models on that hardware (reduce_scatter ≈ all_gather at the same
+- `derived`: a whole GEMM backward summed from its role models; a collective composed from related models on
+  that hardware (reduce_scatter ≈ all_gather at the same
   per-rank bytes, all_reduce ≈ reduce_scatter + all_gather of bytes/n, all_to_all ≈ all_gather of bytes/n,
   broadcast ≈ all_reduce · n/(2(n−1)), send_recv ≈ a 2-rank all_gather), or a compute primitive from a model of
   a sibling device (A100 40 GB ↔ 80 GB) scaled by the ratio of their roofline estimates;
@@ -40,7 +50,7 @@ import pandas as pd
 from tracekit.core.atomic import atomic_write_json, umask_mode
 from tracekit.core.errors import ModelError
 from tracekit.core.hardware import hardware_spec
-from tracekit.core.samples import COLLECTIVE_PRIMITIVES, HOST_PRIMITIVES
+from tracekit.core.samples import COLLECTIVE_PRIMITIVES, GEMM_ROLES, HOST_PRIMITIVES
 
 from .features import shape_features
 from .regressor import FitResult, fit, physics_table, predict
@@ -75,6 +85,8 @@ ALIASES = {
     "optimizer": "optimizer", "adam": "optimizer", "gelu": "gelu",
 }
 OUTPUT_COLUMNS = ("duration_us", "path", "out_of_range", "sources")
+#: Primitives whose backward splits into roles (tracekit.core.samples.GEMM_ROLES).
+ROLE_PRIMITIVES = ("gemm", "bmm")
 
 
 def _norm(text: object) -> str:
@@ -100,10 +112,21 @@ def topology_key(frame: pd.DataFrame) -> pd.Series:
     return key.fillna(POOLED).astype(object)
 
 
+def role_rows(frame: pd.DataFrame) -> pd.Series:
+    """Rows that are one role of a GEMM's backward (dgrad, wgrad, bgrad)."""
+    if "role" not in frame.columns:
+        return pd.Series(False, index=frame.index)
+    return frame["primitive"].isin(ROLE_PRIMITIVES) & frame["role"].isin(GEMM_ROLES)
+
+
 def route_key(frame: pd.DataFrame) -> pd.Series:
-    """What selects a model group for each row: the topology for collectives, the variant otherwise."""
+    """What selects a model group for each row: the topology for collectives, the role for a part of a GEMM's
+    backward, the variant otherwise."""
     variant = frame["variant"].astype(object) if "variant" in frame.columns else \
         pd.Series(None, index=frame.index, dtype=object)
+    roles = role_rows(frame).to_numpy()
+    if roles.any():
+        variant = variant.where(~roles, frame["role"].astype(object))
     coll = frame["primitive"].isin(COLLECTIVE_PRIMITIVES).to_numpy()
     if not coll.any():
         return variant
@@ -116,6 +139,9 @@ def groups_of(samples: pd.DataFrame) -> pd.Series:
     split = samples["primitive"].isin(SPLIT_BY_VARIANT)
     counts = variant.groupby([samples["hardware"], samples["primitive"], samples["pass"], variant]).transform("size")
     groups = variant.where(split & (counts >= MIN_GROUP_ROWS) & (variant != POOLED), POOLED).astype(object)
+    roles = role_rows(samples).to_numpy()
+    if roles.any():
+        groups = groups.where(~roles, samples["role"].astype(object))
     coll = samples["primitive"].isin(COLLECTIVE_PRIMITIVES).to_numpy()
     if coll.any():
         groups = groups.where(~coll, topology_key(samples))
@@ -346,11 +372,28 @@ class ModelSet:
         return {g for g in self._by_key.get((hardware, primitive, "comm"), {}) if g != POOLED}
 
     # -- resolution -------------------------------------------------------------------------------------------
+    def role_primitives(self, hardware: str) -> frozenset[str]:
+        """Primitives whose backward on `hardware` this set holds per role only (dgrad and wgrad models, no
+        whole-form model): the graph asks for their backward per role (see the module docstring)."""
+        out = set()
+        for primitive in ROLE_PRIMITIVES:
+            groups = self._by_key.get((hardware, primitive, "bwd"), {})
+            if {"dgrad", "wgrad"} <= set(groups) and set(groups) <= set(GEMM_ROLES):
+                out.add(primitive)
+        return frozenset(out)
+
     def resolve(self, hardware: str, primitive: str, pass_: str, variant: object = None) -> TrainedModel | None:
-        """The model answering a row directly, or None."""
+        """The model answering a row directly, or None. `variant` is the row's route key: a role answers only
+        with that role's model; anything else never with a role's."""
         groups = self._by_key.get((hardware, primitive, pass_))
         if not groups:
             return None
+        if variant in GEMM_ROLES:
+            return groups.get(variant)
+        if primitive in ROLE_PRIMITIVES:
+            groups = {name: model for name, model in groups.items() if name not in GEMM_ROLES}
+            if not groups:
+                return None
         if isinstance(variant, str) and variant in groups:
             return groups[variant]
         wanted = _norm(variant)
@@ -466,6 +509,8 @@ class ModelSet:
             self._derive_collectives(sub[coll], rows[coll], duration, path, oor)
         compute = rows[~coll]
         if len(compute):
+            compute = self._derive_roles(frame.iloc[compute], compute, duration, path, oor)
+        if len(compute):
             self._derive_sibling(frame.iloc[compute], compute, duration, path, oor)
 
     def direct_estimates(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -520,6 +565,29 @@ class ModelSet:
                 path[rows[hit]] = "derived"
                 oor[rows[hit]] = any_oor[hit]
                 todo &= ~ok
+
+    def _derive_roles(self, sub: pd.DataFrame, rows: np.ndarray, duration, path, oor) -> np.ndarray:
+        """Whole GEMM backward rows from the role models of their hardware (dgrad + wgrad, + bgrad where held), in
+        place; returns the rows still unanswered."""
+        whole = (sub["pass"] == "bwd").to_numpy() & sub["primitive"].isin(ROLE_PRIMITIVES).to_numpy() \
+            & ~role_rows(sub).to_numpy()
+        if not whole.any():
+            return rows
+        part = sub[whole]
+        total = np.zeros(len(part))
+        any_oor = np.zeros(len(part), dtype=bool)
+        held = np.ones(len(part), dtype=bool)
+        for role in GEMM_ROLES:
+            t, part_oor, ok = self._direct_only(part.assign(role=role))
+            if role != "bgrad":
+                held &= ok
+            total += np.where(ok, t, 0.0)
+            any_oor |= ok & part_oor
+        hit = rows[whole][held]
+        duration[hit] = total[held]
+        path[hit] = "derived"
+        oor[hit] = any_oor[held]
+        return np.setdiff1d(rows, hit)
 
     def _derive_sibling(self, sub: pd.DataFrame, rows: np.ndarray, duration, path, oor) -> None:
         keys = sub[["hardware", "primitive", "pass"]].astype(str)

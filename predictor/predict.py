@@ -8,10 +8,11 @@ Public API (stable; used by the CLI, `tracekit diff/validate` and capture):
 
 `models` is anything with the interface of `predictor.models.ModelSet` — `predict(frame) -> frame`,
 `hardware_ids()`, `framework_us(hw)`, `sampled_cluster(hw)`, `sampled_topologies(hw, primitive)`,
-`resolve(hw, primitive, pass, group)`: `predict` gets a frame of operator rows (hardware, primitive, pass, dtype,
-variant + FEATURE_COLUMNS) and returns `duration_us`, `path` ('model' | 'derived' | 'transfer' | 'roofline') and
-`out_of_range` on the same index (a GPU without models takes `transfer`: the note of `resolve_hardware` names its
-source GPUs). Collectives not measured on the configuration's cluster and topology take the algorithm model of
+`resolve(hw, primitive, pass, group)`, and optionally `role_primitives(hw)` (the primitives whose backward the
+graph asks per role; without it, whole): `predict` gets a frame of operator rows (hardware, primitive, pass, dtype,
+variant, role + FEATURE_COLUMNS) and returns `duration_us`, `path` ('model' | 'derived' | 'transfer' | 'roofline')
+and `out_of_range` on the same index (a GPU without models takes `transfer`: the note of `resolve_hardware` names
+its source GPUs). Collectives not measured on the configuration's cluster and topology take the algorithm model of
 `predictor.collectives` instead (path 'physics'; beyond the sampled message sizes, anchored to the learned model).
 `predict_many` builds every configuration's graph, de-duplicates the operator rows of all of them and asks the
 models once (plus once for learned collectives outside their sampled sizes, when there are any; only rows not
@@ -57,7 +58,7 @@ from .schedule import Timeline, Work, simulate
 from .transfer import source_weights
 
 TENSOR_PRIMITIVES = ("gemm", "bmm", "attention")
-KEYS = ("hardware", "primitive", "pass", "dtype", "variant")
+KEYS = ("hardware", "primitive", "pass", "dtype", "variant", "role")
 BREAKDOWN = ("compute", "exposed_communication", "pipeline_bubble", "optimizer", "other")
 
 
@@ -221,7 +222,8 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
                     raise ConfigError(f"fp8 needs fp8 tensor cores: {cluster.hardware} has none")
                 notes.append("fp8: GEMMs estimated from bf16 estimates at the datasheet's fp8/bf16 roofline ratio "
                              "(Transformer Engine fp8 GEMMs, everything else bf16); an estimate, no fp8 samples")
-            graph = build_graph(config, hardware, cluster.gpus_per_node)
+            roles = models.role_primitives(hardware) if hasattr(models, "role_primitives") else ()
+            graph = build_graph(config, hardware, cluster.gpus_per_node, roles)
         except (ConfigError, ValueError, ZeroDivisionError) as exc:
             built.append(exc if isinstance(exc, ConfigError) else ConfigError(str(exc)))
             continue

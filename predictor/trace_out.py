@@ -128,7 +128,14 @@ class _Writer:
             shapes = ([[m, k], [k, n]], [[m, n], [n, k]], [[n, m], [m, k]]) if prim == "gemm" else \
                 ([[b, m, k], [b, k, n]], [[b, m, n], [b, n, k]], [[b, k, m], [b, m, n]])
             kernel = self.gemm_kernel()
-            if pass_ == "bwd":  # dgrad then wgrad
+            role = spec.get("role") if pass_ == "bwd" else None
+            if role == "bgrad":  # the bias gradient: dY summed over its rows
+                self.launch("aten::sum", "void at::native::reduce_kernel<512, 1>", start, dur, 7,
+                            {"Input Dims": [[m, n]], "Input type": [torch_t]})
+            elif role in ("dgrad", "wgrad"):  # one part of the backward, with that GEMM's own shapes
+                self.launch(name, kernel, start, dur, 7,
+                            {"Input Dims": shapes[1 if role == "dgrad" else 2], "Input type": [torch_t] * 2})
+            elif pass_ == "bwd":  # the whole backward: dgrad then wgrad
                 self.launch(name, kernel, start, dur / 2, 7, {"Input Dims": shapes[1], "Input type": [torch_t] * 2})
                 self.launch(name, kernel, start + dur / 2, dur / 2, 7,
                             {"Input Dims": shapes[2], "Input type": [torch_t] * 2})

@@ -87,19 +87,27 @@ def test_json_schema_and_idempotent_reingest(tmp_path):
     assert set(doc) == {"traces", "errors"} and doc["errors"] == []
     (report,) = doc["traces"]
     assert set(report) == {"path", "hardware", "rank", "world_size", "iterations", "kernels", "gpu_busy_us",
-                           "primitives", "unclassified_share", "samples_written"}
+                           "primitives", "unclassified_share", "backward", "samples_written"}
     assert (report["hardware"], report["rank"], report["world_size"]) == ("A100-PG509-200", 0, 2)
     assert report["kernels"] == 2700 and report["iterations"] == 3
     device_events = 2700 + 114 + 960  # kernels + memsets + memcpys in the file
-    assert report["samples_written"] == device_events
     assert sum(p["count"] for p in report["primitives"].values()) == device_events
+    # one sample per device event, but a backward node's linked kernels are one sample per role
+    events = read_trace(NCCL).device_events
+    linked = events[events["bwd_node"] >= 0]
+    groups = len(linked.groupby(["bwd_node", "role"]))
+    assert 0 < groups <= len(linked)
+    assert report["samples_written"] == device_events - len(linked) + groups
+    back = report["backward"]
+    assert back["linked"] == len(linked) == sum(back["roles"].values())
+    assert back["linked"] + back["unlinked"] == back["kernels"]
     assert all(set(p) == {"count", "time_us"} for p in report["primitives"].values())
     assert 0 <= report["unclassified_share"] < 1
     before = tree_digest(store)
     again = json.loads(ingest(str(NCCL), "--store", str(store), "--json").stdout)
     assert again["traces"][0]["samples_written"] == 0
     assert tree_digest(store) == before
-    assert len(SampleStore(store).read()) == device_events
+    assert len(SampleStore(store).read()) == report["samples_written"]
     table = ingest(str(NCCL), "--store", str(store))
     assert "A100-PG509-200" in table.stdout and "all_reduce" in table.stdout
 

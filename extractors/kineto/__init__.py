@@ -29,8 +29,12 @@ Public API (other parts of tracekit build on these names):
   ``launch_ts_us``       start of the runtime launch call (CPU runs: of the c10d call that issued gloo work; NaN if
                          absent);
   ``blocked_us``         CPU runs, gloo work of a synchronous call: the calling thread's time from the call to its
-                         next operator (what the collective cost the step); NaN otherwise.
-- ``trace_samples(trace, source_id) -> DataFrame`` in the sample schema (collectives carry transfer time).
+                         next operator (what the collective cost the step); NaN otherwise;
+  ``role``, ``fwd_op``, ``bwd_node``  backward compute work linked to its forward op (backward.py): role ``dgrad`` |
+                         ``wgrad`` | ``bgrad`` (a GEMM's) or ``whole``, the forward op's name (its primitive, dtype and
+                         shape features replace the launching op's) and the autograd node's op row (-1: unlinked).
+- ``trace_samples(trace, source_id) -> DataFrame`` in the sample schema (collectives carry transfer time; a
+  backward node's linked kernels are one row per role).
 - ``ingest_paths(paths, store, progress=None, jobs=None) -> IngestResult``: files, directories (one run each, rank
   files matched for collectives; a large run's files parsed by `jobs` processes, every core by default) and globs
   into a SampleStore; ``IngestResult.as_json()`` is the ``--json`` document

@@ -10,21 +10,20 @@ recorded as the reduce-scatter it was asked for, with the output shard as its me
 `launch_ts_us` is the call's start and `blocked_us` what the calling thread waited for it (a collective's sample
 duration on a CPU run, as `tracekit sample` times a call).
 A backward node (`autograd::engine::evaluate_function: AddmmBackward0`) is the whole backward of the forward op
-that shares its autograd `Sequence number`; it takes that op's name and input shapes (the convention of sampled
-`bwd` rows).
+that shares its autograd `Sequence number` (role `whole`, linked as in backward.py); it takes that op's name and
+input shapes (the convention of sampled `bwd` rows).
 Hardware is `cpu-<model>` from the trace's top-level `cpu_model` key (add it while profiling with
 `prof.add_metadata("cpu_model", ...)`); torch does not record the CPU model itself, so other CPU traces get
 `cpu-unknown`.
 """
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from tracekit.core.hardware import normalize_hardware
 from tracekit.core.samples import FEATURE_COLUMNS
 
+from .backward import WHOLE, backward_node_op, forward_by_sequence, forward_op
 from .classify import collective_kind, is_pointwise_op, op_primitive
 from .collectives import assign_sequence, comm_info
 from .events import EventColumns
@@ -34,14 +33,6 @@ from .shapes import json_list, op_features, tensor_bytes
 
 def cpu_hardware(model: str | None) -> str:
     return normalize_hardware("cpu-" + model) if model else "cpu-unknown"
-
-
-def _camel_to_op(name: str) -> str | None:
-    """'autograd::engine::evaluate_function: AddmmBackward0' → 'aten::addmm' (None if no backward node)."""
-    m = re.search(r"(\w+?)Backward\d*$", name)
-    if not m:
-        return None
-    return "aten::" + re.sub(r"(?<!^)(?=[A-Z])", "_", m.group(1)).lower()
 
 
 def cpu_events(c: EventColumns, world_size: int | None):
@@ -56,7 +47,7 @@ def cpu_events(c: EventColumns, world_size: int | None):
     rows = []
     comm_rows, comm_recorded, comm_pg, comm_ts = [], [], [], []
     annotated_comms = bool(np.any(ctx.comm_annotation == np.arange(len(names))))
-    forward = _forward_by_sequence(c, ctx)
+    forward = forward_by_sequence(c, ctx.backward)
     issuer = _issuing_calls(c, ctx) if annotated_comms else {}
     resume = _op_starts_by_thread(c, ctx) if issuer else {}
     for i in range(len(names)):
@@ -103,8 +94,8 @@ def cpu_events(c: EventColumns, world_size: int | None):
             if "::" in name and not name.startswith("autograd::"):
                 op = name
             else:
-                op = _camel_to_op(name) or name
-                shaped = _forward_op(forward, names, int(c.op_seq[i]), op) if op != name else -1
+                op = backward_node_op(name) or name
+                shaped = forward_op(forward, names, int(c.op_seq[i]), op) if op != name else -1
                 op = names[shaped] if shaped >= 0 else op
             primitive = op_primitive(op) or ("elementwise" if is_pointwise_op(op) else "other")
             if ctx.optimizer[i] and primitive not in ("gemm", "bmm"):
@@ -116,6 +107,8 @@ def cpu_events(c: EventColumns, world_size: int | None):
                                             c.op_concrete[shaped])
                 row["dtype"] = dtype
                 row.update(dict(values))
+                if shaped != i:  # a backward node linked to its forward op: that op's whole backward
+                    row.update(role=WHOLE, fwd_op=op, bwd_node=i)
         layer = int(ctx.layer[i])
         row["layer"] = names[layer] if layer >= 0 else None
         rows.append(row)
@@ -124,6 +117,7 @@ def cpu_events(c: EventColumns, world_size: int | None):
         return frame
     for col in FEATURE_COLUMNS + ("wait_us", "launch_ts_us", "blocked_us"):
         frame[col] = frame[col].astype("float64")
+    frame["bwd_node"] = frame["bwd_node"].fillna(-1).astype("int64")
     if comm_rows:
         seqs = assign_sequence(comm_pg, [rows[r]["primitive"] for r in comm_rows],
                                np.argsort(np.asarray(comm_ts), kind="stable"), comm_recorded)
@@ -197,24 +191,6 @@ def _blocked_us(c: EventColumns, starts: dict[int, np.ndarray], call: int, work_
     if nxt < len(mine) and mine[nxt] < work_end:
         return float("nan")
     return float((mine[nxt] if nxt < len(mine) else work_end) - c.op_ts[call])
-
-
-def _forward_by_sequence(c: EventColumns, ctx) -> dict[int, list[int]]:
-    """Autograd sequence number → the forward operators that carry it (one per forward thread)."""
-    out: dict[int, list[int]] = {}
-    for i in np.flatnonzero((c.op_seq >= 0) & ~ctx.backward & ~c.op_is_annotation):
-        out.setdefault(int(c.op_seq[i]), []).append(int(i))
-    return out
-
-
-def _forward_op(forward: dict[int, list[int]], names: list, seq: int, op: str) -> int:
-    """The forward operator a backward node of `op` (its name mapped from the node's) belongs to: the one with its
-    sequence number, named `op` where several threads share the number; -1 if none or ambiguous."""
-    found = forward.get(seq, ()) if seq >= 0 else ()
-    if len(found) == 1:
-        return found[0]
-    named = [j for j in found if names[j] == op]
-    return named[0] if len(named) == 1 else -1
 
 
 def _is_comm_call(name: str) -> bool:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import glob
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -91,7 +92,9 @@ def rank_sets(traces: list) -> list:
 
 def trace_samples(trace: KinetoTrace, source_id: str):
     """The trace's device events as rows of the sample schema (collectives carry their transfer time; gloo work of
-    a synchronous call on a CPU run, what its caller waited: `tracekit sample` times a call so)."""
+    a synchronous call on a CPU run, what its caller waited: `tracekit sample` times a call so). Backward kernels
+    linked to their forward op (extractors/kineto/backward.py) become one row per autograd node and role: the sum
+    of its kernels' times, the forward op as `variant`, the kernels' names joined by " + "."""
     import pandas as pd
 
     ev = trace.device_events
@@ -101,24 +104,52 @@ def trace_samples(trace: KinetoTrace, source_id: str):
     dur = np.where(np.isnan(blocked), dur, blocked)
     duration = np.where(np.isnan(wait), dur, dur - np.nan_to_num(wait))
     iteration = ev["iteration"].to_numpy()
+    node = ev["bwd_node"].to_numpy()
+    kernel = ev["name"].to_numpy(dtype=object)
+    keep = slice(None)
+    if np.any(node >= 0):
+        keep, duration, kernel = per_role(node, ev["role"].to_numpy(dtype=object), duration, kernel)
     frame = pd.DataFrame({
         "hardware": trace.hardware,
-        "primitive": ev["primitive"].array,
-        "pass": ev["pass"].array,
-        "dtype": ev["dtype"].array,
-        "variant": ev["op"].array,
-        **{name: ev[name].to_numpy(dtype=float) for name in FEATURE_COLUMNS},
-        "duration_us": duration,
-        "wait_us": wait,
-        "process_group": ev["process_group"].to_numpy(),
-        "stream": ev["stream"].to_numpy(),
+        "primitive": ev["primitive"].array[keep],
+        "pass": ev["pass"].array[keep],
+        "dtype": ev["dtype"].array[keep],
+        "variant": np.where(node >= 0, ev["fwd_op"].to_numpy(dtype=object), ev["op"].to_numpy(dtype=object))[keep],
+        "role": ev["role"].array[keep],
+        **{name: ev[name].to_numpy(dtype=float)[keep] for name in FEATURE_COLUMNS},
+        "duration_us": duration[keep],
+        "wait_us": wait[keep],
+        "process_group": ev["process_group"].to_numpy()[keep],
+        "stream": ev["stream"].to_numpy()[keep],
         "rank": trace.rank,
-        "iteration": pd.array([int(x) if x >= 0 else None for x in iteration.tolist()], dtype="Int64"),
-        "kernel": ev["name"].array,
+        "iteration": pd.array([int(x) if x >= 0 else None for x in iteration[keep].tolist()], dtype="Int64"),
+        "kernel": kernel[keep],
         "source": source_id,
         "source_path": trace.path.name,
     })
     return frame[list(COLUMNS)]
+
+
+def per_role(node: np.ndarray, role: np.ndarray, duration: np.ndarray, kernel: np.ndarray):
+    """(rows to keep, durations, kernel names): the linked backward kernels (`node` ≥ 0) of each (autograd node,
+    role) become their first row, with the group's summed duration and its kernels' names joined by " + "."""
+    import pandas as pd
+
+    idx = np.flatnonzero(node >= 0)
+    codes, _ = pd.factorize(role[idx])
+    key = node[idx] * 8 + codes  # fewer than 8 roles
+    order = np.argsort(key, kind="stable")
+    idx, key = idx[order], key[order]
+    start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    first = idx[start]
+    duration, kernel = duration.copy(), kernel.copy()
+    duration[first] = np.add.reduceat(duration[idx], start)
+    sizes = np.diff(np.r_[start, len(idx)])
+    for row, s, n in zip(first.tolist(), start.tolist(), sizes.tolist()):
+        if n > 1:
+            kernel[row] = " + ".join(dict.fromkeys(kernel[idx[s:s + n]]))
+    keep = np.sort(np.concatenate([np.flatnonzero(node < 0), first]))
+    return keep, duration, kernel
 
 
 def busy_time(ev) -> float:
@@ -154,8 +185,18 @@ def trace_report(trace: KinetoTrace, written: int) -> dict:
         "primitives": {name: {"count": int(row["count"]), "time_us": round(float(row["sum"]), 3)}
                        for name, row in by_prim.iterrows()},
         "unclassified_share": round(other / total, 6) if total > 0 else 0.0,
+        "backward": backward_report(ev),
         "samples_written": int(written),
     }
+
+
+def backward_report(ev) -> dict:
+    """Backward compute kernels (ops on CPU runs): how many are linked to their forward op, per role, and how many
+    are not (they keep their own launching op's shapes)."""
+    bwd = (ev["pass"].to_numpy(dtype=object) == "bwd") & (ev["category"].to_numpy(dtype=object) == "computation")
+    roles = Counter(role for role in ev["role"].to_numpy(dtype=object)[bwd] if isinstance(role, str))
+    linked, kernels = sum(roles.values()), int(bwd.sum())
+    return {"kernels": kernels, "linked": linked, "unlinked": kernels - linked, "roles": dict(sorted(roles.items()))}
 
 
 #: A run's traces are parsed in parallel processes only when they are this large together: below it, starting the

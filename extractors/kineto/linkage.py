@@ -9,7 +9,10 @@ Kernel → operator, both generations of Kineto:
 
 One sweep over each thread's operators (sorted by start, longest first) builds the nesting, and passes down what
 an operator inherits from its ancestors: backward (autograd engine / *Backward ops / fwdbwd flow targets),
-optimizer step, the enclosing record_param_comms and nccl:/gloo: annotation, and the innermost user annotation.
+optimizer step, the enclosing record_param_comms and nccl:/gloo: annotation, the innermost user annotation, the
+innermost autograd node (an `evaluate_function:` span or node call carrying a `Sequence number`; a node call inside
+the span of its own evaluate_function counts as that span) and the outermost GEMM op inside that node (what
+`backward.py` reads a backward kernel's role from).
 """
 from __future__ import annotations
 
@@ -27,6 +30,10 @@ _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 #: A child may end this much after its parent (integer-µs rounding) and still be nested; beyond it, it is async.
 _ESCAPE_US = 1.0
 _NOT_LAYER = re.compile(r"^(ProfilerStep#|(nccl|gloo|rccl|hccl|ucc):|##|PyTorch Profiler|record_param_comms)")
+#: An autograd node as the profiler records it: the engine's span, or the node call (XBackward0, custom C++ nodes).
+_NODE = re.compile(r"^autograd::engine::evaluate_function: |Backward\d*$|^torch::autograd::CppNode<")
+#: GEMM operators (a backward GEMM's role is read from the outermost one enclosing its launch inside the node).
+_GEMM_OP = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|addbmm)$")
 
 
 @dataclass
@@ -41,6 +48,8 @@ class OpContext:
     backward: np.ndarray  # bool
     optimizer: np.ndarray  # bool
     top_level: np.ndarray  # bool: cpu_op without a cpu_op ancestor
+    node: np.ndarray  # innermost autograd node ancestor-or-self (its evaluate_function span where recorded)
+    node_gemm: np.ndarray  # outermost GEMM op between the op and its node (ancestor-or-self)
 
 
 @dataclass
@@ -60,6 +69,8 @@ def _name_flags(names: list) -> dict:
             bool(_OPTIMIZER.search(name)),
             bool(_COMM_ANNOTATION.match(name)),
             not _NOT_LAYER.match(name),
+            bool(_NODE.search(name)),
+            bool(_GEMM_OP.match(name)),
         )
     return flags
 
@@ -89,6 +100,8 @@ def op_context(c: EventColumns) -> tuple[OpContext, np.ndarray]:
     ts_l, thread_l = ts.tolist(), thread.tolist()
     flow_ends = c.bwd_flow_ends
     par_l, cpu_l, cop_l, cann_l, lay_l = [-1] * n_ops, [-1] * n_ops, [-1] * n_ops, [-1] * n_ops, [-1] * n_ops
+    node_l, gemm_l = [-1] * n_ops, [-1] * n_ops
+    seq_l = c.op_seq.tolist() if c.op_seq is not None and len(c.op_seq) == n_ops else [-1] * n_ops
     bwd_l, opt_l = [False] * n_ops, [False] * n_ops
     rt_l = [-1] * n_rt
 
@@ -108,7 +121,7 @@ def op_context(c: EventColumns) -> tuple[OpContext, np.ndarray]:
             continue
         i = idx
         name = names[i]
-        is_bwd, is_opt, is_comm_ann, is_layer = flags[name]
+        is_bwd, is_opt, is_comm_ann, is_layer, is_node, is_gemm = flags[name]
         if stack:
             p = stack[-1]
             par_l[i] = p
@@ -118,9 +131,18 @@ def op_context(c: EventColumns) -> tuple[OpContext, np.ndarray]:
             lay_l[i] = lay_l[p]
             bwd_l[i] = bwd_l[p] or is_bwd
             opt_l[i] = opt_l[p] or is_opt
+            if bwd_l[i]:  # autograd nodes are backward ops
+                node = node_l[i] = node_l[p]
+                gemm_l[i] = gemm_l[p]
+                if is_node and seq_l[i] >= 0 and (node < 0 or seq_l[node] != seq_l[i]):
+                    node_l[i], gemm_l[i] = i, -1  # a new node (the call inside its own evaluate_function is not)
+                elif is_gemm and gemm_l[p] < 0 and node >= 0:
+                    gemm_l[i] = i
         else:
             bwd_l[i] = is_bwd
             opt_l[i] = is_opt
+            if is_node and seq_l[i] >= 0:
+                node_l[i] = i
         if not bwd_l[i] and flow_ends and (th, t) in flow_ends:
             bwd_l[i] = True
         if is_ann[i]:
@@ -145,7 +167,9 @@ def op_context(c: EventColumns) -> tuple[OpContext, np.ndarray]:
     optimizer[:] = opt_l
     rt_op[:] = rt_l
     top_level = ~c.op_is_annotation & (np.where(parent >= 0, cpu_op[np.maximum(parent, 0)], -1) < 0)
-    return OpContext(parent, cpu_op, comm_op, comm_ann, layer, backward, optimizer, top_level), rt_op
+    node = np.asarray(node_l, np.int64) if n_ops else np.full(0, -1, np.int64)
+    node_gemm = np.asarray(gemm_l, np.int64) if n_ops else np.full(0, -1, np.int64)
+    return OpContext(parent, cpu_op, comm_op, comm_ann, layer, backward, optimizer, top_level, node, node_gemm), rt_op
 
 
 def _lookup(keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.ndarray:

@@ -12,6 +12,7 @@ from tracekit.core.errors import InputError
 from tracekit.core.hardware import normalize_hardware
 from tracekit.core.samples import FEATURE_COLUMNS
 
+from .backward import link_backward
 from .classify import classify, is_comm_kernel
 from .collectives import assign_sequence, comm_info
 from .cpu import cpu_events, cpu_hardware
@@ -23,7 +24,7 @@ from .load import open_trace
 EVENT_COLUMNS = (
     "ts_us", "dur_us", "stream", "name", "kind", "category", "primitive", "pass", "dtype", "op", "iteration",
     *FEATURE_COLUMNS, "process_group", "process_group_desc", "comm_seq", "wait_us", "layer", "launch_ts_us",
-    "blocked_us",
+    "blocked_us", "role", "fwd_op", "bwd_node",
 )
 
 
@@ -129,6 +130,19 @@ def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None):
         cols["op"][i] = op
         if inner >= 0 and layer[inner] >= 0:
             cols["layer"][i] = op_names[layer[inner]]
+    bwd = link_backward(c, lk, (np.array(cols["category"], dtype=object) == "computation")
+                        & (np.array(cols["pass"], dtype=object) == "bwd"))
+    fwd_name: list = [None] * n
+    for i in np.flatnonzero(bwd.forward >= 0).tolist():  # the forward op's primitive, dtype and shapes
+        fwd = int(bwd.forward[i])
+        primitive = cols["primitive"][i] = bwd.primitive[i]
+        fwd_name[i] = op_names[fwd]
+        dtype, values = op_features(op_names[fwd], primitive, c.op_dims[fwd], c.op_types[fwd], c.op_concrete[fwd])
+        cols["dtype"][i] = dtype
+        for key in feat_rows:
+            feat_rows[key][i] = np.nan
+        for key, value in values:
+            feat_rows[key][i] = value
     if comm_rows:
         when = np.where(np.isnan(lk.dev_launch_ts), c.dev_ts, lk.dev_launch_ts)[comm_rows]
         order = np.argsort(when, kind="stable")
@@ -142,7 +156,8 @@ def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None):
         **{name: np.array(values, dtype=float) for name, values in feat_rows.items()},
         "process_group": cols["process_group"], "process_group_desc": cols["process_group_desc"],
         "comm_seq": pd.array(cols["comm_seq"], dtype="Int64"), "wait_us": np.full(n, np.nan), "layer": cols["layer"],
-        "launch_ts_us": lk.dev_launch_ts, "blocked_us": np.full(n, np.nan),
+        "launch_ts_us": lk.dev_launch_ts, "blocked_us": np.full(n, np.nan), "role": bwd.role, "fwd_op": fwd_name,
+        "bwd_node": bwd.node,
     })
     return frame
 

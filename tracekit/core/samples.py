@@ -18,6 +18,13 @@ PRIMITIVES = COMPUTE_PRIMITIVES + MEMORY_PRIMITIVES + COLLECTIVE_PRIMITIVES + HO
 #: Passes, as stored: forward, backward, optimizer step, communication.
 PASSES = ("fwd", "bwd", "optimizer", "comm")
 
+#: Roles of a backward row, all keyed by the forward op's shape features: `whole` is the whole backward of one
+#: forward op (the seed paper's `bwd` samples, a CPU run's autograd node, a GPU node's kernels together); a GEMM's
+#: backward splits into `dgrad` (gradient of its input, dY·Wᵀ), `wgrad` (of its weight, Xᵀ·dY) and `bgrad` (the
+#: bias, a reduction of dY). Parquet parts written before the column existed read as null (unlinked).
+ROLES = ("whole", "dgrad", "wgrad", "bgrad")
+GEMM_ROLES = ("dgrad", "wgrad", "bgrad")
+
 #: Shape features; each primitive fills the ones that describe it and leaves the rest null.
 FEATURE_COLUMNS = (
     "m", "n", "k", "batch",                      # gemm / bmm: [batch ×] (m×k) @ (k×n)
@@ -36,6 +43,7 @@ SCHEMA = pa.schema(
         pa.field("pass", pa.string(), nullable=False),
         pa.field("dtype", pa.string()),
         pa.field("variant", pa.string()),          # source label: launching op (aten::mm) or sample-file op name
+        pa.field("role", pa.string()),             # bwd rows: ROLES (None: a backward kernel not linked to its op)
         *[pa.field(name, pa.float64()) for name in FEATURE_COLUMNS],
         pa.field("duration_us", pa.float64(), nullable=False),
         pa.field("wait_us", pa.float64()),          # collectives matched across ranks: time spent waiting
