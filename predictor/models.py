@@ -578,7 +578,7 @@ class ModelSet:
         any_oor = np.zeros(len(part), dtype=bool)
         held = np.ones(len(part), dtype=bool)
         for role in GEMM_ROLES:
-            t, part_oor, ok = self._direct_only(part.assign(role=role))
+            t, part_oor, ok = self.direct_estimates(part.assign(role=role))
             if role != "bgrad":
                 held &= ok
             total += np.where(ok, t, 0.0)
