@@ -39,7 +39,8 @@ Public API (other parts of tracekit build on these names):
 """
 from .collectives import match_collectives
 from .ingest import IngestResult, find_runs, ingest_paths, trace_samples
-from .trace import EVENT_COLUMNS, KinetoTrace, read_trace
+from .columns import EVENT_COLUMNS
+from .trace import KinetoTrace, read_trace
 
 __all__ = [
     "EVENT_COLUMNS", "IngestResult", "KinetoTrace", "find_runs", "ingest_paths", "match_collectives", "read_trace",

@@ -27,6 +27,7 @@ from tracekit.core.samples import FEATURE_COLUMNS
 
 from .classify import collective_kind, is_pointwise_op, op_primitive
 from .collectives import assign_sequence, comm_info
+from .columns import EVENT_COLUMNS
 from .events import EventColumns
 from .linkage import link
 from .shapes import json_list, op_features, tensor_bytes
@@ -47,8 +48,6 @@ def _camel_to_op(name: str) -> str | None:
 def cpu_events(c: EventColumns, world_size: int | None):
     """device_events frame of a CPU run (same columns as a GPU trace's)."""
     import pandas as pd
-
-    from .trace import EVENT_COLUMNS
 
     lk = link(c)
     ctx = lk.ops
