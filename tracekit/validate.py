@@ -2,7 +2,7 @@
 (predict its configuration, diff, optionally refit on it), and score predictions of published end-to-end results.
 
 This is application code: it reads files (traces via `extractors.kineto`, predictions, manifests, CSVs), calls
-`predictor.predict` and `predictor.diff`, and returns plain dicts / DiffReports for the CLI and the HTML page.
+`predictor.predict` and `tracekit.compare`, and returns plain dicts / DiffReports for the CLI and the HTML page.
 """
 from __future__ import annotations
 
@@ -219,7 +219,7 @@ def diff_inputs(predicted: dict[str, Any] | list[Any], real_traces: list[Any], r
     """DiffReport of a prediction dict or parsed predicted traces against parsed real traces. `config`: the run's
     TrainingConfig when known (validate passes the manifest's); it maps ranks to pipeline stages and is checked
     against both sides (else the prediction's own configuration is used)."""
-    from predictor.diff import check_same_split, diff_sides, summarize_prediction, summarize_traces
+    from tracekit.compare import check_same_split, diff_sides, summarize_prediction, summarize_traces
 
     config_dict = config.to_dict() if config is not None else None
     if isinstance(predicted, dict):
@@ -269,7 +269,7 @@ def manifest_config(paths: list[Path]) -> Any:
 def pipeline_size(trace_sets: list[list[Any]], groups: list[dict[str, int]]) -> int:
     """Pipeline stages of traces without a configuration: a PIPELINE_MODEL_PARALLEL_GROUP's size in either side's
     process groups or collectives, else 1."""
-    from predictor.diff import trace_groups
+    from tracekit.compare import trace_groups
 
     for traces, named in zip(trace_sets, groups):
         sizes = dict(named)
@@ -373,7 +373,7 @@ def apply_hta(side: Any, traces: list[Any], pp: int) -> None:
         return
     import numpy as np
 
-    from predictor.diff import side_breakdown
+    from tracekit.compare import side_breakdown
 
     parts = side_breakdown(side, sorted(side.ranks))
     if parts is None:
@@ -424,11 +424,3 @@ def hta_breakdown(traces: list[Any]) -> dict[str, Any] | None:
         })
     return {"ranks": ranks, "note": "HTA: kernel_time = first to last kernel (last profiler step excluded); "
                                     "non_compute = communication/memory kernels not overlapped by compute"}
-
-
-def write_html(path: str | Path, report: Any, title: str = "tracekit diff") -> None:
-    """Write the self-contained HTML page of a DiffReport (atomically)."""
-    from tracekit.core.atomic import atomic_write_text
-    from tracekit.report.html import render_html
-
-    atomic_write_text(path, render_html(report.to_dict(), report.timelines, title=title))
