@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from predictor import batch as B  # noqa: E402
-from predictor.calibration import NONE, fit_prepared, held_out_times_s, iteration_times_s  # noqa: E402
+from predictor.calibration import NONE  # noqa: E402
+from predictor.calibration_fit import fit_prepared, held_out_times_s, iteration_times_s  # noqa: E402
 from predictor.models import ModelSet  # noqa: E402
 from predictor.predict import prepare_many  # noqa: E402
 from predictor.stack import stack_path, stacks  # noqa: E402

@@ -11,6 +11,9 @@ are counted once, so no row is in both train and test.
 
 Usage: python benchmarks/operator_accuracy.py [CORPUS/operator-samples/estimate-train-time] [--json out.json]
 Prints one table (ours, paper, ratio per entry) and the summary: median error, share of entries where ours is lower.
+Beside it, in the same run, a random forest (scikit-learn's RandomForestRegressor, 100 trees, its defaults) on the
+same rows, features, target and folds as each XGBoost fit: per (GPU, primitive), the median absolute percentage error
+of the held-out rows (the rows training sets aside as outliers left out of both) and the ratio XGBoost / forest.
 
 `--transfer` measures instead the transfer path (`predictor.transfer`: estimates for a GPU without models), per
 primitive, median absolute percentage error, side by side in one run with the plain roofline and with the models of
@@ -38,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from extractors import ett  # noqa: E402
 from predictor.models import ModelSet, deduplicate, groups_of, shapeless_rows  # noqa: E402
-from predictor.regressor import fit, predict  # noqa: E402
+from predictor.regressor import RATIO_TARGET, cv_splits, design, fit, predict  # noqa: E402
 from predictor.roofline import estimate_us  # noqa: E402
 from predictor.transfer import choose, source_weights  # noqa: E402
 from tracekit.core.atomic import atomic_write_json  # noqa: E402
@@ -51,16 +54,20 @@ TRACES = ("h100__*.json.gz", "b200__*.json.gz", "mi300__*.json.gz")
 GOALS = {"gemm": 0.08, "bmm": 0.15, "norm": 0.15, "softmax": 0.15, "activation": 0.15}
 
 
-def cross_validate(samples: pd.DataFrame, folds: int = 5, seed: int = 0) -> tuple[pd.Series, pd.Series]:
-    """Out-of-fold predicted duration for every row (index of `samples`) and the outlier flags of training."""
+def cross_validate(samples: pd.DataFrame, folds: int = 5, seed: int = 0
+                   ) -> tuple[pd.Series, pd.Series, pd.Series]:
+    """Out-of-fold predicted duration for every row (index of `samples`), the outlier flags of training, and the
+    random forest's out-of-fold duration (`forest_oof`; NaN on outliers)."""
     oof = pd.Series(np.nan, index=samples.index)
     outlier = pd.Series(False, index=samples.index)
+    forest = pd.Series(np.nan, index=samples.index)
     keys = samples.groupby(["hardware", "primitive", "pass", "group"], sort=True).groups
     for n, ((hardware, primitive, pass_, group), index) in enumerate(keys.items(), 1):
         frame = samples.loc[index]
         start = time.perf_counter()
         result = fit(frame, primitive, folds=folds, seed=seed)
         oof.loc[index] = result.oof
+        forest.loc[index] = forest_oof(frame, primitive, result, folds, seed)
         aside = result.oof.isna()
         outlier.loc[index] = aside
         if aside.any():  # set aside by the outlier rules: never trained on, predicted by the final model
@@ -69,7 +76,43 @@ def cross_validate(samples: pd.DataFrame, folds: int = 5, seed: int = 0) -> tupl
         print(f"[{n}/{len(keys)}] {hardware} {primitive} {pass_} {group}: {len(frame)} rows, {'log' if 'roofline' not in result.params['target'] else 'ratio'} "
               f"depth {result.params['max_depth']} × {result.params['rounds']} rounds, {time.perf_counter() - start:.1f} s",
               file=sys.stderr, flush=True)
-    return oof, outlier
+    return oof, outlier, forest
+
+
+def forest_oof(frame: pd.DataFrame, primitive: str, result, folds: int, seed: int) -> pd.Series:
+    """Out-of-fold duration (µs) of a random forest on what the XGBoost fit `result` used: the rows it kept (not
+    set aside as outliers), its features, its target (ratio to the roofline or plain time, log10) and its folds
+    (`cv_splits` over the kept rows, same seed). NaN where XGBoost has no out-of-fold prediction either."""
+    from sklearn.ensemble import RandomForestRegressor
+
+    out = pd.Series(np.nan, index=frame.index)
+    kept = frame[result.oof.notna()]
+    splits = cv_splits(len(kept), folds, seed)
+    if not splits:
+        return out
+    matrix, roof = design(kept, primitive, result.features)
+    base = np.log10(np.where(np.isfinite(roof) & (roof > 0), roof, 1.0)) if result.params["target"] == RATIO_TARGET \
+        else np.zeros(len(kept))
+    x, y = matrix.to_numpy(), np.log10(kept["duration_us"].to_numpy("float64")) - base
+    pred = np.empty(len(kept))
+    for train, test in splits:
+        model = RandomForestRegressor(n_estimators=100, random_state=seed, n_jobs=1).fit(x[train], y[train])
+        pred[test] = model.predict(x[test])
+    out[kept.index] = 10 ** (pred + base)
+    return out
+
+
+def forest_table(samples: pd.DataFrame, oof: pd.Series, forest: pd.Series) -> pd.DataFrame:
+    """Per (hardware, primitive): held-out rows, median APE of XGBoost and of the random forest on the same rows,
+    ratio XGBoost / forest (< 1: XGBoost is closer)."""
+    held = forest.notna() & oof.notna()
+    true = samples.loc[held, "duration_us"]
+    ape = pd.DataFrame({"hardware": samples.loc[held, "hardware"], "primitive": samples.loc[held, "primitive"],
+                        "xgboost": (oof[held] - true).abs() / true, "forest": (forest[held] - true).abs() / true})
+    table = ape.groupby(["hardware", "primitive"]).agg(n=("xgboost", "size"), xgboost=("xgboost", "median"),
+                                                         forest=("forest", "median")).reset_index()
+    table["ratio"] = table["xgboost"] / table["forest"]
+    return table
 
 
 def entries(samples: pd.DataFrame, oof: pd.Series, paper: pd.DataFrame) -> pd.DataFrame:
@@ -154,8 +197,7 @@ def seed_rows(root: str) -> pd.DataFrame:
 
 def corpus_rows(corpus: Path) -> pd.DataFrame:
     """Shaped compute kernels of the TraceLens H100, B200 and MI300X traces, as `tracekit ingest` reads them."""
-    from extractors.kineto import read_trace
-    from extractors.kineto.ingest import trace_samples
+    from extractors.kineto import read_trace, trace_samples
 
     files = sorted(p for pattern in TRACES for p in (corpus / "kineto" / "tracelens").glob(pattern))
     if not files:
@@ -214,7 +256,7 @@ def main() -> None:
     samples = deduplicate(samples).reset_index(drop=True)
     samples["group"] = groups_of(samples)
     paper = ett.fit_summaries(args.root).rename(columns={"pass": "pass_"})
-    oof, samples["outlier"] = cross_validate(samples, folds=args.folds)
+    oof, samples["outlier"], forest = cross_validate(samples, folds=args.folds)
     table = entries(samples, oof, paper)
     table["ratio"] = table["ours"] / table["paper"]
     table["lower"] = table["ours"] < table["paper"]
@@ -235,8 +277,18 @@ def main() -> None:
     print(f"\nentries {summary['entries']} · median error ours {100 * summary['median_error_ours']:.2f}% vs paper "
           f"{100 * summary['median_error_paper']:.2f}% · ours lower on {100 * summary['share_lower']:.0f}% of entries"
           f" · median ratio ours/paper {summary['median_ratio']:.2f} · {summary['seconds']:.0f} s")
+    forests = forest_table(samples, oof, forest)
+    print("\nXGBoost vs random forest, same rows, features, target and folds: median absolute percentage error (%) of "
+          "the held-out rows · ratio: XGBoost / forest")
+    print(forests.assign(xgboost=(100 * forests["xgboost"]).round(2), forest=(100 * forests["forest"]).round(2),
+                         ratio=forests["ratio"].round(2)).to_string(index=False))
+    summary["forest"] = {"median_ratio": float(forests["ratio"].median()),
+                         "share_xgboost_lower": float((forests["ratio"] < 1).mean())}
+    print(f"median ratio XGBoost / forest {summary['forest']['median_ratio']:.2f} · XGBoost lower on "
+          f"{100 * summary['forest']['share_xgboost_lower']:.0f}% of (GPU, primitive) pairs")
     if args.json:
-        Path(args.json).write_text(json.dumps({"summary": summary, "entries": table.to_dict("records")}, indent=2))
+        Path(args.json).write_text(json.dumps({"summary": summary, "entries": table.to_dict("records"),
+                                               "forest": forests.to_dict("records")}, indent=2))
 
 
 if __name__ == "__main__":

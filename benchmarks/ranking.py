@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.e2e_accuracy import FOLDS, fit_stack, load  # noqa: E402
-from predictor.calibration import NONE, held_out_times_s, iteration_times_s  # noqa: E402
+from predictor.calibration import NONE  # noqa: E402
+from predictor.calibration_fit import held_out_times_s, iteration_times_s  # noqa: E402
 from predictor.models import ModelSet  # noqa: E402
 
 

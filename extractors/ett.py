@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from tracekit.core.config import padded_vocab_size
 from tracekit.core.errors import InputError
 from tracekit.core.hardware import normalize_hardware
 from tracekit.core.hashing import file_digest
@@ -28,8 +29,7 @@ _SUMMARY = re.compile(r"^(?P<gpu>[^_]+)\.csv$")
 
 def vocab_padded(mp: np.ndarray) -> np.ndarray:
     """Megatron's padded vocabulary: 50257 rounded up to a multiple of 128·mp."""
-    multiple = 128 * mp
-    return np.ceil(VOCAB / multiple) * multiple
+    return padded_vocab_size(VOCAB, 128, mp)
 
 
 def stage_params(dim: np.ndarray, layers: np.ndarray, mp: np.ndarray, stage: str) -> np.ndarray:

@@ -1,1 +1,2 @@
-"""Operator graph of a training iteration, regressors, schedule simulation, diff."""
+"""Operator graph of a training iteration, regressors, schedule simulation (comparison with real traces is
+`tracekit.compare`)."""

@@ -9,12 +9,12 @@ Before fitting, samples that cannot be real measurements of the same operator ar
 - *separate mode*: a minority cluster of the residuals separated from the main one by a gap of more than
   `MODE_GAP` decades (e.g. an optimizer step that took seconds in one stretch of a sweep and milliseconds at
   larger shapes in the rest).
-Hyper-parameters (target, tree depth, rounds) are chosen by k-fold cross-validation on out-of-fold MAPE; among the
-configurations within 5% of the best, the smallest model is kept. A collective is learned as its plain time only
-(never as a ratio to the roofline, which no constraint keeps monotone), constrained to grow with the message size
-(a few noisy small-message samples must not make a larger message look quicker), and
-between two sampled message sizes it is interpolated log-linearly (trees alone would answer a 7 MB all-reduce
-with the 4 MB sample's time).
+Hyper-parameters (target, tree depth, rounds) are chosen by k-fold cross-validation (`cv_splits`: scikit-learn's
+shuffled KFold) on out-of-fold MAPE; among the configurations within 5% of the best, the smallest model is kept.
+A collective is learned as its plain time only (never as a ratio to the roofline, which no constraint keeps
+monotone), constrained to grow with the message size (a few noisy small-message samples must not make a larger
+message look quicker), and between two sampled message sizes it is interpolated log-linearly (trees alone would
+answer a 7 MB all-reduce with the 4 MB sample's time).
 """
 from __future__ import annotations
 
@@ -168,6 +168,17 @@ def ape_summary(ape: np.ndarray) -> dict:
     return {"mape": float(np.mean(ape)), "median_ape": float(np.median(ape)), "p90_ape": float(np.quantile(ape, 0.9))}
 
 
+def cv_splits(n: int, folds: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(train, test) row positions of each cross-validation fold of `n` rows: scikit-learn's KFold over the rows
+    shuffled with `seed`, min(folds, n) folds; none (no cross-validation) for fewer than 4 rows or 2 folds."""
+    k = min(folds, n) if n >= 4 else 0
+    if k < 2:
+        return []
+    from sklearn.model_selection import KFold  # scikit-learn (with scipy) takes ~1.5 s to import: only when fitting
+
+    return list(KFold(n_splits=k, shuffle=True, random_state=seed).split(np.empty((n, 0))))
+
+
 def _train(x: np.ndarray, y: np.ndarray, depth: int, rounds: int, seed: int, threads: int,
            monotone: tuple[int, ...] | None = None):
     import xgboost as xgb
@@ -215,12 +226,10 @@ def fit(frame: pd.DataFrame, primitive: str, folds: int = 5, seed: int = 0, thre
     size_rule = tuple(int(c in SIZE_FEATURES) for c in keep) if collective else None
     monotone = {RATIO_TARGET: None, LOG_TARGET: size_rule}
     oof = np.full((len(candidates), len(round_steps), n), np.nan)
-    k = min(folds, n) if n >= 4 else 0
+    splits = cv_splits(n, folds, seed)
+    k = len(splits)
     if k >= 2:
-        perm = np.random.default_rng(seed).permutation(n)
-        for fold in range(k):
-            test = perm[fold::k]
-            train = np.setdiff1d(perm, test)
+        for train, test in splits:
             dtest = xgb.DMatrix(x[test])
             for i, (target, depth) in enumerate(candidates):
                 booster = _train(x[train], labels[target][train], depth, max(round_steps), seed, threads,

@@ -28,7 +28,7 @@ def _hta(path, rank):
 def test_own_breakdown_matches_hta(path):
     """Same window as HTA (first to last device event, last profiler step excluded when there are several)."""
     from extractors.kineto import read_trace
-    from predictor.breakdown import iteration_breakdown
+    from tracekit.compare.breakdown import iteration_breakdown
 
     trace = read_trace(path)
     temporal, overlap = _hta(path, trace.rank or 0)
@@ -52,7 +52,7 @@ def test_own_breakdown_matches_hta(path):
 
 def test_pipeline_idle_is_bubble():
     from extractors.kineto import read_trace
-    from predictor.breakdown import iteration_breakdown
+    from tracekit.compare.breakdown import iteration_breakdown
 
     trace = read_trace(DLRM[1])
     _, start, end = trace.iterations[0]

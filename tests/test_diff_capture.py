@@ -153,7 +153,8 @@ def test_errors_and_contributors_add_up(run, diff):
     assert stage["real_s"] == pytest.approx(sum(r["real_s"] for r in report["by_primitive"]))
     top = report["largest_contributors"]
     assert top and abs(top[0]["error_s"]) == max(abs(c["error_s"]) for c in top)
-    assert re.match(r"^(forward|backward|optimizer|communication) \w+ on stage 0: [+−][\d.]+ ms", top[0]["text"])
+    assert re.match(r"^(forward|backward|optimizer|communication) \w+ on stage 0: [+−][\d.]+ (s|ms|µs)",
+                    top[0]["text"])
     assert top[0]["share_of_error"] == pytest.approx(top[0]["error_s"] / it["error"])
     parts = ("compute", "exposed_communication", "pipeline_bubble", "optimizer", "other")
     real_parts = sum(report["breakdown"]["real"][p] for p in parts)

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from extractors import ett
 from predictor.models import ModelSet, train_models
-from predictor.regressor import fit
+from predictor.regressor import cv_splits, fit
 from tracekit.cli import app
 from tracekit.core.errors import ModelError
 from tracekit.core.store import SampleStore
@@ -69,6 +69,25 @@ def test_saved_models_are_safe_and_record_their_ranges(gemm_split):
     assert meta["samples"] == len(train.drop_duplicates(subset=["variant", "m", "n", "k", "duration_us"]))
     assert 0 < meta["cv"]["median_ape"] <= meta["cv"]["p90_ape"]
     assert meta["variants"] == ["linear1", "linear3"]
+
+
+def test_cross_validation_folds_partition_the_rows():
+    """Every row is held out exactly once, never trained on in its own fold; fold sizes differ by at most one; the
+    same seed gives the same folds and another seed others; too few rows or folds mean no cross-validation."""
+    for n, folds in ((97, 5), (1187, 5), (10, 3), (4, 5)):
+        splits = cv_splits(n, folds, seed=0)
+        assert len(splits) == min(folds, n)
+        held = np.concatenate([test for _, test in splits])
+        assert sorted(held.tolist()) == list(range(n))
+        for train, test in splits:
+            assert sorted(np.concatenate([train, test]).tolist()) == list(range(n))
+        sizes = [len(test) for _, test in splits]
+        assert max(sizes) - min(sizes) <= 1
+        again = cv_splits(n, folds, seed=0)
+        assert all(np.array_equal(a[1], b[1]) for a, b in zip(splits, again))
+    other = cv_splits(97, 5, seed=1)
+    assert any(not np.array_equal(a[1], b[1]) for a, b in zip(cv_splits(97, 5, seed=0), other))
+    assert cv_splits(3, 5) == [] and cv_splits(100, 1) == []
 
 
 def test_gh200_first_stage_optimizer_slow_mode_is_set_aside():

@@ -40,12 +40,18 @@ Public API (other parts of tracekit build on these names):
   into a SampleStore; ``IngestResult.as_json()`` is the ``--json`` document
   ``{"traces": [...], "errors": [{"path", "error"}]}``.
 - ``match_collectives(frames)`` splits matched collectives of one run's ranks into wait and transfer.
+- ``is_trace_name(path)``: whether a file name is one ingest picks up (``*.json``, ``*.json.gz``);
+  ``CAPTURE_MANIFEST``: the name of a capture folder's own JSON, which is never a trace.
+- ``open_trace(path) -> TraceFile``: a trace file's redacted header (``device_properties``, ``distributed_info``
+  with its ``pg_config`` process groups) and raw events, without classifying them; same refusals as read_trace.
 """
 from .collectives import match_collectives
-from .ingest import IngestResult, find_runs, ingest_paths, trace_samples
-from .trace import EVENT_COLUMNS, KinetoTrace, read_trace
+from .columns import EVENT_COLUMNS
+from .ingest import CAPTURE_MANIFEST, IngestResult, find_runs, ingest_paths, trace_samples
+from .load import TraceFile, is_trace_name, open_trace
+from .trace import KinetoTrace, read_trace
 
 __all__ = [
-    "EVENT_COLUMNS", "IngestResult", "KinetoTrace", "find_runs", "ingest_paths", "match_collectives", "read_trace",
-    "trace_samples",
+    "CAPTURE_MANIFEST", "EVENT_COLUMNS", "IngestResult", "KinetoTrace", "TraceFile", "find_runs", "ingest_paths",
+    "is_trace_name", "match_collectives", "open_trace", "read_trace", "trace_samples",
 ]

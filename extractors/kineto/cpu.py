@@ -26,6 +26,7 @@ from tracekit.core.samples import FEATURE_COLUMNS
 from .backward import WHOLE, backward_node_op, forward_by_sequence, forward_op
 from .classify import collective_kind, is_pointwise_op, op_primitive
 from .collectives import assign_sequence, comm_info
+from .columns import EVENT_COLUMNS
 from .events import EventColumns
 from .linkage import link
 from .shapes import json_list, op_features, tensor_bytes
@@ -38,8 +39,6 @@ def cpu_hardware(model: str | None) -> str:
 def cpu_events(c: EventColumns, world_size: int | None):
     """device_events frame of a CPU run (same columns as a GPU trace's)."""
     import pandas as pd
-
-    from .trace import EVENT_COLUMNS
 
     lk = link(c)
     ctx = lk.ops

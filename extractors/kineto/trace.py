@@ -19,13 +19,7 @@ from .cpu import cpu_events, cpu_hardware
 from .events import Event, EventColumns, decode_events, event_columns
 from .linkage import Linkage, link, profiler_steps
 from .load import open_trace
-
-#: Columns of KinetoTrace.device_events, in order (FEATURE_COLUMNS sit between `iteration` and the collective fields).
-EVENT_COLUMNS = (
-    "ts_us", "dur_us", "stream", "name", "kind", "category", "primitive", "pass", "dtype", "op", "iteration",
-    *FEATURE_COLUMNS, "process_group", "process_group_desc", "comm_seq", "wait_us", "layer", "launch_ts_us",
-    "blocked_us", "role", "fwd_op", "bwd_node",
-)
+from .shapes import op_features
 
 
 @dataclass
@@ -33,7 +27,7 @@ class KinetoTrace:
     """A parsed, redacted Kineto trace (never holds the trace's `metadata`/environment block).
 
     `device_events` has one row per GPU kernel / memcpy / memset (on CPU runs: per timed top-level op and gloo
-    collective); see EVENT_COLUMNS and the package docstring for the meaning of each column.
+    collective); see `columns.EVENT_COLUMNS` and the package docstring for the meaning of each column.
     """
 
     path: Path
@@ -64,8 +58,6 @@ def _rank_info(dist: dict) -> tuple:
 
 def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None):
     import pandas as pd
-
-    from .shapes import op_features
 
     n = len(c.dev_ts)
     ctx = lk.ops

@@ -72,7 +72,8 @@ def calibrate_command(
 ) -> None:
     chosen = "auto" if params.strip() == "auto" else tuple(p.strip() for p in params.split(",") if p.strip())
     with user_errors():
-        from predictor.calibration import CONSTANTS, fit_calibration
+        from predictor.calibration import CONSTANTS
+        from predictor.calibration_fit import fit_calibration
         from predictor.models import ModelSet
         from tracekit.core.atomic import atomic_write_json
 

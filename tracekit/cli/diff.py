@@ -27,21 +27,23 @@ def diff(
     Example: tracekit diff predicted/ run/traces/ --html report.html
     """
     with user_errors():
-        from tracekit.validate import diff_paths, write_html
+        from tracekit.report.diff_text import diff_document
+        from tracekit.report.html import write_html
+        from tracekit.validate import diff_paths
 
         report = diff_paths(predicted, real, rank=rank)
         if html:
             write_html(html, report, title=f"tracekit diff: {predicted} vs {', '.join(map(str, real))}")
         if json_out:
-            print_json(report.to_dict())
+            print_json(diff_document(report))
         else:
-            print_report(report.to_dict())
+            print_report(diff_document(report))
             if html:
                 console.print(f"HTML report written to {html}")
 
 
 def print_report(report: dict[str, Any]) -> None:
-    """Rich tables of a diff report for people."""
+    """Rich tables of a diff document (`tracekit.report.diff_text.diff_document`) for people."""
     from rich.table import Table
 
     it = report["iteration_time_s"]

@@ -50,13 +50,15 @@ def validate(
         if published is not None:
             _published(published, hardware_map, sets, calibration, model_set, json_out)
             return
-        from tracekit.validate import validate_run, write_html
+        from tracekit.report.diff_text import diff_document
+        from tracekit.report.html import write_html
+        from tracekit.validate import validate_run
 
         result = validate_run(run_dir, models=model_set, models_path=models, refit=refit, store=store, rank=rank)
         report = result["report"]
         if html:
             write_html(html, report, title=f"tracekit validate: {run_dir}")
-        document = {**report.to_dict(), **({"refit": result["refit"]} if result.get("refit") else {})}
+        document = {**diff_document(report), **({"refit": result["refit"]} if result.get("refit") else {})}
         if json_out:
             print_json(document)
             return

@@ -43,6 +43,35 @@ LIMITS = {"num_layers": 10_000, "world_size": 1_000_000, "hidden_size": 1_000_00
           "global_batch_size": 100_000_000, "microbatches": 100_000}
 
 
+# -- Megatron's derived defaults: the one place they are computed (TrainingConfig, the reference trainer's argument
+#    parser and the seed paper's sample reader use these) ---------------------------------------------------------
+def default_ffn_hidden_size(hidden_size: int, swiglu: bool) -> int:
+    """Megatron's --ffn-hidden-size when not given: 4h, or with SwiGLU int(8h/3/64)·64 (⅔ of 4h, a multiple of 64)."""
+    return int(8 * hidden_size / 3 / 64) * 64 if swiglu else 4 * hidden_size
+
+
+def default_kv_channels(hidden_size: int, num_attention_heads: int) -> int:
+    """Megatron's --kv-channels when not given: the head dimension h / heads (the caller checks divisibility)."""
+    return hidden_size // num_attention_heads
+
+
+def data_parallel_size(world_size: int, tp: int, pp: int, cp: int = 1) -> int:
+    """Data-parallel ranks: world / (tp·pp·cp) (the caller checks divisibility)."""
+    return world_size // (tp * pp * cp)
+
+
+def num_microbatches(global_batch_size: int, micro_batch_size: int, dp: int) -> int:
+    """Micro-batches per iteration on each pipeline: global batch / (micro batch · dp)."""
+    return global_batch_size // (micro_batch_size * dp)
+
+
+def padded_vocab_size(vocab_size, divisible_by, tp):
+    """Megatron's padded vocabulary: `vocab_size` rounded up to a multiple of divisible_by·tp (numbers or numpy
+    arrays)."""
+    multiple = divisible_by * tp
+    return -(-vocab_size // multiple) * multiple
+
+
 @dataclass
 class TrainingConfig:
     """One Megatron GPT training job. Field names are Megatron's argument names (dest form)."""
@@ -94,9 +123,7 @@ class TrainingConfig:
         if self.attention not in ("flash", "unfused"):
             raise ConfigError(f"attention must be 'flash' or 'unfused', not {self.attention!r}")
         if self.ffn_hidden_size is None:
-            self.ffn_hidden_size = (
-                int(8 * self.hidden_size / 3 / 64) * 64 if self.swiglu else 4 * self.hidden_size
-            )
+            self.ffn_hidden_size = default_ffn_hidden_size(self.hidden_size, self.swiglu)
         if self.num_query_groups is None:
             self.num_query_groups = self.num_attention_heads
         if self.kv_channels is None and self.num_attention_heads:
@@ -104,7 +131,7 @@ class TrainingConfig:
                 raise ConfigError(
                     f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}"
                 )
-            self.kv_channels = self.hidden_size // self.num_attention_heads
+            self.kv_channels = default_kv_channels(self.hidden_size, self.num_attention_heads)
         if self.virtual_pipeline_model_parallel_size in (0, 1):
             self.virtual_pipeline_model_parallel_size = None
         if self.tensor_model_parallel_size == 1:
@@ -116,7 +143,9 @@ class TrainingConfig:
                     raise ConfigError(
                         f"world size {self.world_size} is not divisible by tp·pp·cp = {model_parallel}"
                     )
-                self.data_parallel_size = self.world_size // model_parallel
+                self.data_parallel_size = data_parallel_size(self.world_size, self.tensor_model_parallel_size,
+                                                             self.pipeline_model_parallel_size,
+                                                             self.context_parallel_size)
             else:
                 self.data_parallel_size = 1
         if self.world_size is None:
@@ -146,12 +175,11 @@ class TrainingConfig:
 
     @property
     def num_microbatches(self) -> int:
-        return self.global_batch_size // (self.micro_batch_size * self.dp)
+        return num_microbatches(self.global_batch_size, self.micro_batch_size, self.dp)
 
     @property
     def padded_vocab_size(self) -> int:
-        multiple = self.make_vocab_size_divisible_by * self.tp
-        return -(-self.vocab_size // multiple) * multiple
+        return padded_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, self.tp)
 
     @property
     def tokens_per_iteration(self) -> int:

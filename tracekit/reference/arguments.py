@@ -1,8 +1,12 @@
 """The Megatron arguments the reference trainer implements (same names, same defaults), the values Megatron derives
-from them, and Megatron's start-up "arguments" block."""
+from them (computed by `tracekit.core.config`'s functions, as TrainingConfig computes them), and Megatron's start-up
+"arguments" block."""
 from __future__ import annotations
 
 import argparse
+
+from tracekit.core.config import (data_parallel_size, default_ffn_hidden_size, default_kv_channels, num_microbatches,
+                                  padded_vocab_size)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,13 +78,13 @@ def parse_args(argv: list[str] | None, world_size: int, cuda: bool) -> argparse.
     if world_size % (tp * pp):
         parser.error(f"world size {world_size} is not divisible by tp·pp = {tp}·{pp}")
     args.world_size = world_size
-    args.data_parallel_size = world_size // (tp * pp)
+    args.data_parallel_size = data_parallel_size(world_size, tp, pp)
     if args.ffn_hidden_size is None:
-        args.ffn_hidden_size = int(8 * args.hidden_size / 3 / 64) * 64 if args.swiglu else 4 * args.hidden_size
+        args.ffn_hidden_size = default_ffn_hidden_size(args.hidden_size, args.swiglu)
     if args.num_attention_heads % tp or args.hidden_size % args.num_attention_heads:
         parser.error("--num-attention-heads must divide --hidden-size and be divisible by the tp size")
     if args.kv_channels is None:
-        args.kv_channels = args.hidden_size // args.num_attention_heads
+        args.kv_channels = default_kv_channels(args.hidden_size, args.num_attention_heads)
     if args.num_layers % pp:
         parser.error(f"--num-layers {args.num_layers} is not divisible by the pp size {pp}")
     if args.ffn_hidden_size % tp:
@@ -91,14 +95,13 @@ def parse_args(argv: list[str] | None, world_size: int, cuda: bool) -> argparse.
         parser.error(f"--seq-length {args.seq_length} is not divisible by the tp size {tp} (sequence parallel)")
     if args.max_position_embeddings is None:
         args.max_position_embeddings = args.seq_length
-    multiple = args.make_vocab_size_divisible_by * tp
-    args.padded_vocab_size = -(-args.vocab_size // multiple) * multiple
+    args.padded_vocab_size = padded_vocab_size(args.vocab_size, args.make_vocab_size_divisible_by, tp)
     if args.global_batch_size is None:
         args.global_batch_size = args.micro_batch_size * args.data_parallel_size
     if args.global_batch_size % (args.micro_batch_size * args.data_parallel_size):
         parser.error(f"--global-batch-size {args.global_batch_size} is not divisible by micro-batch·dp = "
                      f"{args.micro_batch_size}·{args.data_parallel_size}")
-    args.num_micro_batches = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
+    args.num_micro_batches = num_microbatches(args.global_batch_size, args.micro_batch_size, args.data_parallel_size)
     args.params_dtype = "torch.bfloat16" if args.bf16 else "torch.float16" if args.fp16 else "torch.float32"
     args.accumulate_allreduce_grads_in_fp32 = bool(args.bf16)
     if args.distributed_backend is None:

@@ -1,4 +1,5 @@
-"""One self-contained HTML page for a diff report: inline SVG charts and tables, no scripts, no network.
+"""One self-contained HTML page for a diff report: inline SVG charts and tables, no scripts, no network
+(`write_html(path, report)` writes it; `render_html(document)` is the page of a `diff_document`).
 
 Charts (each an `<svg>` with a stable id, so tests and users can find them):
 `timeline-real` / `timeline-predicted` (one rank's iteration, one lane per stream, same time scale),
@@ -9,9 +10,16 @@ from __future__ import annotations
 
 from collections import Counter
 from html import escape
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from tracekit.core.atomic import atomic_write_text
+
+from .diff_text import diff_document
 from .numbers import count, percent, seconds, signed_seconds
+
+if TYPE_CHECKING:
+    from tracekit.compare import DiffReport
 
 COLORS = {
     "computation": "#4e79a7", "communication": "#e15759", "memory": "#59a14f", "other": "#9c9c9c",
@@ -30,6 +38,11 @@ th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
 .legend span{margin-right:14px}.sw{display:inline-block;width:10px;height:10px;margin-right:4px}
 svg text{font:11px system-ui,sans-serif}.warn{color:#a60}
 """
+
+
+def write_html(path: str | Path, report: DiffReport, title: str = "tracekit diff") -> None:
+    """Write the self-contained page of a DiffReport to `path` (atomically: all of it or nothing)."""
+    atomic_write_text(path, render_html(diff_document(report), report.timelines, title=title))
 
 
 def render_html(report: dict[str, Any], timelines: dict[str, Any] | None = None, title: str = "tracekit diff") -> str:
