@@ -13,7 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.core.atomic import atomic_write_json
-from tracekit.core.config import ARGS_BEGIN, TrainingConfig, parse_iteration_times_ms, parse_megatron_argv
+from tracekit.core.config import (
+    ARGS_BEGIN,
+    TrainingConfig,
+    parse_iteration_times_ms,
+    parse_megatron_argv,
+)
 from tracekit.core.errors import ConfigError, InputError
 from tracekit.core.hardware import cpu_hardware_id, normalize_hardware
 from tracekit.core.redact import redact, redact_argv

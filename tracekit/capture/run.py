@@ -17,8 +17,20 @@ from typing import BinaryIO, Callable
 from tracekit.core.errors import ConfigError
 from tracekit.core.redact import redact_line
 
-from .manifest import LOG_NAME, MANIFEST_NAME, Manifest, build, launcher_world, split_launch
-from .megatron_flags import StepRange, expected_trace_globs, parse_ranks, profiling_flags
+from .manifest import (
+    LOG_NAME,
+    MANIFEST_NAME,
+    Manifest,
+    build,
+    launcher_world,
+    split_launch,
+)
+from .megatron_flags import (
+    StepRange,
+    expected_trace_globs,
+    parse_ranks,
+    profiling_flags,
+)
 
 HOOK_DIR = Path(__file__).resolve().parent / "hook"
 HOOK_TRACES = "traces"

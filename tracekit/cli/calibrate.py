@@ -72,9 +72,8 @@ def calibrate_command(
 ) -> None:
     chosen = "auto" if params.strip() == "auto" else tuple(p.strip() for p in params.split(",") if p.strip())
     with user_errors():
-        from predictor.calibration import CONSTANTS
-        from predictor.calibration_fit import fit_calibration
-        from predictor.models import ModelSet
+        from predictor import CALIBRATION_CONSTANTS as CONSTANTS
+        from predictor import ModelSet, fit_calibration
         from tracekit.core.atomic import atomic_write_json
 
         unknown = [p for p in chosen if p not in CONSTANTS] if chosen != "auto" else []

@@ -21,7 +21,7 @@ def error_table(samples, predictions):
     import numpy as np
     import pandas as pd
 
-    from predictor.regressor import ape_summary
+    from predictor import ape_summary
 
     frame = samples[KEYS].copy()
     frame["variant"] = frame["variant"].astype("string").fillna("")
@@ -103,7 +103,7 @@ def evaluate(
     hardware: Optional[str] = typer.Option(None, "--hardware", help="Only samples of this hardware id."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a table."),
 ) -> None:
-    from predictor.models import ModelSet
+    from predictor import ModelSet
     from tracekit.core.errors import InputError, did_you_mean
     from tracekit.core.hardware import normalize_hardware
 

@@ -8,7 +8,15 @@ from typing import List, Optional
 import typer
 
 from .app import app
-from .output import EXIT_FAILED, EXIT_PARTIAL, console, err_console, print_json, progress, user_errors
+from .output import (
+    EXIT_FAILED,
+    EXIT_PARTIAL,
+    console,
+    err_console,
+    print_json,
+    progress,
+    user_errors,
+)
 
 FORMATS = ("ett", "nccl-tests")
 

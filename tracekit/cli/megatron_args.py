@@ -28,7 +28,12 @@ def megatron_args(
 
     Example: [bold]tracekit megatron-args --steps 10-13 --ranks all --world-size 8 --out runs/a[/bold]
     """
-    from tracekit.capture.megatron_flags import StepRange, expected_trace_globs, parse_ranks, profiling_flags
+    from tracekit.capture.megatron_flags import (
+        StepRange,
+        expected_trace_globs,
+        parse_ranks,
+        profiling_flags,
+    )
 
     with user_errors():
         flags = profiling_flags(out, StepRange.parse(steps), parse_ranks(ranks, world_size), layout, shapes)

@@ -24,8 +24,7 @@ def models(
     path: Optional[Path] = typer.Option(None, "--models", help="Model directory (default: the bundled models)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a table."),
 ) -> None:
-    from predictor.models import ModelSet
-    from predictor.transfer import selected_primitives, source_weights
+    from predictor import ModelSet, selected_primitives, source_weights
     from tracekit.core.hardware import SPECS
 
     from .train import model_row, print_models

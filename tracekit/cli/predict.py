@@ -7,7 +7,15 @@ from typing import Optional
 import typer
 
 from .app import app
-from .output import EXIT_PARTIAL, console, err_console, fail, print_json, progress, user_errors
+from .output import (
+    EXIT_PARTIAL,
+    console,
+    err_console,
+    fail,
+    print_json,
+    progress,
+    user_errors,
+)
 
 HELP = """Predict one training iteration of a Megatron GPT configuration: operator graph per pipeline stage →
 operator estimates from the trained models → pipeline schedule simulation.
@@ -101,7 +109,8 @@ def predict_command(
 
         if trace_out is not None and trace_out.exists() and not trace_out.is_dir():
             raise InputError(trace_out, "exists and is not a directory (--trace-out takes a folder for the traces)")
-        from predictor.stack import DEFAULT, get_stack, stack_of_arguments
+        from predictor import DEFAULT_STACK as DEFAULT
+        from predictor import get_stack, stack_of_arguments
         from tracekit.core.config import ARGS_BEGIN, parse_arguments_block
 
         log, text = (megatron_log if megatron_log is not None else
@@ -130,9 +139,8 @@ def predict_command(
         cluster, note = _cluster(hardware, gpus_per_node, cluster_name)
         if cluster is None:
             fail("name the GPU with --hardware ID (e.g. A100-SXM4-80GB) or --cluster NAME|FILE")
-        from predictor.calibration import load_calibration
-        from predictor.models import ModelSet
-        from predictor.predict import predict
+        from predictor import ModelSet, load_calibration
+        from predictor import predict_iteration as predict
 
         cal = load_calibration(calibration) if calibration else profile.calibration(cluster.hardware)
         models = ModelSet.load(models_dir)
@@ -144,7 +152,7 @@ def predict_command(
             prediction.warnings.insert(0, f"stack {shown.name}: the log's arguments block shows it")
         written = []
         if trace_out is not None:
-            from predictor.trace_out import default_ranks, write_traces
+            from predictor import default_ranks, write_traces
 
             with progress(quiet=as_json) as bar:
                 task = bar.add_task("writing predicted traces", total=len(default_ranks(prediction.graph)))
@@ -163,20 +171,25 @@ def predict_command(
 
 def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, calibration, overrides,
            as_json) -> None:
-    from predictor import batch as B
-    from predictor.calibration import load_calibration
-    from predictor.models import ModelSet
-    from predictor.predict import predict_many
+    from predictor import (
+        ModelSet,
+        load_calibration,
+        output_row,
+        parse_row,
+        predict_many,
+        read_rows,
+        write_rows,
+    )
     from tracekit.core.hardware import normalize_hardware
 
     if out is None:
         fail("--batch needs --csv-out FILE.csv")
     cluster = _cluster(hardware, gpus_per_node, cluster_name)[0] if cluster_name else None
-    header, cells = B.read_rows(path)
+    header, cells = read_rows(path)
     cal = load_calibration(calibration) if calibration else None
     models = ModelSet.load(models_dir)
     hw = normalize_hardware(hardware) if hardware else None
-    rows = [B.parse_row(c, i + 2, hw, gpus_per_node, overrides, stack, cluster) for i, c in enumerate(cells)]
+    rows = [parse_row(c, i + 2, hw, gpus_per_node, overrides, stack, cluster) for i, c in enumerate(cells)]
     good = [r for r in rows if r.error is None]
     with progress(quiet=as_json) as bar:
         task = bar.add_task("predicting", total=len(rows))
@@ -189,14 +202,14 @@ def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, 
         result = by_line.get(r.line)
         if r.error is not None or isinstance(result, Exception):
             message = r.error or str(result)
-            output.append(B.output_row(r, error=message))
+            output.append(output_row(r, error=message))
             failures.append((r.line, message))
         else:
-            output.append(B.output_row(r, result))
+            output.append(output_row(r, result))
             used.add(result.hardware_used)
             clusters.add(result.cluster.name)
             stacks.add(r.stack.name)
-    B.write_rows(out, header, output)
+    write_rows(out, header, output)
     summary = {"input": str(path), "output": str(out), "rows": len(rows), "predicted": len(rows) - len(failures),
                "failed": [{"line": line, "error": msg} for line, msg in failures], "hardware_used": sorted(used),
                "clusters": sorted(clusters), "stacks": sorted(stacks),

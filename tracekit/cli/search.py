@@ -56,12 +56,17 @@ def search_command(
     with user_errors():
         import yaml
 
-        from predictor.models import ModelSet
-        from predictor.search import SEARCH_KEYS, search
-        from predictor.stack import DEFAULT, get_stack
-        from tracekit.core.config import check_settings, own_setting_names, parse_megatron_argv, setting_name
-        from tracekit.core.megatron_arguments import refuse_unknown, unknown_settings
+        from predictor import DEFAULT_STACK as DEFAULT
+        from predictor import SEARCH_KEYS, ModelSet, get_stack
+        from predictor import search_configurations as search
+        from tracekit.core.config import (
+            check_settings,
+            own_setting_names,
+            parse_megatron_argv,
+            setting_name,
+        )
         from tracekit.core.errors import InputError
+        from tracekit.core.megatron_arguments import refuse_unknown, unknown_settings
 
         from .predict import _cluster
 
@@ -96,7 +101,7 @@ def search_command(
             fail(f"--executor must be local or ray, not {executor!r}")
         runner = None
         if executor == "ray":
-            from predictor.ray_executor import RayExecutor
+            from predictor import RayExecutor
 
             runner = RayExecutor(ray_address)
         with progress(quiet=as_json) as bar:
@@ -114,7 +119,7 @@ def search_command(
 def _print(result, top: int, cluster, gpus: int) -> None:
     from rich.table import Table
 
-    from predictor.search import split_name
+    from predictor import split_name
 
     table = Table(title=f"best of {result.evaluated} configurations on {gpus} × {cluster.hardware} "
                         f"({cluster.name}), by {result.objective.replace('_', ' ')}")

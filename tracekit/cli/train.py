@@ -40,7 +40,7 @@ def train(
     import json
     import time
 
-    from predictor.models import train_models
+    from predictor import train_models
     from tracekit.core.errors import ModelError
     from tracekit.core.hardware import normalize_hardware
     from tracekit.core.store import SampleStore

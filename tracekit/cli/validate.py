@@ -44,7 +44,7 @@ def validate(
     with user_errors():
         if (run_dir is None) == (published is None):
             fail("give either a RUN_DIR or --published FILE.csv")
-        from predictor.models import ModelSet
+        from predictor import ModelSet
 
         model_set = ModelSet.load(models) if models else None
         if published is not None:
@@ -73,8 +73,13 @@ def validate(
 
 def _published(path: Path, hardware_map: list[str], sets: list[str], calibration: Optional[str], models: Any,
                json_out: bool) -> None:
-    from predictor.calibration import load_calibration
-    from tracekit.validate import parse_hardware_map, parse_sets, read_published, validate_published
+    from predictor import load_calibration
+    from tracekit.validate import (
+        parse_hardware_map,
+        parse_sets,
+        read_published,
+        validate_published,
+    )
 
     mapping, overrides = parse_hardware_map(hardware_map), parse_sets(sets)
     total = sum(1 for r in read_published(path, mapping, overrides) if not r.error)

@@ -17,7 +17,15 @@ from tracekit.core.errors import InputError
 
 from .checks import check_same_configuration
 from .sides import RankSummary, Side, side_breakdown
-from .tables import by_stage, compare, contributors, iteration_time, mean_over_ranks, stage_cells, unmatched
+from .tables import (
+    by_stage,
+    compare,
+    contributors,
+    iteration_time,
+    mean_over_ranks,
+    stage_cells,
+    unmatched,
+)
 
 
 @dataclass

@@ -16,11 +16,10 @@ import shutil
 import uuid
 from pathlib import Path
 
-from filelock import FileLock
-
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from filelock import FileLock
 
 from .atomic import atomic_write_json
 from .errors import StoreError

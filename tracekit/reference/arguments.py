@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import argparse
 
-from tracekit.core.config import (data_parallel_size, default_ffn_hidden_size, default_kv_channels, num_microbatches,
-                                  padded_vocab_size)
+from tracekit.core.config import (
+    data_parallel_size,
+    default_ffn_hidden_size,
+    default_kv_channels,
+    num_microbatches,
+    padded_vocab_size,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

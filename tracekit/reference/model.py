@@ -8,8 +8,18 @@ import torch.nn.functional as F
 from torch import nn
 from torch.profiler import record_function
 
-from .parallel import (ColumnParallelLinear, RowParallelLinear, Topology, VocabParallelEmbedding, copy_to_tp,
-                       gather_from_sp, init_shard, reduce_from_tp, reduce_scatter_to_sp, vocab_parallel_cross_entropy)
+from .parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    Topology,
+    VocabParallelEmbedding,
+    copy_to_tp,
+    gather_from_sp,
+    init_shard,
+    reduce_from_tp,
+    reduce_scatter_to_sp,
+    vocab_parallel_cross_entropy,
+)
 
 
 def _norm(args, topo: Topology, dtype) -> nn.Module:

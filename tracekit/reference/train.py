@@ -60,7 +60,12 @@ def _profiler(args, topo: Topology):
     """Megatron's torch.profiler set-up, or None when this rank is not profiled."""
     if not (args.profile and args.use_pytorch_profiler and topo.rank in args.profile_ranks):
         return None
-    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+    from torch.profiler import (
+        ProfilerActivity,
+        profile,
+        schedule,
+        tensorboard_trace_handler,
+    )
 
     if args.trace_layout == "torch_profile":
         path = os.path.join(args.tensorboard_dir, "..", "torch_profile", f"rank-{topo.rank}.json.gz")

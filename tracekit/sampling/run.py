@@ -10,11 +10,19 @@ from datetime import datetime, timezone
 from typing import Callable
 
 from tracekit.core.errors import ConfigError
-from tracekit.core.hashing import bytes_digest
 from tracekit.core.hardware import cpu_hardware_id, normalize_hardware
+from tracekit.core.hashing import bytes_digest
 from tracekit.core.store import SampleStore
 
-from .shapes import COLLECTIVES, COMPUTE, SUPPORTED, Case, collective_cases, compute_cases, points
+from .shapes import (
+    COLLECTIVES,
+    COMPUTE,
+    SUPPORTED,
+    Case,
+    collective_cases,
+    compute_cases,
+    points,
+)
 
 SOURCE_PATH = "tracekit-sample"
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}

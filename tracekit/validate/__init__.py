@@ -14,7 +14,13 @@ prints them and `tracekit.report` makes pages of them. One job per module:
 The names below are what the CLI and tests use.
 """
 from .diff import diff_inputs, diff_paths
-from .published import PublishedRow, parse_hardware_map, parse_sets, read_published, validate_published
+from .published import (
+    PublishedRow,
+    parse_hardware_map,
+    parse_sets,
+    read_published,
+    validate_published,
+)
 from .run import validate_run
 
 __all__ = [

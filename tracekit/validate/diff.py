@@ -10,7 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from tracekit.compare import check_same_split, diff_sides, summarize_prediction, summarize_traces, trace_groups
+from tracekit.compare import (
+    check_same_split,
+    diff_sides,
+    summarize_prediction,
+    summarize_traces,
+    trace_groups,
+)
 
 from .hta import apply_hta
 from .traces import manifest_config, process_groups, read_prediction, read_traces

@@ -12,16 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from predictor.batch import parse_row, read_rows
-from predictor.models import ModelSet
-from predictor.predict import predict_many
-from predictor.regressor import ape_stats
+from predictor import ModelSet, ape_stats, parse_row, predict_many, read_rows
 from tracekit.core.config import check_settings
 from tracekit.core.errors import ConfigError, InputError
 
 if TYPE_CHECKING:
-    from predictor.batch import BatchRow
-    from predictor.calibration import Calibration
+    from predictor import BatchRow, Calibration
     from tracekit.core.cluster import Cluster
     from tracekit.core.config import TrainingConfig
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import atexit
 import importlib.abc
-import json
 import importlib.machinery
 import importlib.util
+import json
 import os
 import sys
 
