@@ -11,7 +11,8 @@ micro-batches (all of them when m = pp), with model chunk (k mod pp·vp) // pp f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
+from itertools import accumulate
 
 
 @dataclass(frozen=True)
@@ -56,16 +57,21 @@ class StageEnd:
 
 @dataclass
 class Timeline:
-    """The simulated iteration: every stage's tasks in execution order and its tail."""
+    """The simulated iteration: every stage's tasks in execution order (built when first asked for: a search reads
+    only the tails and the breakdown) and its tail."""
 
     pp: int
     vp: int
     microbatches: int
-    tasks: list[list[Task]]
     tails: list[StageEnd]
     iteration_us: float
     breakdown_us: dict[str, float]
     critical_stage: int
+    _runs: "_Runs" = field(repr=False, compare=False)
+
+    @cached_property
+    def tasks(self) -> list[list[Task]]:
+        return self._runs.tasks()
 
 
 def stage_order(stage: int, pp: int, vp: int, m: int) -> list[tuple[str, int, int]]:
@@ -92,64 +98,109 @@ def stage_order(stage: int, pp: int, vp: int, m: int) -> list[tuple[str, int, in
     return order
 
 
-@lru_cache(maxsize=256)
-def _plan(pp: int, vp: int, m: int) -> tuple[tuple[tuple, ...], ...]:
-    """Per stage, in Megatron's order: (kind, microbatch, chunk, dependency as (stage, position) or None, whether the
-    task ends with a P2P send). Shared by every configuration with the same pp, vp and micro-batches."""
-    orders = [stage_order(s, pp, vp, m) for s in range(pp)]
-    position = {(kind, s, c, i): k for s, order in enumerate(orders) for k, (kind, i, c) in enumerate(order)}
-    plan = []
+@dataclass(frozen=True)
+class _Plan:
+    """Megatron's task order for (pp, vp, m), shared by every configuration with those: per stage, each task's
+    work slot (F: s·vp + c, B: pp·vp + s·vp + c) and the flat position of the task it waits on (`n`, a slot that
+    is always 0.0, when none), in the stage's order; flat positions run stage by stage from `offsets[s]`."""
+
+    pp: int
+    vp: int
+    m: int
+    orders: tuple[list, ...]  # stage_order per stage
+    works: tuple[tuple[int, ...], ...]
+    deps: tuple[tuple[int, ...], ...]
+    offsets: tuple[int, ...]
+    n: int
+
+
+@lru_cache(maxsize=512)
+def _plan(pp: int, vp: int, m: int) -> _Plan:
+    orders = tuple(stage_order(s, pp, vp, m) for s in range(pp))
+    offsets, n = [], 0
+    for order in orders:
+        offsets.append(n)
+        n += len(order)
+    position = [[[0] * m for _ in range(vp)] for _ in range(2 * pp)]  # [B·pp + s][c][i] → flat position
     for s, order in enumerate(orders):
-        rows = []
+        base, fwd, bwd = offsets[s], position[s], position[pp + s]
+        for k, (kind, i, c) in enumerate(order):
+            (fwd if kind == "F" else bwd)[c][i] = base + k
+    works, deps = [], []
+    for s, order in enumerate(orders):
+        stage_works, stage_deps = [], []
         for kind, i, c in order:
             dep = _dependency(kind, s, c, i, pp, vp)
-            rows.append((kind, i, c, None if dep is None else (dep[1], position[dep]), _sends(kind, s, c, pp, vp)))
-        plan.append(tuple(rows))
-    return tuple(plan)
+            stage_works.append((kind == "B") * pp * vp + s * vp + c)
+            stage_deps.append(n if dep is None else position[(dep[0] == "B") * pp + dep[1]][dep[2]][dep[3]])
+        works.append(tuple(stage_works))
+        deps.append(tuple(stage_deps))
+    return _Plan(pp, vp, m, orders, tuple(works), tuple(deps), tuple(offsets), n)
+
+
+@dataclass
+class _Runs:
+    """Start and end of every task of one simulated pipeline, by flat position (see `_Plan`)."""
+
+    plan: _Plan
+    works: list[Work]  # by work slot
+    sends: list[float]  # P2P send blocking the stage after the task, by work slot (0.0 with overlap_p2p)
+    starts: list
+    ends: list
+
+    def tasks(self) -> list[list[Task]]:
+        plan, out = self.plan, []
+        for s, order in enumerate(plan.orders):
+            base, works = plan.offsets[s], plan.works[s]
+            out.append([Task(kind, s, c, i, self.starts[base + k], self.ends[base + k], self.works[works[k]],
+                             self.sends[works[k]]) for k, (kind, i, c) in enumerate(order)])
+        return out
+
+    def stage_sum(self, s: int, values: list[float]) -> float:
+        """Σ over the stage's tasks, in its order, of a per-work-slot value (the sum a loop over its tasks makes)."""
+        return sum(map(values.__getitem__, self.plan.works[s]))
 
 
 def simulate_pipeline(fwd: list[list[Work]], bwd: list[list[Work]], m: int, p2p_us: float = 0.0,
-                      overlap_p2p: bool = False) -> list[list[Task]]:
+                      overlap_p2p: bool = False) -> _Runs:
     """Start/end of every task. fwd[s][c] / bwd[s][c]: one micro-batch of chunk c on stage s. A task's P2P send
     blocks its stage (1F1B's batched send/recv), or with `overlap_p2p` (Megatron-core's interleaved schedule)
-    runs beside the stage's next task: the receiver still waits for it, the sender does not."""
+    runs beside the stage's next task: the receiver still waits for it, the sender does not.
+
+    Each stage advances through its order while the tasks it waits on are done; a task starts when both its stage
+    and its input are free: start = max(stage clock, input's arrival), end = start + work (+ the blocking send)."""
     pp, vp = len(fwd), len(fwd[0])
     plan = _plan(pp, vp, m)
-    arrival = [[0.0] * len(rows) for rows in plan]  # when each task's output reaches the task that waits on it
-    tasks: list[list[Task]] = [[] for _ in range(pp)]
-    clock = [0.0] * pp
-    count = [0] * pp
-    remaining = sum(len(rows) for rows in plan)
+    works = [w for row in fwd for w in row] + [w for row in bwd for w in row]
+    link = [p2p_us if _sends(kind, s, c, pp, vp) else 0.0 for kind in "FB" for s in range(pp) for c in range(vp)]
+    total = [w.total for w in works]
+    blocking = [0.0] * len(works) if overlap_p2p else link
+    starts: list = [None] * plan.n
+    ends: list = [None] * plan.n
+    arrival: list = [None] * plan.n + [0.0]  # None: not simulated yet; the last slot: no input to wait for
+    count, clock = [0] * pp, [0.0] * pp
+    remaining = plan.n
     while remaining:
         before = remaining
         for s in range(pp):
-            rows, k, now, out, arrive = plan[s], count[s], clock[s], tasks[s], arrival[s]
-            while k < len(rows):
-                kind, i, c, dep, sends = rows[k]
-                if dep is None:
-                    ready = 0.0
-                elif count[dep[0]] > dep[1]:
-                    ready = arrival[dep[0]][dep[1]]
-                else:
+            deps, slots, k, now, base = plan.deps[s], plan.works[s], count[s], clock[s], plan.offsets[s]
+            size = len(deps)
+            while k < size:
+                ready = arrival[deps[k]]
+                if ready is None:
                     break
-                work = (fwd if kind == "F" else bwd)[s][c]
-                send = p2p_us if sends else 0.0
+                w = slots[k]
                 start = now if now > ready else ready
-                if overlap_p2p:
-                    now = start + work.total
-                    out.append(Task(kind, s, c, i, start, now, work, 0.0))
-                    arrive[k] = now + send
-                else:
-                    now = start + work.total + send
-                    out.append(Task(kind, s, c, i, start, now, work, send))
-                    arrive[k] = now
+                now = start + total[w] + blocking[w]
+                starts[base + k] = start
+                ends[base + k] = now
+                arrival[base + k] = now + link[w] if overlap_p2p else now
                 k += 1
-                count[s] = k  # the last stage's backward waits on its own forward, earlier in its order
-                remaining -= 1
-            clock[s] = now
+            remaining -= k - count[s]
+            count[s], clock[s] = k, now
         if remaining == before:  # cannot happen for Megatron's orders; guards an inconsistent schedule
             raise RuntimeError("pipeline schedule deadlocked")
-    return tasks
+    return _Runs(plan, works, blocking, starts, ends)
 
 
 def _dependency(kind: str, s: int, c: int, i: int, pp: int, vp: int) -> tuple[str, int, int, int] | None:
@@ -182,23 +233,18 @@ def simulate(fwd: list[list[Work]], bwd: list[list[Work]], m: int, *, p2p_us: fl
     embedding all-reduce), optimizer_us, param_gather_us (distributed optimizer's all-gather, exposed unless
     overlapped with the next forward); overlap_p2p: P2P sends beside the next task (see simulate_pipeline)."""
     pp, vp = len(fwd), len(fwd[0])
-    tasks = simulate_pipeline(fwd, bwd, m, p2p_us, overlap_p2p)
+    runs = simulate_pipeline(fwd, bwd, m, p2p_us, overlap_p2p)
     grad_buckets_us = grad_buckets_us or [[] for _ in range(pp)]
     embedding_sync_us = embedding_sync_us or [0.0] * pp
     optimizer_us = optimizer_us or [0.0] * pp
     param_gather_us = param_gather_us or [0.0] * pp
     sync_ends, busy_ends, intervals = [], [], []
     for s in range(pp):
-        last = tasks[s][-1]
-        busy_ends.append(last.end)
-        buckets = grad_buckets_us[s]
-        spans = []
-        t = last.start if overlap_grad else last.end
-        for i, dur in enumerate(buckets):  # overlapped: bucket i is ready after (i+1)/n of the last backward
-            ready = last.start + (last.end - last.start) * (i + 1) / len(buckets) if overlap_grad else t
-            spans.append((max(t, ready), max(t, ready) + dur))
-            t = spans[-1][1]
-        t = max(t, last.end)
+        last = runs.plan.offsets[s] + len(runs.plan.works[s]) - 1
+        last_start, last_end = runs.starts[last], runs.ends[last]
+        busy_ends.append(last_end)
+        spans, t = _bucket_spans(grad_buckets_us[s], last_start, last_end, overlap_grad)
+        t = max(t, last_end)
         if embedding_sync_us[s]:
             spans.append((t, t + embedding_sync_us[s]))
         intervals.append(spans)
@@ -212,15 +258,33 @@ def simulate(fwd: list[list[Work]], bwd: list[list[Work]], m: int, *, p2p_us: fl
                               sum(grad_buckets_us[s]) + embedding_sync_us[s], sync_ends[s] - busy_ends[s], gather,
                               intervals[s]))
     iteration = max(t.end for t in tails) + iteration_overhead_us
-    busy = [sum(t.work.total + t.send for t in row) for row in tasks]
+    works, sends = runs.works, runs.sends
+    busy_of = [w.total + send for w, send in zip(works, sends)]
+    busy = [runs.stage_sum(s, busy_of) for s in range(pp)]
     crit = max(range(pp), key=lambda s: (busy[s], -s))
-    row, tail = tasks[crit], tails[crit]
+    tail = tails[crit]
     breakdown = {
-        "compute": sum(t.work.compute for t in row),
-        "exposed_communication": sum(t.work.comm + t.send for t in row) + tail.exposed_sync_us
-        + tail.exposed_gather_us,
+        "compute": runs.stage_sum(crit, [w.compute for w in works]),
+        "exposed_communication": runs.stage_sum(crit, [w.comm + send for w, send in zip(works, sends)])
+        + tail.exposed_sync_us + tail.exposed_gather_us,
         "optimizer": optimizer_us[crit],
-        "other": sum(t.work.other for t in row) + iteration_overhead_us,
+        "other": runs.stage_sum(crit, [w.other for w in works]) + iteration_overhead_us,
     }
     breakdown["pipeline_bubble"] = max(0.0, iteration - sum(breakdown.values()))
-    return Timeline(pp, vp, m, tasks, tails, iteration, breakdown, crit)
+    return Timeline(pp, vp, m, tails, iteration, breakdown, crit, runs)
+
+
+def _bucket_spans(buckets: list[float], last_start: float, last_end: float, overlap: bool
+                  ) -> tuple[list[tuple[float, float]], float]:
+    """(start, end) of each DP bucket collective, one after the other, and when the last ends. Without overlap they
+    start at the end of the stage's last backward; overlapped, bucket i is ready after (i+1)/n of it."""
+    if not overlap:
+        ends = list(accumulate(buckets, initial=last_end))
+        return list(zip(ends[:-1], ends[1:])), ends[-1]
+    spans, t, n, length = [], last_start, len(buckets), last_end - last_start
+    for i, dur in enumerate(buckets):
+        ready = last_start + length * (i + 1) / n
+        start = ready if ready > t else t
+        t = start + dur
+        spans.append((start, t))
+    return spans, t

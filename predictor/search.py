@@ -30,7 +30,7 @@ from tracekit.core.config import TrainingConfig, setting_name
 from tracekit.core.errors import ConfigError
 from tracekit.core.hardware import hardware_spec
 
-from .memory import memory_per_gpu
+from .memory import config_memory
 from .predict import compose, prepare_many
 
 SEARCH_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
@@ -101,18 +101,25 @@ def enumerate_configs(base: dict[str, Any], gpus: int, fixed: set[str]) -> tuple
 
 def evaluate(configs: list[TrainingConfig], cluster: Cluster, models, calibration=None, gpus: int = 1,
              price_per_gpu_hour: float | None = None) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """One shard of the work: graphs and operator estimates of every candidate in one batched model call, then
-    the schedule simulation of those whose memory fits. Returns (candidate rows, {"memory": pruned, "failed":
+    """One shard of the work: the memory check of every candidate, graphs and operator estimates of those that fit
+    in one batched model call, then their schedule simulations. Returns (candidate rows, {"memory": pruned, "failed":
     unpredictable}). The local executor runs it on everything, the Ray one per shard."""
     spec = hardware_spec(cluster.hardware)
-    rows, too_big, failed = [], 0, 0
-    for config, item in zip(configs, prepare_many(configs, cluster, models)):
-        if isinstance(item, Exception):
-            failed += 1
-            continue
-        memory, _ = memory_per_gpu(item[0])
+    fitting, memories, too_big, failed = [], [], 0, 0
+    for config in configs:  # the memory check needs no operator graph: prune before building any
+        memory, _ = config_memory(config, cluster.hardware)
         if spec is not None and memory["total"] > spec.memory_gb:
             too_big += 1
+        else:
+            fitting.append(config)
+            memories.append(memory)
+    # candidates with the same pipeline shape one after the other: they share the schedule's plan (a cache)
+    order = sorted(range(len(fitting)), key=lambda i: (fitting[i].pp, fitting[i].vp, fitting[i].num_microbatches))
+    fitting, memories = [fitting[i] for i in order], [memories[i] for i in order]
+    rows = []
+    for config, memory, item in zip(fitting, memories, prepare_many(fitting, cluster, models)):
+        if isinstance(item, Exception):
+            failed += 1
             continue
         try:
             prediction = compose(*item, calibration=calibration)
