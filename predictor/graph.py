@@ -26,7 +26,7 @@ from .placement import GroupPlacement, placements
 COMPUTE, COMM = "compute", "comm"
 
 
-@dataclass
+@dataclass(slots=True)
 class OpUse:
     """One operator in a segment: which spec estimates it, how often per micro-batch, and where it runs."""
 

@@ -71,6 +71,9 @@ class RayExecutor:
                      logging_level=logging.ERROR, **self.init_options)
         task = ray.remote(_evaluate_shard)
         files = ray.put(model_files(models.path))
+        from .search import shape
+
+        configs = sorted(configs, key=shape)  # a shard's candidates share pipeline shapes: simulated together
         shards = [configs[i:i + self.shard] for i in range(0, len(configs), self.shard)]
         results = ray.get([task.remote(files, shard, cluster, calibration, gpus, price) for shard in shards])
         rows: list[dict[str, Any]] = []

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from itertools import accumulate
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Work:
@@ -113,6 +115,22 @@ class _Plan:
     offsets: tuple[int, ...]
     n: int
 
+    @cached_property
+    def levels(self) -> list[tuple]:
+        """The tasks in dependency levels (a level's tasks wait only on earlier levels' tasks): per level the
+        arrays (positions, position of the stage's previous task or `n`, position waited on, work slot). A task's
+        level is its end in a simulation where every task lasts 1."""
+        works = 2 * self.pp * self.vp
+        _, level = _advance(self, [1] * works, [0] * works, [0] * works, False)
+        level = np.array(level)
+        slots = np.argsort(level, kind="stable")
+        prev = np.array([self.n if k == 0 else base + k - 1 for s, base in enumerate(self.offsets)
+                         for k in range(len(self.works[s]))])
+        deps = np.array([d for row in self.deps for d in row])
+        work = np.array([w for row in self.works for w in row])
+        cuts = np.flatnonzero(np.diff(level[slots])) + 1
+        return [(part, prev[part], deps[part], work[part]) for part in np.split(slots, cuts)]
+
 
 @lru_cache(maxsize=512)
 def _plan(pp: int, vp: int, m: int) -> _Plan:
@@ -145,14 +163,15 @@ class _Runs:
     plan: _Plan
     works: list[Work]  # by work slot
     sends: list[float]  # P2P send blocking the stage after the task, by work slot (0.0 with overlap_p2p)
-    starts: list
-    ends: list
+    starts: list | np.ndarray
+    ends: list | np.ndarray
 
     def tasks(self) -> list[list[Task]]:
         plan, out = self.plan, []
+        starts, ends = list(map(float, self.starts)), list(map(float, self.ends))
         for s, order in enumerate(plan.orders):
             base, works = plan.offsets[s], plan.works[s]
-            out.append([Task(kind, s, c, i, self.starts[base + k], self.ends[base + k], self.works[works[k]],
+            out.append([Task(kind, s, c, i, starts[base + k], ends[base + k], self.works[works[k]],
                              self.sends[works[k]]) for k, (kind, i, c) in enumerate(order)])
         return out
 
@@ -161,20 +180,12 @@ class _Runs:
         return sum(map(values.__getitem__, self.plan.works[s]))
 
 
-def simulate_pipeline(fwd: list[list[Work]], bwd: list[list[Work]], m: int, p2p_us: float = 0.0,
-                      overlap_p2p: bool = False) -> _Runs:
-    """Start/end of every task. fwd[s][c] / bwd[s][c]: one micro-batch of chunk c on stage s. A task's P2P send
-    blocks its stage (1F1B's batched send/recv), or with `overlap_p2p` (Megatron-core's interleaved schedule)
-    runs beside the stage's next task: the receiver still waits for it, the sender does not.
-
-    Each stage advances through its order while the tasks it waits on are done; a task starts when both its stage
-    and its input are free: start = max(stage clock, input's arrival), end = start + work (+ the blocking send)."""
-    pp, vp = len(fwd), len(fwd[0])
-    plan = _plan(pp, vp, m)
-    works = [w for row in fwd for w in row] + [w for row in bwd for w in row]
-    link = [p2p_us if _sends(kind, s, c, pp, vp) else 0.0 for kind in "FB" for s in range(pp) for c in range(vp)]
-    total = [w.total for w in works]
-    blocking = [0.0] * len(works) if overlap_p2p else link
+def _advance(plan: _Plan, total: list, blocking: list, link: list, overlap_p2p: bool) -> tuple[list, list]:
+    """(starts, ends) by flat position, one configuration. Each stage advances through its order while the tasks
+    it waits on are done; a task starts when both its stage and its input are free: start = max(stage clock,
+    input's arrival), end = start + work + blocking send; its output arrives at end (+ the send beside the next
+    task with `overlap_p2p`)."""
+    pp = plan.pp
     starts: list = [None] * plan.n
     ends: list = [None] * plan.n
     arrival: list = [None] * plan.n + [0.0]  # None: not simulated yet; the last slot: no input to wait for
@@ -200,7 +211,59 @@ def simulate_pipeline(fwd: list[list[Work]], bwd: list[list[Work]], m: int, p2p_
             count[s], clock[s] = k, now
         if remaining == before:  # cannot happen for Megatron's orders; guards an inconsistent schedule
             raise RuntimeError("pipeline schedule deadlocked")
-    return _Runs(plan, works, blocking, starts, ends)
+    return starts, ends
+
+
+def _advance_many(plan: _Plan, total: np.ndarray, blocking: np.ndarray, link: np.ndarray, overlap_p2p: bool
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """`_advance` of several configurations at once (columns of `total`, `blocking`, `link`: work slot ×
+    configuration), one dependency level at a time: the same additions and maxima, in the same order, on arrays."""
+    n, k = plan.n, total.shape[1]
+    starts = np.empty((n, k))
+    ends = np.zeros((n + 1, k))  # the last row: before a stage's first task, and the input of a task with none
+    arrival = np.zeros((n + 1, k)) if overlap_p2p else ends
+    for slots, prev, deps, works in plan.levels:
+        start = np.maximum(ends[prev], arrival[deps])
+        end = start + total[works]
+        end += blocking[works]
+        starts[slots] = start
+        ends[slots] = end
+        if overlap_p2p:
+            arrival[slots] = end + link[works]
+    return starts, ends[:n]
+
+
+#: Configurations × pipeline stages from which one shared plan is simulated with arrays instead of task by task.
+VECTOR_MIN = 12
+
+
+def pipeline_runs(jobs: list[tuple[list[list[Work]], list[list[Work]], int, float, bool]]) -> list[_Runs]:
+    """Start/end of every task of each job (fwd, bwd, m, p2p_us, overlap_p2p). fwd[s][c] / bwd[s][c]: one
+    micro-batch of chunk c on stage s. A task's P2P send blocks its stage (1F1B's batched send/recv), or with
+    `overlap_p2p` (Megatron-core's interleaved schedule) runs beside the stage's next task: the receiver still waits
+    for it, the sender does not. Jobs of one pipeline shape (pp, vp, m) share its plan; enough of them together are
+    simulated as arrays (`_advance_many`), else one by one (`_advance`): the same numbers either way."""
+    prepared, groups = [], {}
+    for j, (fwd, bwd, m, p2p_us, overlap_p2p) in enumerate(jobs):
+        pp, vp = len(fwd), len(fwd[0])
+        works = [w for row in fwd for w in row] + [w for row in bwd for w in row]
+        link = [p2p_us if _sends(kind, s, c, pp, vp) else 0.0 for kind in "FB" for s in range(pp) for c in range(vp)]
+        prepared.append((works, [w.total for w in works], [0.0] * len(works) if overlap_p2p else link, link))
+        groups.setdefault((pp, vp, m, overlap_p2p), []).append(j)
+    out: list = [None] * len(jobs)
+    for (pp, vp, m, overlap_p2p), members in groups.items():
+        plan = _plan(pp, vp, m)
+        if len(members) * pp < VECTOR_MIN:
+            for j in members:
+                works, total, blocking, link = prepared[j]
+                out[j] = _Runs(plan, works, blocking, *_advance(plan, total, blocking, link, overlap_p2p))
+            continue
+        columns = [np.array([prepared[j][i] for j in members]).T for i in (1, 2, 3)]
+        starts, ends = _advance_many(plan, *columns, overlap_p2p)
+        for col, j in enumerate(members):
+            works, _, blocking, _ = prepared[j]
+            out[j] = _Runs(plan, works, blocking, starts[:, col], ends[:, col])  # views: tasks are built if asked
+    return out
 
 
 def _dependency(kind: str, s: int, c: int, i: int, pp: int, vp: int) -> tuple[str, int, int, int] | None:
@@ -224,16 +287,29 @@ def _sends(kind: str, s: int, c: int, pp: int, vp: int) -> bool:
     return not (s == 0 and c == 0)
 
 
-def simulate(fwd: list[list[Work]], bwd: list[list[Work]], m: int, *, p2p_us: float = 0.0,
-             grad_buckets_us: list[list[float]] | None = None, overlap_grad: bool = False,
-             embedding_sync_us: list[float] | None = None, optimizer_us: list[float] | None = None,
-             param_gather_us: list[float] | None = None, overlap_param_gather: bool = False,
-             iteration_overhead_us: float = 0.0, overlap_p2p: bool = False) -> Timeline:
-    """The whole iteration. Per stage: grad_buckets_us (DP bucket collectives in order), embedding_sync_us (tied
-    embedding all-reduce), optimizer_us, param_gather_us (distributed optimizer's all-gather, exposed unless
-    overlapped with the next forward); overlap_p2p: P2P sends beside the next task (see simulate_pipeline)."""
-    pp, vp = len(fwd), len(fwd[0])
-    runs = simulate_pipeline(fwd, bwd, m, p2p_us, overlap_p2p)
+def simulate(fwd: list[list[Work]], bwd: list[list[Work]], m: int, **options) -> Timeline:
+    """The whole iteration (see `simulate_many` for the options)."""
+    return simulate_many([(fwd, bwd, m, options)])[0]
+
+
+def simulate_many(jobs: list[tuple[list[list[Work]], list[list[Work]], int, dict]]) -> list[Timeline]:
+    """The whole iteration of each job (fwd, bwd, micro-batches, options); jobs of one pipeline shape are simulated
+    together (`pipeline_runs`). Options, per stage: grad_buckets_us (DP bucket collectives in order),
+    embedding_sync_us (tied embedding all-reduce), optimizer_us, param_gather_us (distributed optimizer's
+    all-gather, exposed unless overlap_param_gather: overlapped with the next forward); overlap_grad (buckets
+    beside the last backward); iteration_overhead_us; p2p_us and overlap_p2p (P2P sends beside the next task)."""
+    runs = pipeline_runs([(fwd, bwd, m, options.get("p2p_us", 0.0), options.get("overlap_p2p", False))
+                          for fwd, bwd, m, options in jobs])
+    return [_finish(run, m, **{k: v for k, v in options.items() if k not in ("p2p_us", "overlap_p2p")})
+            for run, (_, _, m, options) in zip(runs, jobs)]
+
+
+def _finish(runs: _Runs, m: int, *, grad_buckets_us: list[list[float]] | None = None, overlap_grad: bool = False,
+            embedding_sync_us: list[float] | None = None, optimizer_us: list[float] | None = None,
+            param_gather_us: list[float] | None = None, overlap_param_gather: bool = False,
+            iteration_overhead_us: float = 0.0) -> Timeline:
+    """Gradient sync, optimizer and breakdown after the simulated pipeline."""
+    pp, vp = runs.plan.pp, runs.plan.vp
     grad_buckets_us = grad_buckets_us or [[] for _ in range(pp)]
     embedding_sync_us = embedding_sync_us or [0.0] * pp
     optimizer_us = optimizer_us or [0.0] * pp
@@ -241,7 +317,7 @@ def simulate(fwd: list[list[Work]], bwd: list[list[Work]], m: int, *, p2p_us: fl
     sync_ends, busy_ends, intervals = [], [], []
     for s in range(pp):
         last = runs.plan.offsets[s] + len(runs.plan.works[s]) - 1
-        last_start, last_end = runs.starts[last], runs.ends[last]
+        last_start, last_end = float(runs.starts[last]), float(runs.ends[last])
         busy_ends.append(last_end)
         spans, t = _bucket_spans(grad_buckets_us[s], last_start, last_end, overlap_grad)
         t = max(t, last_end)
