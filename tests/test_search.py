@@ -91,17 +91,12 @@ def test_cli_json_contract_vary_and_objectives():
     assert no_batch.exit_code == 2 and "global batch size" in no_batch.stderr
 
 
-def test_ray_executor_gives_the_local_ranking(models):
-    ray = pytest.importorskip("ray")
+def test_ray_executor_gives_the_local_ranking(models, ray_local):
     from predictor.ray_executor import RayExecutor
 
     base = parse_megatron_argv(JOB)
     local = search(base, 8, preset("dgx-a100"), models)
-    executor = RayExecutor(shard=64, init_options={"num_cpus": 2, "object_store_memory": 80 * 1024 * 1024})
-    try:
-        sharded = search(base, 8, preset("dgx-a100"), models, executor=executor)
-    finally:
-        ray.shutdown()
+    sharded = search(base, 8, preset("dgx-a100"), models, executor=RayExecutor(shard=64))
     assert len(local.candidates) > 64  # more than one shard
     assert sharded.candidates == local.candidates and sharded.pruned == local.pruned
     assert sharded.evaluated == local.evaluated
@@ -110,8 +105,9 @@ def test_ray_executor_gives_the_local_ranking(models):
 def test_ray_executor_without_ray_says_how_to_install_it(monkeypatch):
     import sys
 
-    from predictor.ray_executor import INSTALL_HINT, RayExecutor
+    from predictor.ray_executor import RayExecutor
     from tracekit.core.errors import ConfigError
+    from tracekit.core.ray_runtime import INSTALL_HINT
 
     monkeypatch.setitem(sys.modules, "ray", None)  # as on a machine without the extra
     with pytest.raises(ConfigError, match="pip install 'tracekit\\[ray\\]'"):
