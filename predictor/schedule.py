@@ -132,7 +132,7 @@ class _Plan:
         return [(part, prev[part], deps[part], work[part]) for part in np.split(slots, cuts)]
 
 
-@lru_cache(maxsize=512)
+@lru_cache(maxsize=16)  # a big shape's plan holds ~100 bytes a task; a search asks for one shape at a time
 def _plan(pp: int, vp: int, m: int) -> _Plan:
     orders = tuple(stage_order(s, pp, vp, m) for s in range(pp))
     offsets, n = [], 0
