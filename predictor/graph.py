@@ -31,7 +31,7 @@ from .placement import GroupPlacement, placements
 COMPUTE, COMM = "compute", "comm"
 
 
-@dataclass
+@dataclass(slots=True)
 class OpUse:
     """One operator in a segment: which spec estimates it, how often per micro-batch, and where it runs."""
 
@@ -95,6 +95,7 @@ class _Builder:
         self.groups = placements(c.tp, c.cp, c.dp, c.pp, gpus_per_node)
         self.specs: list[dict] = []
         self.index: dict[tuple, int] = {}
+        self.bucket_specs: dict[tuple, int | None] = {}
         t = c.tp
         self.t = t
         self.s = c.seq_length // c.cp  # local sequence per CP rank
@@ -148,6 +149,16 @@ class _Builder:
         spec = self.spec(primitive, "comm", variant, bytes=nbytes, group_size=place.size,
                          ranks_per_node=place.ranks_per_node, nodes=place.nodes, numel=nbytes / self.bytes)
         return OpUse(name, spec, per_layer=per_layer, group=group)
+
+    def bucket(self, name: str, primitive: str, nbytes: float) -> OpUse | None:
+        """One DP gradient bucket's collective (`collective` on the dp group; a big model has thousands of buckets
+        of a few sizes, so the spec of each size is looked up once)."""
+        key = (primitive, nbytes)
+        if key not in self.bucket_specs:
+            op = self.collective(name, primitive, "dp", nbytes, False)
+            self.bucket_specs[key] = None if op is None else op.spec
+        spec = self.bucket_specs[key]
+        return None if spec is None else OpUse(name, spec, group="dp")
 
     # -- building blocks ---------------------------------------------------------------------------------------
     def gemm(self, name: str, variant: str, m: int, n: int, k: int, per_layer: bool = True, bias: bool = True):
@@ -297,27 +308,29 @@ class _Builder:
         bwd.append(norm[1])
         return fwd, bwd
 
-    # -- parameters ----------------------------------------------------------------------------------------------
-    def layer_params(self) -> int:
-        """Parameters of one transformer layer on one TP rank."""
-        c, t, h, d = self.c, self.t, self.h, self.d
-        a_t, g_t, f_t = self.a // t, self.g // t, self.f // t
-        bias = c.add_bias_linear
-        qkv = h * (a_t + 2 * g_t) * d + (a_t + 2 * g_t) * d * bias
-        proj = a_t * d * h + h * bias
-        fc1_out = 2 * f_t if c.swiglu else f_t
-        mlp = h * fc1_out + fc1_out * bias + f_t * h + h * bias
-        norms = 2 * h * (1 if c.normalization == "RMSNorm" else 2)
-        return qkv + proj + mlp + norms
 
-    def embedding_params(self) -> int:
-        pos = self.c.seq_length * self.h if self.c.position_embedding_type != "rope" else 0
-        return self.v // self.t * self.h + pos
+def layer_params(c: TrainingConfig) -> int:
+    """Parameters of one transformer layer on one TP rank."""
+    t, h, d = c.tp, c.hidden_size, c.kv_channels
+    a_t, g_t, f_t = c.num_attention_heads // t, c.num_query_groups // t, c.ffn_hidden_size // t
+    bias = c.add_bias_linear
+    qkv = h * (a_t + 2 * g_t) * d + (a_t + 2 * g_t) * d * bias
+    proj = a_t * d * h + h * bias
+    fc1_out = 2 * f_t if c.swiglu else f_t
+    mlp = h * fc1_out + fc1_out * bias + f_t * h + h * bias
+    norms = 2 * h * (1 if c.normalization == "RMSNorm" else 2)
+    return qkv + proj + mlp + norms
 
-    def head_params(self, has_embedding: bool) -> int:
-        norm = self.h * (1 if self.c.normalization == "RMSNorm" else 2)
-        tied_here = has_embedding and not self.c.untie_embeddings_and_output_weights
-        return norm + (0 if tied_here else self.v // self.t * self.h)
+
+def chunk_params(c: TrainingConfig, stage: int, chunk: int) -> int:
+    """Parameters one GPU holds for a model chunk: its layers, the embedding on the first chunk of the first stage,
+    the final norm and (untied, or away from the embedding) the output layer on the last chunk of the last."""
+    first, last = stage == 0 and chunk == 0, stage == c.pp - 1 and chunk == c.vp - 1
+    vocab_rows = c.padded_vocab_size // c.tp * c.hidden_size
+    embedding = vocab_rows + (c.seq_length * c.hidden_size if c.position_embedding_type != "rope" else 0)
+    tied_here = first and not c.untie_embeddings_and_output_weights
+    head = c.hidden_size * (1 if c.normalization == "RMSNorm" else 2) + (0 if tied_here else vocab_rows)
+    return c.num_layers // (c.pp * c.vp) * layer_params(c) + (embedding if first else 0) + (head if last else 0)
 
 
 def build_graph(config: TrainingConfig, hardware: str, gpus_per_node: int = 8,
@@ -333,16 +346,15 @@ def build_graph(config: TrainingConfig, hardware: str, gpus_per_node: int = 8,
     emb_fwd, emb_bwd = bld.embedding()
     head_fwd, head_bwd = bld.head()
     segments: list[Segment] = []
+    layers_fwd, layers_bwd = _times(layer_fwd, per_chunk), _times(replay + layer_bwd, per_chunk)  # every chunk's
     for stage in range(pp):
         for chunk in range(vp):
             first = stage == 0 and chunk == 0
             last = stage == pp - 1 and chunk == vp - 1
             seg = Segment(stage, chunk, per_chunk, first, last)
-            seg.fwd = (emb_fwd if first else []) + _times(layer_fwd, per_chunk) + (head_fwd if last else [])
-            layer_back = _times(replay + layer_bwd, per_chunk)
-            seg.bwd = (head_bwd if last else []) + layer_back + (emb_bwd if first else [])
-            seg.params = per_chunk * bld.layer_params() + (bld.embedding_params() if first else 0) + \
-                (bld.head_params(first) if last else 0)
+            seg.fwd = (emb_fwd if first else []) + layers_fwd + (head_fwd if last else [])
+            seg.bwd = (head_bwd if last else []) + layers_bwd + (emb_bwd if first else [])
+            seg.params = chunk_params(c, stage, chunk)
             segments.append(seg)
 
     p2p_op = bld.collective("p2p.activation", "send_recv", "p2p", bld.sp_tokens * c.hidden_size * c.dtype_bytes,
@@ -360,14 +372,13 @@ def build_graph(config: TrainingConfig, hardware: str, gpus_per_node: int = 8,
         for i in range(n_buckets):
             numel = min(bucket, params - i * bucket) if n_buckets > 1 else params
             if c.use_distributed_optimizer:
-                op = bld.collective(f"ddp.bucket{i}.reduce_scatter", "reduce_scatter", "dp",
-                                    numel * grad_bytes / c.dp, False)
-                gather = bld.collective(f"optimizer.bucket{i}.param_all_gather", "all_gather", "dp",
-                                        numel * c.dtype_bytes / c.dp, False)
+                op = bld.bucket(f"ddp.bucket{i}.reduce_scatter", "reduce_scatter", numel * grad_bytes / c.dp)
+                gather = bld.bucket(f"optimizer.bucket{i}.param_all_gather", "all_gather",
+                                    numel * c.dtype_bytes / c.dp)
                 if gather:
                     gathers.append(gather)
             else:
-                op = bld.collective(f"ddp.bucket{i}.all_reduce", "all_reduce", "dp", numel * grad_bytes, False)
+                op = bld.bucket(f"ddp.bucket{i}.all_reduce", "all_reduce", numel * grad_bytes)
             if op:
                 ops.append(op)
         tied = pp > 1 and not c.untie_embeddings_and_output_weights and stage in (0, pp - 1)

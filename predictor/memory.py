@@ -8,15 +8,15 @@ in flight on a stage (interleaved: × (1 + (pp − 1)/(pp·vp))). GQA/SwiGLU cor
 """
 from __future__ import annotations
 
+from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import hardware_spec
 
-from .graph import Graph
+from .graph import Graph, chunk_params
 
 GB = 1e9
 
 
-def _layer_activation_bytes(graph: Graph, working: bool = False) -> float:
-    c = graph.config
+def _layer_activation_bytes(c: TrainingConfig, working: bool = False) -> float:
     s, b, h, a, t = c.seq_length // c.cp, c.micro_batch_size, c.hidden_size, c.num_attention_heads, c.tp
     score = 0.0 if (c.attention == "flash" or c.recompute_granularity == "selective") else 5.0 * a * s / h
     if c.recompute_granularity == "full" and not working:
@@ -28,19 +28,23 @@ def _layer_activation_bytes(graph: Graph, working: bool = False) -> float:
 
 def memory_per_gpu(graph: Graph) -> tuple[dict[str, float], list[str]]:
     """({weights, gradients, optimizer_state, activations, total} in GB for the fullest stage, warnings)."""
-    c = graph.config
+    return config_memory(graph.config, graph.hardware)
+
+
+def config_memory(c: TrainingConfig, hardware: str) -> tuple[dict[str, float], list[str]]:
+    """`memory_per_gpu` from the configuration alone, without its operator graph (a search prunes with it before
+    building graphs)."""
     weight_bytes = 4 if c.precision == "fp32" else 2
     grad_bytes = c.grad_bytes
     state_bytes = 8 if c.precision == "fp32" else 12  # Adam m, v (+ fp32 master weights in mixed precision)
     shard = c.dp if c.use_distributed_optimizer else 1
-    per_layer = _layer_activation_bytes(graph)
-    working = _layer_activation_bytes(graph, working=True) if c.recompute_granularity == "full" else 0.0
+    per_layer = _layer_activation_bytes(c)
+    working = _layer_activation_bytes(c, working=True) if c.recompute_granularity == "full" else 0.0
     logits = c.seq_length // c.cp * c.micro_batch_size * c.padded_vocab_size / c.tp * 4  # fp32 logits for the loss
     best: dict[str, float] | None = None
     for stage in range(c.pp):
-        segs = graph.segments[stage * c.vp:(stage + 1) * c.vp]
-        params = sum(seg.params for seg in segs)
-        layers = sum(seg.layers for seg in segs)
+        params = sum(chunk_params(c, stage, chunk) for chunk in range(c.vp))
+        layers = c.num_layers // (c.pp * c.vp) * c.vp
         in_flight = min(c.pp - stage, c.num_microbatches)
         if c.vp > 1:
             in_flight *= 1 + (c.pp - 1) / (c.pp * c.vp)
@@ -56,7 +60,7 @@ def memory_per_gpu(graph: Graph) -> tuple[dict[str, float], list[str]]:
             best = row
     assert best is not None
     warnings = []
-    spec = hardware_spec(graph.hardware)
+    spec = hardware_spec(hardware)
     if spec is not None and best["total"] > spec.memory_gb:
         warnings.append(
             f"needs about {best['total']:.1f} GB per GPU on its fullest pipeline stage, more than the "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 #: Megatron's rank order, fastest-varying first.
 ORDER = ("tp", "cp", "dp", "pp")
@@ -30,6 +31,7 @@ def strides(tp: int, cp: int, dp: int, pp: int) -> dict[str, int]:
     return {"tp": 1, "cp": tp, "dp": tp * cp, "pp": tp * cp * dp}
 
 
+@lru_cache(maxsize=4096)  # a search asks for the same few groups again and again
 def group_placement(kind: str, size: int, stride: int, gpus_per_node: int, world: int) -> GroupPlacement:
     """Span of the worst group of this kind (most nodes, then most members on one node)."""
     if size <= 1:

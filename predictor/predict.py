@@ -54,7 +54,7 @@ from .calibration import NONE, Calibration
 from .flops import throughput
 from .graph import Graph, OpUse, build_graph
 from .memory import memory_per_gpu
-from .schedule import Timeline, Work, simulate
+from .schedule import Timeline, Work, simulate_many
 from .transfer import source_weights
 
 TENSOR_PRIMITIVES = ("gemm", "bmm", "attention")
@@ -396,10 +396,8 @@ def _work(ops: list[OpUse], dur: np.ndarray, layers: int, cal: Calibration, fram
                 cal.microbatch_overhead_us + excess * layers + framework)
 
 
-def simulate_graph(graph: Graph, est: Estimates, cal: Calibration
-                   ) -> tuple[np.ndarray, list[list[Work]], list[list[Work]], Timeline]:
-    """Calibrated durations, per-segment work and the simulated timeline (the cheap part of `compose`, which
-    calibration fitting repeats)."""
+def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[np.ndarray, tuple]:
+    """Calibrated durations and the schedule simulation's job (fwd, bwd, micro-batches, options) of one graph."""
     c = graph.config
     pp, vp = c.pp, c.vp
     dur = calibrated_durations(graph, est, cal)
@@ -413,21 +411,52 @@ def simulate_graph(graph: Graph, est: Estimates, cal: Calibration
     embd = [float(sum(dur[o.spec] for o in graph.grad_sync[s] if o.group == "embd")) for s in range(pp)]
     optimizer = [float(dur[graph.optimizer[s].spec]) for s in range(pp)]
     gather = [float(sum(dur[o.spec] for o in graph.param_gather[s])) for s in range(pp)]
-    timeline = simulate(
-        fwd, bwd, c.num_microbatches, p2p_us=float(dur[graph.p2p]) if graph.p2p is not None else 0.0,
+    options = dict(
+        p2p_us=float(dur[graph.p2p]) if graph.p2p is not None else 0.0,
         grad_buckets_us=buckets, overlap_grad=c.overlap_grad_reduce, embedding_sync_us=embd,
         optimizer_us=optimizer, param_gather_us=gather, overlap_param_gather=c.overlap_param_gather,
         iteration_overhead_us=cal.iteration_overhead_us, overlap_p2p=c.overlap_p2p_comm and vp > 1,
     )
-    return dur, fwd, bwd, timeline
+    return dur, (fwd, bwd, c.num_microbatches, options)
+
+
+def simulate_graph(graph: Graph, est: Estimates, cal: Calibration
+                   ) -> tuple[np.ndarray, list[list[Work]], list[list[Work]], Timeline]:
+    """Calibrated durations, per-segment work and the simulated timeline (the cheap part of `compose`, which
+    calibration fitting repeats)."""
+    dur, job = simulation_inputs(graph, est, cal)
+    return dur, job[0], job[1], simulate_many([job])[0]
 
 
 def compose(graph: Graph, est: Estimates, cluster: Cluster, notes: list[str] | None = None,
             calibration: Calibration | None = None) -> Prediction:
     """Schedule simulation and reporting for one prepared graph."""
+    result = compose_many([(graph, est, cluster, notes)], calibration)[0]
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def compose_many(prepared: Sequence[tuple], calibration: Calibration | None = None
+                 ) -> list[Prediction | ConfigError]:
+    """`compose` of many prepared graphs (graph, estimates, cluster, notes); those of one pipeline shape share
+    their schedule simulation's arrays (`schedule.simulate_many`). A graph that cannot be composed yields its
+    ConfigError in place."""
     cal = calibration or NONE
+    inputs = [simulation_inputs(graph, est, cal) for graph, est, _, _ in prepared]
+    timelines = simulate_many([job for _, job in inputs])
+    out: list[Prediction | ConfigError] = []
+    for (graph, est, cluster, notes), (dur, job), timeline in zip(prepared, inputs, timelines):
+        try:
+            out.append(_prediction(graph, est, cluster, notes, cal, dur, job[0], job[1], timeline))
+        except ConfigError as exc:
+            out.append(exc)
+    return out
+
+
+def _prediction(graph: Graph, est: Estimates, cluster: Cluster, notes: list[str] | None, cal: Calibration,
+                dur: np.ndarray, fwd: list[list[Work]], bwd: list[list[Work]], timeline: Timeline) -> Prediction:
     c = graph.config
-    dur, fwd, bwd, timeline = simulate_graph(graph, est, cal)
     seconds = timeline.iteration_us / 1e6
     rates = throughput(c, graph.hardware, seconds)
     memory, mem_warnings = memory_per_gpu(graph)

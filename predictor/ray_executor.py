@@ -1,7 +1,7 @@
 """Search work as Ray tasks: the candidate configurations in shards, one `predictor.search.evaluate` per shard.
 
 Ray is an optional extra (`pip install 'tracekit[ray]'`). `RayExecutor(address=None)` starts a local Ray on demand
-(or joins the cluster at `address`, e.g. `ray://head:10001` or `auto`). The model set travels once: its files
+(or joins the cluster at `address`, e.g. `ray://head:10001` or `auto`; `tracekit.core.ray_runtime.connect`). The model set travels once: its files
 (XGBoost UBJ and JSON, never pickles) go into Ray's object store, and each worker process writes them to a folder of
 its own and loads them once (`ModelSet.load` caches by path). The shards' rows merge into the same ranking the
 local executor gives (`predictor.search.search` sorts them).
@@ -9,24 +9,14 @@ local executor gives (`predictor.search.search` sorts them).
 from __future__ import annotations
 
 import hashlib
-import logging
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from tracekit.core.errors import ConfigError
+from tracekit.core.ray_runtime import connect, ray_module
 
-INSTALL_HINT = "--executor ray needs Ray: pip install 'tracekit[ray]'"
 #: Candidates per task: big enough that a task's one batched model call amortizes, small enough to spread.
 SHARD = 256
-
-
-def _ray():
-    try:
-        import ray
-    except ImportError as exc:
-        raise ConfigError(INSTALL_HINT) from exc
-    return ray
 
 
 def model_files(path: Path) -> dict[str, bytes]:
@@ -59,18 +49,18 @@ class RayExecutor:
     """Runs `evaluate` over shards of the candidates as Ray tasks and merges their rows."""
 
     def __init__(self, address: str | None = None, shard: int = SHARD, init_options: dict | None = None):
-        _ray()  # without Ray, say how to install it before any work is done
+        ray_module()  # without Ray, say how to install it before any work is done
         self.address = address
         self.shard = shard
         self.init_options = init_options or {}
 
     def run(self, configs, cluster, models, calibration=None, gpus: int = 1, price: float | None = None):
-        ray = _ray()
-        if not ray.is_initialized():
-            ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.ERROR, **self.init_options)
+        ray = connect(self.address, **self.init_options)
         task = ray.remote(_evaluate_shard)
         files = ray.put(model_files(models.path))
+        from .search import shape
+
+        configs = sorted(configs, key=shape)  # a shard's candidates share pipeline shapes: simulated together
         shards = [configs[i:i + self.shard] for i in range(0, len(configs), self.shard)]
         results = ray.get([task.remote(files, shard, cluster, calibration, gpus, price) for shard in shards])
         rows: list[dict[str, Any]] = []

@@ -11,7 +11,10 @@ micro-batches (all of them when m = pp), with model chunk (k mod pp·vp) // pp f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
+from itertools import accumulate
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -56,16 +59,21 @@ class StageEnd:
 
 @dataclass
 class Timeline:
-    """The simulated iteration: every stage's tasks in execution order and its tail."""
+    """The simulated iteration: every stage's tasks in execution order (built when first asked for: a search reads
+    only the tails and the breakdown) and its tail."""
 
     pp: int
     vp: int
     microbatches: int
-    tasks: list[list[Task]]
     tails: list[StageEnd]
     iteration_us: float
     breakdown_us: dict[str, float]
     critical_stage: int
+    _runs: "_Runs" = field(repr=False, compare=False)
+
+    @cached_property
+    def tasks(self) -> list[list[Task]]:
+        return self._runs.tasks()
 
 
 def stage_order(stage: int, pp: int, vp: int, m: int) -> list[tuple[str, int, int]]:
@@ -92,64 +100,170 @@ def stage_order(stage: int, pp: int, vp: int, m: int) -> list[tuple[str, int, in
     return order
 
 
-@lru_cache(maxsize=256)
-def _plan(pp: int, vp: int, m: int) -> tuple[tuple[tuple, ...], ...]:
-    """Per stage, in Megatron's order: (kind, microbatch, chunk, dependency as (stage, position) or None, whether the
-    task ends with a P2P send). Shared by every configuration with the same pp, vp and micro-batches."""
-    orders = [stage_order(s, pp, vp, m) for s in range(pp)]
-    position = {(kind, s, c, i): k for s, order in enumerate(orders) for k, (kind, i, c) in enumerate(order)}
-    plan = []
+@dataclass(frozen=True)
+class _Plan:
+    """Megatron's task order for (pp, vp, m), shared by every configuration with those: per stage, each task's
+    work slot (F: s·vp + c, B: pp·vp + s·vp + c) and the flat position of the task it waits on (`n`, a slot that
+    is always 0.0, when none), in the stage's order; flat positions run stage by stage from `offsets[s]`."""
+
+    pp: int
+    vp: int
+    m: int
+    orders: tuple[list, ...]  # stage_order per stage
+    works: tuple[tuple[int, ...], ...]
+    deps: tuple[tuple[int, ...], ...]
+    offsets: tuple[int, ...]
+    n: int
+
+    @cached_property
+    def levels(self) -> list[tuple]:
+        """The tasks in dependency levels (a level's tasks wait only on earlier levels' tasks): per level the
+        arrays (positions, position of the stage's previous task or `n`, position waited on, work slot). A task's
+        level is its end in a simulation where every task lasts 1."""
+        works = 2 * self.pp * self.vp
+        _, level = _advance(self, [1] * works, [0] * works, [0] * works, False)
+        level = np.array(level)
+        slots = np.argsort(level, kind="stable")
+        prev = np.array([self.n if k == 0 else base + k - 1 for s, base in enumerate(self.offsets)
+                         for k in range(len(self.works[s]))])
+        deps = np.array([d for row in self.deps for d in row])
+        work = np.array([w for row in self.works for w in row])
+        cuts = np.flatnonzero(np.diff(level[slots])) + 1
+        return [(part, prev[part], deps[part], work[part]) for part in np.split(slots, cuts)]
+
+
+@lru_cache(maxsize=16)  # a big shape's plan holds ~100 bytes a task; a search asks for one shape at a time
+def _plan(pp: int, vp: int, m: int) -> _Plan:
+    orders = tuple(stage_order(s, pp, vp, m) for s in range(pp))
+    offsets, n = [], 0
+    for order in orders:
+        offsets.append(n)
+        n += len(order)
+    position = [[[0] * m for _ in range(vp)] for _ in range(2 * pp)]  # [B·pp + s][c][i] → flat position
     for s, order in enumerate(orders):
-        rows = []
+        base, fwd, bwd = offsets[s], position[s], position[pp + s]
+        for k, (kind, i, c) in enumerate(order):
+            (fwd if kind == "F" else bwd)[c][i] = base + k
+    works, deps = [], []
+    for s, order in enumerate(orders):
+        stage_works, stage_deps = [], []
         for kind, i, c in order:
             dep = _dependency(kind, s, c, i, pp, vp)
-            rows.append((kind, i, c, None if dep is None else (dep[1], position[dep]), _sends(kind, s, c, pp, vp)))
-        plan.append(tuple(rows))
-    return tuple(plan)
+            stage_works.append((kind == "B") * pp * vp + s * vp + c)
+            stage_deps.append(n if dep is None else position[(dep[0] == "B") * pp + dep[1]][dep[2]][dep[3]])
+        works.append(tuple(stage_works))
+        deps.append(tuple(stage_deps))
+    return _Plan(pp, vp, m, orders, tuple(works), tuple(deps), tuple(offsets), n)
 
 
-def simulate_pipeline(fwd: list[list[Work]], bwd: list[list[Work]], m: int, p2p_us: float = 0.0,
-                      overlap_p2p: bool = False) -> list[list[Task]]:
-    """Start/end of every task. fwd[s][c] / bwd[s][c]: one micro-batch of chunk c on stage s. A task's P2P send
-    blocks its stage (1F1B's batched send/recv), or with `overlap_p2p` (Megatron-core's interleaved schedule)
-    runs beside the stage's next task: the receiver still waits for it, the sender does not."""
-    pp, vp = len(fwd), len(fwd[0])
-    plan = _plan(pp, vp, m)
-    arrival = [[0.0] * len(rows) for rows in plan]  # when each task's output reaches the task that waits on it
-    tasks: list[list[Task]] = [[] for _ in range(pp)]
-    clock = [0.0] * pp
-    count = [0] * pp
-    remaining = sum(len(rows) for rows in plan)
+@dataclass
+class _Runs:
+    """Start and end of every task of one simulated pipeline, by flat position (see `_Plan`)."""
+
+    plan: _Plan
+    works: list[Work]  # by work slot
+    sends: list[float]  # P2P send blocking the stage after the task, by work slot (0.0 with overlap_p2p)
+    starts: list | np.ndarray
+    ends: list | np.ndarray
+
+    def tasks(self) -> list[list[Task]]:
+        plan, out = self.plan, []
+        starts, ends = list(map(float, self.starts)), list(map(float, self.ends))
+        for s, order in enumerate(plan.orders):
+            base, works = plan.offsets[s], plan.works[s]
+            out.append([Task(kind, s, c, i, starts[base + k], ends[base + k], self.works[works[k]],
+                             self.sends[works[k]]) for k, (kind, i, c) in enumerate(order)])
+        return out
+
+    def stage_sum(self, s: int, values: list[float]) -> float:
+        """Σ over the stage's tasks, in its order, of a per-work-slot value (the sum a loop over its tasks makes)."""
+        return sum(map(values.__getitem__, self.plan.works[s]))
+
+
+def _advance(plan: _Plan, total: list, blocking: list, link: list, overlap_p2p: bool) -> tuple[list, list]:
+    """(starts, ends) by flat position, one configuration. Each stage advances through its order while the tasks
+    it waits on are done; a task starts when both its stage and its input are free: start = max(stage clock,
+    input's arrival), end = start + work + blocking send; its output arrives at end (+ the send beside the next
+    task with `overlap_p2p`)."""
+    pp = plan.pp
+    starts: list = [None] * plan.n
+    ends: list = [None] * plan.n
+    arrival: list = [None] * plan.n + [0.0]  # None: not simulated yet; the last slot: no input to wait for
+    count, clock = [0] * pp, [0.0] * pp
+    remaining = plan.n
     while remaining:
         before = remaining
         for s in range(pp):
-            rows, k, now, out, arrive = plan[s], count[s], clock[s], tasks[s], arrival[s]
-            while k < len(rows):
-                kind, i, c, dep, sends = rows[k]
-                if dep is None:
-                    ready = 0.0
-                elif count[dep[0]] > dep[1]:
-                    ready = arrival[dep[0]][dep[1]]
-                else:
+            deps, slots, k, now, base = plan.deps[s], plan.works[s], count[s], clock[s], plan.offsets[s]
+            size = len(deps)
+            while k < size:
+                ready = arrival[deps[k]]
+                if ready is None:
                     break
-                work = (fwd if kind == "F" else bwd)[s][c]
-                send = p2p_us if sends else 0.0
+                w = slots[k]
                 start = now if now > ready else ready
-                if overlap_p2p:
-                    now = start + work.total
-                    out.append(Task(kind, s, c, i, start, now, work, 0.0))
-                    arrive[k] = now + send
-                else:
-                    now = start + work.total + send
-                    out.append(Task(kind, s, c, i, start, now, work, send))
-                    arrive[k] = now
+                now = start + total[w] + blocking[w]
+                starts[base + k] = start
+                ends[base + k] = now
+                arrival[base + k] = now + link[w] if overlap_p2p else now
                 k += 1
-                count[s] = k  # the last stage's backward waits on its own forward, earlier in its order
-                remaining -= 1
-            clock[s] = now
+            remaining -= k - count[s]
+            count[s], clock[s] = k, now
         if remaining == before:  # cannot happen for Megatron's orders; guards an inconsistent schedule
             raise RuntimeError("pipeline schedule deadlocked")
-    return tasks
+    return starts, ends
+
+
+def _advance_many(plan: _Plan, total: np.ndarray, blocking: np.ndarray, link: np.ndarray, overlap_p2p: bool
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """`_advance` of several configurations at once (columns of `total`, `blocking`, `link`: work slot ×
+    configuration), one dependency level at a time: the same additions and maxima, in the same order, on arrays."""
+    n, k = plan.n, total.shape[1]
+    starts = np.empty((n, k))
+    ends = np.zeros((n + 1, k))  # the last row: before a stage's first task, and the input of a task with none
+    arrival = np.zeros((n + 1, k)) if overlap_p2p else ends
+    for slots, prev, deps, works in plan.levels:
+        start = np.maximum(ends[prev], arrival[deps])
+        end = start + total[works]
+        end += blocking[works]
+        starts[slots] = start
+        ends[slots] = end
+        if overlap_p2p:
+            arrival[slots] = end + link[works]
+    return starts, ends[:n]
+
+
+#: Configurations × pipeline stages from which one shared plan is simulated with arrays instead of task by task.
+VECTOR_MIN = 12
+
+
+def pipeline_runs(jobs: list[tuple[list[list[Work]], list[list[Work]], int, float, bool]]) -> list[_Runs]:
+    """Start/end of every task of each job (fwd, bwd, m, p2p_us, overlap_p2p). fwd[s][c] / bwd[s][c]: one
+    micro-batch of chunk c on stage s. A task's P2P send blocks its stage (1F1B's batched send/recv), or with
+    `overlap_p2p` (Megatron-core's interleaved schedule) runs beside the stage's next task: the receiver still waits
+    for it, the sender does not. Jobs of one pipeline shape (pp, vp, m) share its plan; enough of them together are
+    simulated as arrays (`_advance_many`), else one by one (`_advance`): the same numbers either way."""
+    prepared, groups = [], {}
+    for j, (fwd, bwd, m, p2p_us, overlap_p2p) in enumerate(jobs):
+        pp, vp = len(fwd), len(fwd[0])
+        works = [w for row in fwd for w in row] + [w for row in bwd for w in row]
+        link = [p2p_us if _sends(kind, s, c, pp, vp) else 0.0 for kind in "FB" for s in range(pp) for c in range(vp)]
+        prepared.append((works, [w.total for w in works], [0.0] * len(works) if overlap_p2p else link, link))
+        groups.setdefault((pp, vp, m, overlap_p2p), []).append(j)
+    out: list = [None] * len(jobs)
+    for (pp, vp, m, overlap_p2p), members in groups.items():
+        plan = _plan(pp, vp, m)
+        if len(members) * pp < VECTOR_MIN:
+            for j in members:
+                works, total, blocking, link = prepared[j]
+                out[j] = _Runs(plan, works, blocking, *_advance(plan, total, blocking, link, overlap_p2p))
+            continue
+        columns = [np.array([prepared[j][i] for j in members]).T for i in (1, 2, 3)]
+        starts, ends = _advance_many(plan, *columns, overlap_p2p)
+        for col, j in enumerate(members):
+            works, _, blocking, _ = prepared[j]
+            out[j] = _Runs(plan, works, blocking, starts[:, col], ends[:, col])  # views: tasks are built if asked
+    return out
 
 
 def _dependency(kind: str, s: int, c: int, i: int, pp: int, vp: int) -> tuple[str, int, int, int] | None:
@@ -173,32 +287,40 @@ def _sends(kind: str, s: int, c: int, pp: int, vp: int) -> bool:
     return not (s == 0 and c == 0)
 
 
-def simulate(fwd: list[list[Work]], bwd: list[list[Work]], m: int, *, p2p_us: float = 0.0,
-             grad_buckets_us: list[list[float]] | None = None, overlap_grad: bool = False,
-             embedding_sync_us: list[float] | None = None, optimizer_us: list[float] | None = None,
-             param_gather_us: list[float] | None = None, overlap_param_gather: bool = False,
-             iteration_overhead_us: float = 0.0, overlap_p2p: bool = False) -> Timeline:
-    """The whole iteration. Per stage: grad_buckets_us (DP bucket collectives in order), embedding_sync_us (tied
-    embedding all-reduce), optimizer_us, param_gather_us (distributed optimizer's all-gather, exposed unless
-    overlapped with the next forward); overlap_p2p: P2P sends beside the next task (see simulate_pipeline)."""
-    pp, vp = len(fwd), len(fwd[0])
-    tasks = simulate_pipeline(fwd, bwd, m, p2p_us, overlap_p2p)
+def simulate(fwd: list[list[Work]], bwd: list[list[Work]], m: int, **options) -> Timeline:
+    """The whole iteration (see `simulate_many` for the options)."""
+    return simulate_many([(fwd, bwd, m, options)])[0]
+
+
+def simulate_many(jobs: list[tuple[list[list[Work]], list[list[Work]], int, dict]]) -> list[Timeline]:
+    """The whole iteration of each job (fwd, bwd, micro-batches, options); jobs of one pipeline shape are simulated
+    together (`pipeline_runs`). Options, per stage: grad_buckets_us (DP bucket collectives in order),
+    embedding_sync_us (tied embedding all-reduce), optimizer_us, param_gather_us (distributed optimizer's
+    all-gather, exposed unless overlap_param_gather: overlapped with the next forward); overlap_grad (buckets
+    beside the last backward); iteration_overhead_us; p2p_us and overlap_p2p (P2P sends beside the next task)."""
+    runs = pipeline_runs([(fwd, bwd, m, options.get("p2p_us", 0.0), options.get("overlap_p2p", False))
+                          for fwd, bwd, m, options in jobs])
+    return [_finish(run, m, **{k: v for k, v in options.items() if k not in ("p2p_us", "overlap_p2p")})
+            for run, (_, _, m, options) in zip(runs, jobs)]
+
+
+def _finish(runs: _Runs, m: int, *, grad_buckets_us: list[list[float]] | None = None, overlap_grad: bool = False,
+            embedding_sync_us: list[float] | None = None, optimizer_us: list[float] | None = None,
+            param_gather_us: list[float] | None = None, overlap_param_gather: bool = False,
+            iteration_overhead_us: float = 0.0) -> Timeline:
+    """Gradient sync, optimizer and breakdown after the simulated pipeline."""
+    pp, vp = runs.plan.pp, runs.plan.vp
     grad_buckets_us = grad_buckets_us or [[] for _ in range(pp)]
     embedding_sync_us = embedding_sync_us or [0.0] * pp
     optimizer_us = optimizer_us or [0.0] * pp
     param_gather_us = param_gather_us or [0.0] * pp
     sync_ends, busy_ends, intervals = [], [], []
     for s in range(pp):
-        last = tasks[s][-1]
-        busy_ends.append(last.end)
-        buckets = grad_buckets_us[s]
-        spans = []
-        t = last.start if overlap_grad else last.end
-        for i, dur in enumerate(buckets):  # overlapped: bucket i is ready after (i+1)/n of the last backward
-            ready = last.start + (last.end - last.start) * (i + 1) / len(buckets) if overlap_grad else t
-            spans.append((max(t, ready), max(t, ready) + dur))
-            t = spans[-1][1]
-        t = max(t, last.end)
+        last = runs.plan.offsets[s] + len(runs.plan.works[s]) - 1
+        last_start, last_end = float(runs.starts[last]), float(runs.ends[last])
+        busy_ends.append(last_end)
+        spans, t = _bucket_spans(grad_buckets_us[s], last_start, last_end, overlap_grad)
+        t = max(t, last_end)
         if embedding_sync_us[s]:
             spans.append((t, t + embedding_sync_us[s]))
         intervals.append(spans)
@@ -212,15 +334,33 @@ def simulate(fwd: list[list[Work]], bwd: list[list[Work]], m: int, *, p2p_us: fl
                               sum(grad_buckets_us[s]) + embedding_sync_us[s], sync_ends[s] - busy_ends[s], gather,
                               intervals[s]))
     iteration = max(t.end for t in tails) + iteration_overhead_us
-    busy = [sum(t.work.total + t.send for t in row) for row in tasks]
+    works, sends = runs.works, runs.sends
+    busy_of = [w.total + send for w, send in zip(works, sends)]
+    busy = [runs.stage_sum(s, busy_of) for s in range(pp)]
     crit = max(range(pp), key=lambda s: (busy[s], -s))
-    row, tail = tasks[crit], tails[crit]
+    tail = tails[crit]
     breakdown = {
-        "compute": sum(t.work.compute for t in row),
-        "exposed_communication": sum(t.work.comm + t.send for t in row) + tail.exposed_sync_us
-        + tail.exposed_gather_us,
+        "compute": runs.stage_sum(crit, [w.compute for w in works]),
+        "exposed_communication": runs.stage_sum(crit, [w.comm + send for w, send in zip(works, sends)])
+        + tail.exposed_sync_us + tail.exposed_gather_us,
         "optimizer": optimizer_us[crit],
-        "other": sum(t.work.other for t in row) + iteration_overhead_us,
+        "other": runs.stage_sum(crit, [w.other for w in works]) + iteration_overhead_us,
     }
     breakdown["pipeline_bubble"] = max(0.0, iteration - sum(breakdown.values()))
-    return Timeline(pp, vp, m, tasks, tails, iteration, breakdown, crit)
+    return Timeline(pp, vp, m, tails, iteration, breakdown, crit, runs)
+
+
+def _bucket_spans(buckets: list[float], last_start: float, last_end: float, overlap: bool
+                  ) -> tuple[list[tuple[float, float]], float]:
+    """(start, end) of each DP bucket collective, one after the other, and when the last ends. Without overlap they
+    start at the end of the stage's last backward; overlapped, bucket i is ready after (i+1)/n of it."""
+    if not overlap:
+        ends = list(accumulate(buckets, initial=last_end))
+        return list(zip(ends[:-1], ends[1:])), ends[-1]
+    spans, t, n, length = [], last_start, len(buckets), last_end - last_start
+    for i, dur in enumerate(buckets):
+        ready = last_start + length * (i + 1) / n
+        start = ready if ready > t else t
+        t = start + dur
+        spans.append((start, t))
+    return spans, t

@@ -3,15 +3,15 @@ model call (`predict.prepare_many`), ranked.
 
 Public API:
 
-    enumerate_configs(base: dict, gpus: int, fixed: set[str]) -> (configs, rejected)
+    enumerate_configs(base: dict, gpus: int, fixed: set[str], context_parallel=False) -> (configs, rejected)
     evaluate(configs, cluster, models, calibration, gpus, price) -> (candidate rows, {"memory", "failed"})
     search(base, gpus, cluster, models, fixed, calibration=None, objective="time", price_per_gpu_hour=None,
-           executor=None) -> SearchResult
+           executor=None, context_parallel=False) -> SearchResult
 
 `base` is the job as Megatron argument names (the model, the global batch, whatever else the input states); keys in
 `fixed` keep the input's value, the others of SEARCH_KEYS are varied: tensor parallelism (divides the heads and the
-query groups), pipeline parallelism (divides the layers), context parallelism (only when opened), data parallelism
-(the rest of the GPUs), micro-batch size (divides the per-replica batch, at most MAX_MICRO_BATCH), interleaving
+query groups), pipeline parallelism (divides the layers), context parallelism (only when `context_parallel` opens
+it: 2·cp divides the sequence), data parallelism (the rest of the GPUs), micro-batch size (divides the per-replica batch, at most MAX_MICRO_BATCH), interleaving
 (virtual stages that divide a stage's layers, when the micro-batches divide by pp), sequence parallelism (with
 tp > 1), activation recompute (none, selective, full) and the distributed optimizer (with dp > 1). A candidate
 Megatron would refuse (`TrainingConfig.validate`) is counted under `pruned["invalid"]`; one whose memory per GPU
@@ -20,6 +20,7 @@ cost per iteration (`cost`, with a price per GPU-hour).
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -30,8 +31,8 @@ from tracekit.core.config import TrainingConfig, setting_name
 from tracekit.core.errors import ConfigError
 from tracekit.core.hardware import hardware_spec
 
-from .memory import memory_per_gpu
-from .predict import compose, prepare_many
+from .memory import config_memory
+from .predict import compose_many, prepare_many
 
 SEARCH_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
                "micro_batch_size", "virtual_pipeline_model_parallel_size", "sequence_parallel",
@@ -58,8 +59,11 @@ def _divisors(n: int, limit: int | None = None) -> list[int]:
     return [d for d in range(1, (limit or n) + 1) if n % d == 0]
 
 
-def enumerate_configs(base: dict[str, Any], gpus: int, fixed: set[str]) -> tuple[list[TrainingConfig], int]:
-    """Every candidate configuration Megatron accepts, and how many combinations it would refuse."""
+def enumerate_configs(base: dict[str, Any], gpus: int, fixed: set[str], context_parallel: bool = False
+                      ) -> tuple[list[TrainingConfig], int]:
+    """Every candidate configuration Megatron accepts, and how many combinations it would refuse. Context
+    parallelism stays 1 unless `context_parallel` opens it (then: the divisors of the GPUs that Megatron accepts,
+    2·cp dividing the sequence)."""
     model = TrainingConfig.from_mapping({**base, "world_size": gpus}, strict=True)  # a misspelt key is an error
     if "global_batch_size" not in {setting_name(k) for k in base}:
         raise ConfigError("a search needs the global batch size (--global-batch-size): it is what the splits share")
@@ -70,7 +74,8 @@ def enumerate_configs(base: dict[str, Any], gpus: int, fixed: set[str]) -> tuple
     heads, groups, layers = model.num_attention_heads, model.num_query_groups, model.num_layers
     tps = options("tensor_model_parallel_size", [t for t in _divisors(gpus) if heads % t == 0 and groups % t == 0])
     pps = options("pipeline_model_parallel_size", [p for p in _divisors(gpus) if layers % p == 0])
-    cps = options("context_parallel_size", [1])
+    cps = options("context_parallel_size", [c for c in _divisors(gpus) if c == 1 or model.seq_length % (2 * c) == 0]
+                  if context_parallel else [1])
     recomputes = options("recompute_granularity", ["none", "selective", "full"])
     configs, rejected = [], 0
     for tp, pp, cp, recompute in itertools.product(tps, pps, cps, recomputes):
@@ -87,53 +92,79 @@ def enumerate_configs(base: dict[str, Any], gpus: int, fixed: set[str]) -> tuple
             vps = options("virtual_pipeline_model_parallel_size",
                           [1] + ([v for v in _divisors(layers // pp)[1:] if m and m % pp == 0] if pp > 1 else []))
             for vp in vps:
-                values = {**base, "world_size": gpus, "tensor_model_parallel_size": tp,
-                          "pipeline_model_parallel_size": pp, "context_parallel_size": cp, "data_parallel_size": dp,
-                          "micro_batch_size": mb, "virtual_pipeline_model_parallel_size": vp or 1,
-                          "sequence_parallel": sp, "recompute_granularity": recompute,
-                          "use_distributed_optimizer": distributed}
-                try:
-                    configs.append(TrainingConfig.from_mapping(values).validate())
+                split = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+                         "context_parallel_size": cp, "data_parallel_size": dp, "micro_batch_size": mb,
+                         "virtual_pipeline_model_parallel_size": vp or 1, "sequence_parallel": sp,
+                         "recompute_granularity": recompute, "use_distributed_optimizer": distributed}
+                try:  # the job's parsed settings with this split (what parsing them all again would give)
+                    configs.append(dataclasses.replace(model, extra=dict(model.extra), **split).validate())
                 except ConfigError:
                     rejected += 1
     return configs, rejected
 
 
+#: Candidates prepared and composed at a time: bounds the graphs and timelines held in memory at once.
+CHUNK = 1024
+
+
+def shape(config: TrainingConfig) -> tuple[int, int, int]:
+    """The pipeline shape (pp, vp, micro-batches): candidates of one shape share their schedule simulation."""
+    return config.pp, config.vp, config.num_microbatches
+
+
 def evaluate(configs: list[TrainingConfig], cluster: Cluster, models, calibration=None, gpus: int = 1,
              price_per_gpu_hour: float | None = None) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """One shard of the work: graphs and operator estimates of every candidate in one batched model call, then
-    the schedule simulation of those whose memory fits. Returns (candidate rows, {"memory": pruned, "failed":
-    unpredictable}). The local executor runs it on everything, the Ray one per shard."""
+    """One shard of the work: the memory check of every candidate; for those that fit, in chunks of about CHUNK
+    candidates of whole pipeline shapes, graphs and operator estimates (one batched model call per chunk, for the
+    operator rows not estimated before) and the schedule simulations (one shape's together). Returns (candidate
+    rows, {"memory": pruned, "failed": unpredictable}). The local executor runs it on everything, the Ray one per
+    shard."""
     spec = hardware_spec(cluster.hardware)
-    rows, too_big, failed = [], 0, 0
-    for config, item in zip(configs, prepare_many(configs, cluster, models)):
-        if isinstance(item, Exception):
-            failed += 1
-            continue
-        memory, _ = memory_per_gpu(item[0])
+    fitting, too_big = [], 0
+    for config in configs:  # the memory check needs no operator graph: prune before building any
+        memory, _ = config_memory(config, cluster.hardware)
         if spec is not None and memory["total"] > spec.memory_gb:
             too_big += 1
-            continue
-        try:
-            prediction = compose(*item, calibration=calibration)
-        except ConfigError:
-            failed += 1
-            continue
-        seconds = prediction.iteration_time_s
-        rows.append({
-            "config": {**{k: getattr(config, k) for k in SEARCH_KEYS}, "data_parallel_size": config.dp,
-                       "virtual_pipeline_model_parallel_size": config.vp},
-            "iteration_time_s": seconds, "tokens_per_s": prediction.tokens_per_s, "mfu": prediction.mfu,
-            "tflops_per_gpu": prediction.tflops_per_gpu, "memory_gb_per_gpu": memory["total"], "fits": True,
-            "cost_per_iteration": seconds * gpus * price_per_gpu_hour / 3600 if price_per_gpu_hour else None,
-            "breakdown": prediction.breakdown,
-        })
+        else:
+            fitting.append((config, memory))
+    fitting.sort(key=lambda item: shape(item[0]))
+    rows: list[dict[str, Any]] = []
+    failed, start = 0, 0
+    while start < len(fitting):
+        end = min(start + CHUNK, len(fitting))
+        while end < len(fitting) and shape(fitting[end][0]) == shape(fitting[end - 1][0]):
+            end += 1
+        part, start = fitting[start:end], end
+        prepared, kept = [], []
+        for (config, memory), item in zip(part, prepare_many([c for c, _ in part], cluster, models)):
+            if isinstance(item, Exception):
+                failed += 1
+            else:
+                prepared.append(item)
+                kept.append((config, memory))
+        for (config, memory), prediction in zip(kept, compose_many(prepared, calibration)):
+            if isinstance(prediction, Exception):
+                failed += 1
+            else:
+                rows.append(_row(config, memory, prediction, gpus, price_per_gpu_hour))
     return rows, {"memory": too_big, "failed": failed}
+
+
+def _row(config: TrainingConfig, memory: dict, prediction, gpus: int, price_per_gpu_hour: float | None) -> dict:
+    seconds = prediction.iteration_time_s
+    return {
+        "config": {**{k: getattr(config, k) for k in SEARCH_KEYS}, "data_parallel_size": config.dp,
+                   "virtual_pipeline_model_parallel_size": config.vp},
+        "iteration_time_s": seconds, "tokens_per_s": prediction.tokens_per_s, "mfu": prediction.mfu,
+        "tflops_per_gpu": prediction.tflops_per_gpu, "memory_gb_per_gpu": memory["total"], "fits": True,
+        "cost_per_iteration": seconds * gpus * price_per_gpu_hour / 3600 if price_per_gpu_hour else None,
+        "breakdown": prediction.breakdown,
+    }
 
 
 def search(base: dict[str, Any], gpus: int, cluster: Cluster, models, fixed: set[str] | None = None,
            calibration=None, objective: str = "time", price_per_gpu_hour: float | None = None,
-           executor=None) -> SearchResult:
+           executor=None, context_parallel: bool = False) -> SearchResult:
     """Enumerate, prune by memory, predict in one batched call, rank (see the module docstring). `executor`
     (default: this process) is anything with `run(configs, cluster, models, calibration, gpus, price)` returning
     what `evaluate` returns, e.g. `predictor.ray_executor.RayExecutor`."""
@@ -144,7 +175,7 @@ def search(base: dict[str, Any], gpus: int, cluster: Cluster, models, fixed: set
         raise ConfigError("the cost objective needs a price per GPU-hour (--price-per-gpu-hour)")
     start = time.perf_counter()
     fixed = {setting_name(k) for k in (fixed or set())}
-    configs, rejected = enumerate_configs(base, gpus, fixed)
+    configs, rejected = enumerate_configs(base, gpus, fixed, context_parallel)
     if executor is None:
         candidates, pruned = evaluate(configs, cluster, models, calibration, gpus, price_per_gpu_hour)
     else:

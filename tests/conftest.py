@@ -27,3 +27,14 @@ if "TRACEKIT_CACHE_DIR" not in os.environ:
 def corpus() -> Path:
     assert CORPUS.is_dir(), f"the shared corpus is expected at {CORPUS} (set TRACEKIT_CORPUS)"
     return CORPUS
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray of 2 CPUs for the whole session (each start costs seconds); skipped without the extra."""
+    ray = pytest.importorskip("ray")
+    from tracekit.core.ray_runtime import connect
+
+    connect(num_cpus=2, object_store_memory=80 * 1024 * 1024)
+    yield ray
+    ray.shutdown()

@@ -180,3 +180,43 @@ def test_parallel_ingest_gives_what_one_process_gives(tmp_path):
     assert results[0].traces == results[1].traces and results[0].errors == results[1].errors
     assert results[0].matched_collectives == results[1].matched_collectives > 0
     assert frames[0].equals(frames[1]) and len(frames[0]) > 0
+
+
+def test_ray_ingest_gives_what_one_process_gives(tmp_path, ray_local):
+    """The DLRM ranks parsed as Ray tasks: the same samples, reports and matched collectives as one process;
+    ingesting again writes nothing (the store's idempotence holds), and the CLI flag runs the same path."""
+    from extractors.kineto import ingest_paths
+    from tracekit.core.store import SampleStore
+
+    run = Path(__file__).resolve().parent.parent / "traces" / "kineto" / "dlrm_8rank"
+    local_store, ray_store = SampleStore(tmp_path / "local"), SampleStore(tmp_path / "ray")
+    local = ingest_paths([str(run)], local_store, jobs=1)
+    remote = ingest_paths([str(run)], ray_store, executor="ray")
+    assert remote.traces == local.traces and remote.errors == local.errors == []
+    assert remote.matched_collectives == local.matched_collectives > 0
+    frames = [s.read().sort_values(["source", "rank", "kernel", "duration_us"]).reset_index(drop=True)
+              for s in (local_store, ray_store)]
+    assert frames[0].equals(frames[1]) and len(frames[0]) > 0
+    again = ingest_paths([str(run)], ray_store, executor="ray")
+    assert [t["samples_written"] for t in again.traces] == [0] * 8
+    cli = ingest(str(run), "--store", str(tmp_path / "cli"), "--executor", "ray", "--json")
+    assert cli.exit_code == 0, cli.output
+    assert sorted(t["samples_written"] for t in json.loads(cli.stdout)["traces"]) == \
+        sorted(t["samples_written"] for t in local.traces)
+
+
+def test_ray_ingest_flags_and_missing_extra(tmp_path, monkeypatch):
+    import sys
+
+    from extractors.kineto import ingest_paths
+    from tracekit.core.errors import ConfigError
+    from tracekit.core.store import SampleStore
+
+    both = ingest(str(TRACES), "--store", str(tmp_path / "s"), "--executor", "ray", "--jobs", "2")
+    assert both.exit_code == 2 and "--jobs" in both.stderr
+    unknown = ingest(str(TRACES), "--store", str(tmp_path / "s"), "--executor", "dask")
+    assert unknown.exit_code == 2 and "local or ray" in unknown.stderr
+    monkeypatch.setitem(sys.modules, "ray", None)  # as on a machine without the extra
+    with pytest.raises(ConfigError, match="pip install 'tracekit\\[ray\\]'"):
+        ingest_paths([str(TRACES)], SampleStore(tmp_path / "s"), executor="ray")
+    assert not (tmp_path / "s").exists()  # nothing written

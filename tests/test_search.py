@@ -97,17 +97,12 @@ def test_cli_json_contract_vary_and_objectives():
     assert json.loads(allowed.stdout)["candidates"]  # the unknown flag was kept aside, the search ran
 
 
-def test_ray_executor_gives_the_local_ranking(models):
-    ray = pytest.importorskip("ray")
+def test_ray_executor_gives_the_local_ranking(models, ray_local):
     from predictor.ray_executor import RayExecutor
 
     base = parse_megatron_argv(JOB)
     local = search(base, 8, preset("dgx-a100"), models)
-    executor = RayExecutor(shard=64, init_options={"num_cpus": 2, "object_store_memory": 80 * 1024 * 1024})
-    try:
-        sharded = search(base, 8, preset("dgx-a100"), models, executor=executor)
-    finally:
-        ray.shutdown()
+    sharded = search(base, 8, preset("dgx-a100"), models, executor=RayExecutor(shard=64))
     assert len(local.candidates) > 64  # more than one shard
     assert sharded.candidates == local.candidates and sharded.pruned == local.pruned
     assert sharded.evaluated == local.evaluated
@@ -116,10 +111,43 @@ def test_ray_executor_gives_the_local_ranking(models):
 def test_ray_executor_without_ray_says_how_to_install_it(monkeypatch):
     import sys
 
-    from predictor.ray_executor import INSTALL_HINT, RayExecutor
+    from predictor.ray_executor import RayExecutor
     from tracekit.core.errors import ConfigError
+    from tracekit.core.ray_runtime import INSTALL_HINT
 
     monkeypatch.setitem(sys.modules, "ray", None)  # as on a machine without the extra
     with pytest.raises(ConfigError, match="pip install 'tracekit\\[ray\\]'"):
         RayExecutor().run([], preset("dgx-a100"), None)
     assert "tracekit[ray]" in INSTALL_HINT
+
+
+def test_batched_search_ranks_as_one_prediction_at_a_time(models, monkeypatch):
+    """The search simulates candidates of one pipeline shape together as arrays; each candidate's iteration time
+    and breakdown equal `predict` of it alone, simulated task by task, exactly: the ranking is the same."""
+    from predictor import schedule
+
+    base = parse_megatron_argv(JOB)
+    result = search(base, 8, preset("dgx-a100"), models)
+    monkeypatch.setattr(schedule, "VECTOR_MIN", 10 ** 9)
+    alone = []
+    for c in result.candidates:
+        p = predict(TrainingConfig.from_mapping({**base, **c["config"], "world_size": 8}), preset("dgx-a100"), models)
+        alone.append((p.iteration_time_s, p.breakdown))
+    assert [(c["iteration_time_s"], c["breakdown"]) for c in result.candidates] == alone
+    assert len({c["config"]["pipeline_model_parallel_size"] for c in result.candidates}) >= 3
+
+
+def test_context_parallelism_is_searched_when_opened(models):
+    base = parse_megatron_argv(JOB)
+    closed = search(base, 8, preset("dgx-a100"), models)
+    opened = search(base, 8, preset("dgx-a100"), models, context_parallel=True)
+    cps = {c["config"]["context_parallel_size"] for c in opened.candidates}
+    assert {c["config"]["context_parallel_size"] for c in closed.candidates} == {1}
+    assert cps == {1, 2, 4, 8}  # 2·cp divides the 1024-token sequence for every divisor of 8 GPUs
+    for c in opened.candidates:
+        cfg = c["config"]
+        assert cfg["tensor_model_parallel_size"] * cfg["pipeline_model_parallel_size"] * \
+            cfg["context_parallel_size"] * cfg["data_parallel_size"] == 8
+    res = runner.invoke(app, ["search", "--megatron-args", JOB, "--gpus", "8", "--hardware", "A100-SXM4-80GB",
+                              "--vary", "context_parallel_size", "--json", "--top", "1000"])
+    assert {c["config"]["context_parallel_size"] for c in json.loads(res.stdout)["candidates"]} == cps

@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from tracekit.core.errors import InputError, TracekitError
+from tracekit.core.errors import ConfigError, InputError, TracekitError
 from tracekit.core.hashing import file_digest
 from tracekit.core.samples import COLUMNS, FEATURE_COLUMNS
 
@@ -216,8 +216,17 @@ def _load(path: Path) -> tuple[Path, KinetoTrace | None, str | None, dict | None
         return path, None, None, {"path": str(path), "error": f"could not be read ({type(exc).__name__}: {exc})"}
 
 
-def _load_all(files: list[Path], jobs: int, parallel_min_bytes: int):
-    """Each file's `_load`, in order: in this process, or over `jobs` processes for a large multi-file run."""
+def _load_all(files: list[Path], jobs: int, parallel_min_bytes: int, ray=None):
+    """Each file's `_load`, in order: in this process, over `jobs` processes for a large multi-file run, or as one
+    Ray task per file when `ray` (an initialized ray module) is given."""
+    if ray is not None:
+        task = ray.remote(_load)
+        for ref in [task.remote(path) for path in files]:
+            path, trace, source_id, error = ray.get(ref)
+            if trace is not None:  # Ray hands back read-only arrays of its object store; matching writes to them
+                trace.device_events = trace.device_events.copy(deep=True)
+            yield path, trace, source_id, error
+        return
     size = sum(f.stat().st_size for f in files if f.is_file())
     if jobs <= 1 or len(files) < 2 or size < parallel_min_bytes:
         yield from map(_load, files)
@@ -232,10 +241,21 @@ def _load_all(files: list[Path], jobs: int, parallel_min_bytes: int):
 
 
 def ingest_paths(paths, store, progress: Callable | None = None, jobs: int | None = None,
-                 parallel_min_bytes: int = PARALLEL_MIN_BYTES) -> IngestResult:
+                 parallel_min_bytes: int = PARALLEL_MIN_BYTES, executor: str = "local",
+                 ray_address: str | None = None, ray_options: dict | None = None) -> IngestResult:
     """Ingest trace files/directories/globs into `store` (a SampleStore). Never raises for a bad input file:
     each failure becomes an entry of `errors` ({"path", "error"}) and the store is left unchanged for it. A run's
-    files are parsed by `jobs` processes (default: every core) when they are large enough to pay for it."""
+    files are parsed by `jobs` processes (default: every core) when they are large enough to pay for it, or, with
+    `executor="ray"`, as one Ray task per file (`tracekit.core.ray_runtime.connect(ray_address, **ray_options)`:
+    a local Ray on demand, or a cluster whose nodes see the files at the same paths). Either way the parsed traces
+    come back to this process, which matches collectives and commits each trace's samples to the store."""
+    if executor not in ("local", "ray"):
+        raise ConfigError(f"executor must be local or ray, not {executor!r}")
+    ray = None
+    if executor == "ray":
+        from tracekit.core.ray_runtime import connect
+
+        ray = connect(ray_address, **(ray_options or {}))
     runs, path_errors = find_runs(paths)
     result = IngestResult(errors=[{"path": e.path, "error": e.reason} for e in path_errors])
     total = sum(len(r) for r in runs)
@@ -243,7 +263,7 @@ def ingest_paths(paths, store, progress: Callable | None = None, jobs: int | Non
     done = 0
     for files in runs:
         loaded = []
-        for path, trace, source_id, error in _load_all(files, jobs, parallel_min_bytes):
+        for path, trace, source_id, error in _load_all(files, jobs, parallel_min_bytes, ray):
             if error is None:
                 loaded.append((trace, source_id))
             else:

@@ -107,7 +107,8 @@ def search_command(
         with progress(quiet=as_json) as bar:
             bar.add_task(f"searching ({executor})", total=None)
             result = search(base, gpus, where, models, fixed & set(SEARCH_KEYS),
-                            profile.calibration(where.hardware), objective, price, runner)
+                            profile.calibration(where.hardware), objective, price, runner,
+                            context_parallel=bool(opened & {"all", "context_parallel_size"}))
         if note:
             result.notes.insert(0, note)
     if as_json:
