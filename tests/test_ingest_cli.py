@@ -84,7 +84,7 @@ def test_json_schema_and_idempotent_reingest(tmp_path):
     first = ingest(str(NCCL), "--store", str(store), "--json")
     assert first.exit_code == 0, first.output
     doc = json.loads(first.stdout)
-    assert set(doc) == {"traces", "errors"} and doc["errors"] == []
+    assert set(doc) == {"traces", "errors", "skipped"} and doc["errors"] == [] == doc["skipped"]
     (report,) = doc["traces"]
     assert set(report) == {"path", "hardware", "rank", "world_size", "iterations", "kernels", "gpu_busy_us",
                            "primitives", "unclassified_share", "backward", "samples_written"}
@@ -163,6 +163,29 @@ def test_bundled_demo_traces_ingest_cleanly(tmp_path):
     assert names == sorted(p.name for p in TRACES.rglob("*.json*"))
     table = ingest(str(TRACES), "--store", str(tmp_path / "store2"))
     assert "collectives matched across ranks: 8" in table.stdout
+
+
+def test_a_multi_rank_run_prints_a_summary_and_skips_non_trace_json(tmp_path):
+    """Eight DLRM ranks and a config.json in one run folder: one line per rank (their tables with --verbose), the
+    config skipped with a note on stderr (named on its own it is an error: see bad_inputs)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    ranks = sorted((TRACES / "kineto" / "dlrm_8rank").glob("*.json.gz"))
+    for path in ranks:
+        (run / path.name).write_bytes(path.read_bytes())
+    (run / "config.json").write_text(json.dumps({"model": "dlrm", "lr": 0.1}))
+    done = ingest(str(run), "--store", str(tmp_path / "store"))
+    assert done.exit_code == 0, done.output
+    assert f"note: skipped {run / 'config.json'}: JSON but not a Kineto trace" in done.stderr
+    lines = done.stdout.splitlines()
+    assert sum(1 for line in lines if line.startswith("│ worker")) == len(ranks) == 8  # one summary row per rank
+    assert f"{len(ranks)} traces ingested" in done.stdout and "primitive" not in done.stdout  # no per-rank tables
+    assert "1 iterations" not in done.stdout and "?" not in done.stdout
+    verbose = ingest(str(run), "--store", str(tmp_path / "store2"), "--verbose", "--json")
+    doc = json.loads(verbose.stdout)
+    assert doc["skipped"] == [{"path": str(run / "config.json"), "reason": "JSON but not a Kineto trace (no traceEvents)"}]
+    tables = ingest(str(run), "--store", str(tmp_path / "store3"), "--verbose")
+    assert tables.stdout.count("primitive") == len(ranks)  # each rank's table of primitives
 
 
 def test_parallel_ingest_gives_what_one_process_gives(tmp_path):

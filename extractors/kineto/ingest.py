@@ -15,29 +15,32 @@ from tracekit.core.hashing import file_digest
 from tracekit.core.samples import COLUMNS, FEATURE_COLUMNS
 
 from .collectives import match_collectives
-from .load import is_trace_name
+from .load import NotATraceError, is_trace_name
 from .trace import KinetoTrace, read_trace
 
 
 @dataclass
 class IngestResult:
-    """`traces`: one report dict per ingested trace (the `--json` schema); `errors`: {path, error} per failure."""
+    """`traces`: one report dict per ingested trace (the `--json` schema); `errors`: {path, error} per failure;
+    `skipped`: {path, reason} per JSON file of a run folder that is not a trace (a config.json beside the ranks)."""
 
     traces: list = field(default_factory=list)
     errors: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)
     collective_bytes: list = field(default_factory=list)  # per trace: {primitive: total message bytes}
     matched_collectives: int = 0
 
     def as_json(self) -> dict:
-        return {"traces": self.traces, "errors": self.errors}
+        return {"traces": self.traces, "errors": self.errors, "skipped": self.skipped}
 
 
 #: The manifest `tracekit capture` writes beside a run's traces (not a trace).
 CAPTURE_MANIFEST = "manifest.json"
 
 
-def find_runs(paths) -> tuple[list, list]:
-    """Expand PATH arguments (files, directories, globs) into runs (lists of trace files) and errors.
+def find_runs(paths) -> tuple[list, list, set]:
+    """Expand PATH arguments (files, directories, globs) into runs (lists of trace files), errors, and the files
+    found by scanning a directory (not named on their own).
 
     A directory is one run (every *.json / *.json.gz inside, recursively, but a `tracekit capture` folder's
     manifest.json); files named directly are grouped into one run per parent directory. Names that are not traces
@@ -45,6 +48,7 @@ def find_runs(paths) -> tuple[list, list]:
     """
     runs: dict = {}
     errors = []
+    scanned: set = set()
     for arg in paths:
         arg = str(arg)
         matches = sorted(glob.glob(arg)) if any(ch in arg for ch in "*?[") else [arg]
@@ -59,6 +63,7 @@ def find_runs(paths) -> tuple[list, list]:
                     errors.append(InputError(path, "no trace files (*.json, *.json.gz) in this directory"))
                     continue
                 runs.setdefault(("dir", str(path.resolve())), []).extend(files)
+                scanned.update(files)
             elif path.is_file():
                 runs.setdefault(("files", str(path.resolve().parent)), []).append(path)
             else:
@@ -72,7 +77,7 @@ def find_runs(paths) -> tuple[list, list]:
                 seen.add(key)
                 unique.append(f)
         out.append(unique)
-    return out, errors
+    return out, errors, scanned
 
 
 def rank_sets(traces: list) -> list:
@@ -208,6 +213,8 @@ def _load(path: Path) -> tuple[Path, KinetoTrace | None, str | None, dict | None
     """(path, trace, source id, error entry) of one file; never raises for a bad file."""
     try:
         return path, read_trace(path), file_digest(path), None
+    except NotATraceError as exc:
+        return path, None, None, {"path": exc.path, "error": exc.reason, "not_a_trace": True}
     except InputError as exc:
         return path, None, None, {"path": exc.path, "error": exc.reason}
     except TracekitError as exc:
@@ -256,7 +263,7 @@ def ingest_paths(paths, store, progress: Callable | None = None, jobs: int | Non
         from tracekit.core.ray_runtime import connect
 
         ray = connect(ray_address, **(ray_options or {}))
-    runs, path_errors = find_runs(paths)
+    runs, path_errors, scanned = find_runs(paths)
     result = IngestResult(errors=[{"path": e.path, "error": e.reason} for e in path_errors])
     total = sum(len(r) for r in runs)
     jobs = jobs or os.cpu_count() or 1
@@ -266,6 +273,8 @@ def ingest_paths(paths, store, progress: Callable | None = None, jobs: int | Non
         for path, trace, source_id, error in _load_all(files, jobs, parallel_min_bytes, ray):
             if error is None:
                 loaded.append((trace, source_id))
+            elif error.pop("not_a_trace", False) and path in scanned:  # a run folder's config.json, results, ...
+                result.skipped.append({"path": str(path), "reason": error["error"]})
             else:
                 result.errors.append(error)
             done += 1

@@ -35,6 +35,11 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 ONE_PASS_BYTES = 40 << 20
 
 
+class NotATraceError(InputError):
+    """Valid JSON that is no trace at all (a config.json, a results file): a run folder's ingest skips it with a
+    note; named on its own, it is an error."""
+
+
 class _Header(msgspec.Struct, gc=False):
     traceEvents: msgspec.Raw = msgspec.Raw(b"")
     deviceProperties: Any = None
@@ -141,7 +146,7 @@ def open_trace(path: str | Path, event_type: type | None = None) -> TraceFile:
         try:
             first = msgspec.json.decode(data, type=list[msgspec.Raw])
         except msgspec.ValidationError:
-            raise InputError(path, "JSON but not a trace (neither an object with traceEvents nor an event array)")
+            raise NotATraceError(path, "JSON but not a trace (neither an object with traceEvents nor an event array)")
         except msgspec.DecodeError as exc:
             raise InputError(path, f"not valid JSON ({exc})") from exc
         del first
@@ -151,7 +156,7 @@ def open_trace(path: str | Path, event_type: type | None = None) -> TraceFile:
     if not len(memoryview(header.traceEvents)):
         if bytes(header.nodes) and header.schema is not None:
             raise InputError(path, "a Chakra execution trace (nodes/schema), not a Kineto profiler trace")
-        raise InputError(path, "JSON but not a Kineto trace (no traceEvents)")
+        raise NotATraceError(path, "JSON but not a Kineto trace (no traceEvents)")
     return _trace_file(path, data, header, events_raw=header.traceEvents)
 
 

@@ -6,6 +6,8 @@ from typing import List, Optional
 
 import typer
 
+from tracekit.report.numbers import count, percent, plural, seconds, size_bytes
+
 from .app import app
 from .output import EXIT_FAILED, EXIT_PARTIAL, console, err_console, fail, print_json, progress, user_errors
 
@@ -32,6 +34,8 @@ def ingest(
                                               help="An existing Ray cluster for --executor ray (e.g. auto, "
                                                    "ray://head:10001); its nodes must see the traces at the same "
                                                    "paths."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="With several traces: each rank's table of "
+                                                                 "primitives, not only the run summary."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
 ) -> None:
     from extractors.kineto import ingest_paths
@@ -55,46 +59,70 @@ def ingest(
                                   ray_address=ray_address)
     for error in result.errors:
         err_console.print(f"error: {error['path']}: {error['error']}", markup=False, soft_wrap=True)
+    for skipped in result.skipped:
+        err_console.print(f"note: skipped {skipped['path']}: {skipped['reason']}", markup=False, soft_wrap=True)
     if as_json:
         print_json(result.as_json())
     else:
-        for report, comm_bytes in zip(result.traces, result.collective_bytes):
-            _print_trace(report, comm_bytes)
+        if len(result.traces) == 1 or verbose:
+            for report, comm_bytes in zip(result.traces, result.collective_bytes):
+                _print_trace(report, comm_bytes)
+        if len(result.traces) > 1:
+            _print_run(result.traces)
         if result.matched_collectives:
-            console.print(f"collectives matched across ranks: {result.matched_collectives}")
+            console.print(f"collectives matched across ranks: {count(result.matched_collectives)}")
         written = sum(r["samples_written"] for r in result.traces)
-        console.print(f"{len(result.traces)} trace(s) ingested, {written} samples written to {sample_store.root}")
+        console.print(f"{plural(len(result.traces), 'trace')} ingested, {plural(written, 'sample')} written to "
+                      f"{sample_store.root}")
     if not result.traces:
         raise typer.Exit(EXIT_FAILED)
     if result.errors:
         raise typer.Exit(EXIT_PARTIAL)
 
 
+def _rank(report: dict) -> str:
+    if report["rank"] is None:
+        return "rank unknown"
+    return f"rank {report['rank']}" + ("" if report["world_size"] is None else f" of {report['world_size']}")
+
+
 def _print_trace(report: dict, comm_bytes: dict) -> None:
     from rich.table import Table
 
-    rank = "?" if report["rank"] is None else report["rank"]
-    world = "?" if report["world_size"] is None else report["world_size"]
     total = sum(p["time_us"] for p in report["primitives"].values()) or 1.0
-    title = (f"{Path(report['path']).name}\nhardware {report['hardware']} · rank {rank}/{world} · "
-             f"{report['iterations']} iterations · {report['kernels']} kernels · "
-             f"busy {report['gpu_busy_us'] / 1000:.1f} ms · unclassified {report['unclassified_share']:.1%} · "
-             f"{report['samples_written']} samples written")
+    title = (f"{Path(report['path']).name}\nhardware {report['hardware']} · {_rank(report)} · "
+             f"{plural(report['iterations'], 'iteration')} · {plural(report['kernels'], 'kernel')} · "
+             f"busy {seconds(report['gpu_busy_us'] / 1e6)} · unclassified {percent(report['unclassified_share'])} · "
+             f"{plural(report['samples_written'], 'sample')} written")
     table = Table(title=title, title_justify="left")
-    for name, justify in (("primitive", "left"), ("count", "right"), ("time (ms)", "right"), ("share", "right"),
+    for name, justify in (("primitive", "left"), ("count", "right"), ("time", "right"), ("share", "right"),
                           ("bytes", "right")):
         table.add_column(name, justify=justify)
     ordered = sorted(report["primitives"].items(), key=lambda kv: -kv[1]["time_us"])
     for name, stats in ordered:
         nbytes = comm_bytes.get(name)
-        table.add_row(name, str(stats["count"]), f"{stats['time_us'] / 1000:.3f}", f"{stats['time_us'] / total:.1%}",
-                      _human_bytes(nbytes) if nbytes else "")
+        table.add_row(name, count(stats["count"]), seconds(stats["time_us"] / 1e6), percent(stats["time_us"] / total),
+                      size_bytes(nbytes) if nbytes else "")
     console.print(table)
 
 
-def _human_bytes(value: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return str(value)
+def _print_run(reports: list[dict]) -> None:
+    """One line per trace of a multi-rank ingest (their primitive tables with --verbose), and the run's totals."""
+    from rich.table import Table
+
+    table = Table(title=f"{plural(len(reports), 'trace')} (per-rank tables: --verbose)", title_justify="left")
+    for name, justify in (("trace", "left"), ("rank", "left"), ("hardware", "left"), ("iterations", "right"),
+                          ("kernels", "right"), ("busy", "right"), ("unclassified", "right"), ("samples", "right")):
+        table.add_column(name, justify=justify)
+    for r in sorted(reports, key=lambda r: (r["rank"] is None, r["rank"] or 0, r["path"])):
+        table.add_row(Path(r["path"]).name, _rank(r).removeprefix("rank "), r["hardware"], count(r["iterations"]),
+                      count(r["kernels"]), seconds(r["gpu_busy_us"] / 1e6), percent(r["unclassified_share"]),
+                      count(r["samples_written"]))
+    console.print(table)
+    busy: dict[str, float] = {}
+    for r in reports:
+        for name, stats in r["primitives"].items():
+            busy[name] = busy.get(name, 0.0) + stats["time_us"]
+    total = sum(busy.values()) or 1.0
+    top = sorted(busy.items(), key=lambda kv: -kv[1])[:6]
+    console.print("where the GPU time went, all ranks: " + ", ".join(f"{name} {percent(us / total)}" for name, us in top))
