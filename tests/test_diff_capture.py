@@ -255,6 +255,11 @@ def test_validate_refit_reports_error_before_and_after(run, diff, tmp_path):
     assert refit["before"]["predicted_s"] == pytest.approx(doc["iteration_time_s"]["predicted"])
     assert refit["before"]["real_s"] == refit["after"]["real_s"] == doc["iteration_time_s"]["real"]
     assert refit["samples_added"] > 0 and refit["models"] == str(models)
+    # --models naming a folder that holds no models yet: "before" is the bundled models', the refit writes there
+    fresh = tmp_path / "fresh-models"
+    again = json.loads(cli("validate", run["out"], "--models", fresh, "--refit", "--store", tmp_path / "store-f",
+                           "--json").stdout)
+    assert (fresh / "index.json").is_file() and again["refit"]["models"] == str(fresh)
     index = json.loads((models / "index.json").read_text())
     assert {m["hardware"] for m in index["models"]} == {json.loads(
         cli("ingest", *run["traces"], "--store", tmp_path / "s2", "--json").stdout)["traces"][0]["hardware"]}

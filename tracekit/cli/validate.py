@@ -46,7 +46,9 @@ def validate(
             fail("give either a RUN_DIR or --published FILE.csv")
         from predictor import ModelSet
 
-        model_set = ModelSet.load(models) if models else None
+        # --refit --models DIR writes DIR: it need not hold models yet
+        preload = models is not None and (not refit or (models / "index.json").is_file())
+        model_set = ModelSet.load(models) if preload else None
         if published is not None:
             _published(published, hardware_map, sets, calibration, model_set, json_out)
             return

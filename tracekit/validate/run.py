@@ -32,7 +32,8 @@ def validate_run(run_dir: str | Path, models: ModelSet | None = None, models_pat
     """Predict a `tracekit capture` run's configuration on its hardware and diff it with the run's traces.
     Returns {"report": DiffReport, "prediction": dict, "refit": {...} | None}. With `refit`, the run is
     ingested into `store`, models are retrained from the whole store into `models_path` (default
-    `<store>/models`), and the run is predicted again: "refit" has the error before and after."""
+    `<store>/models`; a folder that holds no models yet is created, and "before" is the bundled models'), and the
+    run is predicted again: "refit" has the error before and after."""
     run_dir = Path(run_dir)
     if not (run_dir / MANIFEST_NAME).is_file():
         raise InputError(run_dir, f"not a capture run folder (no {MANIFEST_NAME}); use `tracekit diff` for "
@@ -48,7 +49,9 @@ def validate_run(run_dir: str | Path, models: ModelSet | None = None, models_pat
         raise InputError(run_dir, "the run has no traces")
     traces = read_traces(paths)
     cluster = run_cluster(manifest, config)
-    models = models if models is not None else ModelSet.load(models_path)
+    if models is None:  # a refit into a folder that holds no models yet starts from the bundled ones
+        fresh = refit and models_path is not None and not (Path(models_path) / "index.json").is_file()
+        models = ModelSet.load(None if fresh else models_path)
     prediction = predict(config, cluster, models).to_dict()
     report = diff_inputs(prediction, traces, rank=rank, config=config, predicted_source=f"{run_dir} (predicted)")
     result: dict[str, Any] = {"report": report, "prediction": prediction, "refit": None}
