@@ -333,7 +333,8 @@ class ModelSet:
         try:
             index = json.loads(index_path.read_text())
         except FileNotFoundError as exc:
-            raise ModelError(f"{root}: not a model directory (no {INDEX}); run `tracekit train --models-out {root}`") from exc
+            raise ModelError(f"{root}: not a model directory (no {INDEX}); "
+                             f"run `tracekit train --models-out {root}`") from exc
         except (OSError, json.JSONDecodeError) as exc:
             raise ModelError(f"{index_path}: unreadable model index ({exc})") from exc
         if index.get("format") != FORMAT:

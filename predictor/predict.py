@@ -44,9 +44,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tracekit.core.cluster import Cluster
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError, did_you_mean
-from tracekit.core.cluster import Cluster
 from tracekit.core.hardware import SPECS, hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES, FEATURE_COLUMNS
 

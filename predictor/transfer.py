@@ -45,8 +45,14 @@ from tracekit.core.hardware import HardwareSpec, hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES
 
 from .features import compute_work, dtype_bytes
-from .roofline import COMPUTE_EFFICIENCY, KERNEL_OVERHEAD_US, MEMORY_EFFICIENCY, TENSOR_CORE_PRIMITIVES, \
-    estimate_us, hardware_rates
+from .roofline import (
+    COMPUTE_EFFICIENCY,
+    KERNEL_OVERHEAD_US,
+    MEMORY_EFFICIENCY,
+    TENSOR_CORE_PRIMITIVES,
+    estimate_us,
+    hardware_rates,
+)
 
 SELECTION = Path(__file__).resolve().parent.parent / "tracekit" / "data" / "transfer.json"
 #: Datasheet features compared to pick sources (HardwareSpec attribute names).
@@ -131,7 +137,8 @@ def transfer(models, frame: pd.DataFrame, rows: np.ndarray, primitives: frozense
     sub = frame.iloc[rows].reset_index(drop=True)
     prim = sub["primitive"].astype(str).to_numpy()
     wanted = selected_primitives() if primitives is None else primitives
-    eligible = np.isin(prim, list(wanted)) & ~np.isin(prim, COLLECTIVE_PRIMITIVES) & ~sub["hardware"].astype(str).str.startswith("cpu-").to_numpy()
+    eligible = (np.isin(prim, list(wanted)) & ~np.isin(prim, COLLECTIVE_PRIMITIVES)
+                & ~sub["hardware"].astype(str).str.startswith("cpu-").to_numpy())
     target_work, target_bound = work_us(sub)
     eligible &= np.isfinite(target_work) & (target_work > 0)
     target_q = wave_efficiency(sub, target_bound)

@@ -192,7 +192,8 @@ def read_trace(path: str | Path) -> KinetoTrace:
     if len(c.dev_ts):
         lk = link(c)
         frame = _gpu_events(c, lk, world)
-        return KinetoTrace(hardware=_hardware(tf.device_properties), iterations=lk.iterations, device_events=frame, **base)
+        return KinetoTrace(hardware=_hardware(tf.device_properties), iterations=lk.iterations, device_events=frame,
+                           **base)
     timed = np.count_nonzero(c.op_dur > 0) if len(c.op_dur) else 0
     if not timed:
         raise InputError(path, "nothing timed in it (no device kernels and no operators with durations)")

@@ -89,8 +89,9 @@ def load_samples(paths: list[str], fmt: str, store: Path | None, hardware: str |
     help=(
         "Run trained models on another sample set (held-out rows, samples from a new trace) and print MAPE, median "
         "and p90 absolute percentage error and how many samples fell outside the trained ranges, per (hardware, "
-        "primitive, pass, variant), with the path that answered them — the one `predict` would use: `model`, `derived`, "
-        "`transfer` (a GPU without models, from the models of the GPUs named in `sources`) or `roofline`.\n\n"
+        "primitive, pass, variant), with the path that answered them — the one `predict` would use: "
+        "`model`, `derived`, `transfer` (a GPU without models, from the models of the GPUs named in `sources`) or "
+        "`roofline`.\n\n"
         "Example: tracekit evaluate --models models/ heldout/ --format ett --json\n\n"
         "Example: tracekit evaluate --store .tracekit --hardware H100-80GB-HBM3"
     ),

@@ -100,11 +100,13 @@ def read_sources(files: list[Path], fmt: str, hardware: str | None = None, gpus_
 def import_command(
     paths: List[str] = typer.Argument(..., metavar="PATH...", help="Sample files or folders."),
     fmt: str = typer.Option(..., "--format", help="ett | nccl-tests"),
-    store: Optional[Path] = typer.Option(None, "--store", help="Sample store directory (default $TRACEKIT_HOME or ./.tracekit)."),
+    store: Optional[Path] = typer.Option(None, "--store",
+                                         help="Sample store directory (default $TRACEKIT_HOME or ./.tracekit)."),
     hardware: Optional[str] = typer.Option(None, "--hardware", help="Hardware id (overrides the files' own)."),
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=1, help="nccl-tests: GPUs per node."),
     nodes: Optional[int] = typer.Option(None, "--nodes", min=1, help="nccl-tests: number of nodes."),
-    collective: Optional[str] = typer.Option(None, "--collective", help="nccl-tests: all_reduce, all_gather, ... when the file does not say."),
+    collective: Optional[str] = typer.Option(
+        None, "--collective", help="nccl-tests: all_reduce, all_gather, ... when the file does not say."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a table."),
 ) -> None:
     from tracekit.core.store import SampleStore

@@ -109,8 +109,7 @@ def predict_command(
 
         if trace_out is not None and trace_out.exists() and not trace_out.is_dir():
             raise InputError(trace_out, "exists and is not a directory (--trace-out takes a folder for the traces)")
-        from predictor import DEFAULT_STACK as DEFAULT
-        from predictor import get_stack, stack_of_arguments
+        from predictor import DEFAULT_STACK as DEFAULT, get_stack, stack_of_arguments
         from tracekit.core.config import ARGS_BEGIN, parse_arguments_block
 
         log, text = (megatron_log if megatron_log is not None else
@@ -139,8 +138,7 @@ def predict_command(
         cluster, note = _cluster(hardware, gpus_per_node, cluster_name)
         if cluster is None:
             fail("name the GPU with --hardware ID (e.g. A100-SXM4-80GB) or --cluster NAME|FILE")
-        from predictor import ModelSet, load_calibration
-        from predictor import predict_iteration as predict
+        from predictor import ModelSet, load_calibration, predict_iteration as predict
 
         cal = load_calibration(calibration) if calibration else profile.calibration(cluster.hardware)
         models = ModelSet.load(models_dir)

@@ -56,9 +56,13 @@ def search_command(
     with user_errors():
         import yaml
 
-        from predictor import DEFAULT_STACK as DEFAULT
-        from predictor import SEARCH_KEYS, ModelSet, get_stack
-        from predictor import search_configurations as search
+        from predictor import (
+            DEFAULT_STACK as DEFAULT,
+            SEARCH_KEYS,
+            ModelSet,
+            get_stack,
+            search_configurations as search,
+        )
         from tracekit.core.config import (
             check_settings,
             own_setting_names,

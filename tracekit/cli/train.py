@@ -29,7 +29,8 @@ def train(
     hardware: Optional[List[str]] = typer.Option(None, "--hardware", help="Only these hardware ids (repeatable)."),
     primitive: Optional[List[str]] = typer.Option(None, "--primitive", help="Only these primitives (repeatable)."),
     folds: int = typer.Option(5, "--folds", min=2, max=10, help="Cross-validation folds."),
-    data: Optional[List[str]] = typer.Option(None, "--data", help="Provenance note on the training data, kept in the index (repeatable)."),
+    data: Optional[List[str]] = typer.Option(
+        None, "--data", help="Provenance note on the training data, kept in the index (repeatable)."),
     cluster: Optional[List[str]] = typer.Option(
         None, "--cluster", help="HW=PRESET: the cluster the collective samples of hardware HW were measured on "
                                 "(e.g. A100-SXM4-80GB=perlmutter; repeatable). predict answers collectives with the "

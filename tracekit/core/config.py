@@ -136,7 +136,8 @@ class TrainingConfig:
             self.virtual_pipeline_model_parallel_size = None
         if self.tensor_model_parallel_size == 1:
             self.sequence_parallel = False  # Megatron turns SP off without TP
-        model_parallel = self.tensor_model_parallel_size * self.pipeline_model_parallel_size * self.context_parallel_size
+        model_parallel = (self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+                          * self.context_parallel_size)
         if self.data_parallel_size is None:
             if self.world_size is not None:
                 if self.world_size % model_parallel:

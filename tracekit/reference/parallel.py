@@ -183,7 +183,8 @@ class ColumnParallelLinear(nn.Module):
         super().__init__()
         self.topo, self.sp = topo, sequence_parallel
         self.weight = init_shard((out_features, in_features), 0, topo, std, dtype, seed, parts)
-        self.bias = nn.Parameter(torch.zeros(out_features // topo.tp, dtype=dtype, device=topo.device)) if bias else None
+        self.bias = (nn.Parameter(torch.zeros(out_features // topo.tp, dtype=dtype, device=topo.device)) if bias
+                     else None)
 
     def forward(self, x):
         x = gather_from_sp(x, self.topo.tp_group) if self.sp else copy_to_tp(x, self.topo.tp_group)

@@ -82,10 +82,12 @@ def _operation(primitive: str, nbytes: int, world: int, rank: int, dtype, device
         buf = torch.ones(numel, dtype=dtype, device=device)
         return lambda: dist.all_reduce(buf)
     if primitive == "all_gather":
-        shard, out = torch.ones(numel, dtype=dtype, device=device), torch.empty(numel * world, dtype=dtype, device=device)
+        shard = torch.ones(numel, dtype=dtype, device=device)
+        out = torch.empty(numel * world, dtype=dtype, device=device)
         return lambda: dist.all_gather_single(out, shard)
     if primitive == "reduce_scatter":
-        full, out = torch.ones(numel * world, dtype=dtype, device=device), torch.empty(numel, dtype=dtype, device=device)
+        full = torch.ones(numel * world, dtype=dtype, device=device)
+        out = torch.empty(numel, dtype=dtype, device=device)
         return lambda: dist.reduce_scatter_single(out, full)
     if primitive == "send_recv":  # ranks pair up 0→1, 2→3, ...; odd ranks receive
         buf = torch.ones(numel, dtype=dtype, device=device)
