@@ -58,7 +58,9 @@ def read_file(path: str | Path, hardware: str | None = None, gpus_per_node: int 
     lines = text.splitlines()
     first = next((line for line in lines if line.strip()), "")
     if first.startswith("size(B)") or first.startswith('"size(B)"'):
-        table, hosts, devices, kind = _read_csv(path, text), set(), [], None
+        hosts: set[str] = set()
+        devices: list[str] = []
+        table, kind = _read_csv(path, text), None
     else:
         table, hosts, devices, kind = _read_stdout(path, lines)
     if collective is not None:

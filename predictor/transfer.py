@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -143,7 +144,10 @@ def transfer(models, frame: pd.DataFrame, rows: np.ndarray, primitives: frozense
     eligible &= np.isfinite(target_work) & (target_work > 0)
     target_q = wave_efficiency(sub, target_bound)
     keys = sub[["hardware", "primitive", "pass"]].astype(str)
-    for (hw, primitive, pass_), index in keys[eligible].groupby(["hardware", "primitive", "pass"]).groups.items():
+    # pandas-stubs types a group key as Hashable; grouped by three columns, it is (hardware, primitive, pass)
+    groups = cast("dict[tuple[str, str, str], pd.Index]",
+                  keys[eligible].groupby(["hardware", "primitive", "pass"]).groups)
+    for (hw, primitive, pass_), index in groups.items():
         pos = np.asarray(index)
         candidates = [s for s in models.hardware_ids() if models.resolve(s, primitive, pass_) is not None]
         weights = source_weights(hw, candidates)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
@@ -19,6 +19,9 @@ from .output import (
 )
 
 FORMATS = ("ett", "nccl-tests")
+
+if TYPE_CHECKING:  # rich is imported where a table is printed
+    from rich.console import JustifyMethod
 
 
 @dataclass
@@ -155,8 +158,11 @@ def _print(report: ImportReport, root: Path) -> None:
     from rich.table import Table
 
     table = Table(title=f"imported into {root}", title_justify="left")
-    for name, justify in (("file", "left"), ("hardware", "left"), ("primitive", "left"), ("variant", "left"),
-                          ("rows", "right"), ("new", "right")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("file", "left"), ("hardware", "left"), ("primitive", "left"), ("variant", "left"), ("rows", "right"),
+        ("new", "right"),
+    )
+    for name, justify in columns:
         table.add_column(name, justify=justify)
     for f in report.files:
         table.add_row(Path(f["path"]).name, f["hardware"], f["primitive"], f["variant"], str(f["rows"]),

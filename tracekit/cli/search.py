@@ -84,6 +84,7 @@ def search_command(
             if not isinstance(base, dict):
                 raise InputError(config, "a job is a mapping of Megatron argument names to values")
         else:
+            assert megatron_args is not None  # exactly one of the two was given
             base = parse_megatron_argv(megatron_args)
         warnings: list[str] | None = [] if allow_unknown else None
         refuse_unknown(base, own_setting_names(), warnings)

@@ -26,7 +26,8 @@ def _norm(args, topo: Topology, dtype) -> nn.Module:
     kind = nn.RMSNorm if args.normalization == "RMSNorm" else nn.LayerNorm
     norm = kind(args.hidden_size, eps=1e-5, device=topo.device, dtype=dtype)
     for param in norm.parameters():
-        param.sequence_parallel = args.sequence_parallel  # grads summed over tp when activations are split
+        # Megatron's mark (not an attribute torch declares): grads summed over tp when activations are split
+        setattr(param, "sequence_parallel", args.sequence_parallel)
     return norm
 
 

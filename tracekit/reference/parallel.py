@@ -201,7 +201,8 @@ class RowParallelLinear(nn.Module):
         self.weight = init_shard((out_features, in_features), 1, topo, std, dtype, seed)
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=topo.device)) if bias else None
         if self.bias is not None:
-            self.bias.sequence_parallel = sequence_parallel
+            # Megatron's mark on a parameter whose gradient is summed over tp (not an attribute torch declares)
+            setattr(self.bias, "sequence_parallel", sequence_parallel)
 
     def forward(self, x):
         y = F.linear(x, self.weight)
