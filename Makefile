@@ -1,7 +1,6 @@
 # Entry points (see README): `make demo` runs tracekit on the bundled traces, `make test` runs the suite, `make lint`
 # runs ruff and mypy (configured in pyproject.toml), `make docs` builds the documentation site into site/ (mkdocs
-# --strict). Each creates the virtualenv in .venv and installs what
-# it needs on first use.
+# --strict). Each creates the virtualenv in .venv and installs what it needs on first use.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin

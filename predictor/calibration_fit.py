@@ -101,11 +101,12 @@ def _gauss_newton(prepared, measured: np.ndarray, params: list[str], theta: np.n
         return base.with_values(**dict(zip(params, map(float, values))))
 
     history: list[float] = []
-    best_mape, best_theta = math.inf, theta.copy()
+    best_mape: float | None = None
+    best_theta = theta.copy()
     for _ in range(rounds + 1):
         now = iteration_times_s(prepared, at(theta))
         history.append(_mape(now, measured))
-        if history[-1] < best_mape:
+        if best_mape is None or history[-1] < best_mape:
             best_mape, best_theta = history[-1], theta.copy()
         if len(history) > rounds:
             break
