@@ -1,6 +1,6 @@
-# Entry points (see README): `make demo` runs tracekit on the bundled traces, `make test` runs the suite, `make docs`
-# builds the documentation site into site/ (mkdocs --strict). Each creates the virtualenv in .venv and installs what
-# it needs on first use.
+# Entry points (see README): `make demo` runs tracekit on the bundled traces, `make test` runs the suite, `make lint`
+# runs ruff and mypy (configured in pyproject.toml), `make docs` builds the documentation site into site/ (mkdocs
+# --strict). Each creates the virtualenv in .venv and installs what it needs on first use.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,7 +9,7 @@ DOCS_STAMP := $(VENV)/.tracekit-docs-installed
 DEMO_STORE := .tracekit-demo
 DEMO_OUT := .tracekit-demo-out
 
-.PHONY: demo test docs install clean chromium
+.PHONY: demo test lint docs install clean chromium
 
 install: $(STAMP)
 
@@ -33,6 +33,13 @@ demo: $(STAMP)
 
 test: $(STAMP) chromium
 	$(BIN)/python -m pytest
+
+# Lint, type check and layers: ruff over the whole tree, mypy over the packages, import-linter's contract for the
+# layers of DESIGN.md ([tool.ruff], [tool.mypy] and [tool.importlinter] in pyproject.toml).
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # The documentation site: every page, link and anchor checked (--strict), the API page read from the docstrings.
 docs: $(DOCS_STAMP)

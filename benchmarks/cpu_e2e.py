@@ -8,8 +8,9 @@ Steps (all through the `tracekit` command, as a user would run them):
   2. tracekit capture -- torchrun ... -m tracekit.reference   (4 training configurations, 2 ranks each, ingested)
   3. tracekit train --store S --models-out M --hardware cpu-... --folds 2   (twice: on the samples alone, and on the
      samples plus the captured runs, to show what the captures add)
-  4. tracekit calibrate CAPTURE... --models M --calibration-out cal.json   (per model set: a few global constants fitted to the
-     iteration times the captured runs measured without the profiler; which constants: chosen by leave-one-out)
+  4. tracekit calibrate CAPTURE... --models M --calibration-out cal.json   (per model set: a few global constants
+     fitted to the iteration times the captured runs measured without the profiler; which constants: chosen by
+     leave-one-out)
   5. tracekit predict CONFIG --hardware cpu-... --gpus-per-node 2 --models M [--calibration cal.json] --json
      (other configurations; without and with the calibration)
   6. run each predicted configuration --repeats times with the reference trainer (no profiler), round-robin over the
@@ -168,8 +169,8 @@ def main() -> None:
             name: predicted_ms(m, models_dir, hardware, work, name) for name, m in PREDICTED.items()})
         cal = models_dir.with_name(f"calibration-{models_dir.name}.json")
         fits[label] = json.loads(timed(f"calibrate ({label})", lambda: tracekit(
-            "calibrate", *captures, "--models", str(models_dir), "--params", CAL_PARAMS, "--calibration-out", str(cal), "--json",
-            step=f"calibrate ({label})")))
+            "calibrate", *captures, "--models", str(models_dir), "--params", CAL_PARAMS, "--calibration-out", str(cal),
+            "--json", step=f"calibrate ({label})")))
         predictions[f"{label} + calibration"] = timed(f"predict ({label} + calibration)", lambda: {
             name: predicted_ms(m, models_dir, hardware, work, name, cal) for name, m in PREDICTED.items()})
     alternatives = {}
@@ -178,8 +179,8 @@ def main() -> None:
     def fit_alternatives():
         for i, params in enumerate(ALT_PARAMS):
             cal = work / f"calibration-alt-{i}.json"
-            tracekit("calibrate", *captures, "--models", str(models_dir), "--params", params, "--calibration-out", str(cal),
-                     "--json", step=f"calibrate ({params})")
+            tracekit("calibrate", *captures, "--models", str(models_dir), "--params", params,
+                     "--calibration-out", str(cal), "--json", step=f"calibrate ({params})")
             alternatives[params] = {name: predicted_ms(m, models_dir, hardware, work, name, cal)
                                     for name, m in PREDICTED.items()}
 
@@ -212,7 +213,7 @@ def main() -> None:
             errors[label].append(abs(pred - meas) / meas)
             cells.append(f"{pred:14.1f} ({100 * (pred - meas) / meas:+7.1f}%)")
         print(f"{name:36} " + " ".join(f"{c:>30}" for c in cells) + f" {meas:9.1f} {100 * spreads[name]:6.1f}%")
-    print(f"{'MAPE (goal ≤ 10%)':36} " + " ".join(f"{100 * statistics.mean(errors[l]):29.1f}%" for l in labels))
+    print(f"{'MAPE (goal ≤ 10%)':36} " + " ".join(f"{100 * statistics.mean(errors[label]):29.1f}%" for label in labels))
     for params, preds in alternatives.items():
         mape = statistics.mean(abs(preds[n]["iteration_time_s"] * 1e3 - measured[n]) / measured[n] for n in PREDICTED)
         print(f"samples only + calibration of {params}: MAPE {100 * mape:.1f}%")

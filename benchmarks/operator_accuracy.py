@@ -73,8 +73,10 @@ def cross_validate(samples: pd.DataFrame, folds: int = 5, seed: int = 0
         if aside.any():  # set aside by the outlier rules: never trained on, predicted by the final model
             oof.loc[aside[aside].index], _ = predict(result.booster, result.features, primitive, frame[aside],
                                                           result.params["target"])
-        print(f"[{n}/{len(keys)}] {hardware} {primitive} {pass_} {group}: {len(frame)} rows, {'log' if 'roofline' not in result.params['target'] else 'ratio'} "
-              f"depth {result.params['max_depth']} × {result.params['rounds']} rounds, {time.perf_counter() - start:.1f} s",
+        target = "log" if "roofline" not in result.params["target"] else "ratio"
+        print(f"[{n}/{len(keys)}] {hardware} {primitive} {pass_} {group}: {len(frame)} rows, {target} "
+              f"depth {result.params['max_depth']} × {result.params['rounds']} rounds, "
+              f"{time.perf_counter() - start:.1f} s",
               file=sys.stderr, flush=True)
     return oof, outlier, forest
 
@@ -130,7 +132,8 @@ def entries(samples: pd.DataFrame, oof: pd.Series, paper: pd.DataFrame) -> pd.Da
         plausible = err[~samples.loc[mask, "outlier"]]
         rows.append({
             "hardware": entry.hardware, "op": entry.op, "pass": entry.pass_,
-            "topology": f"{entry.nodes}x{entry.gpus_per_node}" if entry.nodes else ("all" if entry.pass_ == "comm" else ""),
+            "topology": (f"{entry.nodes}x{entry.gpus_per_node}" if entry.nodes
+                         else ("all" if entry.pass_ == "comm" else "")),
             "n": int(mask.sum()), "outliers": int(samples.loc[mask, "outlier"].sum()),
             "ours": float(err.mean()), "ours_median_ape": float(err.median()),
             "ours_plausible": float(plausible.mean()) if len(plausible) else None,
@@ -183,7 +186,8 @@ def selection(tables: list[pd.DataFrame]) -> dict:
     for entry in out.values():
         entry["use"] = choose(entry["leave_one_out"])
     return {"format": "tracekit-transfer-selection/1",
-            "command": "python benchmarks/operator_accuracy.py --transfer --write-selection tracekit/data/transfer.json",
+            "command": ("python benchmarks/operator_accuracy.py --transfer "
+                        "--write-selection tracekit/data/transfer.json"),
             "rule": "transfer where the geometric mean over both directions of transfer/roofline median error < 1",
             "primitives": dict(sorted(out.items()))}
 
@@ -232,7 +236,8 @@ def transfer_main(args) -> None:
     goals = {p: {"goal": g, **{c: float(h100.loc[p, c]) for c in ("selected", "transfer_all", "roofline")}}
              for p, g in GOALS.items() if p in h100.index}
     print("\ngoals on the H100 kernels (selected): " + ", ".join(
-        f"{p} {100 * v['selected']:.1f}% (≤ {100 * v['goal']:.0f}%: {'met' if v['selected'] <= v['goal'] else 'not met'})"
+        f"{p} {100 * v['selected']:.1f}% (≤ {100 * v['goal']:.0f}%: "
+        f"{'met' if v['selected'] <= v['goal'] else 'not met'})"
         for p, v in goals.items()) + f" · {time.perf_counter() - start:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps({"goals": goals, "rows": table.to_dict("records")}, indent=2))

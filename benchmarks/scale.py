@@ -4,8 +4,8 @@
     opened: 124,188 candidates): one process vs `--executor ray` with 2 workers; configs/s, speedup, peak RSS of
     the process and of each Ray worker. Both rankings must be identical (checked, printed).
 (b) ingest of a 256-rank trace set built from a corpus rank (copies of hta/nccl_parser_config_nccl_data with rank
-    ids, world size and timestamps rewritten, written to a temporary folder) with `--jobs 1`, `--jobs 2` and `--executor ray`, beside
-    HTA's `TraceAnalysis` on the same folder: wall time, CPU time, peak RSS.
+    ids, world size and timestamps rewritten, written to a temporary folder) with `--jobs 1`, `--jobs 2` and
+    `--executor ray`, beside HTA's `TraceAnalysis` on the same folder: wall time, CPU time, peak RSS.
 
 Every run is its own subprocess (imports done before the clock starts; Ray's start-up is timed apart). Peak RSS is
 the kernel's high-water mark: `wait4` for a process and its children, VmHWM of each Ray worker process.
@@ -160,8 +160,8 @@ def _ray_workers_peak_mb() -> list[float]:
 
 def _preload(name: str) -> None:
     if name.startswith("search"):
-        import predictor.search  # noqa: F401
         import predictor.models  # noqa: F401
+        import predictor.search  # noqa: F401
     elif name == "ingest":
         import extractors.kineto  # noqa: F401
         import tracekit.core.store  # noqa: F401
@@ -256,7 +256,8 @@ def _before_after(size: str, rev: str, sample: int) -> None:
         after = run("search-sample", size, sample)
     print(f"    before/after on {len(chosen):,} sampled candidates, one process: {rev[:10]} "
           f"{before['configs'] / before['seconds']:.0f} configs/s, now {after['configs'] / after['seconds']:.0f} "
-          f"configs/s ({before['seconds'] / after['seconds']:.1f}x); same results: {before['digest'] == after['digest']}")
+          f"configs/s ({before['seconds'] / after['seconds']:.1f}x); "
+          f"same results: {before['digest'] == after['digest']}")
 
 
 def ingest_part(ranks: int) -> None:

@@ -49,7 +49,8 @@ def _gemm(m, n, k):
 
 def _shapes(op: str, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Feature columns of one op file from its input columns (names as in the CSV header)."""
-    mp = c.get("mp")
+    # ops without an `mp` column (norms, res_add, the whole-model optimizer) never use it
+    mp = c["mp"] if "mp" in c else np.array(np.nan)
     if op == "linear1":
         return _gemm(c["l"] * c["b"], 3 * c["dim"] / mp, c["dim"])
     if op == "linear2":

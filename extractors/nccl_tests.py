@@ -34,7 +34,8 @@ _KINDS = {  # substrings of the test binary / file name → primitive
 }
 _DTYPES = {"float": "fp32", "half": "fp16", "bfloat16": "bf16", "double": "fp64", "int8": "int8", "int32": "int32",
            "uint8": "uint8", "int64": "int64", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
-_DEVICE = re.compile(r"^#\s+Rank\s+\d+\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(?P<host>\S+)\s+device\s+\d+\s+\[[^\]]*\]\s+(?P<name>.+?)\s*$")
+_DEVICE = re.compile(r"^#\s+Rank\s+\d+\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(?P<host>\S+)"
+                     r"\s+device\s+\d+\s+\[[^\]]*\]\s+(?P<name>.+?)\s*$")
 _GPU_COUNT = re.compile(r"gpu(\d+)", re.I)
 
 
@@ -57,7 +58,9 @@ def read_file(path: str | Path, hardware: str | None = None, gpus_per_node: int 
     lines = text.splitlines()
     first = next((line for line in lines if line.strip()), "")
     if first.startswith("size(B)") or first.startswith('"size(B)"'):
-        table, hosts, devices, kind = _read_csv(path, text), set(), [], None
+        hosts: set[str] = set()
+        devices: list[str] = []
+        table, kind = _read_csv(path, text), None
     else:
         table, hosts, devices, kind = _read_stdout(path, lines)
     if collective is not None:

@@ -64,6 +64,12 @@ class BatchRow:
     def calibration(self) -> Calibration | None:
         return self.stack.calibration(self.cluster.hardware if self.cluster else "") if self.stack else None
 
+    def complete(self) -> tuple[TrainingConfig, Cluster, Stack]:
+        """Configuration, cluster and stack of a row that parsed (`error` None: `parse_row` sets all three)."""
+        if self.config is None or self.cluster is None or self.stack is None:
+            raise ValueError(f"line {self.line} did not parse: {self.error}")
+        return self.config, self.cluster, self.stack
+
 
 def read_rows(path: str | Path) -> tuple[list[str], list[dict[str, str]]]:
     """(header, rows as str dicts); InputError when the file is unreadable or lacks the model columns."""

@@ -44,7 +44,7 @@ class Calibration:
     def values(self) -> dict[str, float]:
         return {k: getattr(self, k) for k in CONSTANTS}
 
-    def with_values(self, **values: float) -> "Calibration":
+    def with_values(self, **values: Any) -> "Calibration":
         data = asdict(self)
         data.update(values)
         return Calibration(**data)

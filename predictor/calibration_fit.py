@@ -60,7 +60,7 @@ def _mape(predicted: np.ndarray, measured: np.ndarray) -> float:
     return float(np.mean(np.abs(predicted - measured) / measured))
 
 
-def fit_prepared(prepared: Sequence, measured_s: Sequence[float], params: Sequence[str] = tuple(CONSTANTS),
+def fit_prepared(prepared: Sequence, measured_s: Sequence[float] | np.ndarray, params: Sequence[str] = tuple(CONSTANTS),
                  rounds: int = 5, regularization: float = 0.0, base: Calibration = NONE, loss: str = "squared",
                  search: bool = False) -> tuple[Calibration, list[float]]:
     """Fit `params` (the other constants keep `base`'s values) to measured iteration times (s) of prepared graphs.
@@ -84,12 +84,9 @@ def fit_prepared(prepared: Sequence, measured_s: Sequence[float], params: Sequen
     else:
         starts = [np.array([host if p == "host_op_us" else getattr(base, p) for p in params], dtype=float)
                   for host in (HOST_STARTS if "host_op_us" in params else (base.host_op_us,))]
-    best = None
-    for theta in starts:
-        cal, history = _gauss_newton(prepared, measured, list(params), theta, rounds, regularization, base, loss)
-        if best is None or min(history) < min(best[1]):
-            best = (cal, history)
-    return best
+    fits = [_gauss_newton(prepared, measured, list(params), theta, rounds, regularization, base, loss)
+            for theta in starts]
+    return min(fits, key=lambda fitted: min(fitted[1]))  # the first of the lowest
 
 
 def _gauss_newton(prepared, measured: np.ndarray, params: list[str], theta: np.ndarray, rounds: int,
@@ -103,12 +100,14 @@ def _gauss_newton(prepared, measured: np.ndarray, params: list[str], theta: np.n
     def at(values: np.ndarray) -> Calibration:
         return base.with_values(**dict(zip(params, map(float, values))))
 
-    history, best = [], None
+    history: list[float] = []
+    best_mape: float | None = None
+    best_theta = theta.copy()
     for _ in range(rounds + 1):
         now = iteration_times_s(prepared, at(theta))
         history.append(_mape(now, measured))
-        if best is None or history[-1] < best[0]:
-            best = (history[-1], theta.copy())
+        if best_mape is None or history[-1] < best_mape:
+            best_mape, best_theta = history[-1], theta.copy()
         if len(history) > rounds:
             break
         jac = np.empty((len(measured), len(theta)))
@@ -130,7 +129,7 @@ def _gauss_newton(prepared, measured: np.ndarray, params: list[str], theta: np.n
                 break
             delta = delta / 2
         theta = trial
-    return at(best[1]), history
+    return at(best_theta), history
 
 
 def held_out_times_s(prepared: Sequence, measured: np.ndarray, folds: np.ndarray,
@@ -140,7 +139,8 @@ def held_out_times_s(prepared: Sequence, measured: np.ndarray, folds: np.ndarray
     out = np.empty(len(measured))
     for k in np.unique(folds):
         train, test = np.flatnonzero(folds != k), np.flatnonzero(folds == k)
-        out[test] = iteration_times_s([prepared[i] for i in test], fit([prepared[i] for i in train], measured[train]))
+        out[test] = iteration_times_s([prepared[int(i)] for i in test],
+                                      fit([prepared[int(i)] for i in train], measured[train]))
     return out
 
 
@@ -149,7 +149,7 @@ def _enough_runs_to_choose(n: int) -> None:
         raise ConfigError(f"choosing the constants needs at least 3 measured runs (have {n}): name them with --params")
 
 
-def select_params(prepared: Sequence, measured_s: Sequence[float], regularization: float = 0.01,
+def select_params(prepared: Sequence, measured_s: Sequence[float] | np.ndarray, regularization: float = 0.01,
                   candidates: Sequence[Sequence[str]] = CANDIDATE_PARAMS, rounds: int = 8
                   ) -> tuple[tuple[str, ...], list[dict[str, Any]]]:
     """Choose the constants to fit by leave-one-out: for each candidate set small enough to fit on all runs but one,
@@ -160,7 +160,7 @@ def select_params(prepared: Sequence, measured_s: Sequence[float], regularizatio
     measured = np.asarray(measured_s, dtype=float)
     n = len(measured)
     _enough_runs_to_choose(n)
-    scores = []
+    scores: list[dict[str, Any]] = []
     for params in candidates:
         if len(params) > n - 1:
             continue
@@ -197,11 +197,14 @@ def fit_calibration(configs: Sequence, clusters, measured_s: Sequence[float], mo
                           f"({', '.join(params)}): give at least as many runs as constants, or fewer --params")
     if not np.all(np.isfinite(measured) & (measured > 0)):
         raise ConfigError("measured iteration times must be positive")
-    prepared = prepare_many(configs, clusters, models)
     labels = list(labels) if labels is not None else [f"run {i + 1}" for i in range(len(configs))]
-    for label, item in zip(labels, prepared):
+    if len(labels) != len(configs):
+        raise ValueError("give one label per configuration")
+    prepared = []
+    for label, item in zip(labels, prepare_many(configs, clusters, models)):
         if isinstance(item, Exception):
             raise ConfigError(f"{label}: cannot be predicted ({item})")
+        prepared.append(item)
     selection = None
     if params == "auto":
         params, selection = select_params(prepared, measured, regularization, rounds=rounds)

@@ -54,11 +54,11 @@ def link_rates(cluster: Cluster, ranks_per_node: np.ndarray) -> tuple[np.ndarray
     inter = (cluster.link_gbs(True) or 0.0) * EFFICIENCY["network"] * 1e3
     r = np.maximum(ranks_per_node, 1.0)
     if cluster.fabric in ("nvlink", "xgmi") and cluster.gpus_per_node > 1:
-        intra = intra * np.clip((r - 1.0) / (cluster.gpus_per_node - 1.0), 1.0 / (cluster.gpus_per_node - 1), 1.0)
+        per_rank = intra * np.clip((r - 1.0) / (cluster.gpus_per_node - 1.0), 1.0 / (cluster.gpus_per_node - 1), 1.0)
     else:
-        intra = np.full(len(r), intra)
+        per_rank = np.full(len(r), intra)
     # NCCL's topology search takes the faster path: a pair on a thin mesh link may go through its NICs instead
-    return np.maximum(intra, inter), inter
+    return np.maximum(per_rank, inter), inter
 
 
 def collective_us(frame: pd.DataFrame, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:

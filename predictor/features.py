@@ -78,7 +78,8 @@ def compute_work(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarra
     with M × K and K × N output tiles, `bgrad` a reduction of the M × N gradient to N.
     """
     prim = frame["primitive"].astype("string").fillna("").to_numpy()
-    passes = frame["pass"].astype("string").fillna("").to_numpy() if "pass" in frame.columns else np.full(len(frame), "")
+    passes = (frame["pass"].astype("string").fillna("").to_numpy() if "pass" in frame.columns
+              else np.full(len(frame), ""))
     esize = dtype_bytes(frame["dtype"] if "dtype" in frame.columns else None, len(frame))
     m, n, k = _col(frame, "m"), _col(frame, "n"), _col(frame, "k")
     batch = np.nan_to_num(_col(frame, "batch"), nan=1.0)

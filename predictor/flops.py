@@ -6,6 +6,8 @@ do: for a standard GPT (ffn 4h, MHA) this is 72·B·s·L·h²·(1 + s/(6h) + V/(
 """
 from __future__ import annotations
 
+from typing import TypedDict
+
 from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import hardware_spec
 
@@ -13,7 +15,7 @@ from tracekit.core.hardware import hardware_spec
 def layer_forward_flops(config: TrainingConfig, tokens: int) -> float:
     """Forward FLOPs of one transformer layer over `tokens` tokens (whole layer, all TP ranks together)."""
     c = config
-    h, s, d = c.hidden_size, c.seq_length, c.kv_channels
+    h, s, d = c.hidden_size, c.seq_length, c.head_dim
     a, g, f = c.num_attention_heads, c.num_query_groups, c.ffn_hidden_size
     qkv = h * (a + 2 * g) * d
     proj = a * d * h
@@ -29,7 +31,14 @@ def model_flops_per_iteration(config: TrainingConfig) -> float:
     return 3.0 * (config.num_layers * layer_forward_flops(config, tokens) + head)
 
 
-def throughput(config: TrainingConfig, hardware: str, iteration_s: float) -> dict[str, float | None]:
+class Throughput(TypedDict):
+    model_flops: float
+    tflops_per_gpu: float
+    mfu: float | None  # None for hardware without a datasheet peak
+    tokens_per_s: float
+
+
+def throughput(config: TrainingConfig, hardware: str, iteration_s: float) -> Throughput:
     """TFLOP/s per GPU, MFU (vs the datasheet dense fp16/bf16 peak; fp32 peak for fp32) and tokens/s."""
     flops = model_flops_per_iteration(config)
     per_gpu = flops / iteration_s / config.world_size / 1e12 if iteration_s > 0 else 0.0

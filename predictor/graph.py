@@ -48,6 +48,10 @@ class OpUse:
         return COMM if self.group else COMPUTE
 
 
+#: An op's backward: one OpUse, or its parts per role (see the module docstring).
+Backward = OpUse | tuple[OpUse, ...]
+
+
 @dataclass
 class Segment:
     """The ops one pipeline stage runs for one model chunk per micro-batch: forward and backward."""
@@ -103,7 +107,7 @@ class _Builder:
         self.h = c.hidden_size
         self.a = c.num_attention_heads
         self.g = c.num_query_groups
-        self.d = c.kv_channels
+        self.d = c.head_dim
         self.f = c.ffn_hidden_size
         self.v = c.padded_vocab_size
         self.sp = c.sequence_parallel
@@ -112,14 +116,14 @@ class _Builder:
         self.sp_tokens = self.tokens // t if self.sp else self.tokens
 
     # -- specs -----------------------------------------------------------------------------------------------
-    def spec(self, primitive: str, pass_: str, variant: str, role: str | None = None, **features: float) -> int:
+    def spec(self, primitive: str, pass_: str, variant: str, role: str | None = None, /, **features: float) -> int:
         key = (primitive, pass_, variant, role, *features.items())  # call sites pass features in a fixed order
         found = self.index.get(key)
         if found is not None:
             return found
         dtype = self.gemm_dtype if primitive == "gemm" else self.dtype
-        row = {"hardware": self.hardware, "primitive": primitive, "pass": pass_, "dtype": dtype,
-               "variant": variant, "role": role}
+        row: dict[str, str | float | None] = {"hardware": self.hardware, "primitive": primitive, "pass": pass_,
+                                              "dtype": dtype, "variant": variant, "role": role}
         for name, value in features.items():
             row[name] = float(value)
         self.specs.append(row)
@@ -127,7 +131,7 @@ class _Builder:
         return self.index[key]
 
     def compute(self, name: str, primitive: str, variant: str, flops: float = 0.0, per_layer: bool = True,
-                bias: bool = False, **features: float) -> tuple[OpUse, OpUse | tuple[OpUse, ...]]:
+                bias: bool = False, **features: float) -> tuple[OpUse, Backward]:
         """A forward op and its backward (same features, pass bwd): whole, or its parts per role where the graph
         asks for `primitive` per role (see the module docstring)."""
         fwd = OpUse(name, self.spec(primitive, "fwd", variant, **features), per_layer=per_layer, flops=flops)
@@ -161,17 +165,18 @@ class _Builder:
         return None if spec is None else OpUse(name, spec, group="dp")
 
     # -- building blocks ---------------------------------------------------------------------------------------
-    def gemm(self, name: str, variant: str, m: int, n: int, k: int, per_layer: bool = True, bias: bool = True):
+    def gemm(self, name: str, variant: str, m: int, n: int, k: int, per_layer: bool = True, bias: bool = True
+             ) -> tuple[OpUse, Backward]:
         """A linear layer's GEMM (`bias`: it has one where the configuration adds biases)."""
         return self.compute(name, "gemm", variant, 2.0 * m * n * k, per_layer, bias and self.c.add_bias_linear,
                             m=m, n=n, k=k, batch=1)
 
-    def norm(self, name: str, per_layer: bool = True):
+    def norm(self, name: str, per_layer: bool = True) -> tuple[OpUse, Backward]:
         variant = "RMSlayernorm" if self.c.normalization == "RMSNorm" else "layernorm"
         rows = self.sp_tokens
         return self.compute(name, "norm", variant, 0.0, per_layer, rows=rows, width=self.h, numel=rows * self.h)
 
-    def residual(self, name: str, per_layer: bool = True):
+    def residual(self, name: str, per_layer: bool = True) -> tuple[OpUse, Backward]:
         rows = self.sp_tokens
         return self.compute(name, "elementwise", "res_add", 0.0, per_layer, rows=rows, width=self.h,
                             numel=rows * self.h)
@@ -182,7 +187,7 @@ class _Builder:
         a_t, g_t, f_t = self.a // t, self.g // t, self.f // t
         rows, act = self.tokens, self.bytes
         full_act = rows * h * act  # bytes of one [l, b, h] activation
-        fwd: list[tuple[OpUse | None, OpUse | None]] = []  # (fwd op, its backward)
+        fwd: list[tuple[OpUse | None, Backward | None]] = []  # (fwd op, its backward)
         replay_attn: list[OpUse] = []
 
         def tp_in(name: str) -> None:
@@ -263,11 +268,12 @@ class _Builder:
 
     def embedding(self) -> tuple[list[OpUse], list[OpUse]]:
         c, rows, h = self.c, self.tokens, self.h
-        fwd_ops, bwd_ops = [], []
+        fwd_ops: list[OpUse] = []
+        bwd_ops: list[OpUse] = []
         emb = self.compute("embedding.word_embeddings", "embedding", "embedding", 0.0, False,
                            rows=rows, width=h, params=self.v // self.t, numel=rows * h, tp=self.t)
         fwd_ops.append(emb[0])
-        bwd_ops.append(emb[1])
+        bwd_ops.extend(_parts(emb[1]))
         reduce = ("reduce_scatter", self.sp_tokens * h * self.bytes) if self.sp else \
             ("all_reduce", rows * h * self.bytes)
         op = self.collective(f"embedding.word_embeddings.{reduce[0]}", reduce[0], "tp", reduce[1], False)
@@ -276,17 +282,20 @@ class _Builder:
         if c.position_embedding_type != "rope":
             pos = self.residual("embedding.position_embeddings", per_layer=False)
             fwd_ops.append(pos[0])
-            bwd_ops.insert(0, pos[1])
+            bwd_ops[:0] = _parts(pos[1])
         return fwd_ops, bwd_ops
 
     def head(self) -> tuple[list[OpUse], list[OpUse]]:
         rows, h, v_t = self.tokens, self.h, self.v // self.t
-        fwd, bwd = [], []
+        fwd: list[OpUse] = []
+        bwd: list[OpUse] = []
         norm = self.norm("final_layernorm", per_layer=False)
         fwd.append(norm[0])
         full_act = rows * h * self.bytes
-        if self.sp:
-            fwd.append(self.collective("output_layer.all_gather", "all_gather", "tp", full_act / self.t, False))
+        if self.sp:  # SP needs tp > 1: the all-gather is there
+            gather = self.collective("output_layer.all_gather", "all_gather", "tp", full_act / self.t, False)
+            if gather:
+                fwd.append(gather)
         lm = self.gemm("output_layer", "linear_final", rows, v_t, h, per_layer=False, bias=False)
         fwd.append(lm[0])
         ce = self.compute("loss.vocab_parallel_cross_entropy", "cross_entropy", "parallel_cross_entropy_128",
@@ -296,7 +305,7 @@ class _Builder:
             op = self.collective(f"loss.all_reduce_{what}", "all_reduce", "tp", rows * 4, False)
             if op:
                 fwd.append(op)
-        bwd.append(ce[1])
+        bwd.extend(_parts(ce[1]))
         bwd.extend(_parts(lm[1]))
         if self.sp:
             op = self.collective("output_layer.grad_reduce_scatter", "reduce_scatter", "tp", full_act / self.t,
@@ -305,13 +314,13 @@ class _Builder:
             op = self.collective("output_layer.grad_all_reduce", "all_reduce", "tp", full_act, False)
         if op:
             bwd.append(op)
-        bwd.append(norm[1])
+        bwd.extend(_parts(norm[1]))
         return fwd, bwd
 
 
 def layer_params(c: TrainingConfig) -> int:
     """Parameters of one transformer layer on one TP rank."""
-    t, h, d = c.tp, c.hidden_size, c.kv_channels
+    t, h, d = c.tp, c.hidden_size, c.head_dim
     a_t, g_t, f_t = c.num_attention_heads // t, c.num_query_groups // t, c.ffn_hidden_size // t
     bias = c.add_bias_linear
     qkv = h * (a_t + 2 * g_t) * d + (a_t + 2 * g_t) * d * bias
@@ -395,11 +404,12 @@ def build_graph(config: TrainingConfig, hardware: str, gpus_per_node: int = 8,
         spec = bld.spec("optimizer", "optimizer", f"{kind}_optimizer", layers=layers, width=c.hidden_size,
                         tp=c.tp, params=-(-params // shard))
         optimizer[stage] = OpUse("optimizer.step", spec)
-    return Graph(config, hardware, gpus_per_node, bld.groups, bld.specs, segments, p2p_op and p2p_op.spec,
+    return Graph(config, hardware, gpus_per_node, bld.groups, bld.specs, segments,
+                 None if p2p_op is None else p2p_op.spec,
                  grad_sync, param_gather, optimizer, bld.index)
 
 
-def _parts(op: OpUse | tuple[OpUse, ...] | None) -> tuple[OpUse, ...]:
+def _parts(op: Backward | None) -> tuple[OpUse, ...]:
     """The OpUses of one op's backward (none, the whole, or its parts per role)."""
     if op is None:
         return ()

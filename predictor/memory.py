@@ -45,7 +45,7 @@ def config_memory(c: TrainingConfig, hardware: str) -> tuple[dict[str, float], l
     for stage in range(c.pp):
         params = sum(chunk_params(c, stage, chunk) for chunk in range(c.vp))
         layers = c.num_layers // (c.pp * c.vp) * c.vp
-        in_flight = min(c.pp - stage, c.num_microbatches)
+        in_flight: float = min(c.pp - stage, c.num_microbatches)
         if c.vp > 1:
             in_flight *= 1 + (c.pp - 1) / (c.pp * c.vp)
         acts = layers * per_layer * in_flight + working + (logits if stage == c.pp - 1 else 0.0)

@@ -42,7 +42,7 @@ import time
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, cast
 
 import numpy as np
 import pandas as pd
@@ -103,8 +103,8 @@ def model_id(hardware: str, primitive: str, pass_: str, group: str) -> str:
 
 def topology_key(frame: pd.DataFrame) -> pd.Series:
     """`<nodes>x<ranks per node>` of collective rows (POOLED where unknown)."""
-    nodes = pd.to_numeric(frame.get("nodes"), errors="coerce") if "nodes" in frame.columns else None
-    per_node = pd.to_numeric(frame.get("ranks_per_node"), errors="coerce") if "ranks_per_node" in frame.columns \
+    nodes = pd.to_numeric(frame["nodes"], errors="coerce") if "nodes" in frame.columns else None
+    per_node = pd.to_numeric(frame["ranks_per_node"], errors="coerce") if "ranks_per_node" in frame.columns \
         else None
     if nodes is None or per_node is None:
         return pd.Series(POOLED, index=frame.index, dtype=object)
@@ -220,11 +220,12 @@ def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict
     if samples.empty:
         raise ModelError("no classified samples to train on")
     shapeless = shapeless_rows(samples)
+    counts = samples[shapeless].groupby(["hardware", "primitive", "pass"]).size()
     skipped: list[dict] = [
         {"hardware": hardware, "primitive": primitive, "pass": pass_, "group": None, "rows": int(rows),
          "reason": "rows without shape features (e.g. CPU autograd nodes) cannot be placed by shape"}
-        for (hardware, primitive, pass_), rows in
-        samples[shapeless].groupby(["hardware", "primitive", "pass"]).size().items()
+        # pandas-stubs types a group key as Hashable; grouped by three columns, it is (hardware, primitive, pass)
+        for (hardware, primitive, pass_), rows in cast("Iterable[tuple[tuple[str, str, str], int]]", counts.items())
     ]
     samples = samples[~shapeless]
     if samples.empty:
@@ -256,7 +257,8 @@ def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict
             "models": [{k: m[k] for k in ("id", "hardware", "primitive", "pass", "group")} for m in summaries],
             "skipped": skipped,
             "framework": framework,
-            "rates": {hw: asdict(rates(hw)) for hw in sorted(samples["hardware"].unique()) if hw.startswith("cpu-")},
+            "rates": {hw: asdict(r) for hw in sorted(samples["hardware"].unique())
+                      if hw.startswith("cpu-") and (r := rates(hw)) is not None},  # a CPU always has rates
         })
         _make_readable(staging)
         _swap_in(staging, out)
@@ -333,7 +335,8 @@ class ModelSet:
         try:
             index = json.loads(index_path.read_text())
         except FileNotFoundError as exc:
-            raise ModelError(f"{root}: not a model directory (no {INDEX}); run `tracekit train --models-out {root}`") from exc
+            raise ModelError(f"{root}: not a model directory (no {INDEX}); "
+                             f"run `tracekit train --models-out {root}`") from exc
         except (OSError, json.JSONDecodeError) as exc:
             raise ModelError(f"{index_path}: unreadable model index ({exc})") from exc
         if index.get("format") != FORMAT:
@@ -441,7 +444,7 @@ class ModelSet:
         if "variant" not in frame.columns:
             frame = frame.assign(variant=None)
         physics = physics_table(frame) if n else None
-        duration = physics[1].copy() if n else np.zeros(0)  # the roofline answers rows no model takes
+        duration = physics[1].copy() if physics is not None else np.zeros(0)  # the roofline answers rows no model takes
         path = np.full(n, "roofline", dtype=object)
         oor = np.ones(n, dtype=bool)
         sources = np.full(n, "", dtype=object)
@@ -476,8 +479,10 @@ class ModelSet:
             model = self.resolve(*key)
             if model is not None:
                 chosen.setdefault(model.id, []).append(code)
+        if not chosen:
+            return done
         by_id = {m.id: m for m in self.models}
-        if chosen and physics is None:
+        if physics is None:
             physics = physics_table(frame)
         for mid, code_list in chosen.items():
             rows = np.flatnonzero(np.isin(codes, code_list))
@@ -523,8 +528,8 @@ class ModelSet:
         return np.where(done, duration, np.nan), oor, done
 
     def _derive_collectives(self, sub: pd.DataFrame, rows: np.ndarray, duration, path, oor) -> None:
-        group = pd.to_numeric(sub.get("group_size"), errors="coerce").fillna(2.0).clip(lower=1.0).to_numpy()
-        nbytes = pd.to_numeric(sub.get("bytes"), errors="coerce").to_numpy(dtype="float64")
+        group = pd.to_numeric(sub["group_size"], errors="coerce").fillna(2.0).clip(lower=1.0).to_numpy()
+        nbytes = pd.to_numeric(sub["bytes"], errors="coerce").to_numpy(dtype="float64")
         prim = sub["primitive"].astype(str).to_numpy()
 
         def ask(kind: str, scale_bytes: np.ndarray, mask: np.ndarray, extra: dict | None = None):
@@ -532,7 +537,7 @@ class ModelSet:
             return self.direct_estimates(part)
 
         # (target, recipe): each recipe is a list of (kind, bytes scale, time factor); all parts must be answered.
-        recipes = {
+        recipes: dict[str, list[list[tuple[str, float | np.ndarray, float | np.ndarray]]]] = {
             "reduce_scatter": [[("all_gather", 1.0, 1.0)], [("all_reduce", group, 0.5)]],
             "all_gather": [[("reduce_scatter", 1.0, 1.0)], [("all_reduce", group, 0.5)]],
             "all_reduce": [[("reduce_scatter", 1.0 / group, 1.0), ("all_gather", 1.0 / group, 1.0)],
@@ -591,7 +596,9 @@ class ModelSet:
 
     def _derive_sibling(self, sub: pd.DataFrame, rows: np.ndarray, duration, path, oor) -> None:
         keys = sub[["hardware", "primitive", "pass"]].astype(str)
-        for (hw, prim, pass_), idx in keys.groupby(["hardware", "primitive", "pass"]).groups.items():
+        # pandas-stubs types a group key as Hashable; grouped by three columns, it is (hardware, primitive, pass)
+        groups = cast("dict[tuple[str, str, str], pd.Index]", keys.groupby(["hardware", "primitive", "pass"]).groups)
+        for (hw, prim, pass_), idx in groups.items():
             other = self.sibling(hw, prim, pass_)
             if other is None:
                 continue

@@ -44,9 +44,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tracekit.core.cluster import Cluster
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError, did_you_mean
-from tracekit.core.cluster import Cluster
 from tracekit.core.hardware import SPECS, hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES, FEATURE_COLUMNS
 
@@ -94,7 +94,8 @@ class Prediction:
     timeline: Timeline = field(repr=False)
     durations_us: np.ndarray = field(repr=False)  # calibrated, per spec of `graph`
     counts: np.ndarray = field(repr=False)  # instances per iteration, (stage, spec)
-    work: tuple = field(repr=False)  # (fwd, bwd): Work per [stage][chunk] for one micro-batch
+    work: tuple[list[list[Work]], list[list[Work]]] = field(repr=False)  # (fwd, bwd): Work per [stage][chunk],
+    # one micro-batch
 
     @property
     def top_operators(self) -> list[dict]:
@@ -310,7 +311,8 @@ def _collectives(frame, row_clusters: list, idx: np.ndarray, models, duration: n
     for members in groups.values():
         cluster = row_clusters[members[0]]
         rows = frame.iloc[members]
-        own, anchored = [], []
+        own: list[int] = []
+        anchored: list[int] = []
         for i in members:
             hardware, primitive = str(frame.at[i, "hardware"]), str(frame.at[i, "primitive"])
             if hardware.startswith("cpu-"):
@@ -510,7 +512,7 @@ def _operators(graph: Graph, dur: np.ndarray, counts: np.ndarray) -> list[dict]:
     """Per stage, per (primitive, pass): time and instances per iteration (a spec's pass: recomputed forward ops
     are `fwd`, collectives and P2P `comm`)."""
     keys = [(s["primitive"], s["pass"]) for s in graph.specs]
-    out = []
+    out: list[dict] = []
     for stage in range(graph.config.pp):
         agg: dict[tuple[str, str], list[float]] = {}
         for i, key in enumerate(keys):

@@ -1,10 +1,10 @@
 """Search work as Ray tasks: the candidate configurations in shards, one `predictor.search.evaluate` per shard.
 
 Ray is an optional extra (`pip install 'tracekit[ray]'`). `RayExecutor(address=None)` starts a local Ray on demand
-(or joins the cluster at `address`, e.g. `ray://head:10001` or `auto`; `tracekit.core.ray_runtime.connect`). The model set travels once: its files
-(XGBoost UBJ and JSON, never pickles) go into Ray's object store, and each worker process writes them to a folder of
-its own and loads them once (`ModelSet.load` caches by path). The shards' rows merge into the same ranking the
-local executor gives (`predictor.search.search` sorts them).
+(or joins the cluster at `address`, e.g. `ray://head:10001` or `auto`; `tracekit.core.ray_runtime.connect`). The
+model set travels once: its files (XGBoost UBJ and JSON, never pickles) go into Ray's object store, and each worker
+process writes them to a folder of its own and loads them once (`ModelSet.load` caches by path). The shards' rows
+merge into the same ranking the local executor gives (`predictor.search.search` sorts them).
 """
 from __future__ import annotations
 

@@ -21,15 +21,20 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 from tracekit.core.errors import ModelError
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES
 
 from .features import PHYSICS_FEATURES, physics_features, shape_features
 from .roofline import estimate_us, hardware_rates
+
+if TYPE_CHECKING:  # XGBoost is imported where a model is trained or run (a cold `tracekit --help` stays fast)
+    import xgboost as xgb
 
 IMPOSSIBLE_FACTOR = 4.0
 MODE_GAP = 1.0  # decades
@@ -58,7 +63,7 @@ SIZE_GRID_MAX = 256
 class FitResult:
     """A trained booster and what to save beside it."""
 
-    booster: object
+    booster: xgb.Booster | None  # None when no row was left to train on
     features: list[str]
     ranges: dict[str, list[float]]
     params: dict
@@ -67,7 +72,7 @@ class FitResult:
     outliers: dict
     train_hash: str
     seconds: float
-    oof: pd.Series = field(repr=False, default=None)  # out-of-fold predicted duration (µs), index of the input
+    oof: pd.Series = field(repr=False)  # out-of-fold predicted duration (µs), index of the input
 
 
 def physics_table(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
@@ -114,7 +119,7 @@ def flag_outliers(residual: np.ndarray, check_physics: np.ndarray) -> tuple[np.n
     return impossible | mode, report
 
 
-def predict(booster, features: list[str], primitive: str, frame: pd.DataFrame,
+def predict(booster: xgb.Booster, features: list[str], primitive: str, frame: pd.DataFrame,
             target: str = RATIO_TARGET, physics: tuple[pd.DataFrame, np.ndarray] | None = None,
             size_grid: list[float] | None = None) -> tuple[np.ndarray, pd.DataFrame]:
     """Predicted duration (µs) of each row and the feature matrix it was computed from. With `size_grid` (the
@@ -156,7 +161,7 @@ def sample_hash(frame: pd.DataFrame, columns: list[str]) -> str:
     return hashlib.blake2b(np.sort(rows).tobytes(), digest_size=8).hexdigest()
 
 
-def ape_stats(pred: np.ndarray, true: np.ndarray) -> dict:
+def ape_stats(pred: ArrayLike, true: ArrayLike) -> dict:
     """MAPE, median and p90 absolute percentage error as fractions."""
     return ape_summary(np.abs(np.asarray(pred, float) - np.asarray(true, float)) / np.asarray(true, float))
 
@@ -180,7 +185,7 @@ def cv_splits(n: int, folds: int, seed: int = 0) -> list[tuple[np.ndarray, np.nd
 
 
 def _train(x: np.ndarray, y: np.ndarray, depth: int, rounds: int, seed: int, threads: int,
-           monotone: tuple[int, ...] | None = None):
+           monotone: tuple[int, ...] | None = None) -> xgb.Booster:
     import xgboost as xgb
 
     params = {
@@ -254,14 +259,14 @@ def fit(frame: pd.DataFrame, primitive: str, folds: int = 5, seed: int = 0, thre
         cv = {"folds": 0, "mape": None, "median_ape": None, "p90_ape": None}
         oof_series = pd.Series(np.nan, index=frame.index)
     y = labels[target]
-    booster = _train(x, y, depth, rounds, seed, threads, monotone[target]) if n else None
+    final = _train(x, y, depth, rounds, seed, threads, monotone[target]) if n else None
     ranges = {
         c: [float(np.nanmin(matrix[c][~drop])), float(np.nanmax(matrix[c][~drop]))]
         for c in keep if c in shape_features(primitive) and matrix[c][~drop].notna().any()
     }
     hash_cols = [c for c in shape_features(primitive) if c in frame.columns] + ["duration_us"]
     return FitResult(
-        booster=booster, features=keep, ranges=ranges,
+        booster=final, features=keep, ranges=ranges,
         params={"max_depth": int(depth), "rounds": int(rounds), "eta": ETA, "objective": "reg:squarederror",
                 "target": target, **({"monotone_in": [c for c in keep if c in SIZE_FEATURES],
                                       "size_grid": size_grid(frame[~drop])} if monotone[target] else {})},

@@ -158,7 +158,7 @@ def estimate_us(frame: pd.DataFrame) -> np.ndarray:
         compute_est = np.where((np.isnan(flops) & np.isnan(moved)) | np.isnan(hw["mem_bw"]) | np.isnan(peak), np.nan,
                                compute_est)
 
-        nodes = np.nan_to_num(pd.to_numeric(frame.get("nodes"), errors="coerce").to_numpy(dtype="float64"), nan=1.0) \
+        nodes = np.nan_to_num(pd.to_numeric(frame["nodes"], errors="coerce").to_numpy(dtype="float64"), nan=1.0) \
             if "nodes" in frame.columns else np.ones(len(frame))
         group = pd.to_numeric(frame["group_size"], errors="coerce").to_numpy(dtype="float64") \
             if "group_size" in frame.columns else np.full(len(frame), np.nan)

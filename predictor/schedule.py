@@ -121,8 +121,8 @@ class _Plan:
         arrays (positions, position of the stage's previous task or `n`, position waited on, work slot). A task's
         level is its end in a simulation where every task lasts 1."""
         works = 2 * self.pp * self.vp
-        _, level = _advance(self, [1] * works, [0] * works, [0] * works, False)
-        level = np.array(level)
+        _, ends = _advance(self, [1] * works, [0] * works, [0] * works, False)
+        level = np.array(ends)
         slots = np.argsort(level, kind="stable")
         prev = np.array([self.n if k == 0 else base + k - 1 for s, base in enumerate(self.offsets)
                          for k in range(len(self.works[s]))])
@@ -243,7 +243,8 @@ def pipeline_runs(jobs: list[tuple[list[list[Work]], list[list[Work]], int, floa
     `overlap_p2p` (Megatron-core's interleaved schedule) runs beside the stage's next task: the receiver still waits
     for it, the sender does not. Jobs of one pipeline shape (pp, vp, m) share its plan; enough of them together are
     simulated as arrays (`_advance_many`), else one by one (`_advance`): the same numbers either way."""
-    prepared, groups = [], {}
+    prepared: list[tuple[list[Work], list[float], list[float], list[float]]] = []
+    groups: dict[tuple[int, int, int, bool], list[int]] = {}
     for j, (fwd, bwd, m, p2p_us, overlap_p2p) in enumerate(jobs):
         pp, vp = len(fwd), len(fwd[0])
         works = [w for row in fwd for w in row] + [w for row in bwd for w in row]
@@ -258,8 +259,8 @@ def pipeline_runs(jobs: list[tuple[list[list[Work]], list[list[Work]], int, floa
                 works, total, blocking, link = prepared[j]
                 out[j] = _Runs(plan, works, blocking, *_advance(plan, total, blocking, link, overlap_p2p))
             continue
-        columns = [np.array([prepared[j][i] for j in members]).T for i in (1, 2, 3)]
-        starts, ends = _advance_many(plan, *columns, overlap_p2p)
+        total_c, blocking_c, link_c = (np.array([prepared[j][i] for j in members]).T for i in (1, 2, 3))
+        starts, ends = _advance_many(plan, total_c, blocking_c, link_c, overlap_p2p)
         for col, j in enumerate(members):
             works, _, blocking, _ = prepared[j]
             out[j] = _Runs(plan, works, blocking, starts[:, col], ends[:, col])  # views: tasks are built if asked

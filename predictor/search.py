@@ -10,13 +10,13 @@ Public API:
 
 `base` is the job as Megatron argument names (the model, the global batch, whatever else the input states); keys in
 `fixed` keep the input's value, the others of SEARCH_KEYS are varied: tensor parallelism (divides the heads and the
-query groups), pipeline parallelism (divides the layers), context parallelism (only when `context_parallel` opens
-it: 2·cp divides the sequence), data parallelism (the rest of the GPUs), micro-batch size (divides the per-replica batch, at most MAX_MICRO_BATCH), interleaving
-(virtual stages that divide a stage's layers, when the micro-batches divide by pp), sequence parallelism (with
-tp > 1), activation recompute (none, selective, full) and the distributed optimizer (with dp > 1). A candidate
-Megatron would refuse (`TrainingConfig.validate`) is counted under `pruned["invalid"]`; one whose memory per GPU
-exceeds the GPU's under `pruned["memory"]`. Ranking: iteration time (`time`), tokens per second (`tokens_per_s`) or
-cost per iteration (`cost`, with a price per GPU-hour).
+query groups), pipeline parallelism (divides the layers), context parallelism (only when `context_parallel` opens it:
+2·cp divides the sequence), data parallelism (the rest of the GPUs), micro-batch size (divides the per-replica batch, at
+most MAX_MICRO_BATCH), interleaving (virtual stages that divide a stage's layers, when the micro-batches divide by pp),
+sequence parallelism (with tp > 1), activation recompute (none, selective, full) and the distributed optimizer (with
+dp > 1). A candidate Megatron would refuse (`TrainingConfig.validate`) is counted under `pruned["invalid"]`; one whose
+memory per GPU exceeds the GPU's under `pruned["memory"]`. Ranking: iteration time (`time`), tokens per second
+(`tokens_per_s`) or cost per iteration (`cost`, with a price per GPU-hour).
 """
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ class _Writer:
         if prim in ("gemm", "bmm"):
             m, n, k = int(spec["m"]), int(spec["n"]), int(spec["k"])
             b = int(spec.get("batch") or 1)
-            name = "aten::mm" if prim == "gemm" else f"aten::{spec['variant'] if spec['variant'] == 'baddbmm' else 'bmm'}"
+            name = "aten::mm" if prim == "gemm" else ("aten::baddbmm" if spec["variant"] == "baddbmm" else "aten::bmm")
             shapes = ([[m, k], [k, n]], [[m, n], [n, k]], [[n, m], [m, k]]) if prim == "gemm" else \
                 ([[b, m, k], [b, k, n]], [[b, m, n], [b, n, k]], [[b, k, m], [b, m, n]])
             kernel = self.gemm_kernel()
@@ -148,7 +148,8 @@ class _Writer:
     def gemm_kernel(self) -> str:
         if self.sm90:
             t = "bf16bf16_bf16f32_f32" if self.dtype == "bf16" else "f16f16_f16f32_f32"
-            return f"sm90_xmma_gemm_{t}_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"
+            return (f"sm90_xmma_gemm_{t}_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel"
+                    "__5x_cublas")
         t = {"bf16": "bf16", "fp16": "fp16", "fp32": "sgemm"}[self.dtype]
         return f"ampere_{t}_s16816gemm_{t}_128x128_ldg8_f2f_stages_32x5_tn"
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -45,8 +46,14 @@ from tracekit.core.hardware import HardwareSpec, hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES
 
 from .features import compute_work, dtype_bytes
-from .roofline import COMPUTE_EFFICIENCY, KERNEL_OVERHEAD_US, MEMORY_EFFICIENCY, TENSOR_CORE_PRIMITIVES, \
-    estimate_us, hardware_rates
+from .roofline import (
+    COMPUTE_EFFICIENCY,
+    KERNEL_OVERHEAD_US,
+    MEMORY_EFFICIENCY,
+    TENSOR_CORE_PRIMITIVES,
+    estimate_us,
+    hardware_rates,
+)
 
 SELECTION = Path(__file__).resolve().parent.parent / "tracekit" / "data" / "transfer.json"
 #: Datasheet features compared to pick sources (HardwareSpec attribute names).
@@ -131,12 +138,16 @@ def transfer(models, frame: pd.DataFrame, rows: np.ndarray, primitives: frozense
     sub = frame.iloc[rows].reset_index(drop=True)
     prim = sub["primitive"].astype(str).to_numpy()
     wanted = selected_primitives() if primitives is None else primitives
-    eligible = np.isin(prim, list(wanted)) & ~np.isin(prim, COLLECTIVE_PRIMITIVES) & ~sub["hardware"].astype(str).str.startswith("cpu-").to_numpy()
+    eligible = (np.isin(prim, list(wanted)) & ~np.isin(prim, COLLECTIVE_PRIMITIVES)
+                & ~sub["hardware"].astype(str).str.startswith("cpu-").to_numpy())
     target_work, target_bound = work_us(sub)
     eligible &= np.isfinite(target_work) & (target_work > 0)
     target_q = wave_efficiency(sub, target_bound)
     keys = sub[["hardware", "primitive", "pass"]].astype(str)
-    for (hw, primitive, pass_), index in keys[eligible].groupby(["hardware", "primitive", "pass"]).groups.items():
+    # pandas-stubs types a group key as Hashable; grouped by three columns, it is (hardware, primitive, pass)
+    groups = cast("dict[tuple[str, str, str], pd.Index]",
+                  keys[eligible].groupby(["hardware", "primitive", "pass"]).groups)
+    for (hw, primitive, pass_), index in groups.items():
         pos = np.asarray(index)
         candidates = [s for s in models.hardware_ids() if models.resolve(s, primitive, pass_) is not None]
         weights = source_weights(hw, candidates)

@@ -8,9 +8,9 @@ import pytest
 
 from predictor.batch import parse_row, read_cell
 from predictor.stack import get_stack, select_stack, stacks
+from tests.conftest import CORPUS
 from tracekit.core.cluster import infer_cluster, stated_network_gbs
 from tracekit.core.errors import ConfigError
-from tests.conftest import CORPUS
 
 E2E = CORPUS / "e2e"
 SETS = ("vtrain_a100_single_node.csv", "vtrain_a100_multi_node.csv", "narayanan2021_table1_a100_selene.csv")

@@ -273,7 +273,8 @@ def test_failing_launch_passes_its_exit_code_and_keeps_what_it_captured(tmp_path
 
 
 def test_missing_command_fails_cleanly(tmp_path):
-    done = _cli("capture", "--out", str(tmp_path / "c"), "--no-ingest", "--", "no-such-command-xyz", "--num-layers", "2")
+    done = _cli("capture", "--out", str(tmp_path / "c"), "--no-ingest", "--", "no-such-command-xyz",
+                "--num-layers", "2")
     assert done.returncode == 127
     assert json.loads((tmp_path / "c" / "manifest.json").read_text())["status"] == "failed"
     again = _cli("capture", "--out", str(tmp_path / "c"), "--", "true")

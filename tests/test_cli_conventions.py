@@ -11,8 +11,8 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
-from tracekit.cli import app
 from tests.conftest import E2E, KINETO
+from tracekit.cli import app
 
 runner = CliRunner()
 COMMANDS = typer.main.get_command(app).commands

@@ -9,9 +9,8 @@ import pandas as pd
 import pytest
 
 from predictor.collectives import collective_us
-from tracekit.core.cluster import PRESETS, preset
-
 from tests.conftest import CORPUS
+from tracekit.core.cluster import PRESETS, preset
 
 PRIMITIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 

@@ -46,7 +46,8 @@ def test_own_breakdown_matches_hta(path):
     assert exposed == pytest.approx(float(temporal["non_compute_time(us)"]), rel=0.01)
     assert ours.overlap_ratio == pytest.approx(overlap, abs=0.002)
     # the five parts add up to the window
-    parts = ours.compute_us + ours.optimizer_us + ours.exposed_communication_us + ours.pipeline_bubble_us + ours.other_us
+    parts = (ours.compute_us + ours.optimizer_us + ours.exposed_communication_us + ours.pipeline_bubble_us
+             + ours.other_us)
     assert parts == pytest.approx(ours.window_us, rel=1e-9)
 
 

@@ -283,7 +283,8 @@ def test_mismatched_configurations_are_refused(run, tmp_path):
          "the prediction has TP=4, world size=4, the real run TP=2, world size=2"),
         # same 2 ranks but TP=1 × DP=2: the real run's process groups say TP=2 × DP=1
         (["--tensor-model-parallel-size", "1", "--global-batch-size", "4", "--world-size", "2"],
-         "DP=2, the real run's DATA_PARALLEL_GROUP has 1 rank", "the prediction has TP=1, DP=2, the real run TP=2, DP=1"),
+         "DP=2, the real run's DATA_PARALLEL_GROUP has 1 rank",
+         "the prediction has TP=1, DP=2, the real run TP=2, DP=1"),
     )
     for i, (extra, trace_words, json_words) in enumerate(cases):
         pred = tmp_path / f"pred-{i}"

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from extractors import ett
 from predictor.models import train_models
-from tracekit.cli import app
 from tests.conftest import SAMPLES
+from tracekit.cli import app
 
 FILE = SAMPLES / "estimate-train-time" / "Perlmutter" / "operator" / "NVIDIAA100-SXM4-80GB_layernorm_fp16.csv"
 runner = CliRunner()

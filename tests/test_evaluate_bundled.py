@@ -9,8 +9,8 @@ import pandas as pd
 from typer.testing import CliRunner
 
 from predictor.models import ModelSet, bundled_models_dir
-from tracekit.cli import app
 from tests.conftest import SAMPLES
+from tracekit.cli import app
 
 runner = CliRunner()
 

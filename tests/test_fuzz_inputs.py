@@ -9,8 +9,7 @@ import json
 from pathlib import Path
 
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from extractors.kineto import read_trace, trace_samples
 from predictor.batch import parse_row

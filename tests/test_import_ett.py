@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tests.conftest import SAMPLES
 from tracekit.cli import app
 from tracekit.core.store import SampleStore
-from tests.conftest import SAMPLES
 
 ETT = SAMPLES / "estimate-train-time"
 A100_OP = ETT / "Perlmutter" / "operator"

@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from extractors.kineto import read_trace
+from tests.conftest import KINETO, TRACES
 from tracekit.cli import app
 from tracekit.core.store import SampleStore
-from tests.conftest import KINETO, TRACES
 
 NCCL = KINETO / "hta" / "nccl_parser_config_nccl_data.json.gz"
 BERT = KINETO / "tracelens" / "h100__gaunernst_bert-small-uncased__1016001.json.gz"

@@ -13,10 +13,9 @@ import pandas as pd
 import pytest
 
 from extractors.kineto import ingest_paths, match_collectives, read_trace
+from tests.conftest import KINETO
 from tracekit.core.errors import InputError
 from tracekit.core.store import SampleStore
-
-from tests.conftest import KINETO
 
 OWLV2 = KINETO / "tracelens" / "h100__google_owlv2-large-patch14-ensemble__1016001.json.gz"
 NCCL = KINETO / "hta" / "nccl_parser_config_nccl_data.json.gz"

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from extractors.kineto import ingest_paths, read_trace
+from tests.conftest import KINETO
 from tracekit.core.hardware import cpu_hardware_id
 from tracekit.core.store import SampleStore
-from tests.conftest import KINETO
 
 CAPTURE = Path(__file__).parent / "data" / "gloo_capture.py"
 

@@ -17,8 +17,8 @@ import orjson
 import pytest
 
 from extractors.kineto import read_trace
-from tracekit.core.errors import InputError
 from tests.conftest import KINETO
+from tracekit.core.errors import InputError
 
 hta_trace_analysis = pytest.importorskip("hta.trace_analysis", reason="HTA (traceinsight) is a test dependency")
 

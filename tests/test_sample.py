@@ -87,9 +87,10 @@ def test_train_keeps_the_framework_overhead_and_predict_pays_it_per_operator(sam
     frame = store.read(primitive="framework")
     expected = {p: max(0.0, rows["duration_us"].median()) for p, rows in frame.groupby("pass")}
     with_fw, without = tmp_path / "with", tmp_path / "without"
-    assert _cli("train", "--store", str(store.root), "--models-out", str(with_fw), "--folds", "2", "--json").returncode == 0
-    assert _cli("train", "--store", str(store.root), "--models-out", str(without), "--folds", "2", "--primitive", "gemm",
-                "--primitive", "all_reduce", "--json").returncode == 0
+    train = ("train", "--store", str(store.root), "--folds", "2", "--json")
+    assert _cli(*train, "--models-out", str(with_fw)).returncode == 0
+    only = ("--primitive", "gemm", "--primitive", "all_reduce")
+    assert _cli(*train, "--models-out", str(without), *only).returncode == 0
     index = json.loads((with_fw / "index.json").read_text())
     kept = {e["pass"]: e["per_op_us"] for e in index["framework"]}
     assert kept == pytest.approx(expected, abs=1e-3)

@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 from extractors import ett
 from predictor.models import ModelSet, train_models
 from predictor.regressor import cv_splits, fit
+from tests.conftest import SAMPLES
 from tracekit.cli import app
 from tracekit.core.errors import ModelError
 from tracekit.core.store import SampleStore
-from tests.conftest import SAMPLES
 
 DATA = Path(__file__).parent / "data"
 
@@ -123,7 +123,8 @@ def test_train_command_table_and_json(tmp_path):
         frame = ett.read_file(A100 / name)
         store.add(frame["source"].iloc[0], frame, {"path": name})
     out = tmp_path / "models"
-    result = runner.invoke(app, ["train", "--store", str(store.root), "--models-out", str(out), "--json", "--folds", "3"])
+    result = runner.invoke(app, ["train", "--store", str(store.root), "--models-out", str(out), "--json",
+                                 "--folds", "3"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     keys = {(m["primitive"], m["pass"], m["group"]) for m in doc["models"]}

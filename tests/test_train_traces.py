@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 
 import pandas as pd
-
 from typer.testing import CliRunner
 
+from tests.conftest import KINETO
 from tracekit.cli import app
 from tracekit.core.store import SampleStore
-from tests.conftest import KINETO
 
 TRACE = KINETO / "hta" / "nccl_parser_config_nccl_data.json.gz"  # A100 DDP step, most kernels without shapes
 runner = CliRunner()

@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 
 from extractors import ett
 from predictor.models import ModelSet
+from tests.conftest import KINETO, ROOT, SAMPLES
 from tracekit.cli import app
 from tracekit.core.errors import InputError
 from tracekit.core.hardware import SPECS, load_datasheets
-from tests.conftest import KINETO, ROOT, SAMPLES
 
 runner = CliRunner()
 H100_TRACE = KINETO / "tracelens" / "h100__google_owlv2-large-patch14-ensemble__1016001.json.gz"

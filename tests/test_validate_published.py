@@ -56,9 +56,9 @@ def models(models_dir):
 
 def test_published_rows_errors_and_order(sample, models):
     from predictor.predict import predict
-    from tracekit.core.config import TrainingConfig
     from predictor.stack import get_stack
     from tracekit.core.cluster import preset
+    from tracekit.core.config import TrainingConfig
     from tracekit.validate import validate_published
 
     path, picked = sample

@@ -68,9 +68,11 @@ class Runner:
     def __init__(self, data: Path):
         import numpy as np
         import pandas as pd
-        from estimate_train_time.estimator import encoder_config_to_layer_input as e2l
-        from estimate_train_time.estimator import layer_input_to_predictor_input as l2p
-        from estimate_train_time.estimator import prediction
+        from estimate_train_time.estimator import (
+            encoder_config_to_layer_input as e2l,
+            layer_input_to_predictor_input as l2p,
+            prediction,
+        )
         from estimate_train_time.estimator.predictor import Predictor
 
         self.np, self.pd, self.e2l, self.l2p, self.prediction = np, pd, e2l, l2p, prediction

@@ -109,8 +109,10 @@ def main() -> int:
     la, import_error = None, None
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            from llm_analysis import analysis as A  # noqa: N812
-            from llm_analysis import config as C  # noqa: N812
+            from llm_analysis import (
+                analysis as A,  # noqa: N812
+                config as C,  # noqa: N812
+            )
             from llm_analysis.logger import logger as la_logger
         la_logger.setLevel(logging.WARNING if os.environ.get("PEER_VERBOSE") else logging.ERROR)
         la = (A, C)

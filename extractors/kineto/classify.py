@@ -12,7 +12,8 @@ _OP_RULES = (  # (regex on the op name without namespace, primitive); first matc
     (re.compile(r"reshape_and_cache|copy_blocks|swap_blocks"), "elementwise"),  # paged KV-cache copies
     (re.compile(r"^(bmm|baddbmm|addbmm)$"), "bmm"),
     (re.compile(r"^(mm|addmm|_addmm_activation|matmul|linear|addmv|mv|_scaled_mm|_int_mm|dot)$"), "gemm"),
-    (re.compile(r"attention|^_flash_attn|flash_attn|^_efficient_attention|fmha|FlashAttn|FusedAttn", re.I), "attention"),
+    (re.compile(r"attention|^_flash_attn|flash_attn|^_efficient_attention|fmha|FlashAttn|FusedAttn", re.I),
+     "attention"),
     (re.compile(r"log_softmax|cross_entropy|nll_loss"), "cross_entropy"),
     (re.compile(r"softmax"), "softmax"),
     (re.compile(r"layer_norm|rms_norm|group_norm|batch_norm|instance_norm|layernorm|rmsnorm|LayerNorm|RMSNorm"),

@@ -70,8 +70,8 @@ def comm_info(kernel: str, fields: CommFields | None, annotation: str | None, an
     group = fields.pg_name if fields else None
     desc = fields.pg_desc if fields else None
     known_group = fields is not None and (fields.group_size or fields.pg_ranks)
-    size = _group_size(fields, world_size) if (known_group or kind != "send_recv") else 2.0  # a pair
-    return CommInfo(kind, nbytes, size, group, desc, dtype, fields.seq if fields else None)
+    group_size = _group_size(fields, world_size) if (known_group or kind != "send_recv") else 2.0  # a pair
+    return CommInfo(kind, nbytes, group_size, group, desc, dtype, fields.seq if fields else None)
 
 
 def assign_sequence(process_group: list, kinds: list, launch_order: np.ndarray, recorded: list) -> list:

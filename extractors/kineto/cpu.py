@@ -18,6 +18,8 @@ Hardware is `cpu-<model>` from the trace's top-level `cpu_model` key (add it whi
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from tracekit.core.hardware import normalize_hardware
@@ -31,20 +33,26 @@ from .events import EventColumns
 from .linkage import link
 from .shapes import json_list, op_features, tensor_bytes
 
+if TYPE_CHECKING:  # pandas is imported where the frame is built
+    import pandas as pd
+
 
 def cpu_hardware(model: str | None) -> str:
     return normalize_hardware("cpu-" + model) if model else "cpu-unknown"
 
 
-def cpu_events(c: EventColumns, world_size: int | None):
+def cpu_events(c: EventColumns, world_size: int | None) -> pd.DataFrame:
     """device_events frame of a CPU run (same columns as a GPU trace's)."""
     import pandas as pd
 
     lk = link(c)
     ctx = lk.ops
     names = c.op_name
-    rows = []
-    comm_rows, comm_recorded, comm_pg, comm_ts = [], [], [], []
+    rows: list[dict[str, Any]] = []
+    comm_rows: list[int] = []
+    comm_recorded: list[int | None] = []
+    comm_pg: list[str | None] = []
+    comm_ts: list[float] = []
     annotated_comms = bool(np.any(ctx.comm_annotation == np.arange(len(names))))
     forward = forward_by_sequence(c, ctx.backward)
     issuer = _issuing_calls(c, ctx) if annotated_comms else {}
@@ -63,7 +71,7 @@ def cpu_events(c: EventColumns, world_size: int | None):
         c10d = _is_comm_call(name)
         if c10d and annotated_comms:
             continue  # the issuing call of a collective whose work is timed by its gloo: annotation
-        row = {key: None for key in EVENT_COLUMNS}
+        row: dict[str, Any] = {key: None for key in EVENT_COLUMNS}
         row.update(ts_us=float(c.op_ts[i]), dur_us=float(c.op_dur[i]), name=name, op=name, kind="cpu_op",
                    stream=int(c.threads[int(c.op_thread[i])][1]) if isinstance(c.threads[int(c.op_thread[i])][1], int)
                    else -1)
@@ -120,9 +128,9 @@ def cpu_events(c: EventColumns, world_size: int | None):
     if comm_rows:
         seqs = assign_sequence(comm_pg, [rows[r]["primitive"] for r in comm_rows],
                                np.argsort(np.asarray(comm_ts), kind="stable"), comm_recorded)
-        seq_col = [None] * len(frame)
-        for row, seq in zip(comm_rows, seqs):
-            seq_col[row] = seq
+        seq_col: list[int | None] = [None] * len(frame)
+        for at, seq in zip(comm_rows, seqs):
+            seq_col[at] = seq
         frame["comm_seq"] = pd.array(seq_col, dtype="Int64")
     else:
         frame["comm_seq"] = pd.array([None] * len(frame), dtype="Int64")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from array import array
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import msgspec
 import numpy as np
@@ -96,45 +96,58 @@ class CommFields:
     seq: int | None = None
 
 
+def _no_rows() -> np.ndarray:
+    return np.zeros(0)
+
+
 @dataclass
 class EventColumns:
     """The events tracekit uses, column-wise. `thread` codes index `threads` ((pid, tid) pairs)."""
 
     threads: list = field(default_factory=list)
     # device activity
-    dev_ts: np.ndarray = None
-    dev_dur: np.ndarray = None
-    dev_stream: np.ndarray = None
-    dev_ext: np.ndarray = None
-    dev_corr: np.ndarray = None
-    dev_bytes: np.ndarray = None
+    dev_ts: np.ndarray = field(default_factory=_no_rows)
+    dev_dur: np.ndarray = field(default_factory=_no_rows)
+    dev_stream: np.ndarray = field(default_factory=_no_rows)
+    dev_ext: np.ndarray = field(default_factory=_no_rows)
+    dev_corr: np.ndarray = field(default_factory=_no_rows)
+    dev_bytes: np.ndarray = field(default_factory=_no_rows)
     dev_name: list = field(default_factory=list)
     dev_kind: list = field(default_factory=list)  # kernel | memcpy | memset
     dev_comm: dict = field(default_factory=dict)  # row → CommFields (generation (c): fields on the kernel)
     kernel_events: int = 0  # events of category `kernel` in the file
     # host operators (cpu_op and user_annotation)
-    op_ts: np.ndarray = None
-    op_dur: np.ndarray = None
-    op_thread: np.ndarray = None
-    op_ext: np.ndarray = None
-    op_seq: np.ndarray = None  # autograd sequence number (a backward node shares its forward op's; -1: none)
+    op_ts: np.ndarray = field(default_factory=_no_rows)
+    op_dur: np.ndarray = field(default_factory=_no_rows)
+    op_thread: np.ndarray = field(default_factory=_no_rows)
+    op_ext: np.ndarray = field(default_factory=_no_rows)
+    #: autograd sequence number (a backward node shares its forward op's; -1: none)
+    op_seq: np.ndarray = field(default_factory=_no_rows)
     op_name: list = field(default_factory=list)
-    op_is_annotation: np.ndarray = None
+    op_is_annotation: np.ndarray = field(default_factory=_no_rows)
     op_dims: list = field(default_factory=list)  # raw JSON bytes of Input Dims (shared between equal values)
     op_types: list = field(default_factory=list)
     op_concrete: list = field(default_factory=list)  # Concrete Inputs, kept for attention ops only
     op_comm: dict = field(default_factory=dict)  # row → CommFields
     # runtime / driver API calls
-    rt_ts: np.ndarray = None
-    rt_thread: np.ndarray = None
-    rt_corr: np.ndarray = None
+    rt_ts: np.ndarray = field(default_factory=_no_rows)
+    rt_thread: np.ndarray = field(default_factory=_no_rows)
+    rt_corr: np.ndarray = field(default_factory=_no_rows)
     rt_name: list = field(default_factory=list)
     # fwdbwd flow ends: (thread, ts) of the backward op each forward op links to
     bwd_flow_ends: set = field(default_factory=set)
     events_total: int = 0
 
 
-def _int(value: Any, default: int = -1) -> int:
+@overload
+def _int(value: Any, default: int = -1) -> int: ...
+
+
+@overload
+def _int(value: Any, default: None) -> int | None: ...
+
+
+def _int(value: Any, default: int | None = -1) -> int | None:
     if isinstance(value, int):
         return value
     if isinstance(value, float):
@@ -171,9 +184,11 @@ class _Builder:
         self.thread_codes: dict = {}
         self.strings: dict = {}
         self.blobs: dict = {}
-        self.dev = {k: array("d") for k in ("ts", "dur")} | {k: array("q") for k in ("stream", "ext", "corr", "bytes")}
-        self.op = {k: array("d") for k in ("ts", "dur")} | {k: array("q") for k in ("thread", "ext", "ann", "seq")}
-        self.rt = {"ts": array("d"), "thread": array("q"), "corr": array("q")}
+        self.dev: dict[str, array[Any]] = ({k: array("d") for k in ("ts", "dur")}
+                                           | {k: array("q") for k in ("stream", "ext", "corr", "bytes")})
+        self.op: dict[str, array[Any]] = ({k: array("d") for k in ("ts", "dur")}
+                                          | {k: array("q") for k in ("thread", "ext", "ann", "seq")})
+        self.rt: dict[str, array[Any]] = {"ts": array("d"), "thread": array("q"), "corr": array("q")}
         self.open_spans: dict = {}
         self.wants_concrete: dict = {}
 

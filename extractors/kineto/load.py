@@ -10,22 +10,25 @@ from __future__ import annotations
 import gzip
 import re
 import zlib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from types import GenericAlias, ModuleType
+from typing import Any, Callable
 
+import msgspec
+
+from tracekit.core.errors import InputError
+from tracekit.core.redact import redact
+
+_inflate: ModuleType | None
+_gunzip_members: Callable[[bytes], bytes]
 try:  # ISA-L's gzip decoder is ~2x faster than zlib's; same errors, same output
     from isal import isal_zlib as _inflate
     from isal.igzip import decompress as _gunzip_members
 except ImportError:  # pragma: no cover - optional speed-up
     _inflate = None
     _gunzip_members = gzip.decompress
-from dataclasses import dataclass, field
-from functools import lru_cache
-from pathlib import Path
-from typing import Any
-
-import msgspec
-
-from tracekit.core.errors import InputError
-from tracekit.core.redact import redact
 
 _NOT_BLANK = re.compile(rb"\S")
 #: File names ingest picks up from a directory or glob.
@@ -112,7 +115,8 @@ def read_bytes(path: Path) -> bytes:
 @lru_cache(maxsize=None)
 def _document_decoder(event_type: type) -> msgspec.json.Decoder:
     """Decoder of a whole trace document: the header fields plus `traceEvents` as a list of `event_type`."""
-    document = msgspec.defstruct("_Document", [("traceEvents", list[event_type], [])], bases=(_Header,), gc=False)
+    events = GenericAlias(list, (event_type,))  # list[event_type], built at run time
+    document = msgspec.defstruct("_Document", [("traceEvents", events, [])], bases=(_Header,), gc=False)
     return msgspec.json.Decoder(document)
 
 

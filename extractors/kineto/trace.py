@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
@@ -21,6 +22,9 @@ from .linkage import Linkage, link, profiler_steps
 from .load import open_trace
 from .shapes import op_features
 
+if TYPE_CHECKING:  # pandas is imported where the frame is built (reading a trace's header does not need it)
+    import pandas as pd
+
 
 @dataclass
 class KinetoTrace:
@@ -35,7 +39,7 @@ class KinetoTrace:
     rank: int | None
     world_size: int | None
     iterations: list  # [(step_number, start_us, end_us)] from ProfilerStep#N, sorted by start
-    device_events: object  # pandas DataFrame
+    device_events: pd.DataFrame
     kernels: int = 0  # events of category `kernel` in the file
     size_bytes: int = 0  # uncompressed JSON bytes
     base_time_ns: int | None = None
@@ -56,13 +60,14 @@ def _rank_info(dist: dict) -> tuple:
     return rank, world, dist.get("backend")
 
 
-def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None):
+def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None) -> pd.DataFrame:
     import pandas as pd
 
     n = len(c.dev_ts)
     ctx = lk.ops
-    cols = {name: [None] * n for name in ("primitive", "pass", "dtype", "op", "category", "process_group",
-                                            "process_group_desc", "comm_seq", "layer")}
+    cols: dict[str, list[Any]] = {name: [None] * n for name in ("primitive", "pass", "dtype", "op", "category",
+                                                                "process_group", "process_group_desc", "comm_seq",
+                                                                "layer")}
     names = c.dev_name
     op_names = c.op_name
     dev_op = lk.dev_op.tolist()
@@ -70,7 +75,9 @@ def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None):
     cpu_op, comm_op, comm_ann = ctx.cpu_op.tolist(), ctx.comm_op.tolist(), ctx.comm_annotation.tolist()
     optimizer, backward, layer = ctx.optimizer.tolist(), ctx.backward.tolist(), ctx.layer.tolist()
     feat_rows = {name: [np.nan] * n for name in FEATURE_COLUMNS}
-    comm_rows, comm_recorded, comm_pg = [], [], []
+    comm_rows: list[int] = []
+    comm_recorded: list[int | None] = []
+    comm_pg: list[str | None] = []
     for i in range(n):
         kind = dev_kind[i]
         kernel = names[i]
@@ -192,7 +199,8 @@ def read_trace(path: str | Path) -> KinetoTrace:
     if len(c.dev_ts):
         lk = link(c)
         frame = _gpu_events(c, lk, world)
-        return KinetoTrace(hardware=_hardware(tf.device_properties), iterations=lk.iterations, device_events=frame, **base)
+        return KinetoTrace(hardware=_hardware(tf.device_properties), iterations=lk.iterations, device_events=frame,
+                           **base)
     timed = np.count_nonzero(c.op_dur > 0) if len(c.op_dur) else 0
     if not timed:
         raise InputError(path, "nothing timed in it (no device kernels and no operators with durations)")

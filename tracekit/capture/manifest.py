@@ -97,7 +97,7 @@ class Manifest:
 def split_launch(argv: list[str]) -> tuple[list[str], list[str]]:
     """(launcher words up to and including the script or `-m module`, the script's own arguments)."""
     for i, word in enumerate(argv):
-        if word == "-m" and i + 1 < len(argv) and not any(argv[i + 1].endswith(l) for l in _LAUNCHERS):
+        if word == "-m" and i + 1 < len(argv) and not any(argv[i + 1].endswith(name) for name in _LAUNCHERS):
             return argv[: i + 2], argv[i + 2:]
         if word.endswith(".py") and not word.startswith("-"):
             return argv[: i + 1], argv[i + 1:]
@@ -107,7 +107,7 @@ def split_launch(argv: list[str]) -> tuple[list[str], list[str]]:
 def launcher_world(argv: list[str]) -> tuple[int | None, int]:
     """(ranks per node, nodes) from torchrun's flags; (1, 1) for a plain `python script.py`; None when unknown."""
     launcher, _ = split_launch(argv)
-    if not any(any(w.endswith(l) for l in _LAUNCHERS) for w in launcher):
+    if not any(any(w.endswith(name) for name in _LAUNCHERS) for w in launcher):
         plain = launcher and Path(launcher[0]).name.startswith("python")
         return (1 if plain else None), 1
 

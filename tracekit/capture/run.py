@@ -107,6 +107,7 @@ def capture(out_dir: str | Path, argv: list[str], steps: str | StepRange = "10-1
     step_range = steps if isinstance(steps, StepRange) else StepRange.parse(steps)
     mode = detect_mode(argv) if mode == "auto" else mode
     env = dict(os.environ)
+    recorded_layout: str | None = layout  # Megatron's trace layout (none for the import hook)
     if mode == "megatron":
         per_node, nodes = launcher_world(argv)
         if per_node is None and ranks.strip().lower() == "all":
@@ -119,7 +120,7 @@ def capture(out_dir: str | Path, argv: list[str], steps: str | StepRange = "10-1
             raise ConfigError("the import hook profiles optimizer steps from 2 on (step 1 warms up); use START ≥ 2")
         if ranks.strip().lower() != "all":
             parse_ranks(ranks)  # validate the list
-        layout = None
+        recorded_layout = None
         run_argv = list(argv)
         env.update(TRACEKIT_HOOK_DIR=str((out / HOOK_TRACES).resolve()), TRACEKIT_HOOK_STEPS=str(step_range),
                    TRACEKIT_HOOK_RANKS=ranks)
@@ -128,8 +129,9 @@ def capture(out_dir: str | Path, argv: list[str], steps: str | StepRange = "10-1
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     code = run_teed(run_argv, out / LOG_NAME, env=env, echo=echo)
-    traces = find_traces(out, mode, layout)
-    manifest = build(out, list(argv), code, mode, layout, step_range, traces, started, time.perf_counter() - t0)
+    traces = find_traces(out, mode, recorded_layout)
+    manifest = build(out, list(argv), code, mode, recorded_layout, step_range, traces, started,
+                     time.perf_counter() - t0)
     if mode == "megatron":
         manifest.notes.append("profiling flags appended: " + " ".join(run_argv[len(argv):]))
     if not traces:

@@ -13,7 +13,7 @@ def _flag_has_no_type(self, ctx):
     return None if self.is_flag else _option_type(self, ctx)
 
 
-typer.core.TyperOption.display_type_rich = _flag_has_no_type
+setattr(typer.core.TyperOption, "display_type_rich", _flag_has_no_type)  # a patch of typer's class (see above)
 
 app = typer.Typer(
     name="tracekit",

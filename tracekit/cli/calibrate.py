@@ -67,13 +67,13 @@ def calibrate_command(
                                     "op_overhead_us, iteration_overhead_us."),
     regularization: float = typer.Option(0.01, "--regularization", min=0.0,
                                          help="Pull toward no calibration (0 = none)."),
-    name: Optional[str] = typer.Option(None, "--name", help="Calibration name (default: --calibration-out's file name)."),
+    name: Optional[str] = typer.Option(None, "--name",
+                                       help="Calibration name (default: --calibration-out's file name)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     chosen = "auto" if params.strip() == "auto" else tuple(p.strip() for p in params.split(",") if p.strip())
     with user_errors():
-        from predictor import CALIBRATION_CONSTANTS as CONSTANTS
-        from predictor import ModelSet, fit_calibration
+        from predictor import CALIBRATION_CONSTANTS as CONSTANTS, ModelSet, fit_calibration
         from tracekit.core.atomic import atomic_write_json
 
         unknown = [p for p in chosen if p not in CONSTANTS] if chosen != "auto" else []

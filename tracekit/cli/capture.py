@@ -30,7 +30,8 @@ def capture_command(
         help="'megatron' appends Megatron's profiling flags; 'hook' profiles optimizer steps of any PyTorch "
         "script through an import hook; 'auto' picks megatron when the command carries --num-layers.",
     ),
-    store: Path = typer.Option(None, "--store", help="Sample store to ingest into (default $TRACEKIT_HOME or ./.tracekit)."),
+    store: Path = typer.Option(None, "--store",
+                               help="Sample store to ingest into (default $TRACEKIT_HOME or ./.tracekit)."),
     ingest: bool = typer.Option(True, "--ingest/--no-ingest", help="Ingest the traces after a successful run."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON after the run."),
 ) -> None:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
@@ -12,6 +12,9 @@ from .app import app
 from .output import console, err_console, print_json, user_errors
 
 KEYS = ["hardware", "primitive", "pass", "variant"]
+
+if TYPE_CHECKING:  # rich is imported where a table is printed
+    from rich.console import JustifyMethod
 
 
 def error_table(samples, predictions):
@@ -89,8 +92,9 @@ def load_samples(paths: list[str], fmt: str, store: Path | None, hardware: str |
     help=(
         "Run trained models on another sample set (held-out rows, samples from a new trace) and print MAPE, median "
         "and p90 absolute percentage error and how many samples fell outside the trained ranges, per (hardware, "
-        "primitive, pass, variant), with the path that answered them — the one `predict` would use: `model`, `derived`, "
-        "`transfer` (a GPU without models, from the models of the GPUs named in `sources`) or `roofline`.\n\n"
+        "primitive, pass, variant), with the path that answered them — the one `predict` would use: "
+        "`model`, `derived`, `transfer` (a GPU without models, from the models of the GPUs named in `sources`) or "
+        "`roofline`.\n\n"
         "Example: tracekit evaluate --models models/ heldout/ --format ett --json\n\n"
         "Example: tracekit evaluate --store .tracekit --hardware H100-80GB-HBM3"
     ),
@@ -135,9 +139,12 @@ def _print(table, models_path: Path) -> None:
     from rich.table import Table
 
     out = Table(caption=f"models: {models_path}", caption_justify="left")
-    for name, justify in (("hardware", "left"), ("primitive", "left"), ("pass", "left"), ("variant", "left"),
-                          ("n", "right"), ("MAPE", "right"), ("median", "right"), ("p90", "right"),
-                          ("out of range", "right"), ("paths", "left"), ("sources", "left")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("hardware", "left"), ("primitive", "left"), ("pass", "left"), ("variant", "left"), ("n", "right"),
+        ("MAPE", "right"), ("median", "right"), ("p90", "right"), ("out of range", "right"), ("paths", "left"),
+        ("sources", "left"),
+    )
+    for name, justify in columns:
         out.add_column(name, justify=justify)
     for row in table.to_dict("records"):
         out.add_row(row["hardware"], row["primitive"], row["pass"], row["variant"], str(row["n"]),

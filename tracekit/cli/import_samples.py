@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
@@ -19,6 +19,9 @@ from .output import (
 )
 
 FORMATS = ("ett", "nccl-tests")
+
+if TYPE_CHECKING:  # rich is imported where a table is printed
+    from rich.console import JustifyMethod
 
 
 @dataclass
@@ -100,11 +103,13 @@ def read_sources(files: list[Path], fmt: str, hardware: str | None = None, gpus_
 def import_command(
     paths: List[str] = typer.Argument(..., metavar="PATH...", help="Sample files or folders."),
     fmt: str = typer.Option(..., "--format", help="ett | nccl-tests"),
-    store: Optional[Path] = typer.Option(None, "--store", help="Sample store directory (default $TRACEKIT_HOME or ./.tracekit)."),
+    store: Optional[Path] = typer.Option(None, "--store",
+                                         help="Sample store directory (default $TRACEKIT_HOME or ./.tracekit)."),
     hardware: Optional[str] = typer.Option(None, "--hardware", help="Hardware id (overrides the files' own)."),
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=1, help="nccl-tests: GPUs per node."),
     nodes: Optional[int] = typer.Option(None, "--nodes", min=1, help="nccl-tests: number of nodes."),
-    collective: Optional[str] = typer.Option(None, "--collective", help="nccl-tests: all_reduce, all_gather, ... when the file does not say."),
+    collective: Optional[str] = typer.Option(
+        None, "--collective", help="nccl-tests: all_reduce, all_gather, ... when the file does not say."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a table."),
 ) -> None:
     from tracekit.core.store import SampleStore
@@ -153,8 +158,11 @@ def _print(report: ImportReport, root: Path) -> None:
     from rich.table import Table
 
     table = Table(title=f"imported into {root}", title_justify="left")
-    for name, justify in (("file", "left"), ("hardware", "left"), ("primitive", "left"), ("variant", "left"),
-                          ("rows", "right"), ("new", "right")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("file", "left"), ("hardware", "left"), ("primitive", "left"), ("variant", "left"), ("rows", "right"),
+        ("new", "right"),
+    )
+    for name, justify in columns:
         table.add_column(name, justify=justify)
     for f in report.files:
         table.add_row(Path(f["path"]).name, f["hardware"], f["primitive"], f["variant"], str(f["rows"]),

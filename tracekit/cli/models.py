@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -33,7 +33,7 @@ def models(
         model_set = ModelSet.load(path)
         primitives = sorted(selected_primitives())
     compute = [hw for hw in model_set.hardware_ids() if model_set.resolve(hw, "gemm", "fwd") is not None]
-    transfer = [{"hardware": hw, "primitives": primitives,
+    transfer: list[dict[str, Any]] = [{"hardware": hw, "primitives": primitives,
                  "sources": [{"hardware": s, "weight": round(w, 3)} for s, w in source_weights(hw, compute)]}
                 for hw in SPECS if hw not in model_set.hardware_ids() and compute
                 and model_set.sibling(hw, "gemm", "fwd") is None]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -94,7 +94,7 @@ def predict_command(
     with user_errors():
         from tracekit.validate import parse_sets
 
-        overrides = parse_sets(sets)
+        overrides: dict[str, Any] = parse_sets(sets)
         if gpus is not None:  # the world decides dp: a dp the input states would contradict it
             overrides = {**overrides, "world_size": gpus, "data_parallel_size": None}
         if batch is not None:
@@ -109,8 +109,7 @@ def predict_command(
 
         if trace_out is not None and trace_out.exists() and not trace_out.is_dir():
             raise InputError(trace_out, "exists and is not a directory (--trace-out takes a folder for the traces)")
-        from predictor import DEFAULT_STACK as DEFAULT
-        from predictor import get_stack, stack_of_arguments
+        from predictor import DEFAULT_STACK as DEFAULT, get_stack, stack_of_arguments
         from tracekit.core.config import ARGS_BEGIN, parse_arguments_block
 
         log, text = (megatron_log if megatron_log is not None else
@@ -121,16 +120,18 @@ def predict_command(
                 text = log.read_text(errors="replace")
             except OSError as exc:
                 raise InputError(log, f"cannot read ({exc.strerror or exc})") from exc
-        is_log = text is not None and (megatron_log is not None or bool(ARGS_BEGIN.search(text)))
-        shown = stack_of_arguments(parse_arguments_block(text, str(log))) \
-            if is_log and ARGS_BEGIN.search(text) else None
+        # the text of a Megatron log: a --megatron-log, or a CONFIG that is one
+        log_text = text if text is not None and (megatron_log is not None or ARGS_BEGIN.search(text)) else None
+        shown = stack_of_arguments(parse_arguments_block(log_text, str(log))) \
+            if log_text is not None and ARGS_BEGIN.search(log_text) else None
         profile = get_stack(stack) if stack else (shown or get_stack(DEFAULT))
         unknown: list[str] | None = [] if allow_unknown else None
-        if is_log:  # the text already read: a --megatron-log, or a CONFIG that is a log
-            cfg = TrainingConfig.from_megatron_log(text, str(log), profile.config)
+        if log_text is not None:  # the text already read
+            cfg = TrainingConfig.from_megatron_log(log_text, str(log), profile.config)
         elif config is not None:
             cfg = TrainingConfig.from_file(config, profile.config, unknown)
         else:
+            assert megatron_args is not None  # the one source left (exactly one was given)
             cfg = TrainingConfig.from_megatron_args(megatron_args, profile.config, unknown)
         if overrides:
             merged = {k: v for k, v in cfg.to_dict().items() if v is not None}
@@ -139,8 +140,7 @@ def predict_command(
         cluster, note = _cluster(hardware, gpus_per_node, cluster_name)
         if cluster is None:
             fail("name the GPU with --hardware ID (e.g. A100-SXM4-80GB) or --cluster NAME|FILE")
-        from predictor import ModelSet, load_calibration
-        from predictor import predict_iteration as predict
+        from predictor import ModelSet, load_calibration, predict_iteration as predict
 
         cal = load_calibration(calibration) if calibration else profile.calibration(cluster.hardware)
         models = ModelSet.load(models_dir)
@@ -191,16 +191,17 @@ def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, 
     hw = normalize_hardware(hardware) if hardware else None
     rows = [parse_row(c, i + 2, hw, gpus_per_node, overrides, stack, cluster) for i, c in enumerate(cells)]
     good = [r for r in rows if r.error is None]
+    parsed = [r.complete() for r in good]
     with progress(quiet=as_json) as bar:
         task = bar.add_task("predicting", total=len(rows))
-        results = predict_many([r.config for r in good], [r.cluster for r in good], models,
+        results = predict_many([config for config, _, _ in parsed], [where for _, where, _ in parsed], models,
                                [cal or r.calibration for r in good])
         bar.update(task, completed=len(rows))
     by_line = dict(zip((r.line for r in good), results))
     output, failures, used, stacks, clusters = [], [], set(), set(), set()
     for r in rows:
         result = by_line.get(r.line)
-        if r.error is not None or isinstance(result, Exception):
+        if r.error is not None or result is None or isinstance(result, Exception):  # None: only for an error row
             message = r.error or str(result)
             output.append(output_row(r, error=message))
             failures.append((r.line, message))
@@ -208,7 +209,7 @@ def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, 
             output.append(output_row(r, result))
             used.add(result.hardware_used)
             clusters.add(result.cluster.name)
-            stacks.add(r.stack.name)
+            stacks.add(r.complete()[2].name)
     write_rows(out, header, output)
     summary = {"input": str(path), "output": str(out), "rows": len(rows), "predicted": len(rows) - len(failures),
                "failed": [{"line": line, "error": msg} for line, msg in failures], "hardware_used": sorted(used),

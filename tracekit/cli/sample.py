@@ -23,7 +23,8 @@ def sample_command(
     rounds: int = typer.Option(3, "--rounds", help="Passes over the shapes; each sample is the median over passes "
                                "(a slow spell of a busy machine then spoils one pass, not the sample)."),
     dtype: str = typer.Option(None, "--dtype", help="fp32, bf16 or fp16 (default: fp32 on cpu, bf16 on cuda)."),
-    threads: int = typer.Option(1, "--threads", help="CPU threads for compute timings (torchrun's default is 1 per rank)."),
+    threads: int = typer.Option(1, "--threads",
+                                help="CPU threads for compute timings (torchrun's default is 1 per rank)."),
     store: Path = typer.Option(None, "--store", help="Sample store (default $TRACEKIT_HOME or ./.tracekit)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:

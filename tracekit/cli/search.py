@@ -56,9 +56,13 @@ def search_command(
     with user_errors():
         import yaml
 
-        from predictor import DEFAULT_STACK as DEFAULT
-        from predictor import SEARCH_KEYS, ModelSet, get_stack
-        from predictor import search_configurations as search
+        from predictor import (
+            DEFAULT_STACK as DEFAULT,
+            SEARCH_KEYS,
+            ModelSet,
+            get_stack,
+            search_configurations as search,
+        )
         from tracekit.core.config import (
             check_settings,
             own_setting_names,
@@ -80,6 +84,7 @@ def search_command(
             if not isinstance(base, dict):
                 raise InputError(config, "a job is a mapping of Megatron argument names to values")
         else:
+            assert megatron_args is not None  # exactly one of the two was given
             base = parse_megatron_argv(megatron_args)
         warnings: list[str] | None = [] if allow_unknown else None
         refuse_unknown(base, own_setting_names(), warnings)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
@@ -10,6 +10,9 @@ from tracekit.report.numbers import percent
 
 from .app import app
 from .output import console, print_json, progress, user_errors
+
+if TYPE_CHECKING:  # rich is imported where a table is printed
+    from rich.console import JustifyMethod
 
 
 @app.command(
@@ -29,7 +32,8 @@ def train(
     hardware: Optional[List[str]] = typer.Option(None, "--hardware", help="Only these hardware ids (repeatable)."),
     primitive: Optional[List[str]] = typer.Option(None, "--primitive", help="Only these primitives (repeatable)."),
     folds: int = typer.Option(5, "--folds", min=2, max=10, help="Cross-validation folds."),
-    data: Optional[List[str]] = typer.Option(None, "--data", help="Provenance note on the training data, kept in the index (repeatable)."),
+    data: Optional[List[str]] = typer.Option(
+        None, "--data", help="Provenance note on the training data, kept in the index (repeatable)."),
     cluster: Optional[List[str]] = typer.Option(
         None, "--cluster", help="HW=PRESET: the cluster the collective samples of hardware HW were measured on "
                                 "(e.g. A100-SXM4-80GB=perlmutter; repeatable). predict answers collectives with the "
@@ -133,9 +137,11 @@ def print_models(metas: list[dict], caption: str) -> None:
     from rich.table import Table
 
     table = Table(caption=caption, caption_justify="left")
-    for name, justify in (("hardware", "left"), ("primitive", "left"), ("pass", "left"), ("group", "left"),
-                          ("samples", "right"), ("CV MAPE", "right"), ("median", "right"), ("p90", "right"),
-                          ("note", "left")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("hardware", "left"), ("primitive", "left"), ("pass", "left"), ("group", "left"), ("samples", "right"),
+        ("CV MAPE", "right"), ("median", "right"), ("p90", "right"), ("note", "left"),
+    )
+    for name, justify in columns:
         table.add_column(name, justify=justify, overflow="fold")
     for meta in metas:
         row = model_row(meta)

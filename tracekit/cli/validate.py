@@ -56,6 +56,7 @@ def validate(
         from tracekit.report.html import write_html
         from tracekit.validate import validate_run
 
+        assert run_dir is not None  # exactly one of RUN_DIR and --published was given
         result = validate_run(run_dir, models=model_set, models_path=models, refit=refit, store=store, rank=rank)
         report = result["report"]
         if html:

@@ -9,7 +9,7 @@ ConfigError when the sides cannot be the same job (`checks.py`) and InputError w
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeGuard
 
 import pandas as pd
 
@@ -115,8 +115,8 @@ def _trace_totals(side: Side) -> dict[str, dict[str, float]]:
     return {str(k): {"count": float(v["count"]), "time_us": float(v["time_us"])} for k, v in frame.iterrows()}
 
 
-def _known(hardware: str | None) -> bool:
-    return bool(hardware) and "unknown" not in hardware.lower()
+def _known(hardware: str | None) -> TypeGuard[str]:
+    return bool(hardware and "unknown" not in hardware.lower())
 
 
 def _stand_ins(predicted: Side, real: Side) -> Side:

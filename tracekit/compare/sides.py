@@ -10,7 +10,7 @@ first kept iteration's events for the timeline. A prediction dict is summarized 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -56,7 +56,8 @@ class Side:
     iteration_us: list[float]  # per step, mean over ranks
     dropped_steps: list[int | None]
     breakdown_source: str = "tracekit"
-    breakdown_override: dict[str, float] | None = None  # seconds per part, when measured by another tool (HTA)
+    #: seconds per part, when measured by another tool (HTA)
+    breakdown_override: Mapping[str, float | None] | None = None
     hta: dict[str, Any] | None = None
 
 
@@ -189,16 +190,15 @@ def empty_ops() -> pd.DataFrame:
     return pd.DataFrame({"pass": [], "primitive": [], "layer": [], "time_us": [], "count": []})
 
 
-def side_breakdown(side: Side, ranks: list[int]) -> dict[str, float] | None:
+def side_breakdown(side: Side, ranks: list[int]) -> Mapping[str, float | None] | None:
     """The side's iteration breakdown (s per part, and overlap_ratio) over `ranks`: what another tool measured
     (`breakdown_override`), else the mean of its ranks' own; None when no rank has one."""
     if side.breakdown_override is not None:
         return side.breakdown_override
-    items = [side.ranks[r].breakdown for r in ranks if side.ranks[r].breakdown is not None]
+    items = [b for r in ranks if (b := side.ranks[r].breakdown) is not None]
     mean = mean_breakdown(items)
     if mean is None:
         return None
-    parts = mean.parts_s()
-    parts["overlap_ratio"] = mean.overlap_ratio
+    parts: dict[str, float | None] = {**mean.parts_s(), "overlap_ratio": mean.overlap_ratio}
     return parts
 

@@ -5,7 +5,7 @@ iteration, means over ranks. Rows are data only: the sentences people read are `
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable, cast
 
 import numpy as np
 import pandas as pd
@@ -54,8 +54,8 @@ def compare(real_ops: pd.DataFrame, pred_ops: pd.DataFrame, keys: list[str], rea
     p = pred_ops.groupby(keys).agg(time_us=("time_us", "sum"), count=("count", "sum"))
     index = r.index.union(p.index)
     r, p = r.reindex(index, fill_value=0.0), p.reindex(index, fill_value=0.0)
-    totals = None
-    if real is not None and keys == ["primitive"]:
+    totals: pd.DataFrame | None = None
+    if real is not None and ranks is not None and keys == ["primitive"]:
         totals = pd.concat([real.ranks[k].totals for k in ranks]).groupby("primitive").sum()
     rows = []
     for key in index:
@@ -95,7 +95,7 @@ def by_stage(cells: pd.DataFrame, predicted: Side, real: Side, ranks: list[int])
     rows = []
     for stage, group in cells.groupby("stage"):
         stage_ranks = [r for r in ranks if real.ranks[r].stage == stage]
-        row = {"stage": int(stage), "ranks": stage_ranks,
+        row = {"stage": int(cast(int, stage)), "ranks": stage_ranks,  # pandas-stubs: a key is any scalar
                **_row(float(group["real"].sum()), float(group["predicted"].sum()))}
         real_it = np.mean([np.mean(real.ranks[r].iteration_us) for r in stage_ranks]) / 1e6
         pred_it = np.mean([np.mean(predicted.ranks[r].iteration_us) for r in stage_ranks]) / 1e6
@@ -127,8 +127,10 @@ def unmatched(real_ops: pd.DataFrame, pred_ops: pd.DataFrame) -> dict[str, list[
     r, p = r[r["count"] > 0], p[p["count"] > 0]
 
     def rows(only: pd.DataFrame) -> list[dict[str, Any]]:
+        # pandas-stubs types a row label as Hashable; grouped by two columns, it is (pass, primitive)
         return [{"pass": k[0], "primitive": k[1], "time_s": float(v["time_us"]) / 1e6, "count": float(v["count"])}
-                for k, v in only.sort_values("time_us", ascending=False).iterrows()]
+                for k, v in cast("Iterable[tuple[tuple[str, str], pd.Series]]",
+                                 only.sort_values("time_us", ascending=False).iterrows())]
 
     return {"real_only": rows(r.loc[r.index.difference(p.index)]),
             "predicted_only": rows(p.loc[p.index.difference(r.index)])}

@@ -72,26 +72,34 @@ def padded_vocab_size(vocab_size, divisible_by, tp):
     return -(-vocab_size // multiple) * multiple
 
 
+#: The default of the settings Megatron derives when they are not given (ffn_hidden_size, num_query_groups,
+#: global_batch_size, data_parallel_size, world_size): None, which `TrainingConfig.__post_init__` replaces by the
+#: derived value. Typed Any so that those fields are typed by what they hold once the object exists (an int).
+DERIVED: Any = None
+
+
 @dataclass
 class TrainingConfig:
-    """One Megatron GPT training job. Field names are Megatron's argument names (dest form)."""
+    """One Megatron GPT training job. Field names are Megatron's argument names (dest form). Settings defaulting to
+    DERIVED are computed as Megatron computes them; `kv_channels` too, unless num_attention_heads is 0 (then None,
+    and `validate` refuses the configuration)."""
 
     num_layers: int
     hidden_size: int
     num_attention_heads: int
     seq_length: int
-    ffn_hidden_size: int | None = None
-    num_query_groups: int | None = None
+    ffn_hidden_size: int = DERIVED
+    num_query_groups: int = DERIVED
     kv_channels: int | None = None
     vocab_size: int = 50257
     make_vocab_size_divisible_by: int = 128
     micro_batch_size: int = 1
-    global_batch_size: int | None = None
+    global_batch_size: int = DERIVED
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     context_parallel_size: int = 1
-    data_parallel_size: int | None = None
-    world_size: int | None = None
+    data_parallel_size: int = DERIVED
+    world_size: int = DERIVED
     virtual_pipeline_model_parallel_size: int | None = None
     sequence_parallel: bool = False
     use_distributed_optimizer: bool = False
@@ -136,7 +144,8 @@ class TrainingConfig:
             self.virtual_pipeline_model_parallel_size = None
         if self.tensor_model_parallel_size == 1:
             self.sequence_parallel = False  # Megatron turns SP off without TP
-        model_parallel = self.tensor_model_parallel_size * self.pipeline_model_parallel_size * self.context_parallel_size
+        model_parallel = (self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+                          * self.context_parallel_size)
         if self.data_parallel_size is None:
             if self.world_size is not None:
                 if self.world_size % model_parallel:
@@ -172,6 +181,13 @@ class TrainingConfig:
     @property
     def vp(self) -> int:
         return self.virtual_pipeline_model_parallel_size or 1
+
+    @property
+    def head_dim(self) -> int:
+        """kv_channels: given, or Megatron's h / heads; ConfigError for a configuration without attention heads."""
+        if self.kv_channels is None:
+            raise ConfigError(f"num_attention_heads must be ≥ 1, got {self.num_attention_heads}")
+        return self.kv_channels
 
     @property
     def num_microbatches(self) -> int:

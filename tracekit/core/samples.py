@@ -1,7 +1,12 @@
 """The operator-sample contract: one row per timed operator instance, whatever the source."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pyarrow as pa
+
+if TYPE_CHECKING:  # pandas is imported where rows are conformed
+    import pandas as pd
 
 #: DESIGN.md's primitives. `other` holds what no rule classified (kept and counted, never dropped).
 COMPUTE_PRIMITIVES = (
@@ -63,7 +68,7 @@ def empty_table() -> pa.Table:
     return SCHEMA.empty_table()
 
 
-def to_table(rows: list[dict] | "pa.Table" | object) -> pa.Table:
+def to_table(rows: list[dict] | pa.Table | pd.DataFrame) -> pa.Table:
     """Conform rows (list of dicts, a pandas DataFrame or a table) to SCHEMA; missing columns become null."""
     import pandas as pd
 

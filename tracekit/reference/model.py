@@ -26,7 +26,8 @@ def _norm(args, topo: Topology, dtype) -> nn.Module:
     kind = nn.RMSNorm if args.normalization == "RMSNorm" else nn.LayerNorm
     norm = kind(args.hidden_size, eps=1e-5, device=topo.device, dtype=dtype)
     for param in norm.parameters():
-        param.sequence_parallel = args.sequence_parallel  # grads summed over tp when activations are split
+        # Megatron's mark (not an attribute torch declares): grads summed over tp when activations are split
+        setattr(param, "sequence_parallel", args.sequence_parallel)
     return norm
 
 
@@ -37,7 +38,8 @@ class TransformerLayer(nn.Module):
     def __init__(self, args, topo: Topology, number: int, dtype):
         super().__init__()
         self.number, self.args, self.topo = number, args, topo
-        h, tp, sp, bias, std = args.hidden_size, topo.tp, args.sequence_parallel, args.add_bias_linear, args.init_method_std
+        h, tp, sp = args.hidden_size, topo.tp, args.sequence_parallel
+        bias, std = args.add_bias_linear, args.init_method_std
         out_std = std / (2.0 * args.num_layers) ** 0.5  # Megatron's scaled init of the output projections
         self.heads = args.num_attention_heads // tp
         self.head_dim = args.kv_channels

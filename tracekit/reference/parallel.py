@@ -183,7 +183,8 @@ class ColumnParallelLinear(nn.Module):
         super().__init__()
         self.topo, self.sp = topo, sequence_parallel
         self.weight = init_shard((out_features, in_features), 0, topo, std, dtype, seed, parts)
-        self.bias = nn.Parameter(torch.zeros(out_features // topo.tp, dtype=dtype, device=topo.device)) if bias else None
+        self.bias = (nn.Parameter(torch.zeros(out_features // topo.tp, dtype=dtype, device=topo.device)) if bias
+                     else None)
 
     def forward(self, x):
         x = gather_from_sp(x, self.topo.tp_group) if self.sp else copy_to_tp(x, self.topo.tp_group)
@@ -200,7 +201,8 @@ class RowParallelLinear(nn.Module):
         self.weight = init_shard((out_features, in_features), 1, topo, std, dtype, seed)
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=topo.device)) if bias else None
         if self.bias is not None:
-            self.bias.sequence_parallel = sequence_parallel
+            # Megatron's mark on a parameter whose gradient is summed over tp (not an attribute torch declares)
+            setattr(self.bias, "sequence_parallel", sequence_parallel)
 
     def forward(self, x):
         y = F.linear(x, self.weight)

@@ -103,7 +103,8 @@ def _batch(args, topo: Topology, iteration: int, micro: int):
 def train(argv: list[str] | None = None) -> int:
     cuda = torch.cuda.is_available()
     args = parse_args(argv, int(os.environ.get("WORLD_SIZE", "1")), cuda)
-    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}") if cuda and args.distributed_backend == "nccl" else torch.device("cpu")
+    nccl = cuda and args.distributed_backend == "nccl"
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}") if nccl else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

@@ -131,7 +131,7 @@ def _timeline_svg(svg_id: str, events: list[dict], span: float) -> str:
         x = left + e["ts"] * scale
         w = max(e["dur"] * scale, 0.5)
         y = 14 + lane_index[str(e["lane"])] * lane_h
-        color = COLORS.get(e.get("category"), COLORS["other"])
+        color = COLORS.get(str(e.get("category")), COLORS["other"])
         out.append(
             f"<rect class='ev' x='{x:.2f}' y='{y}' width='{w:.2f}' height='{lane_h - 3}' fill='{color}'>"
             f"<title>{escape(str(e.get('name', '')))[:200]} — {e['dur']:.1f} µs</title></rect>"

@@ -54,8 +54,10 @@ def _run_workers(cases: list[Case], ranks: int, spec: str) -> Iterator[tuple[Cas
             env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
             stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         ))
+    rank0 = procs[0].stdout
+    assert rank0 is not None  # rank 0's stdout is a pipe
     try:
-        for line in procs[0].stdout:
+        for line in rank0:
             if line.startswith(_CASE_PREFIX):
                 index, micros = json.loads(line[len(_CASE_PREFIX):])
                 yield cases[index], micros
@@ -73,7 +75,7 @@ def _run_workers(cases: list[Case], ranks: int, spec: str) -> Iterator[tuple[Cas
             raise RuntimeError("collective workers failed: " + "; ".join(errors))
 
 
-def _operation(primitive: str, nbytes: int, world: int, rank: int, dtype, device) -> Callable[[], None]:
+def _operation(primitive: str, nbytes: int, world: int, rank: int, dtype, device) -> Callable[[], object]:
     import torch
     import torch.distributed as dist
 
@@ -82,10 +84,12 @@ def _operation(primitive: str, nbytes: int, world: int, rank: int, dtype, device
         buf = torch.ones(numel, dtype=dtype, device=device)
         return lambda: dist.all_reduce(buf)
     if primitive == "all_gather":
-        shard, out = torch.ones(numel, dtype=dtype, device=device), torch.empty(numel * world, dtype=dtype, device=device)
+        shard = torch.ones(numel, dtype=dtype, device=device)
+        out = torch.empty(numel * world, dtype=dtype, device=device)
         return lambda: dist.all_gather_single(out, shard)
     if primitive == "reduce_scatter":
-        full, out = torch.ones(numel * world, dtype=dtype, device=device), torch.empty(numel, dtype=dtype, device=device)
+        full = torch.ones(numel * world, dtype=dtype, device=device)
+        out = torch.empty(numel, dtype=dtype, device=device)
         return lambda: dist.reduce_scatter_single(out, full)
     if primitive == "send_recv":  # ranks pair up 0→1, 2→3, ...; odd ranks receive
         buf = torch.ones(numel, dtype=dtype, device=device)
@@ -113,7 +117,7 @@ def _busy(micros: float) -> Callable[[], None] | None:
     return run
 
 
-def _burst(op: Callable[[], None], gap: Callable[[], None] | None, sync: Callable[[], None]) -> float:
+def _burst(op: Callable[[], object], gap: Callable[[], None] | None, sync: Callable[[], None]) -> float:
     """Seconds of BURST operations: back to back without a gap, else the operations' own time between gaps."""
     if gap is None:
         t0 = time.perf_counter()

@@ -17,6 +17,7 @@ from tracekit.compare import (
     summarize_traces,
     trace_groups,
 )
+from tracekit.core.errors import InputError
 
 from .hta import apply_hta
 from .traces import manifest_config, process_groups, read_prediction, read_traces
@@ -32,10 +33,10 @@ def diff_paths(predicted: str | Path, real: Iterable[str | Path], rank: int | No
     """DiffReport of a prediction (predicted-trace folder/files or prediction JSON) against real trace files."""
     predicted = Path(predicted)
     prediction = read_prediction(predicted)
-    real = [Path(p) for p in real]
+    real_paths = [Path(p) for p in real]
     if config is None:
-        config = manifest_config(real)
-    return diff_inputs(prediction if prediction is not None else read_traces([predicted]), read_traces(real),
+        config = manifest_config(real_paths)
+    return diff_inputs(prediction if prediction is not None else read_traces([predicted]), read_traces(real_paths),
                        rank=rank, config=config, use_hta=use_hta, predicted_source=str(predicted))
 
 
@@ -56,6 +57,8 @@ def diff_inputs(predicted: dict[str, Any] | list[KinetoTrace], real_traces: list
     if config_dict is not None:
         pp = int(config_dict.get("pipeline_model_parallel_size") or 1)
         world = int(config_dict.get("world_size") or 0) or None
+    elif isinstance(predicted, dict):  # a prediction JSON states its configuration
+        raise InputError(predicted_source, "the prediction states no configuration")
     else:
         pp = pipeline_size([real_traces, predicted], [real_groups, process_groups(predicted)])
     # Megatron's rank order puts pp slowest: a stage is world/pp consecutive ranks. The configuration's world size

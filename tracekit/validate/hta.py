@@ -34,11 +34,11 @@ def apply_hta(side: Side, traces: list[KinetoTrace], pp: int) -> None:
     parts = side_breakdown(side, sorted(side.ranks))
     if parts is None:
         return
-    parts = dict(parts)
-    parts["exposed_communication"] = float(np.mean([r["exposed_communication_s"] for r in per_iteration]))
-    parts["pipeline_bubble"] = float(np.mean([r["idle_s"] for r in per_iteration])) if pp > 1 else 0.0
-    parts["overlap_ratio"] = float(np.mean([r["comm_comp_overlap"] for r in per_iteration]))
-    side.breakdown_override = parts
+    merged = dict(parts)
+    merged["exposed_communication"] = float(np.mean([r["exposed_communication_s"] for r in per_iteration]))
+    merged["pipeline_bubble"] = float(np.mean([r["idle_s"] for r in per_iteration])) if pp > 1 else 0.0
+    merged["overlap_ratio"] = float(np.mean([r["comm_comp_overlap"] for r in per_iteration]))
+    side.breakdown_override = merged
     side.breakdown_source = "hta (exposed_communication, pipeline_bubble, overlap_ratio) + tracekit (the rest)"
 
 
@@ -51,7 +51,7 @@ def hta_breakdown(traces: list[KinetoTrace]) -> dict[str, Any] | None:
         from hta.trace_analysis import TraceAnalysis
     except ImportError:
         return None
-    files = {int(t.rank): str(t.path) for t in traces}
+    files = {int(t.rank): str(t.path) for t in traces if t.rank is not None}  # none is None (checked above)
     if len(files) != len(traces):
         return None
     logging.getLogger("hta").setLevel(logging.ERROR)
@@ -62,7 +62,7 @@ def hta_breakdown(traces: list[KinetoTrace]) -> dict[str, Any] | None:
             overlap = analysis.get_comm_comp_overlap(visualize=False)
     except Exception:  # noqa: BLE001 - HTA cannot load this trace set: fall back to tracekit's own measure
         return None
-    iterations = {int(t.rank): max(len(t.iterations or []) - 1, 1) for t in traces}
+    iterations = {int(t.rank): max(len(t.iterations or []) - 1, 1) for t in traces if t.rank is not None}
     ratio = dict(zip(overlap["rank"].astype(int), overlap["comp_comm_overlap_pctg"].astype(float) / 100))
     ranks = []
     for row in temporal.itertuples(index=False):

@@ -35,7 +35,7 @@ class PublishedRow:
     cluster: Cluster | None
     measured_s: float
     error: str | None
-    parsed: BatchRow | None = None  # the row as `predictor.batch` read it: its stack (and constants), what was assumed
+    parsed: BatchRow  # the row as `predictor.batch` read it: its stack (and constants), what was assumed
 
 
 def parse_hardware_map(items: Iterable[str]) -> dict[str, str]:
@@ -105,22 +105,21 @@ def validate_published(path: str | Path, hardware_map: dict[str, str] | None = N
     rows = read_published(path, hardware_map, overrides)
     models = models if models is not None else ModelSet.load()
     out_rows: list[dict[str, Any]] = []
-    failed = [{"line": r.line, "ref": r.ref, "error": r.error} for r in rows if r.error]
-    good = [r for r in rows if not r.error]
+    failed: list[dict[str, Any]] = [{"line": r.line, "ref": r.ref, "error": r.error} for r in rows if r.error]
+    good = [(r, *r.parsed.complete()) for r in rows if not r.error]
     for first in range(0, len(good), batch):
         chunk = good[first:first + batch]
-        results = predict_many([r.config for r in chunk], [r.cluster for r in chunk], models,
-                               [calibration or r.parsed.calibration for r in chunk])
-        for row, prediction in zip(chunk, results):
+        results = predict_many([c for _, c, _, _ in chunk], [where for _, _, where, _ in chunk], models,
+                               [calibration or r.parsed.calibration for r, _, _, _ in chunk])
+        for (row, c, where, stack), prediction in zip(chunk, results):
             if isinstance(prediction, Exception):
                 failed.append({"line": row.line, "ref": row.ref, "error": str(prediction)})
                 continue
             predicted = float(prediction.iteration_time_s)
-            c = row.config
             out_rows.append({
-                "line": row.line, "ref": row.ref, "hardware": row.cluster.hardware,
+                "line": row.line, "ref": row.ref, "hardware": where.hardware,
                 "hardware_used": prediction.hardware_used, "cluster": prediction.cluster.name,
-                "stack": row.parsed.stack.name, "notes": list(row.parsed.notes), "world_size": c.world_size,
+                "stack": stack.name, "notes": list(row.parsed.notes), "world_size": c.world_size,
                 "tp": c.tp, "pp": c.pp,
                 "dp": c.dp, "micro_batch_size": c.micro_batch_size, "global_batch_size": c.global_batch_size,
                 "num_layers": c.num_layers, "hidden_size": c.hidden_size,

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from extractors.kineto import ingest_paths
-from predictor import ModelSet, train_models
-from predictor import predict_iteration as predict
+from predictor import ModelSet, predict_iteration as predict, train_models
 from tracekit.capture.manifest import MANIFEST_NAME, Manifest
 from tracekit.core.cluster import Cluster, default_cluster
 from tracekit.core.errors import InputError, ModelError

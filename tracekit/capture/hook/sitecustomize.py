@@ -17,6 +17,10 @@ import importlib.util
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported when the first profiled step begins
+    from torch.profiler import profile
 
 _DIR = os.path.dirname(os.path.abspath(__file__))
 _WATCHED = "torch.optim.optimizer"
@@ -32,7 +36,7 @@ class _StepProfiler:
     def __init__(self, out_dir: str, start: int, end: int, rank: int):
         self.out_dir, self.start, self.end, self.rank = out_dir, start, end, rank
         self.steps = 0
-        self.prof = None
+        self.prof: profile | None = None
         self.done = False
 
     def after_step(self, *_args) -> None:
@@ -55,7 +59,7 @@ class _StepProfiler:
         from torch.profiler import ProfilerActivity, profile, schedule
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-        self.prof = profile(
+        prof = self.prof = profile(
             activities=activities,
             schedule=schedule(wait=0, warmup=warmup, active=self.end - self.start, repeat=1),
             on_trace_ready=self._save,
@@ -67,8 +71,8 @@ class _StepProfiler:
             except ImportError:  # tracekit is not installed in the job's environment: ingest says cpu-unknown
                 pass
             else:
-                self.prof.preset_metadata_json("cpu_model", json.dumps(cpu_hardware_id().removeprefix("cpu-")))
-        self.prof.start()
+                prof.preset_metadata_json("cpu_model", json.dumps(cpu_hardware_id().removeprefix("cpu-")))
+        prof.start()
 
     def _save(self, prof) -> None:
         os.makedirs(self.out_dir, exist_ok=True)
