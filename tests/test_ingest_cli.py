@@ -183,7 +183,8 @@ def test_a_multi_rank_run_prints_a_summary_and_skips_non_trace_json(tmp_path):
     assert "1 iterations" not in done.stdout and "?" not in done.stdout
     verbose = ingest(str(run), "--store", str(tmp_path / "store2"), "--verbose", "--json")
     doc = json.loads(verbose.stdout)
-    assert doc["skipped"] == [{"path": str(run / "config.json"), "reason": "JSON but not a Kineto trace (no traceEvents)"}]
+    skipped = {"path": str(run / "config.json"), "reason": "JSON but not a Kineto trace (no traceEvents)"}
+    assert doc["skipped"] == [skipped]
     tables = ingest(str(run), "--store", str(tmp_path / "store3"), "--verbose")
     assert tables.stdout.count("primitive") == len(ranks)  # each rank's table of primitives
 

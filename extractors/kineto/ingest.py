@@ -178,7 +178,7 @@ def trace_report(trace: KinetoTrace, written: int) -> dict:
     ev = trace.device_events
     by_prim = ev.groupby("primitive", sort=True)["dur_us"].agg(["count", "sum"])
     total = float(ev["dur_us"].sum())
-    other = float(by_prim.loc["other", "sum"]) if "other" in by_prim.index else 0.0
+    other = float(by_prim["sum"].get("other", 0.0)) if "other" in by_prim.index else 0.0
     return {
         "path": str(trace.path),
         "hardware": trace.hardware,

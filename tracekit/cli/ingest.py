@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
+
+if TYPE_CHECKING:  # rich is imported where a table is printed
+    from rich.console import JustifyMethod
 
 from tracekit.report.numbers import count, percent, plural, seconds, size_bytes
 
@@ -22,8 +25,10 @@ from .output import EXIT_FAILED, EXIT_PARTIAL, console, err_console, fail, print
     ),
 )
 def ingest(
-    paths: List[str] = typer.Argument(..., metavar="PATH...", help="Trace files, directories of rank traces, or globs."),
-    store: Optional[Path] = typer.Option(None, "--store", help="Sample store directory (default $TRACEKIT_HOME or ./.tracekit)."),
+    paths: List[str] = typer.Argument(..., metavar="PATH...",
+                                      help="Trace files, directories of rank traces, or globs."),
+    store: Optional[Path] = typer.Option(None, "--store",
+                                         help="Sample store directory (default $TRACEKIT_HOME or ./.tracekit)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Processes that parse a run's traces "
                                                                        "(default: every core; runs under 32 MB are "
                                                                        "parsed in this process)."),
@@ -95,8 +100,9 @@ def _print_trace(report: dict, comm_bytes: dict) -> None:
              f"busy {seconds(report['gpu_busy_us'] / 1e6)} · unclassified {percent(report['unclassified_share'])} · "
              f"{plural(report['samples_written'], 'sample')} written")
     table = Table(title=title, title_justify="left")
-    for name, justify in (("primitive", "left"), ("count", "right"), ("time", "right"), ("share", "right"),
-                          ("bytes", "right")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (("primitive", "left"), ("count", "right"), ("time", "right"),
+                                                       ("share", "right"), ("bytes", "right"))
+    for name, justify in columns:
         table.add_column(name, justify=justify)
     ordered = sorted(report["primitives"].items(), key=lambda kv: -kv[1]["time_us"])
     for name, stats in ordered:
@@ -111,8 +117,10 @@ def _print_run(reports: list[dict]) -> None:
     from rich.table import Table
 
     table = Table(title=f"{plural(len(reports), 'trace')} (per-rank tables: --verbose)", title_justify="left")
-    for name, justify in (("trace", "left"), ("rank", "left"), ("hardware", "left"), ("iterations", "right"),
-                          ("kernels", "right"), ("busy", "right"), ("unclassified", "right"), ("samples", "right")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("trace", "left"), ("rank", "left"), ("hardware", "left"), ("iterations", "right"), ("kernels", "right"),
+        ("busy", "right"), ("unclassified", "right"), ("samples", "right"))
+    for name, justify in columns:
         table.add_column(name, justify=justify)
     for r in sorted(reports, key=lambda r: (r["rank"] is None, r["rank"] or 0, r["path"])):
         table.add_row(Path(r["path"]).name, _rank(r).removeprefix("rank "), r["hardware"], count(r["iterations"]),
@@ -125,4 +133,5 @@ def _print_run(reports: list[dict]) -> None:
             busy[name] = busy.get(name, 0.0) + stats["time_us"]
     total = sum(busy.values()) or 1.0
     top = sorted(busy.items(), key=lambda kv: -kv[1])[:6]
-    console.print("where the GPU time went, all ranks: " + ", ".join(f"{name} {percent(us / total)}" for name, us in top))
+    console.print("where the GPU time went, all ranks: "
+                  + ", ".join(f"{name} {percent(us / total)}" for name, us in top))
