@@ -40,7 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from extractors import ett  # noqa: E402
-from predictor.models import ModelSet, deduplicate, groups_of, shapeless_rows  # noqa: E402
+from predictor.model_keys import deduplicate, groups_of, shapeless_rows  # noqa: E402
+from predictor.models import ModelSet  # noqa: E402
 from predictor.regressor import RATIO_TARGET, cv_splits, design, fit, predict  # noqa: E402
 from predictor.roofline import estimate_us  # noqa: E402
 from predictor.transfer import choose, source_weights  # noqa: E402

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 #: Public name → (module, attribute).
 _EXPORTS = {
     "ModelSet": ("models", "ModelSet"),
-    "train_models": ("models", "train_models"),
+    "train_models": ("training", "train_models"),
     "bundled_models_dir": ("models", "bundled_models_dir"),
     "ape_stats": ("regressor", "ape_stats"),
     "ape_summary": ("regressor", "ape_summary"),
@@ -76,13 +76,14 @@ if TYPE_CHECKING:
     from .batch import BatchRow, output_row, parse_row, read_rows, write_rows
     from .calibration import CONSTANTS as CALIBRATION_CONSTANTS, Calibration, load_calibration
     from .calibration_fit import fit_calibration
-    from .models import ModelSet, bundled_models_dir, train_models
+    from .models import ModelSet, bundled_models_dir
     from .predict import Prediction, predict as predict_iteration, predict_many
     from .ray_executor import RayExecutor
     from .regressor import ape_stats, ape_summary
     from .search import SEARCH_KEYS, SearchResult, search as search_configurations, split_name
     from .stack import DEFAULT as DEFAULT_STACK, Stack, get_stack, stack_of_arguments
     from .trace_out import default_ranks, write_traces
+    from .training import train_models
     from .transfer import selected_primitives, source_weights
 
 

@@ -1,4 +1,4 @@
-"""Sets of trained operator regressors: train, save, load and predict (vectorized).
+"""Sets of trained operator regressors: load and predict (vectorized); training them is `predictor.training`.
 
 A model directory holds `index.json` (the list of models, the provenance of the data they were trained on, the
 framework time per compute operator sampled on each CPU, the CPU rates the models were normalised with — loading
@@ -34,151 +34,26 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import re
-import shutil
-import tempfile
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Iterable, cast
+from typing import cast
 
 import numpy as np
 import pandas as pd
 
-from tracekit.core.atomic import atomic_write_json, umask_mode
 from tracekit.core.errors import ModelError
 from tracekit.core.hardware import hardware_spec
-from tracekit.core.samples import COLLECTIVE_PRIMITIVES, GEMM_ROLES, HOST_PRIMITIVES
+from tracekit.core.samples import COLLECTIVE_PRIMITIVES, GEMM_ROLES
 
-from .features import shape_features
-from .regressor import FitResult, fit, physics_table, predict
-from .roofline import Rates, estimate_us, rates, record_rates
+from .model_keys import ALIASES, DEFAULT_GROUPS, POOLED, ROLE_PRIMITIVES, role_rows, route_key, variant_key
+from .regressor import physics_table, predict
+from .roofline import Rates, estimate_us, record_rates
 from .transfer import transfer
 
 FORMAT = "tracekit-models/1"
 INDEX = "index.json"
-#: Primitives whose variants are different kernels: one model per variant with at least MIN_GROUP_ROWS rows.
-SPLIT_BY_VARIANT = ("softmax", "norm", "elementwise", "optimizer", "activation")
-MIN_GROUP_ROWS = 30
-POOLED = "*"
-#: Group used when a row names no variant (or an unknown one) and no pooled model exists; first present wins.
-DEFAULT_GROUPS = {
-    "norm": ("layernorm", "RMSlayernorm"),
-    "elementwise": ("res_add",),
-    "softmax": ("softmax", "ScaledUpperTriangMaskedSoftmax"),
-    "optimizer": ("middleStage_optimizer", "optimizer"),
-    "activation": ("gelu",),
-}
-#: Variant hints the predictor may send, normalized (lower case, letters and digits only) → group name.
-ALIASES = {
-    "rmsnorm": "RMSlayernorm", "rmslayernorm": "RMSlayernorm", "layernorm": "layernorm",
-    "rope": "RoPE", "rotary": "RoPE", "rotaryembedding": "RoPE",
-    "resadd": "res_add", "residual": "res_add", "add": "res_add", "biasdropoutadd": "res_add",
-    "scaleduppertriangmaskedsoftmax": "ScaledUpperTriangMaskedSoftmax", "causalsoftmax":
-        "ScaledUpperTriangMaskedSoftmax", "fusedsoftmax": "ScaledUpperTriangMaskedSoftmax",
-    "fillmask": "fillmask", "maskedsoftmax": "fillmask", "softmax": "softmax",
-    "firststage": "firstStage_optimizer", "firststageoptimizer": "firstStage_optimizer",
-    "middlestage": "middleStage_optimizer", "middlestageoptimizer": "middleStage_optimizer",
-    "laststage": "lastStage_optimizer", "laststageoptimizer": "lastStage_optimizer",
-    "optimizer": "optimizer", "adam": "optimizer", "gelu": "gelu",
-}
 OUTPUT_COLUMNS = ("duration_us", "path", "out_of_range", "sources")
-#: Primitives whose backward splits into roles (tracekit.core.samples.GEMM_ROLES).
-ROLE_PRIMITIVES = ("gemm", "bmm")
-
-
-def _norm(text: object) -> str:
-    return re.sub(r"[^a-z0-9]", "", str(text).lower()) if isinstance(text, str) else ""
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.-]+", "_", text).strip("_")
-
-
-def model_id(hardware: str, primitive: str, pass_: str, group: str) -> str:
-    return "__".join(_slug(p if p != POOLED else "all") for p in (hardware, primitive, pass_, group))
-
-
-def topology_key(frame: pd.DataFrame) -> pd.Series:
-    """`<nodes>x<ranks per node>` of collective rows (POOLED where unknown)."""
-    nodes = pd.to_numeric(frame["nodes"], errors="coerce") if "nodes" in frame.columns else None
-    per_node = pd.to_numeric(frame["ranks_per_node"], errors="coerce") if "ranks_per_node" in frame.columns \
-        else None
-    if nodes is None or per_node is None:
-        return pd.Series(POOLED, index=frame.index, dtype=object)
-    key = nodes.round().astype("Int64").astype("string") + "x" + per_node.round().astype("Int64").astype("string")
-    return key.fillna(POOLED).astype(object)
-
-
-def role_rows(frame: pd.DataFrame) -> pd.Series:
-    """Rows that are one role of a GEMM's backward (dgrad, wgrad, bgrad)."""
-    if "role" not in frame.columns:
-        return pd.Series(False, index=frame.index)
-    return frame["primitive"].isin(ROLE_PRIMITIVES) & frame["role"].isin(GEMM_ROLES)
-
-
-def route_key(frame: pd.DataFrame) -> pd.Series:
-    """What selects a model group for each row: the topology for collectives, the role for a part of a GEMM's
-    backward, the variant otherwise."""
-    variant = frame["variant"].astype(object) if "variant" in frame.columns else \
-        pd.Series(None, index=frame.index, dtype=object)
-    roles = role_rows(frame).to_numpy()
-    if roles.any():
-        variant = variant.where(~roles, frame["role"].astype(object))
-    coll = frame["primitive"].isin(COLLECTIVE_PRIMITIVES).to_numpy()
-    if not coll.any():
-        return variant
-    return variant.where(~coll, topology_key(frame))
-
-
-def groups_of(samples: pd.DataFrame) -> pd.Series:
-    """The model group of each sample row (see module docstring)."""
-    variant = samples["variant"].astype("string").fillna(POOLED)
-    split = samples["primitive"].isin(SPLIT_BY_VARIANT)
-    counts = variant.groupby([samples["hardware"], samples["primitive"], samples["pass"], variant]).transform("size")
-    groups = variant.where(split & (counts >= MIN_GROUP_ROWS) & (variant != POOLED), POOLED).astype(object)
-    roles = role_rows(samples).to_numpy()
-    if roles.any():
-        groups = groups.where(~roles, samples["role"].astype(object))
-    coll = samples["primitive"].isin(COLLECTIVE_PRIMITIVES).to_numpy()
-    if coll.any():
-        groups = groups.where(~coll, topology_key(samples))
-    return groups.astype(str)
-
-
-def training_sets(samples: pd.DataFrame):
-    """(hardware, primitive, pass, group) → rows, plus a pooled model over every topology of a collective measured
-    on more than one (it answers topologies without a model of their own)."""
-    keys = samples.groupby(["hardware", "primitive", "pass", "group"], sort=True).groups
-    for key, index in keys.items():
-        yield key, index
-    coll = samples[samples["primitive"].isin(COLLECTIVE_PRIMITIVES)]
-    for (hardware, primitive, pass_), frame in coll.groupby(["hardware", "primitive", "pass"], sort=True):
-        groups = set(frame["group"])
-        if len(groups) > 1 and POOLED not in groups:
-            yield (hardware, primitive, pass_, POOLED), frame.index
-
-
-def deduplicate(samples: pd.DataFrame) -> pd.DataFrame:
-    """Drop exact duplicate measurements (same hardware, op, shape and duration), e.g. rows present both in a
-    sample file and in a combined file of the same sweep."""
-    from tracekit.core.samples import FEATURE_COLUMNS
-
-    cols = ["hardware", "primitive", "pass", "variant", *FEATURE_COLUMNS, "duration_us"]
-    return samples.drop_duplicates(subset=[c for c in cols if c in samples.columns])
-
-
-def shapeless_rows(samples: pd.DataFrame) -> pd.Series:
-    """Rows with none of their primitive's shape features: they say how long something took, not for what shape,
-    so a shape model learns nothing from them (mixed into a shaped set they only blur it)."""
-    mask = pd.Series(True, index=samples.index)
-    for primitive, index in samples.groupby("primitive").groups.items():
-        columns = [c for c in shape_features(str(primitive)) if c in samples.columns]
-        if columns:
-            mask.loc[index] = samples.loc[index, columns].isna().all(axis=1)
-    return mask
 
 
 @dataclass
@@ -207,107 +82,6 @@ class TrainedModel:
             booster.set_param({"nthread": 1})
             self._booster = booster
         return self._booster
-
-
-def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict | None = None,
-                 folds: int = 5, threads: int = 1, on_model: Callable[[dict], None] | None = None) -> list[dict]:
-    """Train one model per (hardware, primitive, pass, group) and write the set to `out` atomically (the old set
-    stays intact until the new one is complete). Returns the per-model summaries written to the index; rows
-    without shape features are set aside and counted under `skipped` in the index. `other` samples are not used."""
-    framework = framework_overheads(samples)
-    samples = samples[~samples["primitive"].isin(HOST_PRIMITIVES)]
-    samples = deduplicate(samples[(samples["duration_us"] > 0) & (samples["primitive"] != "other")])
-    if samples.empty:
-        raise ModelError("no classified samples to train on")
-    shapeless = shapeless_rows(samples)
-    counts = samples[shapeless].groupby(["hardware", "primitive", "pass"]).size()
-    skipped: list[dict] = [
-        {"hardware": hardware, "primitive": primitive, "pass": pass_, "group": None, "rows": int(rows),
-         "reason": "rows without shape features (e.g. CPU autograd nodes) cannot be placed by shape"}
-        # pandas-stubs types a group key as Hashable; grouped by three columns, it is (hardware, primitive, pass)
-        for (hardware, primitive, pass_), rows in cast("Iterable[tuple[tuple[str, str, str], int]]", counts.items())
-    ]
-    samples = samples[~shapeless]
-    if samples.empty:
-        raise ModelError(f"none of the {int(shapeless.sum())} classified samples carries shape features")
-    samples = samples.assign(group=groups_of(samples))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    staging.chmod(umask_mode(folder=True))  # mkdtemp's folder is private; the model set is not
-    summaries: list[dict] = []
-    try:
-        for (hardware, primitive, pass_, group), index in training_sets(samples):
-            frame = samples.loc[index]
-            result = fit(frame, primitive, folds=folds, threads=threads)
-            if result.booster is None:
-                continue
-            mid = model_id(hardware, primitive, pass_, group)
-            meta = _metadata(mid, hardware, primitive, pass_, group, frame, result)
-            (staging / f"{mid}.ubj.gz").write_bytes(gzip.compress(bytes(result.booster.save_raw("ubj")), 9, mtime=0))
-            atomic_write_json(staging / f"{mid}.json", meta)
-            summaries.append(meta)
-            if on_model:
-                on_model(meta)
-        atomic_write_json(staging / INDEX, {
-            "format": FORMAT,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "provenance": {k: v for k, v in (provenance or {}).items() if k != "clusters"},
-            "clusters": (provenance or {}).get("clusters", {}),
-            "models": [{k: m[k] for k in ("id", "hardware", "primitive", "pass", "group")} for m in summaries],
-            "skipped": skipped,
-            "framework": framework,
-            "rates": {hw: asdict(r) for hw in sorted(samples["hardware"].unique())
-                      if hw.startswith("cpu-") and (r := rates(hw)) is not None},  # a CPU always has rates
-        })
-        _make_readable(staging)
-        _swap_in(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    ModelSet.load.cache_clear()
-    return summaries
-
-
-def framework_overheads(samples: pd.DataFrame) -> list[dict]:
-    """Per (hardware, pass): the framework time per compute operator (`framework` samples, µs; median over the
-    sampled layers, 0 when they say the layer is no slower than its operators). Not a regressor: it does not grow
-    with the shape."""
-    rows = samples[samples["primitive"].isin(HOST_PRIMITIVES)]
-    return [{"hardware": hardware, "pass": pass_, "samples": int(len(frame)),
-             "per_op_us": round(max(0.0, float(frame["duration_us"].median())), 3)}
-            for (hardware, pass_), frame in rows.groupby(["hardware", "pass"], sort=True)]
-
-
-def _metadata(mid, hardware, primitive, pass_, group, frame, result: FitResult) -> dict:
-    return {
-        "id": mid, "hardware": hardware, "primitive": primitive, "pass": pass_, "group": group,
-        "variants": sorted(frame["variant"].dropna().astype(str).unique().tolist()),
-        "features": result.features, "ranges": result.ranges, "samples": result.n_samples,
-        "cv": result.cv, "outliers": result.outliers, "params": result.params,
-        "train_hash": result.train_hash, "train_seconds": round(result.seconds, 2),
-        "sources": sorted(frame["source_path"].dropna().astype(str).unique().tolist())
-        if "source_path" in frame.columns else [],
-    }
-
-
-def _make_readable(folder: Path) -> None:
-    """Model sets are shared (the bundled one ships in the package): 0755 folder, 0644 files, whatever the umask of
-    the temporary-file helpers (0700/0600)."""
-    os.chmod(folder, 0o755)
-    for path in folder.iterdir():
-        os.chmod(path, 0o644)
-
-
-def _swap_in(staging: Path, out: Path) -> None:
-    if out.exists() and not (out / INDEX).exists() and any(out.iterdir()):
-        raise ModelError(f"{out}: exists and is not a model directory; refusing to replace it")
-    backup = out.with_name(f".{out.name}.old")
-    shutil.rmtree(backup, ignore_errors=True)
-    if out.exists():
-        os.replace(out, backup)
-    os.replace(staging, out)
-    shutil.rmtree(backup, ignore_errors=True)
 
 
 def bundled_models_dir() -> Path:
@@ -399,10 +173,10 @@ class ModelSet:
                 return None
         if isinstance(variant, str) and variant in groups:
             return groups[variant]
-        wanted = _norm(variant)
+        wanted = variant_key(variant)
         if wanted:
             for name, model in groups.items():
-                if _norm(name) == wanted:
+                if variant_key(name) == wanted:
                     return model
             alias = ALIASES.get(wanted)
             if alias in groups:

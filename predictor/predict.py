@@ -302,7 +302,7 @@ def _collectives(frame, row_clusters: list, idx: np.ndarray, models, duration: n
     nearest sampled size: it keeps growing with the message as the physics does). Everything else is the
     algorithm model of `predictor.collectives` over the row's cluster (path `physics`)."""
     from .collectives import collective_us
-    from .models import topology_key
+    from .model_keys import topology_key
 
     topology = topology_key(frame).to_numpy()
     groups: dict[tuple, list[int]] = {}

@@ -195,7 +195,8 @@ def test_role_models_answer_a_held_out_steps_whole_linear_backwards(training, tm
     """Models trained on five steps' per-role samples answer the sixth step's linear backwards asked in the seed
     form (one whole row per forward GEMM, path `derived`: dgrad + wgrad + bgrad) close to the whole backward the raw
     trace measured; and the graph asks such a set for its GEMM backwards per role."""
-    from predictor.models import ModelSet, train_models
+    from predictor.models import ModelSet
+    from predictor.training import train_models
 
     trace, nodes = training
     samples = trace_samples(trace, "test")

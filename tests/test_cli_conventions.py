@@ -47,10 +47,12 @@ def _mode(path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
 
 
-def test_written_files_and_folders_follow_the_umask(tmp_path):
-    """mkstemp/mkdtemp make private files (0600/0700): what tracekit publishes must get what the umask gives."""
+@pytest.mark.parametrize("umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o027, 0o640, 0o750)])
+def test_written_files_and_folders_follow_the_umask(tmp_path, umask, file_mode, dir_mode):
+    """mkstemp/mkdtemp make private files (0600/0700): what tracekit publishes must get what the umask gives, no
+    more (a user with umask 027 keeps the world out) and no less."""
     script = (
-        "import os, sys; os.umask(0o022); from tracekit.cli import app; sys.argv[0] = 'tracekit'; app()"
+        f"import os, sys; os.umask({umask:#o}); from tracekit.cli import app; sys.argv[0] = 'tracekit'; app()"
     )
     store, models, csv = tmp_path / "store", tmp_path / "models", tmp_path / "pred.csv"
     steps = [
@@ -61,10 +63,10 @@ def test_written_files_and_folders_follow_the_umask(tmp_path):
     for argv in steps:
         done = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True)
         assert done.returncode in (0, 1), done.stderr  # 1: some inputs not predicted; still written
-    assert _mode(csv) == 0o644
-    assert _mode(models) == 0o755
-    assert {_mode(p) for p in models.iterdir()} == {0o644}
-    assert {_mode(p) for p in store.rglob("*") if p.is_file()} <= {0o644}
+    assert _mode(csv) == file_mode
+    assert _mode(models) == dir_mode
+    assert {_mode(p) for p in models.iterdir()} == {file_mode}
+    assert {_mode(p) for p in store.rglob("*") if p.is_file()} <= {file_mode}
 
 
 def test_python_dash_m_is_the_same_command():

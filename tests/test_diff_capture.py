@@ -42,7 +42,7 @@ def run(tmp_path_factory) -> dict:
     set (the seed paper's A100 QKV-GEMM samples): on this CPU the predictor falls back to its roofline of the
     measured CPU rates, which is what a user without CPU models gets."""
     from extractors.ett import read_file
-    from predictor.models import train_models
+    from predictor.training import train_models
 
     base = tmp_path_factory.mktemp("diffrun")
     out, store = base / "capture", base / "store"

@@ -11,7 +11,8 @@ import pytest
 
 from extractors import ett
 from predictor import roofline
-from predictor.models import ModelSet, train_models
+from predictor.models import ModelSet
+from predictor.training import train_models
 from tests.conftest import SAMPLES
 
 ETT = SAMPLES / "estimate-train-time"
@@ -151,7 +152,7 @@ def test_a_cpu_model_predicts_the_same_on_a_machine_with_other_rates(tmp_path):
         rates = {k: (v * factor if k != "sms" else v) for k, v in here.__dict__.items()}
         (folder / "cpu-rates.json").write_text(json.dumps({cpu_hardware_id(): rates}))
     data = Path(__file__).parent / "data" / "cpu_collectives.csv"
-    train = (f"import pandas as pd; from predictor.models import train_models; "
+    train = (f"import pandas as pd; from predictor.training import train_models; "
              f"train_models(pd.read_csv({str(data)!r}, comment='#'), {str(tmp_path / 'set')!r}, {{}}, folds=2)")
     ask = (f"import pandas as pd; from predictor.models import ModelSet; "
            f"s = pd.read_csv({str(data)!r}, comment='#').drop(columns='duration_us'); "

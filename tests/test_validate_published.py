@@ -38,7 +38,7 @@ def sample(tmp_path_factory) -> tuple[Path, list[dict]]:
 def models_dir(tmp_path_factory) -> Path:
     """A small real model set: the forward QKV-projection GEMM of the seed paper's A100 samples."""
     from extractors.ett import read_file
-    from predictor.models import train_models
+    from predictor.training import train_models
 
     samples = read_file(SAMPLES / "estimate-train-time" / "Perlmutter" / "operator" /
                         "NVIDIAA100-SXM4-80GB_linear1_fp16.csv")

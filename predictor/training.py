@@ -1,0 +1,124 @@
+"""Train a model set: one XGBoost regressor per (hardware, primitive, pass, group) of a sample frame, written to a
+model directory atomically (the old set stays intact until the new one is complete). The directory's layout is
+`predictor.models`' docstring; how samples are grouped is `predictor.model_keys`."""
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable, Iterable, cast
+
+import pandas as pd
+
+from tracekit.core.atomic import atomic_write_json, umask_mode
+from tracekit.core.errors import ModelError
+from tracekit.core.samples import HOST_PRIMITIVES
+
+from .model_keys import deduplicate, groups_of, model_id, shapeless_rows, training_sets
+from .models import FORMAT, INDEX, ModelSet
+from .regressor import FitResult, fit
+from .roofline import rates
+
+
+def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict | None = None,
+                 folds: int = 5, threads: int = 1, on_model: Callable[[dict], None] | None = None) -> list[dict]:
+    """Train one model per (hardware, primitive, pass, group) and write the set to `out` atomically (the old set
+    stays intact until the new one is complete). Returns the per-model summaries written to the index; rows
+    without shape features are set aside and counted under `skipped` in the index. `other` samples are not used."""
+    framework = framework_overheads(samples)
+    samples = samples[~samples["primitive"].isin(HOST_PRIMITIVES)]
+    samples = deduplicate(samples[(samples["duration_us"] > 0) & (samples["primitive"] != "other")])
+    if samples.empty:
+        raise ModelError("no classified samples to train on")
+    shapeless = shapeless_rows(samples)
+    counts = samples[shapeless].groupby(["hardware", "primitive", "pass"]).size()
+    skipped: list[dict] = [
+        {"hardware": hardware, "primitive": primitive, "pass": pass_, "group": None, "rows": int(rows),
+         "reason": "rows without shape features (e.g. CPU autograd nodes) cannot be placed by shape"}
+        # pandas-stubs types a group key as Hashable; grouped by three columns, it is (hardware, primitive, pass)
+        for (hardware, primitive, pass_), rows in cast("Iterable[tuple[tuple[str, str, str], int]]", counts.items())
+    ]
+    samples = samples[~shapeless]
+    if samples.empty:
+        raise ModelError(f"none of the {int(shapeless.sum())} classified samples carries shape features")
+    samples = samples.assign(group=groups_of(samples))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    summaries: list[dict] = []
+    try:
+        for (hardware, primitive, pass_, group), index in training_sets(samples):
+            frame = samples.loc[index]
+            result = fit(frame, primitive, folds=folds, threads=threads)
+            if result.booster is None:
+                continue
+            mid = model_id(hardware, primitive, pass_, group)
+            meta = _metadata(mid, hardware, primitive, pass_, group, frame, result)
+            (staging / f"{mid}.ubj.gz").write_bytes(gzip.compress(bytes(result.booster.save_raw("ubj")), 9, mtime=0))
+            atomic_write_json(staging / f"{mid}.json", meta)
+            summaries.append(meta)
+            if on_model:
+                on_model(meta)
+        atomic_write_json(staging / INDEX, {
+            "format": FORMAT,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "provenance": {k: v for k, v in (provenance or {}).items() if k != "clusters"},
+            "clusters": (provenance or {}).get("clusters", {}),
+            "models": [{k: m[k] for k in ("id", "hardware", "primitive", "pass", "group")} for m in summaries],
+            "skipped": skipped,
+            "framework": framework,
+            "rates": {hw: asdict(r) for hw in sorted(samples["hardware"].unique())
+                      if hw.startswith("cpu-") and (r := rates(hw)) is not None},  # a CPU always has rates
+        })
+        _make_readable(staging)
+        _swap_in(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    ModelSet.load.cache_clear()
+    return summaries
+
+
+def framework_overheads(samples: pd.DataFrame) -> list[dict]:
+    """Per (hardware, pass): the framework time per compute operator (`framework` samples, µs; median over the
+    sampled layers, 0 when they say the layer is no slower than its operators). Not a regressor: it does not grow
+    with the shape."""
+    rows = samples[samples["primitive"].isin(HOST_PRIMITIVES)]
+    return [{"hardware": hardware, "pass": pass_, "samples": int(len(frame)),
+             "per_op_us": round(max(0.0, float(frame["duration_us"].median())), 3)}
+            for (hardware, pass_), frame in rows.groupby(["hardware", "pass"], sort=True)]
+
+
+def _metadata(mid, hardware, primitive, pass_, group, frame, result: FitResult) -> dict:
+    return {
+        "id": mid, "hardware": hardware, "primitive": primitive, "pass": pass_, "group": group,
+        "variants": sorted(frame["variant"].dropna().astype(str).unique().tolist()),
+        "features": result.features, "ranges": result.ranges, "samples": result.n_samples,
+        "cv": result.cv, "outliers": result.outliers, "params": result.params,
+        "train_hash": result.train_hash, "train_seconds": round(result.seconds, 2),
+        "sources": sorted(frame["source_path"].dropna().astype(str).unique().tolist())
+        if "source_path" in frame.columns else [],
+    }
+
+
+def _make_readable(folder: Path) -> None:
+    """The modes a new folder and new files get under the user's umask (0755/0644 under the usual 022), not the
+    private 0700/0600 of the temporary-file helpers the set was staged with."""
+    os.chmod(folder, umask_mode(folder=True))
+    for path in folder.iterdir():
+        os.chmod(path, umask_mode())
+
+
+def _swap_in(staging: Path, out: Path) -> None:
+    if out.exists() and not (out / INDEX).exists() and any(out.iterdir()):
+        raise ModelError(f"{out}: exists and is not a model directory; refusing to replace it")
+    backup = out.with_name(f".{out.name}.old")
+    shutil.rmtree(backup, ignore_errors=True)
+    if out.exists():
+        os.replace(out, backup)
+    os.replace(staging, out)
+    shutil.rmtree(backup, ignore_errors=True)
