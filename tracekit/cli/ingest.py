@@ -122,7 +122,8 @@ def _print_run(reports: list[dict]) -> None:
         ("busy", "right"), ("unclassified", "right"), ("samples", "right"))
     for name, justify in columns:
         table.add_column(name, justify=justify)
-    for r in sorted(reports, key=lambda r: (r["rank"] is None, r["rank"] or 0, r["path"])):
+    for r in sorted(reports, key=lambda r: (str(Path(r["path"]).parent), r["rank"] is None, r["rank"] or 0,
+                                            r["path"])):
         table.add_row(Path(r["path"]).name, _rank(r).removeprefix("rank "), r["hardware"], count(r["iterations"]),
                       count(r["kernels"]), seconds(r["gpu_busy_us"] / 1e6), percent(r["unclassified_share"]),
                       count(r["samples_written"]))

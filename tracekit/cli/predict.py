@@ -6,6 +6,8 @@ from typing import Any, Optional
 
 import typer
 
+from tracekit.report.numbers import percent, seconds
+
 from .app import app
 from .output import (
     EXIT_PARTIAL,
@@ -238,25 +240,25 @@ def _print_prediction(p) -> None:
                   f"dp {c.dp} cp {c.cp}{' vp ' + str(c.vp) if c.vp > 1 else ''}[/bold]")
     if p.hardware_used != p.cluster.hardware:
         console.print(f"operator models: {p.hardware_used}")
-    table = Table(title=f"iteration time {p.iteration_time_s:.4g} s (busiest stage {p.critical_stage})")
+    table = Table(title=f"iteration time {seconds(p.iteration_time_s)} (busiest stage {p.critical_stage})")
     table.add_column("part")
-    table.add_column("seconds", justify="right")
+    table.add_column("time", justify="right")
     table.add_column("share", justify="right")
     for key, value in p.breakdown.items():
-        table.add_row(key.replace("_", " "), f"{value:.4g}", f"{100 * value / p.iteration_time_s:.1f}%")
+        table.add_row(key.replace("_", " "), seconds(value), percent(value / p.iteration_time_s))
     console.print(table)
     if p.framework_us:
         console.print("framework time per compute operator (sampled on this CPU, in other): " + ", ".join(
             f"{pass_} {us:.0f} µs" for pass_, us in sorted(p.framework_us.items(), reverse=True)))
-    mfu = "n/a" if p.mfu is None else f"{100 * p.mfu:.1f}%"
+    mfu = "n/a" if p.mfu is None else percent(p.mfu)
     console.print(f"{p.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {mfu}, {p.tokens_per_s:,.0f} tokens/s")
     mem = p.memory_gb_per_gpu
     console.print("memory per GPU: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f} GB" for k, v in mem.items()))
     top = Table(title="top operators (busiest stage, per iteration)")
-    for col in ("operator", "pass", "primitive", "seconds", "share"):
-        top.add_column(col, justify="right" if col in ("seconds", "share") else "left")
+    for col in ("operator", "pass", "primitive", "time", "share"):
+        top.add_column(col, justify="right" if col in ("time", "share") else "left")
     for op in p.top_operators[:8]:
-        top.add_row(op["name"], op["pass"], op["primitive"], f"{op['time_s']:.4g}", f"{100 * op['share']:.1f}%")
+        top.add_row(op["name"], op["pass"], op["primitive"], seconds(op["time_s"]), percent(op["share"]))
     console.print(top)
     if p.fallbacks:
         console.print("fallbacks: " + ", ".join(
