@@ -471,9 +471,7 @@ def _prediction(graph: Graph, est: Estimates, cluster: Cluster, notes: list[str]
                         f"(see fallbacks); they take about {100 * share:.0f}% of an average GPU's iteration")
     return Prediction(
         config=c, cluster=cluster, hardware_used=graph.hardware, iteration_time_s=seconds,
-        # a part the schedule left empty is 0, not the residue of subtracting equal sums (2.9e-17 s of bubble)
-        breakdown={k: float(timeline.breakdown_us[k]) / 1e6 if abs(timeline.breakdown_us[k]) > 1e-6 else 0.0
-                   for k in BREAKDOWN},
+        breakdown={k: float(timeline.breakdown_us[k]) / 1e6 for k in BREAKDOWN},
         tflops_per_gpu=rates["tflops_per_gpu"], mfu=rates["mfu"], tokens_per_s=rates["tokens_per_s"],
         memory_gb_per_gpu=memory, warnings=warnings, fallbacks=fallbacks, critical_stage=timeline.critical_stage,
         calibration=cal, framework_us=dict(est.framework_us), graph=graph, timeline=timeline, durations_us=dur,

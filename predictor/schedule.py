@@ -347,7 +347,9 @@ def _finish(runs: _Runs, m: int, *, grad_buckets_us: list[list[float]] | None = 
         "optimizer": optimizer_us[crit],
         "other": runs.stage_sum(crit, [w.other for w in works]) + iteration_overhead_us,
     }
-    breakdown["pipeline_bubble"] = max(0.0, iteration - sum(breakdown.values()))
+    # what is left of the iteration: below a part in 10^12 of it, the rounding of the sums, not waiting
+    bubble = iteration - sum(breakdown.values())
+    breakdown["pipeline_bubble"] = bubble if bubble > 1e-12 * iteration else 0.0
     return Timeline(pp, vp, m, tails, iteration, breakdown, crit, runs)
 
 

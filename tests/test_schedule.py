@@ -19,6 +19,15 @@ def test_1f1b_bubble_share(pp, m):
     assert tl.breakdown_us["compute"] == pytest.approx(m * 3.0)
 
 
+@pytest.mark.parametrize("m", [3, 7, 11])
+def test_one_stage_has_no_bubble_not_even_rounding(m):
+    """pp = 1 never waits: the bubble (what the parts leave of the iteration) is exactly 0, not the 1e-15 µs the
+    float sums of these parts leave over (checked by hand: 7 micro-batches of these works leave 3.6e-15)."""
+    tl = simulate([[Work(0.7, 0.1, 0.05)]], [[Work(1.4, 0.1, 0.05)]], m)
+    assert tl.breakdown_us["pipeline_bubble"] == 0.0
+    assert sum(tl.breakdown_us.values()) == pytest.approx(tl.iteration_us, rel=1e-12)
+
+
 @pytest.mark.parametrize("pp, vp, m", [(4, 2, 8), (4, 4, 16), (2, 3, 4)])
 def test_interleaving_divides_bubble_by_vp(pp, vp, m):
     f, b = 1.0, 2.0  # per stage and micro-batch; each chunk does 1/vp of it
