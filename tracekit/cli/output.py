@@ -27,6 +27,10 @@ err_console = Console(stderr=True, highlight=False)
 EXIT_FAILED = 2  # nothing could be done
 EXIT_PARTIAL = 1  # some inputs failed, the rest were processed
 
+#: `--allow-unknown` of the commands that read a job (predict, search): one wording for one meaning.
+ALLOW_UNKNOWN_HELP = ("Accept settings that are not flags of the Megatron-LM tracekit knows (e.g. from a newer "
+                      "version): a warning, not an error.")
+
 
 def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
     """Print one error line to stderr and exit."""

@@ -10,6 +10,7 @@ from tracekit.report.numbers import percent, seconds
 
 from .app import app
 from .output import (
+    ALLOW_UNKNOWN_HELP,
     EXIT_PARTIAL,
     console,
     err_console,
@@ -88,9 +89,7 @@ def predict_command(
                                                                        "traces (rank-{r}.json.gz) into this folder."),
     trace_gzip: bool = typer.Option(True, "--trace-gzip/--trace-plain", help="--trace-out files gzip-compressed "
                                                                             "(default) or plain JSON."),
-    allow_unknown: bool = typer.Option(False, "--allow-unknown", help="Accept settings that are not flags of the "
-                                                                      "Megatron-LM tracekit knows (e.g. from a newer "
-                                                                      "version): a warning, not an error."),
+    allow_unknown: bool = typer.Option(False, "--allow-unknown", help=ALLOW_UNKNOWN_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     with user_errors():

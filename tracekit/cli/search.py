@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from .app import app
-from .output import console, err_console, fail, print_json, progress, user_errors
+from .output import ALLOW_UNKNOWN_HELP, console, err_console, fail, print_json, progress, user_errors
 
 HELP = """Find the best configuration of a job on N GPUs: every split Megatron accepts (tp, pp, dp, cp, virtual
 stages, micro-batch, sequence parallelism, activation recompute, distributed optimizer), pruned by the memory
@@ -48,9 +48,7 @@ def search_command(
                                                    "ray://head:10001)."),
     price: Optional[float] = typer.Option(None, "--price-per-gpu-hour", min=0.0, help="For --objective cost."),
     models_dir: Optional[Path] = typer.Option(None, "--models", help="Model directory (default: bundled models)."),
-    allow_unknown: bool = typer.Option(False, "--allow-unknown", help="Accept settings that are not flags of the "
-                                                                      "Megatron-LM tracekit knows (e.g. from a newer "
-                                                                      "version): a warning, not an error."),
+    allow_unknown: bool = typer.Option(False, "--allow-unknown", help=ALLOW_UNKNOWN_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     with user_errors():
@@ -70,7 +68,7 @@ def search_command(
             setting_name,
         )
         from tracekit.core.errors import InputError
-        from tracekit.core.megatron_arguments import refuse_unknown, unknown_settings
+        from tracekit.core.megatron_arguments import refuse_unknown
 
         from .predict import _cluster
 
@@ -87,8 +85,7 @@ def search_command(
             assert megatron_args is not None  # exactly one of the two was given
             base = parse_megatron_argv(megatron_args)
         warnings: list[str] | None = [] if allow_unknown else None
-        refuse_unknown(base, own_setting_names(), warnings)
-        strange = {key for key, _ in unknown_settings(base, own_setting_names())}  # kept aside, as predict does
+        strange = set(refuse_unknown(base, own_setting_names(), warnings))  # kept aside, as predict does
         base = {k: v for k, v in base.items() if k not in strange}
         for line in warnings or []:
             err_console.print(f"[yellow]warning:[/yellow] {line}")

@@ -59,12 +59,15 @@ def unknown_settings(keys, own: set[str]) -> list[tuple[str, str]]:
     return out
 
 
-def refuse_unknown(keys, own: set[str], collect: list[str] | None = None) -> None:
+def refuse_unknown(keys, own: set[str], collect: list[str] | None = None) -> list[str]:
     """ConfigError for the first unknown key; with `collect` (the user's --allow-unknown), append one warning per
-    unknown key to it instead."""
+    unknown key to it instead and return those keys (the caller keeps them aside)."""
+    accepted = []
     for key, hint in unknown_settings(keys, own):
-        what = f"{key!r} is not a flag of Megatron-LM ({source()}) nor a setting tracekit reads"
+        reason = f"not a flag of Megatron-LM ({source()}) nor a setting tracekit reads"
         if collect is None:
-            raise ConfigError(f"unknown setting {key!r}{hint}: {what.split(' is ', 1)[1]}; "
-                              "--allow-unknown accepts flags of newer Megatron versions")
-        collect.append(f"{what}{hint}: kept aside, not used in the prediction")
+            raise ConfigError(f"unknown setting {key!r}{hint}: {reason}; --allow-unknown accepts flags of newer "
+                              "Megatron versions")
+        collect.append(f"{key!r} is {reason}{hint}: kept aside, not used in the prediction")
+        accepted.append(key)
+    return accepted
