@@ -86,16 +86,17 @@ def ingest(
 
 
 def _rank(report: dict) -> str:
+    """`3 of 8`, `3` (world size unknown) or `unknown`."""
     if report["rank"] is None:
-        return "rank unknown"
-    return f"rank {report['rank']}" + ("" if report["world_size"] is None else f" of {report['world_size']}")
+        return "unknown"
+    return f"{report['rank']}" + ("" if report["world_size"] is None else f" of {report['world_size']}")
 
 
 def _print_trace(report: dict, comm_bytes: dict) -> None:
     from rich.table import Table
 
     total = sum(p["time_us"] for p in report["primitives"].values()) or 1.0
-    title = (f"{Path(report['path']).name}\nhardware {report['hardware']} · {_rank(report)} · "
+    title = (f"{Path(report['path']).name}\nhardware {report['hardware']} · rank {_rank(report)} · "
              f"{plural(report['iterations'], 'iteration')} · {plural(report['kernels'], 'kernel')} · "
              f"busy {seconds(report['gpu_busy_us'] / 1e6)} · unclassified {percent(report['unclassified_share'])} · "
              f"{plural(report['samples_written'], 'sample')} written")
@@ -124,7 +125,7 @@ def _print_run(reports: list[dict]) -> None:
         table.add_column(name, justify=justify)
     for r in sorted(reports, key=lambda r: (str(Path(r["path"]).parent), r["rank"] is None, r["rank"] or 0,
                                             r["path"])):
-        table.add_row(Path(r["path"]).name, _rank(r).removeprefix("rank "), r["hardware"], count(r["iterations"]),
+        table.add_row(Path(r["path"]).name, _rank(r), r["hardware"], count(r["iterations"]),
                       count(r["kernels"]), seconds(r["gpu_busy_us"] / 1e6), percent(r["unclassified_share"]),
                       count(r["samples_written"]))
     console.print(table)
