@@ -210,7 +210,11 @@ def corpus_rows(corpus: Path) -> pd.DataFrame:
     frame = pd.concat([trace_samples(read_trace(p), p.name) for p in files], ignore_index=True)
     frame = frame[~frame["primitive"].isin((*COLLECTIVE_PRIMITIVES, "other", "memcpy", "memset"))
                   & (frame["duration_us"] > 0)]
-    return frame[~shapeless_rows(frame)].reset_index(drop=True)
+    shapeless = shapeless_rows(frame)
+    left = frame[shapeless].groupby("hardware").size()
+    print("corpus kernels without shapes, left out (no launch call in the trace and no agreeing twins, or an op "
+          "with no shape rule): " + ", ".join(f"{hw} {n}" for hw, n in left.items()), file=sys.stderr)
+    return frame[~shapeless].reset_index(drop=True)
 
 
 def transfer_main(args) -> None:

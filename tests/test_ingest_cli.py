@@ -87,7 +87,8 @@ def test_json_schema_and_idempotent_reingest(tmp_path):
     assert set(doc) == {"traces", "errors", "skipped"} and doc["errors"] == [] == doc["skipped"]
     (report,) = doc["traces"]
     assert set(report) == {"path", "hardware", "rank", "world_size", "iterations", "kernels", "gpu_busy_us",
-                           "primitives", "unclassified_share", "backward", "samples_written"}
+                           "primitives", "unclassified_share", "backward", "launch_not_recorded",
+                           "samples_written"}
     assert (report["hardware"], report["rank"], report["world_size"]) == ("A100-PG509-200", 0, 2)
     assert report["kernels"] == 2700 and report["iterations"] == 3
     device_events = 2700 + 114 + 960  # kernels + memsets + memcpys in the file

@@ -125,6 +125,7 @@ def cpu_events(c: EventColumns, world_size: int | None) -> pd.DataFrame:
     for col in FEATURE_COLUMNS + ("wait_us", "launch_ts_us", "blocked_us"):
         frame[col] = frame[col].astype("float64")
     frame["bwd_node"] = frame["bwd_node"].fillna(-1).astype("int64")
+    frame["op_from_twin"] = False  # every row is an op of the trace itself
     if comm_rows:
         seqs = assign_sequence(comm_pg, [rows[r]["primitive"] for r in comm_rows],
                                np.argsort(np.asarray(comm_ts), kind="stable"), comm_recorded)

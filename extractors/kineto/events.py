@@ -52,6 +52,8 @@ class _Args(msgspec.Struct, gc=False):
     seq: Any = msgspec.field(name="Seq", default=None)
     autograd_seq: Any = msgspec.field(name="Sequence number", default=None)
     nbytes: Any = msgspec.field(name="bytes", default=None)
+    grid: msgspec.Raw = _EMPTY
+    block: msgspec.Raw = _EMPTY
 
 
 class Event(msgspec.Struct, gc=False):
@@ -114,6 +116,8 @@ class EventColumns:
     dev_bytes: np.ndarray = field(default_factory=_no_rows)
     dev_name: list = field(default_factory=list)
     dev_kind: list = field(default_factory=list)  # kernel | memcpy | memset
+    #: a kernel's launch geometry, the raw JSON of its grid and block (b"" when not recorded), shared between equals
+    dev_geometry: list = field(default_factory=list)
     dev_comm: dict = field(default_factory=dict)  # row → CommFields (generation (c): fields on the kernel)
     kernel_events: int = 0  # events of category `kernel` in the file
     # host operators (cpu_op and user_annotation)
@@ -217,7 +221,7 @@ class _Builder:
                                                c.op_concrete.append)
         dev_ts, dev_dur, dev_stream = self.dev["ts"].append, self.dev["dur"].append, self.dev["stream"].append
         dev_ext, dev_corr, dev_bytes = self.dev["ext"].append, self.dev["corr"].append, self.dev["bytes"].append
-        dev_name, dev_kind = c.dev_name.append, c.dev_kind.append
+        dev_name, dev_kind, dev_geometry = c.dev_name.append, c.dev_kind.append, c.dev_geometry.append
         rt_ts, rt_thread, rt_corr, rt_name = (self.rt["ts"].append, self.rt["thread"].append,
                                               self.rt["corr"].append, c.rt_name.append)
         roles = _CATEGORY_ROLE
@@ -300,7 +304,13 @@ class _Builder:
                     dev_ext(-1)
                     dev_corr(-1)
                     dev_bytes(-1)
+                    dev_geometry(b"")
                     continue
+                if a.grid is empty:
+                    dev_geometry(b"")
+                else:
+                    data = bytes(a.grid) + b"/" + bytes(a.block)
+                    dev_geometry(blobs.setdefault(data, data))
                 value = a.stream
                 dev_stream(value if type(value) is int else _int(value, _int(e.tid)))
                 value = a.ext

@@ -191,6 +191,7 @@ def trace_report(trace: KinetoTrace, written: int) -> dict:
                        for name, row in by_prim.iterrows()},
         "unclassified_share": round(other / total, 6) if total > 0 else 0.0,
         "backward": backward_report(ev),
+        "launch_not_recorded": unlaunched_report(ev),
         "samples_written": int(written),
     }
 
@@ -202,6 +203,15 @@ def backward_report(ev) -> dict:
     roles = Counter(role for role in ev["role"].to_numpy(dtype=object)[bwd] if isinstance(role, str))
     linked, kernels = sum(roles.values()), int(bwd.sum())
     return {"kernels": kernels, "linked": linked, "unlinked": kernels - linked, "roles": dict(sorted(roles.items()))}
+
+
+def unlaunched_report(ev) -> dict:
+    """Compute kernels whose launch call is not in the trace (most often: launched before the profiler's CPU window
+    opened): how many took their twins' op and shapes (linkage.twin_ops), how many stay without an op (no shapes)."""
+    compute = (ev["kind"].to_numpy(dtype=object) == "kernel") & (ev["category"].to_numpy(dtype=object)
+                                                                 == "computation")
+    twins = int((ev["op_from_twin"].to_numpy(dtype=bool) & compute).sum())
+    return {"from_twins": twins, "without_op": int((ev["op"].isna().to_numpy() & compute).sum())}
 
 
 #: A run's traces are parsed in parallel processes only when they are this large together: below it, starting the

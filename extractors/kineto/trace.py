@@ -129,8 +129,9 @@ def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None) -> pd.Data
         cols["op"][i] = op
         if inner >= 0 and layer[inner] >= 0:
             cols["layer"][i] = op_names[layer[inner]]
+    # a twin's op is not this kernel's autograd node: borrowed, it would sum into the twin's backward
     bwd = link_backward(c, lk, (np.array(cols["category"], dtype=object) == "computation")
-                        & (np.array(cols["pass"], dtype=object) == "bwd"))
+                        & (np.array(cols["pass"], dtype=object) == "bwd") & ~lk.dev_twin)
     fwd_name: list = [None] * n
     for i in np.flatnonzero(bwd.forward >= 0).tolist():  # the forward op's primitive, dtype and shapes
         fwd = int(bwd.forward[i])
@@ -151,7 +152,7 @@ def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None) -> pd.Data
     frame = pd.DataFrame({
         "ts_us": c.dev_ts, "dur_us": c.dev_dur, "stream": c.dev_stream, "name": names, "kind": c.dev_kind,
         "category": cols["category"], "primitive": cols["primitive"], "pass": cols["pass"], "dtype": cols["dtype"],
-        "op": cols["op"], "iteration": lk.dev_iteration,
+        "op": cols["op"], "op_from_twin": lk.dev_twin, "iteration": lk.dev_iteration,
         **{name: np.array(values, dtype=float) for name, values in feat_rows.items()},
         "process_group": cols["process_group"], "process_group_desc": cols["process_group_desc"],
         "comm_seq": pd.array(cols["comm_seq"], dtype="Int64"), "wait_us": np.full(n, np.nan), "layer": cols["layer"],

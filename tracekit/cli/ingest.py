@@ -74,6 +74,7 @@ def ingest(
                 _print_trace(report, comm_bytes)
         if len(result.traces) > 1:
             _print_run(result.traces)
+        _print_unlaunched(result.traces)
         if result.matched_collectives:
             console.print(f"collectives matched across ranks: {count(result.matched_collectives)}")
         written = sum(r["samples_written"] for r in result.traces)
@@ -83,6 +84,16 @@ def ingest(
         raise typer.Exit(EXIT_FAILED)
     if result.errors:
         raise typer.Exit(EXIT_PARTIAL)
+
+
+def _print_unlaunched(reports: list[dict]) -> None:
+    """One line on the compute kernels whose launch the traces do not hold, when there are any."""
+    twins = sum(r["launch_not_recorded"]["from_twins"] for r in reports)
+    lost = sum(r["launch_not_recorded"]["without_op"] for r in reports)
+    if twins or lost:
+        console.print(f"{plural(twins + lost, 'compute kernel')} without a launch call in the trace: {count(twins)} "
+                      f"took the op and shapes of their twins (same kernel, grid and block), {count(lost)} have no op "
+                      f"and no shapes")
 
 
 def _rank(report: dict) -> str:
