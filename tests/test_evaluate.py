@@ -83,3 +83,17 @@ def test_evaluate_a_kineto_trace_without_models_for_its_gpu():
     assert all(e["out_of_range"] == e["n"] for e in entries)
     gemm = [e for e in entries if e["primitive"] == "gemm"]
     assert gemm and all(e["mape"] is not None for e in gemm)
+
+
+def test_evaluate_counts_each_row_once_by_the_path_that_answered_it():
+    """The H100 Qwen trace holds GEMM kernels without an op or shapes (launched before the profiler's window, twins
+    disagreeing): they are `no estimate`, not also counted under the path that could not size them."""
+    from tests.conftest import KINETO
+
+    trace = KINETO / "tracelens" / "h100__Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
+    result = runner.invoke(app, ["evaluate", str(trace), "--format", "kineto", "--json"])
+    assert result.exit_code == 0, result.output
+    entries = json.loads(result.stdout)["models"]
+    assert all(sum(e["paths"].values()) == e["n"] for e in entries)
+    unshaped = [e for e in entries if e["primitive"] == "gemm" and not e["variant"]]
+    assert unshaped and all(e["paths"] == {"no estimate": e["n"]} and e["mape"] is None for e in unshaped)

@@ -36,11 +36,11 @@ def error_table(samples, predictions):
     frame["sources"] = predictions["sources"].to_numpy() if "sources" in predictions.columns else ""
     rows = []
     for key, group in frame.groupby(KEYS, sort=True):
-        ape = group["ape"].to_numpy()
-        ape = ape[np.isfinite(ape)]
-        paths = {p: int(c) for p, c in group["path"].value_counts().items()}
-        if len(ape) < len(group):
-            paths["no estimate"] = int(len(group) - len(ape))
+        answered = np.isfinite(group["ape"].to_numpy())
+        ape = group["ape"].to_numpy()[answered]
+        paths = {p: int(c) for p, c in group["path"][answered].value_counts().items()}
+        if not answered.all():  # a row is counted once: by the path that answered it, or here
+            paths["no estimate"] = int((~answered).sum())
         rows.append({
             **dict(zip(KEYS, key)), "n": int(len(group)),
             **ape_summary(ape),
