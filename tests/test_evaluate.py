@@ -86,11 +86,11 @@ def test_evaluate_a_kineto_trace_without_models_for_its_gpu():
 
 
 def test_evaluate_counts_each_row_once_by_the_path_that_answered_it():
-    """The H100 Qwen trace holds GEMM kernels without an op or shapes (launched before the profiler's window, twins
-    disagreeing): they are `no estimate`, not also counted under the path that could not size them."""
+    """The MI300X ResNet trace holds GEMM kernels without an op or shapes (their launches are not in the trace):
+    they are `no estimate`, not also counted under the path that could not size them."""
     from tests.conftest import KINETO
 
-    trace = KINETO / "tracelens" / "h100__Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
+    trace = KINETO / "tracelens" / "mi300__resnet_act_checkpoint.json.gz"
     result = runner.invoke(app, ["evaluate", str(trace), "--format", "kineto", "--json"])
     assert result.exit_code == 0, result.output
     entries = json.loads(result.stdout)["models"]

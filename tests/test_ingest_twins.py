@@ -1,9 +1,9 @@
-"""Kernels whose launch is not in the trace take the op and shapes of their twins (same name and grid/block).
+"""Kernels whose launch is not in the trace take the op and shapes of their twins (extractors/kineto/twins.py).
 
 The Qwen H100 trace of the corpus holds 437 kernels that ran before the profiler's CPU window opened: their launch
-calls are not in the file, and 436 of them carry no External id of an op in it either. The expected twins are
-worked out here from the raw JSON (orjson), independently of tracekit's linker; a trace whose window is made to
-open one step late checks that twins read as their own launch would have read.
+calls are not in the file, and 436 of them carry no External id of an op in it either. What each of the two rules
+gives them is worked out here from the raw JSON (orjson), independently of tracekit's linker; a trace whose window
+is made to open one step late checks that twins read as their own launch would have read.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import orjson
 from typer.testing import CliRunner
 
 from extractors.kineto import read_trace
-from extractors.kineto.linkage import MIN_TWINS
+from extractors.kineto.twins import MIN_TWINS
 from tests.conftest import KINETO
 from tracekit.cli import app
 
@@ -23,54 +23,76 @@ QWEN = KINETO / "tracelens" / "h100__Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
 DDP = KINETO / "hta" / "nccl_parser_config_nccl_data.json.gz"
 
 
-def expected_twins(path) -> tuple[int, dict]:
-    """(kernels without a recorded launch or op, {kernel ts: (op name, Input Dims)} of those with at least MIN_TWINS
-    recorded twins, all launched by one op with the same inputs)."""
+def kernels_and_ops(path) -> tuple[list, dict, set]:
+    """The trace's kernels sorted by start, its cpu_ops by External id, and the correlation ids of launch calls."""
     events = orjson.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
     launched = {e["args"]["correlation"] for e in events
                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     ops = {e["args"]["External id"]: e for e in events
            if e.get("cat") == "cpu_op" and "External id" in e.get("args", {})}
-    kernels = [e for e in events if e.get("cat") == "kernel"]
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    return kernels, ops, launched
 
-    def signature(e):
-        return e["name"], str(e["args"].get("grid")), str(e["args"].get("block"))
 
-    launchers: dict = defaultdict(set)
-    count: dict = defaultdict(int)
-    orphans = []
+def signature(e) -> tuple:
+    return e["name"], str(e["args"].get("grid")), str(e["args"].get("block"))
+
+
+def launcher(e, ops: dict, launched: set):
+    """(op name, Input Dims) of a kernel's recorded launch, None without one."""
+    op = ops.get(e["args"].get("External id"))
+    if e["args"].get("correlation") not in launched or op is None:
+        return None
+    return op["name"], orjson.dumps(op["args"].get("Input Dims"))
+
+
+def expected_ops(path) -> tuple[int, dict, dict]:
+    """Kernels without a recorded launch or op, and the ops the two rules give them ({kernel ts: (op name, Input
+    Dims)}): rule 1, at least MIN_TWINS recorded twins (name, grid, block) all launched by one op with the same
+    inputs; rule 2, the run of such kernels recurring kernel for kernel among launched ones, every recurrence
+    agreeing. Worked out on the raw JSON, without tracekit's linker."""
+    kernels, ops, launched = kernels_and_ops(path)
+    by_signature: dict = defaultdict(list)
     for e in kernels:
-        op = ops.get(e["args"].get("External id"))
-        if e["args"].get("correlation") in launched and op is not None:
-            launchers[signature(e)].add((op["name"], orjson.dumps(op["args"].get("Input Dims"))))
-            count[signature(e)] += 1
-        elif e["args"].get("correlation") not in launched and op is None:
-            orphans.append(e)
-    twins = {}
-    for e in orphans:
-        found = launchers.get(signature(e), set())
-        if len(found) == 1 and count[signature(e)] >= MIN_TWINS:
-            name, dims = next(iter(found))
-            twins[e["ts"]] = (name, orjson.loads(dims))
-    return len(orphans), twins
+        found = launcher(e, ops, launched)
+        if found is not None:
+            by_signature[signature(e)].append(found)
+    orphans = [i for i, e in enumerate(kernels)
+               if e["args"].get("correlation") not in launched and ops.get(e["args"].get("External id")) is None]
+    rule1 = {}
+    for i in orphans:
+        found = by_signature.get(signature(kernels[i]), [])
+        if len(set(found)) == 1 and len(found) >= MIN_TWINS:
+            rule1[kernels[i]["ts"]] = found[0]
+    # in this trace the kernels without a launch are the first ones, on one stream: one run
+    assert orphans == list(range(len(orphans))) and len({e["args"]["stream"] for e in kernels}) == 1
+    run = [signature(e) for e in kernels[:len(orphans)]]
+    starts = [s for s in range(len(orphans), len(kernels) - len(run) + 1)
+              if [signature(e) for e in kernels[s:s + len(run)]] == run
+              and all(launcher(e, ops, launched) for e in kernels[s:s + len(run)])]
+    rule2 = {}
+    for offset in range(len(run)):
+        found = {launcher(kernels[s + offset], ops, launched) for s in starts}
+        if len(found) == 1 and kernels[offset]["ts"] not in rule1:
+            rule2[kernels[offset]["ts"]] = found.pop()
+    return len(orphans), rule1, rule2
 
 
 def test_qwen_kernels_before_the_window_take_their_twins_op_and_shapes():
-    orphans, twins = expected_twins(QWEN)
-    assert orphans == 436
+    orphans, rule1, rule2 = expected_ops(QWEN)
+    assert orphans == 436 and len(rule1) > 200 and len(rule2) > 100
     events = read_trace(QWEN).device_events
     kernels = events[events["kind"] == "kernel"]
     borrowed = kernels[kernels["op_from_twin"]]
-    assert len(borrowed) == len(twins) > 200
-    by_ts = {round(ts, 3): value for ts, value in twins.items()}
+    expected = {round(ts, 3): value for ts, value in {**rule1, **rule2}.items()}
+    assert sorted(round(ts, 3) for ts in borrowed["ts_us"]) == sorted(expected)
     for row in borrowed.itertuples(index=False):
-        name, dims = by_ts[round(row.ts_us, 3)]
+        name, dims = expected[round(row.ts_us, 3)]
         assert row.op == name
         if name == "aten::mm":  # [[m, k], [k, n]]
+            dims = orjson.loads(dims)
             assert (row.m, row.k, row.n) == (dims[0][0], dims[0][1], dims[1][1])
-    # the rest stay without an op: their twins disagree (or there are none)
-    assert (kernels["op"].isna().sum()) == orphans - len(twins)
-    # every shaped GEMM the twins gave is scored like any other
+    assert kernels["op"].isna().sum() == orphans - len(expected)
     assert borrowed.loc[borrowed["primitive"] == "gemm", ["m", "n", "k"]].notna().all().all()
 
 
@@ -97,7 +119,8 @@ def test_a_window_opening_one_step_late_gives_the_same_ops_and_no_backward_links
 
 
 def test_ingest_says_how_many_kernels_took_their_twins_op(tmp_path):
-    orphans, twins = expected_twins(QWEN)
+    orphans, rule1, rule2 = expected_ops(QWEN)
+    twins = {**rule1, **rule2}
     runner = CliRunner()
     shown = runner.invoke(app, ["ingest", str(QWEN), "--store", str(tmp_path / "a")])
     assert shown.exit_code == 0, shown.output

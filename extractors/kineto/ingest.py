@@ -207,7 +207,7 @@ def backward_report(ev) -> dict:
 
 def unlaunched_report(ev) -> dict:
     """Compute kernels whose launch call is not in the trace (most often: launched before the profiler's CPU window
-    opened): how many took their twins' op and shapes (linkage.twin_ops), how many stay without an op (no shapes)."""
+    opened): how many took their twins' op and shapes (twins.py), how many stay without an op (no shapes)."""
     compute = (ev["kind"].to_numpy(dtype=object) == "kernel") & (ev["category"].to_numpy(dtype=object)
                                                                  == "computation")
     twins = int((ev["op_from_twin"].to_numpy(dtype=bool) & compute).sum())

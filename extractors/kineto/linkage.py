@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .classify import is_comm_kernel
 from .events import EventColumns
 
 _BACKWARD = re.compile(r"(^autograd::engine::evaluate_function)|(Backward\d*$)|(backward)", re.I)
@@ -60,7 +59,7 @@ class Linkage:
     dev_launch_ts: np.ndarray  # ts of the launch call (NaN when not in the trace)
     iterations: list  # (step, start_us, end_us), sorted by start
     dev_iteration: np.ndarray  # step number, -1 outside profiler steps
-    dev_twin: np.ndarray  # bool: the op is a twin's (twin_ops), the kernel's own launch is not in the trace
+    dev_twin: np.ndarray  # bool: the op is a twin's (twins.py), the kernel's own launch is not in the trace
 
 
 def _name_flags(names: list) -> dict:
@@ -185,50 +184,6 @@ def _lookup(keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.nda
     return np.where(found, values[order][pos], -1)
 
 
-#: Twins that must agree before a kernel takes their op: fewer is weak evidence (a sampled trace, or one step in
-#: which an op occurs once), measured by `benchmarks/twin_links.py`.
-MIN_TWINS = 3
-
-
-def twin_ops(c: EventColumns, ops: OpContext, dev_op: np.ndarray, min_twins: int = MIN_TWINS) -> np.ndarray:
-    """Per device event, the op of its twins where its own launch is not in the trace, else -1.
-
-    Some kernels come without their launch call, so nothing names their op or shapes: most often they were launched
-    before the profiler's CPU window opened (a warm-up step's work still on the GPU). A kernel's twins are the
-    kernels of the same trace with the same name and launch geometry (grid and block) whose launch is recorded. When
-    at least `min_twins` twins were all launched by the same op with the same inputs (name, Input Dims, Input type)
-    in the same context (backward, optimizer), that op is the kernel's too. Anything less certain stays unlinked: no
-    geometry recorded, too few twins, twins that disagree, or a communication kernel (a borrowed op would corrupt its
-    sequence in its group). `benchmarks/twin_links.py` hides the launches of the first 10% or 30% of each corpus
-    trace's linked kernels and counts how often the rule names the wrong op."""
-    out = np.full(len(dev_op), -1, np.int64)
-    orphans = [i for i in np.flatnonzero(dev_op < 0).tolist()
-               if c.dev_kind[i] == "kernel" and c.dev_geometry[i] and i not in c.dev_comm
-               and not is_comm_kernel(c.dev_name[i])]
-    if not orphans:
-        return out
-    wanted = {(c.dev_name[i], c.dev_geometry[i]) for i in orphans}
-    donor: dict = {}  # signature → [what its twins were launched by, one twin's op, how many twins]
-    disagree: set = set()
-    for i in np.flatnonzero(dev_op >= 0).tolist():
-        signature = (c.dev_name[i], c.dev_geometry[i])
-        if signature not in wanted or signature in disagree:
-            continue
-        inner = int(dev_op[i])
-        launcher = int(ops.cpu_op[inner]) if ops.cpu_op[inner] >= 0 else inner
-        key = (c.op_name[launcher], c.op_dims[launcher], c.op_types[launcher], bool(ops.backward[inner]),
-               bool(ops.optimizer[inner]))
-        seen = donor.setdefault(signature, [key, inner, 0])
-        seen[2] += 1
-        if seen[0] != key:
-            disagree.add(signature)
-    for i in orphans:
-        signature = (c.dev_name[i], c.dev_geometry[i])
-        if signature in donor and signature not in disagree and donor[signature][2] >= min_twins:
-            out[i] = donor[signature][1]
-    return out
-
-
 def profiler_steps(c: EventColumns) -> list:
     """(step number, start µs, end µs) of every ProfilerStep#N annotation, sorted by start."""
     steps = []
@@ -254,9 +209,6 @@ def link(c: EventColumns) -> Linkage:
         if missing.any():
             by_ext = _lookup(c.op_ext, np.arange(len(c.op_ext)), c.dev_ext[missing])
             dev_op[missing] = by_ext
-    twin = twin_ops(c, ops, dev_op)
-    dev_twin = twin >= 0
-    dev_op = np.where(dev_twin, twin, dev_op)
     steps = profiler_steps(c)
     dev_iteration = np.full(len(c.dev_ts), -1, np.int64)
     if steps:
@@ -267,4 +219,5 @@ def link(c: EventColumns) -> Linkage:
         pos = np.searchsorted(starts, when, side="right") - 1
         ok = (pos >= 0) & (when <= stops[np.maximum(pos, 0)])
         dev_iteration = np.where(ok, numbers[np.maximum(pos, 0)], -1)
-    return Linkage(ops, dev_op.astype(np.int64), launch_ts, steps, dev_iteration, dev_twin)
+    return Linkage(ops, dev_op.astype(np.int64), launch_ts, steps, dev_iteration,
+                   np.zeros(len(dev_op), dtype=bool))

@@ -21,6 +21,7 @@ from .events import Event, EventColumns, decode_events, event_columns
 from .linkage import Linkage, link, profiler_steps
 from .load import open_trace
 from .shapes import op_features
+from .twins import adopt_twins
 
 if TYPE_CHECKING:  # pandas is imported where the frame is built (reading a trace's header does not need it)
     import pandas as pd
@@ -198,7 +199,7 @@ def read_trace(path: str | Path) -> KinetoTrace:
     base = dict(path=path, rank=rank, world_size=world, kernels=c.kernel_events, size_bytes=tf.size_bytes,
                 base_time_ns=tf.base_time_ns, backend=backend, device_properties=tf.device_properties)
     if len(c.dev_ts):
-        lk = link(c)
+        lk = adopt_twins(c, link(c))
         frame = _gpu_events(c, lk, world)
         return KinetoTrace(hardware=_hardware(tf.device_properties), iterations=lk.iterations, device_events=frame,
                            **base)
