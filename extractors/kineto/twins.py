@@ -49,8 +49,9 @@ def twin_ops(c: EventColumns, ops: OpContext, dev_op: np.ndarray, min_twins: int
     """Per device event, the op its twins name where its own launch is not in the trace (`dev_op` < 0), else -1.
     `min_run=None` applies rule 1 alone."""
     out = np.full(len(dev_op), -1, np.int64)
-    orphan = np.array([dev_op[i] < 0 and c.dev_kind[i] == "kernel" and i not in c.dev_comm
-                       and not is_comm_kernel(c.dev_name[i]) for i in range(len(dev_op))], dtype=bool)
+    orphan = np.zeros(len(dev_op), dtype=bool)
+    for i in np.flatnonzero(dev_op < 0).tolist():
+        orphan[i] = c.dev_kind[i] == "kernel" and i not in c.dev_comm and not is_comm_kernel(c.dev_name[i])
     if not orphan.any():
         return out
     _same_geometry(c, ops, dev_op, orphan, min_twins, out)
