@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from predictor import batch as B  # noqa: E402
+from predictor.estimates import clear_estimate_cache  # noqa: E402
 from predictor.models import ModelSet  # noqa: E402
-from predictor.predict import clear_estimate_cache, predict, predict_many  # noqa: E402
+from predictor.predict import predict, predict_many  # noqa: E402
 
 E2E = ROOT.parent / "shared" / "corpus" / "e2e" / "vtrain_a100_single_node.csv"
 PAPER_TOOL_S = 56.0

@@ -2,8 +2,9 @@
 samples were not taken on (e.g. 40 GB A100s, 2023 Megatron-DeepSpeed). Stored as JSON under
 `tracekit/data/calibration/<name>.json` with how they were fitted; never applied unless asked for by name or path.
 
-This module is the data type and its loading only: `predictor.predict` applies a Calibration and imports this
-module; fitting one, which needs predictions, is `predictor.calibration_fit` (so neither imports the other back).
+This module is the data type and its loading only: `predictor.estimates` (scale factors) and `predictor.stage_work`
+(overheads) apply a Calibration and import this module; fitting one, which needs predictions, is
+`predictor.calibration_fit` (so neither imports the other back).
 """
 from __future__ import annotations
 

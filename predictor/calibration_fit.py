@@ -18,7 +18,8 @@ import numpy as np
 from tracekit.core.errors import ConfigError
 
 from .calibration import CONSTANTS, NONE, Calibration
-from .predict import prepare_many, simulate_graph
+from .predict import prepare_many
+from .stage_work import simulate_graph
 
 #: Lower bounds (scales stay positive, overheads non-negative) and finite-difference steps of each constant.
 LOWER = {"compute_scale": 0.2, "memory_scale": 0.2, "comm_scale": 0.2, "microbatch_overhead_us": 0.0,

@@ -43,6 +43,23 @@ def test_an_output_option_means_one_kind_of_thing_in_every_command():
     assert seen["--out"] == {"capture", "megatron-args"}  # both name the capture folder
 
 
+@pytest.mark.parametrize("name", ["ingest", "search"])
+def test_executor_and_ray_address_are_one_option_pair_in_every_command(name, tmp_path):
+    """ingest and search take --executor local|ray (listed in --help; anything else is typer's usage error) and
+    refuse --ray-address without --executor ray before doing any work. Ray is never reached: no test here needs it."""
+    store = tmp_path / "store"
+    work = {"ingest": [str(KINETO / "hta" / "nccl_parser_config_nccl_data.json.gz"), "--store", str(store)],
+            "search": ["--megatron-args", "--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length "
+                       "1024 --global-batch-size 32 --fp16", "--gpus", "8", "--hardware", "A100-SXM4-80GB"]}[name]
+    assert "local|ray" in runner.invoke(app, [name, "-h"], terminal_width=200).stdout
+    unknown = runner.invoke(app, [name, *work, "--executor", "dask"])
+    assert unknown.exit_code == 2 and "--executor" in unknown.stderr and "'dask'" in unknown.stderr
+    for executor in ([], ["--executor", "local"]):
+        stray = runner.invoke(app, [name, *work, *executor, "--ray-address", "auto"])
+        assert stray.exit_code == 2 and stray.stderr == "error: --ray-address needs --executor ray\n"
+    assert not store.exists()  # refused before anything was written
+
+
 def _mode(path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
 

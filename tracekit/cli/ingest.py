@@ -12,6 +12,7 @@ if TYPE_CHECKING:  # rich is imported where a table is printed
 from tracekit.report.numbers import count, percent, plural, seconds, size_bytes
 
 from .app import app
+from .executor import Executor, check_ray_address, executor_option, ray_address_option
 from .output import EXIT_FAILED, EXIT_PARTIAL, console, err_console, fail, print_json, progress, user_errors
 
 
@@ -32,13 +33,8 @@ def ingest(
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Processes that parse a run's traces "
                                                                        "(default: every core; runs under 32 MB are "
                                                                        "parsed in this process)."),
-    executor: str = typer.Option("local", "--executor", help="local (processes of this machine, see --jobs) | ray "
-                                                             "(one Ray task per trace; local Ray started on "
-                                                             "demand; needs `tracekit[ray]`)"),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address",
-                                              help="An existing Ray cluster for --executor ray (e.g. auto, "
-                                                   "ray://head:10001); its nodes must see the traces at the same "
-                                                   "paths."),
+    executor: Executor = executor_option(),
+    ray_address: Optional[str] = ray_address_option("its nodes must see the traces at the same paths"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="With several traces: each rank's table of "
                                                                  "primitives, not only the run summary."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
@@ -46,13 +42,10 @@ def ingest(
     from extractors.kineto import ingest_paths
     from tracekit.core.store import SampleStore
 
+    check_ray_address(executor, ray_address)
+    if executor is Executor.ray and jobs is not None:
+        fail("--jobs sets the local processes; with --executor ray, Ray decides (give one of them)")
     with user_errors():
-        if executor not in ("local", "ray"):
-            fail(f"--executor must be local or ray, not {executor!r}")
-        if executor == "ray" and jobs is not None:
-            fail("--jobs sets the local processes; with --executor ray, Ray decides (give one of them)")
-        if ray_address and executor != "ray":
-            fail("--ray-address needs --executor ray")
         sample_store = SampleStore(store)
         with progress(quiet=as_json) as bar:
             task = bar.add_task("ingesting", total=None)
@@ -60,7 +53,7 @@ def ingest(
             def advance(done: int, total: int, path) -> None:
                 bar.update(task, completed=done, total=total, description=f"ingesting {Path(path).name}")
 
-            result = ingest_paths(paths, sample_store, progress=advance, jobs=jobs, executor=executor,
+            result = ingest_paths(paths, sample_store, progress=advance, jobs=jobs, executor=executor.value,
                                   ray_address=ray_address)
     for error in result.errors:
         err_console.print(f"error: {error['path']}: {error['error']}", markup=False, soft_wrap=True)

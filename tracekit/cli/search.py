@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from .app import app
+from .executor import Executor, check_ray_address, executor_option, ray_address_option
 from .output import ALLOW_UNKNOWN_HELP, console, err_console, fail, print_json, progress, user_errors
 
 HELP = """Find the best configuration of a job on N GPUs: every split Megatron accepts (tp, pp, dp, cp, virtual
@@ -41,16 +42,14 @@ def search_command(
     top: int = typer.Option(10, "--top", min=1, help="How many candidates to print."),
     objective: str = typer.Option("time", "--objective", help="time | tokens-per-s | cost (needs "
                                                               "--price-per-gpu-hour)"),
-    executor: str = typer.Option("local", "--executor", help="local (this process) | ray (Ray tasks; local Ray "
-                                                             "started on demand; needs `tracekit[ray]`)"),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address",
-                                              help="An existing Ray cluster for --executor ray (e.g. auto, "
-                                                   "ray://head:10001)."),
+    executor: Executor = executor_option(),
+    ray_address: Optional[str] = ray_address_option(),
     price: Optional[float] = typer.Option(None, "--price-per-gpu-hour", min=0.0, help="For --objective cost."),
     models_dir: Optional[Path] = typer.Option(None, "--models", help="Model directory (default: bundled models)."),
     allow_unknown: bool = typer.Option(False, "--allow-unknown", help=ALLOW_UNKNOWN_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
+    check_ray_address(executor, ray_address)
     with user_errors():
         import yaml
 
@@ -99,15 +98,13 @@ def search_command(
         if where is None:
             fail("name the GPU with --hardware ID or --cluster NAME|FILE")
         models = ModelSet.load(models_dir)
-        if executor not in ("local", "ray"):
-            fail(f"--executor must be local or ray, not {executor!r}")
         runner = None
-        if executor == "ray":
+        if executor is Executor.ray:
             from predictor import RayExecutor
 
             runner = RayExecutor(ray_address)
         with progress(quiet=as_json) as bar:
-            bar.add_task(f"searching ({executor})", total=None)
+            bar.add_task(f"searching ({executor.value})", total=None)
             result = search(base, gpus, where, models, fixed & set(SEARCH_KEYS),
                             profile.calibration(where.hardware), objective, price, runner,
                             context_parallel=bool(opened & {"all", "context_parallel_size"}))
