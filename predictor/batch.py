@@ -28,6 +28,7 @@ from tracekit.core.errors import ConfigError, InputError
 from tracekit.core.hardware import hardware_spec, normalize_hardware
 
 from .calibration import Calibration
+from .predict import BREAKDOWN
 from .stack import Stack, get_stack, select_stack
 
 #: Columns read as the configuration (everything else is carried through untouched).
@@ -37,7 +38,6 @@ CONFIG_COLUMNS = (
     "virtual_pipeline_stages", "activation_recompute", "precision", "num_gpus",
 )
 #: Optional extra columns understood when present: any TrainingConfig field name (e.g. attention, swiglu).
-BREAKDOWN = ("compute", "exposed_communication", "pipeline_bubble", "optimizer", "other")
 OUTPUT_COLUMNS = (
     "predicted_iteration_time_s", *(f"predicted_{k}_s" for k in BREAKDOWN), "predicted_tflops_per_gpu",
     "predicted_mfu", "predicted_tokens_per_s", "predicted_memory_gb_per_gpu", "hardware_used", "cluster", "stack",
