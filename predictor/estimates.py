@@ -23,6 +23,7 @@ from tracekit.core.errors import ConfigError, did_you_mean
 from tracekit.core.hardware import SPECS, hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES, FEATURE_COLUMNS
 
+from .roofline import TENSOR_CORE_PRIMITIVES
 from .transfer import source_weights
 
 if TYPE_CHECKING:
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
     from .calibration import Calibration
     from .graph import Graph
 
-TENSOR_PRIMITIVES = ("gemm", "bmm", "attention")
 KEYS = ("hardware", "primitive", "pass", "dtype", "variant", "role")
 
 
@@ -179,7 +179,7 @@ def calibrated_durations(graph: Graph, est: Estimates, cal: Calibration) -> np.n
     """Estimates with the calibration's scale factors applied, per spec."""
     prims = [s["primitive"] for s in graph.specs]
     scale = np.array([
-        cal.comm_scale if p in COLLECTIVE_PRIMITIVES else cal.compute_scale if p in TENSOR_PRIMITIVES
+        cal.comm_scale if p in COLLECTIVE_PRIMITIVES else cal.compute_scale if p in TENSOR_CORE_PRIMITIVES
         else cal.memory_scale for p in prims
     ])
     return est.duration_us * scale

@@ -141,11 +141,13 @@ def hardware_rates(hardware: pd.Series) -> dict[str, np.ndarray]:
     return out
 
 
-def estimate_us(frame: pd.DataFrame) -> np.ndarray:
-    """Roofline time (µs) per row: max(FLOPs / peak, bytes / bandwidth) + launch overhead; collectives: ring
-    traffic / link bandwidth + per-step latency. NaN where the hardware or the work is unknown."""
-    hw = hardware_rates(frame["hardware"].astype("string").fillna(""))
-    prim = frame["primitive"].astype("string").fillna("").to_numpy()
+def compute_seconds(frame: pd.DataFrame, hw: dict[str, np.ndarray] | None = None,
+                    prim: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of compute work at the derated peaks: (FLOPs / peak, bytes / bandwidth) in seconds, each 0 where that
+    work is unknown, and whether the roofline can size the row at all (its hardware, peak and some work known).
+    `hw` and `prim` are the rows' `hardware_rates` and primitives when the caller has them already."""
+    hw = hardware_rates(frame["hardware"].astype("string").fillna("")) if hw is None else hw
+    prim = frame["primitive"].astype("string").fillna("").to_numpy() if prim is None else prim
     flops, moved, _ = compute_work(frame)
     size = dtype_bytes(frame["dtype"] if "dtype" in frame.columns else None, len(frame))
     tensor = np.isin(prim, TENSOR_CORE_PRIMITIVES) & (size <= 2)
@@ -154,9 +156,18 @@ def estimate_us(frame: pd.DataFrame) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         t_compute = np.nan_to_num(flops / peak, nan=0.0)
         t_memory = np.nan_to_num(moved / (hw["mem_bw"] * MEMORY_EFFICIENCY), nan=0.0)
-        compute_est = np.maximum(t_compute, t_memory) * 1e6 + KERNEL_OVERHEAD_US
-        compute_est = np.where((np.isnan(flops) & np.isnan(moved)) | np.isnan(hw["mem_bw"]) | np.isnan(peak), np.nan,
-                               compute_est)
+    known = ~((np.isnan(flops) & np.isnan(moved)) | np.isnan(hw["mem_bw"]) | np.isnan(peak))
+    return t_compute, t_memory, known
+
+
+def estimate_us(frame: pd.DataFrame) -> np.ndarray:
+    """Roofline time (µs) per row: max(FLOPs / peak, bytes / bandwidth) + launch overhead; collectives: ring
+    traffic / link bandwidth + per-step latency. NaN where the hardware or the work is unknown."""
+    hw = hardware_rates(frame["hardware"].astype("string").fillna(""))
+    prim = frame["primitive"].astype("string").fillna("").to_numpy()
+    t_compute, t_memory, known = compute_seconds(frame, hw, prim)
+    compute_est = np.where(known, np.maximum(t_compute, t_memory) * 1e6 + KERNEL_OVERHEAD_US, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
 
         nodes = np.nan_to_num(pd.to_numeric(frame["nodes"], errors="coerce").to_numpy(dtype="float64"), nan=1.0) \
             if "nodes" in frame.columns else np.ones(len(frame))

@@ -45,15 +45,8 @@ from tracekit.core.errors import ModelError
 from tracekit.core.hardware import HardwareSpec, hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES
 
-from .features import compute_work, dtype_bytes
-from .roofline import (
-    COMPUTE_EFFICIENCY,
-    KERNEL_OVERHEAD_US,
-    MEMORY_EFFICIENCY,
-    TENSOR_CORE_PRIMITIVES,
-    estimate_us,
-    hardware_rates,
-)
+from .features import compute_work
+from .roofline import KERNEL_OVERHEAD_US, TENSOR_CORE_PRIMITIVES, compute_seconds, hardware_rates
 
 SELECTION = Path(__file__).resolve().parent.parent / "tracekit" / "data" / "transfer.json"
 #: Datasheet features compared to pick sources (HardwareSpec attribute names).
@@ -100,17 +93,10 @@ def source_weights(target: str, candidates: list[str]) -> list[tuple[str, float]
 
 
 def work_us(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Roofline time without the launch overhead (µs) and whether the row is compute-bound on its hardware."""
-    total = estimate_us(frame) - KERNEL_OVERHEAD_US
-    flops, moved, _ = compute_work(frame)
-    rates = hardware_rates(frame["hardware"].astype("string").fillna(""))
-    prim = frame["primitive"].astype("string").fillna("").to_numpy()
-    size = dtype_bytes(frame["dtype"] if "dtype" in frame.columns else None, len(frame))
-    tensor = np.isin(prim, TENSOR_CORE_PRIMITIVES) & (size <= 2)
-    peak = np.where(tensor, rates["tensor_flops"], rates["vector_flops"]) * COMPUTE_EFFICIENCY
-    with np.errstate(invalid="ignore", divide="ignore"):
-        bound = np.nan_to_num(flops / peak) >= np.nan_to_num(moved / (rates["mem_bw"] * MEMORY_EFFICIENCY))
-    return total, bound
+    """Roofline time of a compute row without the launch overhead (µs; NaN where the roofline cannot size it) and
+    whether the row is compute-bound on its hardware."""
+    t_compute, t_memory, known = compute_seconds(frame)
+    return np.where(known, np.maximum(t_compute, t_memory) * 1e6, np.nan), t_compute >= t_memory
 
 
 def wave_efficiency(frame: pd.DataFrame, compute_bound: np.ndarray) -> np.ndarray:
