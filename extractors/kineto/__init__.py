@@ -21,9 +21,10 @@ Public API (other parts of tracekit build on these names):
   ``pass``               ``fwd`` | ``bwd`` | ``optimizer`` | ``comm``;  ``dtype`` e.g. ``bf16`` (None if unknown);
   ``op``                 launching operator (e.g. ``aten::addmm``; None when the launch is not in the trace and
                          its twins do not name it, see ``op_from_twin``);
-  ``op_from_twin``       the kernel's launch is not in the trace (it started before the profiler's CPU window) and
-                         ``op`` with its shapes is that of its twins: same name and grid/block, all launched by one
-                         op with the same inputs, or the same place in a run of kernels that recurs (twins.py);
+  ``op_from_twin``       the kernel's launch is not in the trace (most often: it started before the profiler's CPU
+                         window) and ``op`` with its shapes is that of its twins: same name and grid/block, all
+                         launched by one op with the same inputs, or the same place in a run of kernels that
+                         recurs (twins.py);
   ``iteration``          ProfilerStep number of the launch (-1 outside profiler steps);
   FEATURE_COLUMNS        shape features (m, n, k, batch, heads, ..., bytes, group_size), NaN where not applicable;
   ``process_group``, ``process_group_desc``, ``comm_seq``  collective group id/description, sequence number in it

@@ -105,7 +105,8 @@ def _same_sequence(c: EventColumns, ops: OpContext, dev_op: np.ndarray, orphan: 
         for start, stop in zip(edges[::2].tolist(), edges[1::2].tolist()):
             if stop - start < min_run or not (out[rows[start:stop]] < 0).any():
                 continue
-            pattern, found, at = text[4 * start:4 * stop], [], text.find(text[4 * start:4 * stop])
+            pattern, found = text[4 * start:4 * stop], []
+            at = text.find(pattern)
             while at >= 0:
                 first = at // 4
                 if at % 4 == 0 and launched[first:first + stop - start].all():

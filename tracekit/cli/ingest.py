@@ -85,8 +85,8 @@ def _print_unlaunched(reports: list[dict]) -> None:
     lost = sum(r["launch_not_recorded"]["without_op"] for r in reports)
     if twins or lost:
         console.print(f"{plural(twins + lost, 'compute kernel')} without a launch call in the trace: {count(twins)} "
-                      f"took the op and shapes of their twins (same kernel, grid and block), {count(lost)} have no op "
-                      f"and no shapes")
+                      f"took the op and shapes of their twins (same kernel, grid and block, or the same place in a "
+                      f"run that recurs), {count(lost)} have no op and no shapes")
 
 
 def _rank(report: dict) -> str:
