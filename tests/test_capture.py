@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tracekit.capture import Manifest, capture
+from tracekit.capture.manifest import LOG_NAME
 from tracekit.reference.launch import launch_argv
 
 TRACEKIT = [sys.executable, "-c", "from tracekit.cli import main; main()"]
@@ -297,7 +298,8 @@ def test_hook_gives_one_trace_per_rank_of_a_plain_script(tmp_path):
     out = tmp_path / "capture"
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
     manifest = capture(out, argv, steps="3-6", ingest=False, echo=False)
-    assert (manifest.status, manifest.mode, manifest.world_size) == ("ok", "hook", 2)
+    log = (out / LOG_NAME).read_text(errors="replace")[-3000:]  # why the launch failed, should it ever
+    assert (manifest.status, manifest.mode, manifest.world_size) == ("ok", "hook", 2), log
     assert manifest.configuration is None and manifest.configuration_error
     ranks = set()
     for name in manifest.traces:
