@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from tracekit.core.errors import ConfigError, did_you_mean
-from tracekit.core.hardware import SPECS, hardware_spec
+from tracekit.core.hardware import SPECS, gpu_family, hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES, FEATURE_COLUMNS
 
 from .roofline import TENSOR_CORE_PRIMITIVES
@@ -47,19 +47,25 @@ class Estimates:
 
 
 def resolve_hardware(requested: str, available: Sequence[str], compute: Sequence[str] = ()) -> tuple[str, str | None]:
-    """The installed hardware model to use for `requested`: itself, else the same GPU family (e.g. an A100 40 GB
-    → A100-SXM4-80GB models), else the requested id unchanged: a GPU in the datasheet table then takes the transfer
-    path from the GPUs with compute models (`compute`, named in the note), anything else the roofline."""
+    """The installed hardware model to use for `requested`: itself, else the same GPU family with the same peaks (e.g.
+    an A100 40 GB → A100-SXM4-80GB models), else the requested id unchanged: a part of a family with models but
+    other peaks (GB200 beside B200's models) then takes its sibling's models scaled by their rooflines (path
+    `derived`), another GPU in the datasheet table the transfer path from the GPUs with compute models (`compute`,
+    named in the note), anything else the roofline."""
     if requested in available or not available:
         return requested, None
     spec = hardware_spec(requested)
     if spec is not None and spec.name in available:  # e.g. "A100" → the datasheet's A100-SXM4-80GB
         return spec.name, f"no models for {requested}; using {spec.name}'s models"
-    family = requested.split("-")[0].upper()
+    family = gpu_family(requested)
     for hw in available:
         other = hardware_spec(hw)
-        if hw.split("-")[0].upper() == family or (spec is not None and other is not None and other.name == spec.name):
+        if gpu_family(hw) != family and not (spec is not None and other is not None and other.name == spec.name):
+            continue
+        if spec is None or other is None or _same_peaks(spec, other):
             return hw, f"no models for {requested}; using {hw}'s models (same GPU family)"
+        return requested, (f"no models for {requested}: operators from the models of {hw} (same GPU family) scaled "
+                           f"by the ratio of their rooflines (path `derived`), collectives from the link model")
     if spec is None and not requested.startswith("cpu-"):
         raise ConfigError(f"unknown hardware {requested!r}: no trained models (installed: {', '.join(available)}) "
                           f"and no datasheet peaks (known: {', '.join(SPECS)}){did_you_mean(requested, SPECS)}")
@@ -69,6 +75,11 @@ def resolve_hardware(requested: str, available: Sequence[str], compute: Sequence
         return requested, (f"no models for {requested}: compute operators transferred from the models of {named} "
                            "(weights by datasheet similarity; path `transfer`), collectives from the link model")
     return requested, f"no models for {requested} (installed: {', '.join(available)}); operators use roofline estimates"
+
+
+def _same_peaks(a, b) -> bool:
+    """Whether two datasheet entries have the same compute peaks (then one's models answer for the other as is)."""
+    return all(getattr(a, k) == getattr(b, k) for k in ("peak_tflops_fp16", "peak_tflops_fp8", "peak_tflops_fp4"))
 
 
 #: Estimates already answered, per models object: identical operator rows are asked once per process.

@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.core.errors import ModelError
-from tracekit.core.hardware import hardware_spec
+from tracekit.core.hardware import gpu_family, hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES, GEMM_ROLES
 
 from .model_keys import ALIASES, DEFAULT_GROUPS, POOLED, ROLE_PRIMITIVES, role_rows, route_key, variant_key
@@ -190,13 +190,11 @@ class ModelSet:
 
     def sibling(self, hardware: str, primitive: str, pass_: str) -> str | None:
         """Another hardware id of the same GPU family with a model for this primitive and pass."""
-        spec = hardware_spec(hardware)
-        if spec is None:
+        if hardware_spec(hardware) is None:
             return None
-        family = spec.name.split("-")[0]
+        family = gpu_family(hardware)
         for other in self.hardware_ids():
-            other_spec = hardware_spec(other)
-            if other != hardware and other_spec and other_spec.name.split("-")[0] == family \
+            if other != hardware and hardware_spec(other) is not None and gpu_family(other) == family \
                     and (other, primitive, pass_) in self._by_key:
                 return other
         return None

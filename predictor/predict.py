@@ -190,7 +190,7 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
                 notes.append("fp8: GEMMs estimated from bf16 estimates at the datasheet's fp8/bf16 roofline ratio "
                              "(Transformer Engine fp8 GEMMs, everything else bf16); an estimate, no fp8 samples")
             roles = models.role_primitives(hardware) if hasattr(models, "role_primitives") else ()
-            graph = build_graph(config, hardware, cluster.gpus_per_node, roles)
+            graph = build_graph(config, hardware, cluster.domain_size, roles)  # NVL72: the rack is the unit
         except (ConfigError, ValueError, ZeroDivisionError) as exc:
             built.append(exc if isinstance(exc, ConfigError) else ConfigError(str(exc)))
             continue

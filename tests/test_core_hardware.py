@@ -32,6 +32,39 @@ def test_specs_by_family():
     assert cpu_hardware_id().startswith("cpu-")
 
 
+@pytest.mark.parametrize("text, entry", [("GB200", "GB200-186GB"), ("NVIDIA GB200", "GB200-186GB"),
+                                         ("GB300", "GB300-288GB"), ("B300", "B300-288GB"), ("B200", "B200-180GB"),
+                                         ("MI355X", "MI355X"), ("H200", "H200-141GB")])
+def test_every_blackwell_part_has_its_own_datasheet_entry(text, entry):
+    """GB200 is not a B200 (its clock and peaks are higher), GB300 and B300 are not refused."""
+    assert hardware_spec(normalize_hardware(text)).name == entry
+
+
+def test_peaks_per_gemm_dtype_follow_the_tensor_cores():
+    """Microscaled formats need fp4-generation tensor cores; fp8 is twice bf16 and fp4 above fp8 where they exist."""
+    h100, b200, gb200 = hardware_spec("H100"), hardware_spec("B200"), hardware_spec("GB200")
+    assert h100.peak_tflops("mxfp8") == 0 and h100.peak_tflops("nvfp4") == 0
+    fp8 = h100.peak_tflops("fp8")
+    assert fp8 == h100.peak_tflops("fp8_block") == pytest.approx(2 * h100.peak_tflops("bf16"), rel=0.01)
+    for spec in (b200, gb200, hardware_spec("GB300")):
+        assert spec.peak_tflops("nvfp4") > spec.peak_tflops("mxfp8") == spec.peak_tflops("fp8") > \
+            spec.peak_tflops("bf16") > 0
+    assert gb200.peak_tflops("bf16") > b200.peak_tflops("bf16")
+    assert hardware_spec("MI355X").peak_tflops("nvfp4") == 0 < hardware_spec("MI355X").peak_tflops("mxfp4")
+
+
+def test_nvl72_racks_are_one_nvlink_domain():
+    from tracekit.core.cluster import default_cluster, infer_cluster, preset
+
+    rack, _ = default_cluster("GB200-186GB", 4)
+    assert rack.name == "gb200-nvl72" and rack.gpus_per_node == 4 and rack.domain_size == 72
+    assert preset("dgx-h100").domain_size == 8
+    text = "GB200 NVL72: 4 GPUs per compute tray ... USE_MNNVL=1, NVLINK_DOMAIN_SIZE=72"
+    assert infer_cluster("GB200-186GB", 4, text)[0].domain_size == 72
+    with pytest.raises(ValueError, match="multiple of gpus_per_node"):
+        Cluster("GB200-186GB", gpus_per_node=4, nvlink_domain=70)
+
+
 def test_cluster_links():
     cluster = Cluster("A100-SXM4-80GB", gpus_per_node=4, inter_node_gbs=12.5)
     assert cluster.link_gbs(crosses_nodes=False) == 300

@@ -39,6 +39,9 @@ class Cluster:
     inter_latency_us: float = 8.0  # one ring step across the network
     in_network_reduction: str = "none"
     source: str = ""
+    #: GPUs that share one NVLink domain (a rack-scale NVLink switch: 72 in a GB200/GB300 NVL72 rack, whose
+    #: compute trays hold 4); None: the node is the domain. Collectives inside it run at the intra-node rate.
+    nvlink_domain: int | None = None
 
     def __post_init__(self) -> None:
         if self.fabric not in FABRICS:
@@ -48,6 +51,16 @@ class Cluster:
                              f"not {self.in_network_reduction!r}")
         if self.gpus_per_node < 1:
             raise ValueError(f"gpus_per_node must be ≥ 1, not {self.gpus_per_node}")
+        if self.nvlink_domain is not None and (self.nvlink_domain < self.gpus_per_node
+                                               or self.nvlink_domain % self.gpus_per_node):
+            raise ValueError(f"nvlink_domain ({self.nvlink_domain}) must be a multiple of gpus_per_node "
+                             f"({self.gpus_per_node})")
+
+    @property
+    def domain_size(self) -> int:
+        """GPUs reachable over NVLink (or the node's own fabric) from each GPU: the unit a parallel group's
+        placement is measured in (`predictor.placement`): a group inside it uses the intra-node links."""
+        return self.nvlink_domain or self.gpus_per_node
 
     def link_gbs(self, crosses_nodes: bool) -> float | None:
         """Per-GPU unidirectional bandwidth of a link class (GB/s); None when neither given nor on a datasheet."""
@@ -61,8 +74,8 @@ class Cluster:
 
     def fingerprint(self) -> tuple:
         """What a collective estimate depends on (cache key)."""
-        return (self.name, self.gpus_per_node, self.fabric, self.link_gbs(False), self.link_gbs(True),
-                self.intra_latency_us, self.inter_latency_us, self.in_network_reduction)
+        return (self.name, self.gpus_per_node, self.domain_size, self.fabric, self.link_gbs(False),
+                self.link_gbs(True), self.intra_latency_us, self.inter_latency_us, self.in_network_reduction)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -70,9 +83,9 @@ class Cluster:
 
 def _preset(name: str, hardware: str, gpus_per_node: int, fabric: str, intra: float, nics: int, nic_gbps: float,
             source: str, reduction: str = "none", intra_latency_us: float = 2.0,
-            inter_latency_us: float = 8.0) -> Cluster:
+            inter_latency_us: float = 8.0, nvlink_domain: int | None = None) -> Cluster:
     return Cluster(hardware, gpus_per_node, 1, name, fabric, intra, nics * nic_gbps / 8 / gpus_per_node,
-                   intra_latency_us, inter_latency_us, reduction, source)
+                   intra_latency_us, inter_latency_us, reduction, source, nvlink_domain)
 
 
 #: Real systems. Intra-node: NVLink 3 = 12 links × 25 GB/s, NVLink 4 = 18 × 25, NVLink 5 = 18 × 50 per GPU.
@@ -87,6 +100,17 @@ PRESETS: dict[str, Cluster] = {c.name: c for c in (
             "8 × 400 Gb/s NDR ConnectX-7", "nvls"),
     _preset("dgx-b200", "B200-180GB", 8, "nvswitch", 900, 8, 400,
             "NVIDIA DGX B200 datasheet: NVLink 5 (1.8 TB/s bidirectional per GPU), 8 × 400 Gb/s ConnectX-7", "nvls"),
+    _preset("dgx-b300", "B300-288GB", 8, "nvswitch", 900, 8, 800,
+            "NVIDIA DGX B300 / HGX B300 datasheets: NVLink 5 (1.8 TB/s bidirectional per GPU), 8 × 800 Gb/s "
+            "ConnectX-8 SuperNICs", "nvls"),
+    _preset("gb200-nvl72", "GB200-186GB", 4, "nvswitch", 900, 4, 400,
+            "NVIDIA GB200 NVL72 datasheet: 18 compute trays of 4 GPUs in one NVLink 5 domain of 72 GPUs (1.8 TB/s "
+            "bidirectional per GPU, NVLink Switch trays with SHARP), one ConnectX-7 400 Gb/s NIC per GPU between "
+            "racks (Megatron-Bridge runs it with USE_MNNVL=1, NVLINK_DOMAIN_SIZE=72)", "nvls", nvlink_domain=72),
+    _preset("gb300-nvl72", "GB300-288GB", 4, "nvswitch", 900, 4, 800,
+            "NVIDIA GB300 NVL72 datasheet: 18 compute trays of 4 Blackwell Ultra GPUs in one NVLink 5 domain of 72 "
+            "GPUs (1.8 TB/s bidirectional per GPU), one ConnectX-8 800 Gb/s SuperNIC per GPU between racks", "nvls",
+            nvlink_domain=72),
     _preset("perlmutter", "A100-SXM4-80GB", 4, "nvlink", 300, 4, 200,
             "NERSC Perlmutter GPU node: 4 A100 fully connected by NVLink 3 (4 links per pair), 4 × 200 Gb/s "
             "Slingshot 11 NICs (the seed paper's A100 samples)"),
@@ -95,10 +119,15 @@ PRESETS: dict[str, Cluster] = {c.name: c for c in (
     _preset("mi300x", "MI300X", 8, "xgmi", 448, 8, 400,
             "AMD Instinct MI300X platform: 8 GPUs fully connected by Infinity Fabric (7 × 64 GB/s), "
             "8 × 400 Gb/s NICs"),
+    _preset("mi355x", "MI355X", 8, "xgmi", 538, 8, 400,
+            "AMD Instinct MI355X platform: 8 GPUs fully connected by Infinity Fabric (7 × 76.8 GB/s), "
+            "8 × 400 Gb/s NICs"),
     _preset("pcie", "A100-PCIE-80GB", 8, "pcie", 25, 2, 100,
             "a generic PCIe 4.0 node: GPUs behind PCIe switches (~25 GB/s per GPU), 2 × 100 Gb/s NICs"),
 )}
-ALIASES = {"dgx-a100-superpod": "selene", "dgxa100": "dgx-a100", "dgxh100": "dgx-h100", "eos": "dgx-h100"}
+ALIASES = {"dgx-a100-superpod": "selene", "dgxa100": "dgx-a100", "dgxh100": "dgx-h100", "eos": "dgx-h100",
+           "nvl72": "gb200-nvl72", "gb200": "gb200-nvl72", "gb300": "gb300-nvl72", "dgx-gb200": "gb200-nvl72",
+           "dgx-gb300": "gb300-nvl72"}
 #: Clusters of hosts without GPUs: the collectives of a CPU run go over the host's loopback or its network.
 LOCAL = "local"
 
@@ -113,7 +142,10 @@ def preset(name: str, hardware: str | None = None, gpus_per_node: int | None = N
     if hardware:
         found = found.with_hardware(hardware)
     if gpus_per_node and gpus_per_node != found.gpus_per_node:
-        found = dataclasses.replace(found, gpus_per_node=gpus_per_node)
+        domain = found.nvlink_domain
+        if domain is not None and domain % gpus_per_node:
+            domain = None  # trays of another size: the rack-scale domain no longer applies
+        found = dataclasses.replace(found, gpus_per_node=gpus_per_node, nvlink_domain=domain)
     return found
 
 
@@ -160,12 +192,20 @@ def default_cluster(hardware: str, gpus_per_node: int | None = None) -> tuple[Cl
         name = "pcie"
     elif "GH200" in upper:
         name = "vista"
+    elif "GB200" in upper:
+        name = "gb200-nvl72"
+    elif "GB300" in upper:
+        name = "gb300-nvl72"
     elif "H100" in upper or "H200" in upper or "H800" in upper:
         name = "dgx-h100"
+    elif "B300" in upper:
+        name = "dgx-b300"
     elif "B200" in upper:
         name = "dgx-b200"
     elif "MI300" in upper:
         name = "mi300x"
+    elif "MI355" in upper:
+        name = "mi355x"
     elif "A100" in upper or "A800" in upper:
         name = "perlmutter" if gpus_per_node == 4 else "dgx-a100"
     else:
@@ -189,7 +229,10 @@ _INTERCONNECT_HINTS = (
     (re.compile(r"\bdgx[- ]?h100|\beos\b", re.I), "dgx-h100"),
     (re.compile(r"\bdgx[- ]?a100", re.I), "dgx-a100"),
     (re.compile(r"\bdgx[- ]?b200", re.I), "dgx-b200"),
+    (re.compile(r"\bdgx[- ]?b300|\bhgx[- ]?b300", re.I), "dgx-b300"),
 )
+#: A rack-scale NVLink domain named in a row's text (`GB200 NVL72`, `NVLINK_DOMAIN_SIZE=72`, `USE_MNNVL=1`).
+_NVL_DOMAIN = re.compile(r"NVLINK_DOMAIN_SIZE\s*=\s*(\d+)|\bNVL(\d+)\b|USE_MNNVL\s*=\s*1", re.I)
 
 
 _NETWORK_FIGURE = re.compile(r"inter[- ]?node\D{0,20}?([0-9]+(?:\.[0-9]+)?)\s*(gbps|gb/s|gbit/s)(\s*per\s*gpu)?",
@@ -223,6 +266,12 @@ def infer_cluster(hardware: str, gpus_per_node: int | None = None, text: str = "
         if re.search(r"pcie", text or "", re.I) and cluster.fabric != "pcie":
             cluster = preset("pcie", hardware, gpus_per_node)
             note = f"cluster pcie assumed from the interconnect text ({cluster.gpus_per_node} GPUs per node)"
+    domain = _NVL_DOMAIN.search(text or "")
+    if domain and cluster.fabric == "nvswitch":
+        size = int(domain.group(1) or domain.group(2) or 72)
+        if size != cluster.domain_size and size % cluster.gpus_per_node == 0:
+            cluster = dataclasses.replace(cluster, nvlink_domain=size, name=f"{cluster.name}+nvl{size}")
+            note = "; ".join(filter(None, [note, f"one NVLink domain of {size} GPUs from the interconnect text"]))
     network = stated_network_gbs(text, cluster.gpus_per_node)
     if network:
         cluster = dataclasses.replace(cluster, inter_node_gbs=network, name=f"{cluster.name}+stated-network")

@@ -10,7 +10,8 @@ from pathlib import Path
 from .errors import InputError
 
 _VENDOR_WORDS = {"NVIDIA", "TESLA", "AMD", "INSTINCT", "QUADRO", "GEFORCE", "RADEON"}
-_FUSED = re.compile(r"^(GH200|GB200|H100|H200|H800|A100|A800|B200|B100|V100|L40S|L4|A10G?|MI\d{3}X?)(\d+GB)$")
+_FUSED = re.compile(
+    r"^(GH200|GB200|GB300|H100|H200|H800|A100|A800|B200|B300|B100|V100|L40S|L4|A10G?|MI\d{3}X?)(\d+GB)$")
 
 
 def normalize_hardware(name: str) -> str:
@@ -74,6 +75,27 @@ class HardwareSpec:
     l2_mb: float = 0.0
     clock_mhz: float = 0.0
     source: str = ""
+    peak_tflops_fp4: float = 0.0  # dense fp4 (nvfp4 / mxfp4) tensor-core peak; 0 where the part has none
+    die: str = ""  # the GPU die: parts on one die share operator models (scaled by their peaks)
+
+    def peak_tflops(self, dtype: str) -> float:
+        """Dense tensor-core peak (TFLOP/s) for a GEMM input dtype (`PEAK_KIND` names which peak serves it); 0 where
+        the part has no tensor cores for it: the microscaled formats (MXFP8, MXFP4) need fp4-generation tensor cores
+        (Blackwell, CDNA 4), NVFP4 NVIDIA's."""
+        kind = PEAK_KIND.get(dtype, "fp16")
+        if dtype in ("mxfp8", "mxfp4", "nvfp4") and not self.peak_tflops_fp4:
+            return 0.0
+        if dtype == "nvfp4" and self.die.startswith("gfx"):
+            return 0.0
+        return {"fp32": self.peak_tflops_fp32, "fp16": self.peak_tflops_fp16, "fp8": self.peak_tflops_fp8,
+                "fp4": self.peak_tflops_fp4}[kind]
+
+
+#: Which datasheet peak serves a GEMM of each input dtype: per-tensor fp8 (delayed or current scaling), blockwise
+#: fp8 (1×128 / 128×128 scales) and MXFP8 (32-element blocks) run on the fp8 tensor cores; NVFP4 (16-element blocks)
+#: and MXFP4 on the fp4 ones; fp32 is the vector peak.
+PEAK_KIND = {"fp32": "fp32", "fp16": "fp16", "bf16": "fp16", "fp8": "fp8", "fp8_block": "fp8", "mxfp8": "fp8",
+             "nvfp4": "fp4", "mxfp4": "fp4"}
 
 
 DATASHEETS = Path(__file__).resolve().parent.parent / "data" / "hardware.json"
@@ -98,7 +120,8 @@ def load_datasheets(path: Path = DATASHEETS) -> dict[str, HardwareSpec]:
             entry["id"], float(entry["peak_tflops_fp16"]), float(entry["peak_tflops_fp32"]),
             float(entry["mem_bw_gbs"]), float(entry["memory_gb"]), int(entry["sms"]), float(entry["intra_node_gbs"]),
             float(entry["inter_node_gbs"]), float(entry.get("peak_tflops_fp8") or 0.0), float(entry["l2_mb"]),
-            float(entry["clock_mhz"]), str(entry["source"]))
+            float(entry["clock_mhz"]), str(entry["source"]), float(entry.get("peak_tflops_fp4") or 0.0),
+            str(entry.get("die") or ""))
     return out
 
 
@@ -111,12 +134,16 @@ _FAMILY_RULES = (  # (substring tests on the id, spec key); first match wins
     (("H800",), "H800-80GB-HBM3"),
     (("H100", "PCIE"), "H100-PCIE-80GB"),
     (("H100",), "H100-80GB-HBM3"),
+    (("GB300",), "GB300-288GB"),
+    (("GB200",), "GB200-186GB"),
+    (("B300",), "B300-288GB"),
     (("B200",), "B200-180GB"),
     (("A100", "40GB"), "A100-SXM4-40GB"),
     (("A100", "PCIE"), "A100-PCIE-80GB"),
     (("A100",), "A100-SXM4-80GB"),
     (("V100", "16GB"), "V100-SXM2-16GB"),
     (("V100",), "V100-SXM2-32GB"),
+    (("MI355",), "MI355X"),
     (("MI300",), "MI300X"),
     (("MI250",), "MI250X"),
 )
@@ -131,3 +158,13 @@ def hardware_spec(hardware: str) -> HardwareSpec | None:
         if all(n in upper for n in needles):
             return SPECS[key]
     return None
+
+
+def gpu_family(hardware: str) -> str:
+    """The GPU family of a hardware id, whose parts share operator models (scaled by their datasheet peaks): the
+    model name before the memory size (`A100` for every A100), a Grace-Blackwell superchip's GPU as its Blackwell
+    part (`GB200-186GB` → `B200`, `GB300-288GB` → `B300`: one die, another clock)."""
+    spec = hardware_spec(hardware)
+    name = (spec.name if spec else hardware).split("-")[0].upper()
+    return name[1:] if name.startswith("GB") else name
+
