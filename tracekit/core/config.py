@@ -202,6 +202,12 @@ class TrainingConfig:
         return self.global_batch_size * self.seq_length
 
     @property
+    def gemm_dtype(self) -> str:
+        """The input dtype of the tensor-core GEMMs (a key of tracekit.core.hardware.PEAK_KIND): what the dense peak
+        of a prediction's FLOP rate is measured against."""
+        return self.precision
+
+    @property
     def dtype_bytes(self) -> int:
         return 4 if self.precision == "fp32" else 2
 
