@@ -33,8 +33,8 @@ ALLOW_UNKNOWN_HELP = ("Accept settings that are not flags of the Megatron-LM tra
 
 
 def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
-    """Print one error line to stderr and exit."""
-    err_console.print(f"error: {message}", markup=False, soft_wrap=True)
+    """Print one error line to stderr (a message of several lines, e.g. a parser's, joined into one) and exit."""
+    err_console.print(f"error: {' '.join(str(message).split())}", markup=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
