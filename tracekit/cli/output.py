@@ -12,6 +12,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    SpinnerColumn,
     TextColumn,
     TimeElapsedColumn,
 )
@@ -72,3 +73,13 @@ def progress(quiet: bool = False) -> Progress:
         transient=True,
         disable=quiet or not err_console.is_terminal,
     )
+
+
+@contextmanager
+def working(description: str, quiet: bool = False) -> Iterator[Any]:
+    """A spinner with the step's description on stderr for work whose size is not known ahead (silent as
+    `progress` is); yields `step(description)` to say what it does next."""
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
+                  transient=True, disable=quiet or not err_console.is_terminal) as bar:
+        task = bar.add_task(description, total=None)
+        yield lambda text: bar.update(task, description=text)

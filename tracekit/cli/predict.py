@@ -6,6 +6,8 @@ from typing import Any, Optional
 
 import typer
 
+from tracekit.core.cluster import PRESETS
+from tracekit.core.hardware import SPECS
 from tracekit.report.numbers import percent, seconds
 
 from .app import app
@@ -18,8 +20,9 @@ from .output import (
     print_json,
     progress,
     user_errors,
+    working,
 )
-from .where import cluster_of, say_assumed
+from .where import cluster_of, complete_cluster, complete_hardware, say_assumed
 
 HELP = """Predict one training iteration of a Megatron GPT configuration: operator graph per pipeline stage →
 operator estimates from the trained models → pipeline schedule simulation.
@@ -48,13 +51,15 @@ def predict_command(
                                                        "Megatron log (its arguments block)."),
     megatron_args: Optional[str] = typer.Option(None, "--megatron-args", help="Megatron command-line arguments."),
     megatron_log: Optional[Path] = typer.Option(None, "--megatron-log", help="Megatron log with its arguments block."),
-    hardware: Optional[str] = typer.Option(None, "--hardware", help="GPU hardware id, e.g. A100-SXM4-80GB."),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="GPU hardware id: a datasheet entry ("
+                                           f"{', '.join(SPECS)}) or a CPU's cpu-<model>.",
+                                           autocompletion=complete_hardware),
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=1, help="GPUs per node (default 8)."),
     cluster_name: Optional[str] = typer.Option(
-        None, "--cluster", help="Cluster preset (dgx-a100, selene, dgx-h100, dgx-b200, perlmutter, vista, mi300x, "
-                                "pcie) or a YAML/JSON file (hardware, gpus_per_node, fabric, intra_node_gbs, "
-                                "inter_node_gbs, latencies, in_network_reduction; `preset:` to start from one). "
-                                "Default: the usual node of --hardware; with --batch, what each row says."),
+        None, "--cluster", autocompletion=complete_cluster,
+        help=f"Cluster preset ({', '.join(PRESETS)}) or a YAML/JSON file (hardware, gpus_per_node, fabric, "
+             "intra_node_gbs, inter_node_gbs, latencies, in_network_reduction, nvlink_domain; `preset:` to start from "
+             "one). Default: the usual node of --hardware; with --batch, what each row says."),
     stack: Optional[str] = typer.Option(
         None, "--stack", help="Software-stack profile (megatron-core, megatron-lm-2021, megatron-deepspeed-2023, "
                               "gpt-neox): attention kernel, overlap defaults and host constants. Default: what the "
@@ -137,7 +142,8 @@ def predict_command(
 
         cal = load_calibration(calibration) if calibration else profile.calibration(cluster.hardware)
         models = ModelSet.load(models_dir)
-        prediction = predict(cfg, cluster, models, cal)
+        with working("predicting", quiet=as_json):
+            prediction = predict(cfg, cluster, models, cal)
         say_assumed(note, quiet=as_json)  # once the answer is sure: an error stays one line
         added = list(unknown or [])  # the command's own warnings, in front of the prediction's
         if shown is not None and not stack:

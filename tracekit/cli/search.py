@@ -9,7 +9,7 @@ import typer
 from .app import app
 from .executor import Executor, check_ray_address, executor_option, ray_address_option
 from .output import ALLOW_UNKNOWN_HELP, console, err_console, fail, print_json, progress, user_errors
-from .where import cluster_of, say_assumed
+from .where import cluster_of, complete_cluster, complete_hardware, say_assumed
 
 HELP = """Find the best configuration of a job on N GPUs: every split Megatron accepts (tp, pp, dp, cp, virtual
 stages, micro-batch, sequence parallelism, activation recompute, distributed optimizer), pruned by the memory
@@ -33,10 +33,12 @@ def search_command(
     megatron_args: Optional[str] = typer.Option(None, "--megatron-args",
                                                 help="Job as Megatron command-line arguments."),
     gpus: int = typer.Option(..., "--gpus", min=1, help="GPUs the job gets (world size)."),
-    hardware: Optional[str] = typer.Option(None, "--hardware", help="GPU hardware id, e.g. H100-80GB-HBM3."),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="GPU hardware id, e.g. H100-80GB-HBM3.",
+                                           autocompletion=complete_hardware),
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=1, help="GPUs per node."),
-    cluster_name: Optional[str] = typer.Option(None, "--cluster", help="Cluster preset or YAML/JSON file "
-                                                                       "(see `tracekit predict --help`)."),
+    cluster_name: Optional[str] = typer.Option(None, "--cluster", autocompletion=complete_cluster,
+                                               help="Cluster preset or YAML/JSON file (see `tracekit predict "
+                                                    "--help`)."),
     stack: Optional[str] = typer.Option(None, "--stack", help="Software-stack profile (default megatron-core)."),
     vary: Optional[str] = typer.Option(None, "--vary", help="Comma-separated settings to vary although the input "
                                                             "states them; `all` for every one."),

@@ -7,7 +7,7 @@ from typing import Any, Optional
 import typer
 
 from .app import app
-from .output import EXIT_PARTIAL, console, fail, print_json, progress, user_errors
+from .output import EXIT_PARTIAL, console, fail, print_json, progress, user_errors, working
 from .where import say_assumed
 
 
@@ -60,10 +60,9 @@ def validate(
         from tracekit.validate import validate_run
 
         assert run_dir is not None  # exactly one of RUN_DIR and --published was given
-        with progress(quiet=json_out) as bar:
-            task = bar.add_task("validating", total=None)
+        with working("validating", quiet=json_out) as step:
             result = validate_run(run_dir, models=model_set, models_path=models, refit=refit, store=store, rank=rank,
-                                  progress=lambda step: bar.update(task, description=step))
+                                  progress=step)
         say_assumed(result["cluster_note"], quiet=json_out)
         report = result["report"]
         if html:

@@ -31,3 +31,17 @@ def say_assumed(note: str, quiet: bool = False) -> None:
     (`quiet`) the document carries it instead (`warnings`)."""
     if note and not quiet:
         err_console.print(f"note: {note}", markup=False, soft_wrap=True)
+
+
+def complete_hardware(incomplete: str) -> list[str]:
+    """Shell completion of --hardware: the datasheet's hardware ids."""
+    from tracekit.core.hardware import SPECS
+
+    return [hw for hw in SPECS if hw.lower().startswith(incomplete.lower())]
+
+
+def complete_cluster(incomplete: str) -> list[str]:
+    """Shell completion of --cluster: the presets (a file name completes as the shell does)."""
+    from tracekit.core.cluster import PRESETS
+
+    return [name for name in PRESETS if name.startswith(incomplete.lower())]
