@@ -19,6 +19,7 @@ from tracekit.core.cluster import default_cluster
 from tracekit.core.config import TrainingConfig, parse_megatron_argv
 from tracekit.core.errors import ConfigError, PlausibilityError
 from tracekit.core.hardware import PEAK_KIND, SPECS, hardware_spec
+from tracekit.core.precision import recipe, recipe_name
 
 runner = CliRunner()
 #: A job whose splits reach the highest utilisations the models give (big GEMMs, few GPUs, no recompute).
@@ -28,14 +29,16 @@ JOB = ("--num-layers 8 --hidden-size 6144 --num-attention-heads 48 --seq-length 
 
 
 def accepted_precisions() -> list[str]:
-    """Every GEMM dtype tracekit knows a peak for that a configuration accepts as its precision."""
+    """Every precision (recipe) a configuration accepts."""
+    from tracekit.core.precision import RECIPES
+
     out = []
-    for dtype in PEAK_KIND:
+    for name in RECIPES:
         try:
-            TrainingConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, precision=dtype)
+            TrainingConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, precision=name)
         except ConfigError:
             continue
-        out.append(dtype)
+        out.append(name)
     return out
 
 
@@ -60,7 +63,8 @@ def test_no_prediction_exceeds_the_dense_peak_of_its_gemm_dtype(models):
         cluster, _ = default_cluster(hardware)
         spec = hardware_spec(hardware)
         for dtype in accepted_precisions():
-            if not spec.peak_tflops(dtype):
+            if not spec.peak_tflops(TrainingConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
+                                                   precision=dtype).gemm_dtype):
                 continue  # refused: no tensor cores for it
             space, _ = enumerate_configs({**parse_megatron_argv(JOB), "precision": dtype}, 8, fixed)
             fitting = [c for c in space if config_memory(c, hardware)[0]["total"] <= spec.memory_gb]
@@ -69,6 +73,7 @@ def test_no_prediction_exceeds_the_dense_peak_of_its_gemm_dtype(models):
             seen.update((hardware, dtype) for _ in fitting[:1])
     assert {hw for hw, _ in seen} == set(SPECS)  # every GPU has splits that fit
     assert {dtype for _, dtype in seen} == set(accepted_precisions())
+    assert {"bf16", "fp8", "mxfp8", "nvfp4"} <= set(accepted_precisions())
     for config, cluster, prediction in zip(configs, clusters, predict_many(configs, clusters, models)):
         assert not isinstance(prediction, Exception), (cluster.hardware, config.precision, prediction)
         peak = hardware_spec(cluster.hardware).peak_tflops(config.gemm_dtype)
@@ -125,8 +130,7 @@ def test_every_entry_has_a_source_and_its_corpus_figures_are_the_corpus_rows():
         from predictor.batch import hardware_text
 
         assert hardware_text(row)[0] == entry["hardware"], entry
-        dtype = row["precision"].split()[0].split("-")[0].replace("mxfp8", "fp8")
-        assert PEAK_KIND[dtype] == entry["precision"], entry
+        assert PEAK_KIND[recipe(recipe_name(row["precision"].split()[0])).gemm_dtype] == entry["precision"], entry
 
 
 def test_a_configuration_that_does_not_fit_says_so_first():
