@@ -46,6 +46,9 @@ def test_traces_tables_folders_and_binaries_given_as_a_job(command, plain_trace,
     binary = tmp_path / "weights.bin"
     binary.write_bytes(bytes(range(256)) * 4)
     _one_line(runner.invoke(app, [command[0], str(binary), *command[1:], *where]), "not a text file")
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("num_layers: 2  # café\nhidden_size: 64\n".encode("latin-1"))
+    _one_line(runner.invoke(app, [command[0], str(latin), *command[1:], *where]), "not UTF-8 text (byte 0xe9")
     broken = tmp_path / "job.yaml"
     broken.write_text("num_layers: 2\nhidden_size: [64\n")
     _one_line(runner.invoke(app, [command[0], str(broken), *command[1:], *where]), str(broken),

@@ -6,11 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tracekit.core.config import ARGS_BEGIN
 from tracekit.core.errors import InputError
 
 GZIP = b"\x1f\x8b"
 #: How far into a file a Kineto trace's top-level keys are looked for.
 HEAD = 1 << 20
+#: A NUL byte in a file's first bytes: binary, not text.
+BINARY_PROBE = 8192
 
 
 def job_text(path: Path, command: str) -> str:
@@ -26,10 +29,15 @@ def job_text(path: Path, command: str) -> str:
     if data[:2] == GZIP:
         raise InputError(path, f"gzip-compressed (a Kineto trace?), not a job file: {takes}; traces go to "
                                "`tracekit ingest` or `tracekit diff`")
+    if b"\x00" in data[:BINARY_PROBE]:
+        raise InputError(path, f"not a text file: {takes}")
     try:
         text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise InputError(path, f"not a text file: {takes}") from None
+    except UnicodeDecodeError as exc:
+        text = data.decode("utf-8-sig", errors="replace")
+        if command != "predict" or not ARGS_BEGIN.search(text):  # a Megatron log with a stray byte is still a log
+            raise InputError(path, f"not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start}): save it "
+                                   "as UTF-8") from None
     head = text[:HEAD]
     if '"traceEvents"' in head or head.lstrip().startswith('{"schemaVersion"'):
         raise InputError(path, f"a Kineto trace, not a job file: {takes}; traces go to `tracekit ingest` or "
