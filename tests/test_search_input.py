@@ -48,10 +48,14 @@ def corpus_jobs(models) -> list[tuple[str, TrainingConfig, object, object]]:
     for path in sorted(E2E.glob("*.csv")):
         _, cells = read_rows(path)
         rows = [parse_row(c, i + 2, None, None) for i, c in enumerate(cells)]
-        good = [r for r, p in zip(rows, predict_rows(rows, models)) if not isinstance(p, Exception)]
-        assert good, f"no row of {path.name} predicts"
-        for i in range(PER_FILE):
-            row = good[round(i * (len(good) - 1) / (PER_FILE - 1))]
+        picked: list = []
+        for i in range(PER_FILE):  # evenly spaced; a row that does not predict today gives way to the next
+            for row in rows[round(i * (len(rows) - 1) / (PER_FILE - 1)):]:
+                if row not in picked and not isinstance(predict_rows([row], models)[0], Exception):
+                    picked.append(row)
+                    break
+        assert len(picked) == PER_FILE, f"{path.name}: rows that predict today are missing"
+        for row in picked:
             config, cluster, _ = row.complete()
             jobs.append((f"{path.name}:{row.line}", config, cluster, row.calibration))
     return jobs

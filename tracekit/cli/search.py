@@ -16,7 +16,9 @@ stages, micro-batch, sequence parallelism, activation recompute, distributed opt
 model, predicted in one batched model call, ranked.
 
 Settings the input states stay fixed; --vary KEYS opens them (comma-separated Megatron names or tp, pp, cp,
-micro_batch_size, vp, sequence_parallel, recompute_granularity, use_distributed_optimizer; `all` opens every one).
+micro_batch_size, vp, sequence_parallel, recompute_granularity, use_distributed_optimizer; `all` opens every one);
+a boolean setting opened is searched both ways. The input's own split is always predicted and shown with its rank;
+when nothing can be ranked, search exits 2 and says what to open.
 
 Examples:
 
