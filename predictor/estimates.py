@@ -6,10 +6,11 @@
     clear_estimate_cache()                      forget the answers kept per models object
     calibrated_durations(graph, est, cal) -> µs per spec, with a calibration's scale factors
 
-Compute rows are answered by the models (fp8 GEMMs: the bf16 estimate at the datasheet's fp8/bf16 roofline
-ratio). Collectives are answered by the learned models where they were measured (the row's cluster and a sampled
-topology; past the sampled message sizes they anchor the algorithm model), everywhere else by the algorithm model
-of `predictor.collectives` (path `physics`).
+Compute rows are answered by the models; a GEMM in a dtype its GPU has no model for (fp8, fp8_block, MXFP8,
+NVFP4, MXFP4, fp32) by the bf16 estimate at a learned speed-up bounded by the dtype's dense peak
+(`predictor.lowp_gemm`, path `lowp`). Collectives are answered by the learned models where they were measured (the
+row's cluster and a sampled topology; past the sampled message sizes they anchor the algorithm model), everywhere
+else by the algorithm model of `predictor.collectives` (path `physics`).
 """
 from __future__ import annotations
 
@@ -124,18 +125,10 @@ def _estimate(rows: list[dict], row_clusters: list[Cluster | None], models) -> l
     import pandas as pd
 
     frame = pd.DataFrame(rows, columns=list(KEYS) + list(FEATURE_COLUMNS))
-    fp8 = (frame["dtype"] == "fp8").to_numpy()
-    asked = frame.assign(dtype=np.where(fp8, "bf16", frame["dtype"])) if fp8.any() else frame
-    result = models.predict(asked)
+    result = models.predict(frame)  # GEMMs in any dtype: a model where measured, else predictor.lowp_gemm's bound
     duration = result["duration_us"].to_numpy(dtype="float64").copy()
     path = result["path"].astype(str).to_numpy().astype(object)
     oor = result["out_of_range"].fillna(False).to_numpy(dtype=bool).copy()
-    if fp8.any():  # Transformer Engine fp8 GEMMs: the bf16 estimate at the fp8/bf16 roofline ratio
-        from .roofline import estimate_us
-
-        ratio = estimate_us(frame[fp8]) / estimate_us(asked[fp8])
-        duration[fp8] = duration[fp8] * ratio
-        path[fp8] = np.where(path[fp8] == "model", "derived", path[fp8])
     collective = np.array([c is not None for c in row_clusters])
     if collective.any():
         _collectives(frame, row_clusters, np.flatnonzero(collective), models, duration, path, oor)

@@ -1,12 +1,15 @@
 """How operator rows and samples map to models: a model's key (hardware, primitive, pass, group), the group of a
 row (its variant for primitives whose variants are different kernels, the topology `<nodes>x<ranks per node>` for
-collectives, the role of a GEMM backward part, `*` for the rest), the variant aliases of the published sample sets,
+collectives, the role of a GEMM backward part, the input dtype of a GEMM below half precision or in TF32
+(`fp8`, `fp8_block`, ..., `tf32`; a role and a dtype together: `dgrad:fp8`), `*` for the rest), the variant aliases
+of the published sample sets,
 and the sample hygiene training applies (duplicates, rows without shape features). Used by `predictor.training`
 to form training sets and by `predictor.models` to route rows to them."""
 from __future__ import annotations
 
 import re
 
+import numpy as np
 import pandas as pd
 
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES, FEATURE_COLUMNS, GEMM_ROLES
@@ -39,6 +42,35 @@ ALIASES = {
 }
 #: Primitives whose backward splits into roles (tracekit.core.samples.GEMM_ROLES).
 ROLE_PRIMITIVES = ("gemm", "bmm")
+#: GEMM input dtypes with models of their own: a GEMM in one of these is another kernel on other tensor cores than
+#: the half-precision GEMMs the pooled models learn (fp32 stays pooled: CPU runs sample their GEMMs in fp32).
+DTYPE_GROUPS = ("tf32", "fp8", "fp8_block", "mxfp8", "nvfp4", "mxfp4")
+
+
+def dtype_key(dtype: object, role: object = None) -> str | None:
+    """The group of a GEMM/bmm row of `dtype` (and backward `role`), None for the pooled dtypes."""
+    if not isinstance(dtype, str) or dtype not in DTYPE_GROUPS:
+        return None
+    return f"{role}:{dtype}" if isinstance(role, str) and role in GEMM_ROLES else dtype
+
+
+def is_dtype_key(group: object) -> bool:
+    """Whether a group name is a dtype group (`fp8`, `dgrad:fp8`, ...)."""
+    return isinstance(group, str) and group.rsplit(":", 1)[-1] in DTYPE_GROUPS
+
+
+def _dtype_groups(frame: pd.DataFrame, keys: pd.Series) -> pd.Series:
+    """`keys` with the dtype group put on GEMM/bmm rows of a DTYPE_GROUPS dtype."""
+    if "dtype" not in frame.columns:
+        return keys
+    lowp = (frame["primitive"].isin(ROLE_PRIMITIVES) & frame["dtype"].isin(DTYPE_GROUPS)).to_numpy()
+    if not lowp.any():
+        return keys
+    roles = frame["role"] if "role" in frame.columns else pd.Series(None, index=frame.index, dtype=object)
+    named = [dtype_key(d, r) for d, r in zip(frame["dtype"].to_numpy()[lowp], roles.to_numpy()[lowp])]
+    out = keys.astype(object).copy()
+    out.iloc[np.flatnonzero(lowp)] = named
+    return out
 
 
 def variant_key(text: object) -> str:
@@ -80,6 +112,7 @@ def route_key(frame: pd.DataFrame) -> pd.Series:
     roles = role_rows(frame).to_numpy()
     if roles.any():
         variant = variant.where(~roles, frame["role"].astype(object))
+    variant = _dtype_groups(frame, variant)
     coll = frame["primitive"].isin(COLLECTIVE_PRIMITIVES).to_numpy()
     if not coll.any():
         return variant
@@ -95,6 +128,7 @@ def groups_of(samples: pd.DataFrame) -> pd.Series:
     roles = role_rows(samples).to_numpy()
     if roles.any():
         groups = groups.where(~roles, samples["role"].astype(object))
+    groups = _dtype_groups(samples, groups)
     coll = samples["primitive"].isin(COLLECTIVE_PRIMITIVES).to_numpy()
     if coll.any():
         groups = groups.where(~coll, topology_key(samples))

@@ -43,10 +43,21 @@ import numpy as np
 import pandas as pd
 
 from tracekit.core.errors import ModelError
-from tracekit.core.hardware import gpu_family, hardware_spec
+from tracekit.core.hardware import PEAK_KIND, gpu_family, hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES, GEMM_ROLES
 
-from .model_keys import ALIASES, DEFAULT_GROUPS, POOLED, ROLE_PRIMITIVES, role_rows, route_key, variant_key
+from .features import compute_work
+from .lowp_gemm import HIGH, LOW, bounded, peak_flops
+from .model_keys import (
+    ALIASES,
+    DEFAULT_GROUPS,
+    POOLED,
+    ROLE_PRIMITIVES,
+    is_dtype_key,
+    role_rows,
+    route_key,
+    variant_key,
+)
 from .regressor import physics_table, predict
 from .roofline import Rates, estimate_us, record_rates
 from .transfer import transfer
@@ -82,6 +93,47 @@ class TrainedModel:
             booster.set_param({"nthread": 1})
             self._booster = booster
         return self._booster
+
+
+def other_dtype_rows(frame: pd.DataFrame) -> np.ndarray:
+    """GEMM/bmm rows on a datasheet GPU in a dtype other than fp16/bf16 (predictor.lowp_gemm's LOW and HIGH)."""
+    if "dtype" not in frame.columns or not len(frame):
+        return np.zeros(len(frame), dtype=bool)
+    rows = (frame["primitive"].isin(ROLE_PRIMITIVES) & frame["dtype"].isin(LOW + HIGH)).to_numpy()
+    if rows.any():
+        gpu = np.array([hardware_spec(str(h)) is not None and not str(h).startswith("cpu-")
+                        for h in frame["hardware"].to_numpy()[rows]])
+        rows[np.flatnonzero(rows)[~gpu]] = False
+    return rows
+
+
+def _unseen_dtype(model: TrainedModel, dtype: object) -> bool:
+    """A pooled GEMM model of a GPU asked a row in fp32, a dtype it was not trained on (its `dtypes`; models trained
+    before they were recorded count as half precision only): the row takes `predictor.lowp_gemm`'s bound instead."""
+    if dtype not in HIGH or model.primitive not in ROLE_PRIMITIVES or model.hardware.startswith("cpu-") \
+            or hardware_spec(model.hardware) is None:
+        return False
+    return dtype not in model.meta.get("dtypes", ())
+
+
+def _at_most_peak(frame: pd.DataFrame, duration: np.ndarray) -> None:
+    """No GEMM/bmm estimate on a datasheet GPU is faster than the dense peak of its dtype (in place)."""
+    rows = np.flatnonzero(frame["primitive"].isin(ROLE_PRIMITIVES).to_numpy())
+    if not len(rows):
+        return
+    sub = frame.iloc[rows]
+    flops, _, _ = compute_work(sub)
+    dtype = sub["dtype"].astype("string").fillna("bf16").to_numpy() if "dtype" in sub.columns \
+        else np.full(len(sub), "bf16")
+    hardware = sub["hardware"].astype(str).to_numpy()
+    for hw, dt in {(h, d) for h, d in zip(hardware, dtype)}:
+        spec = hardware_spec(hw)
+        if spec is None or hw.startswith("cpu-") or dt not in PEAK_KIND:
+            continue
+        peak = spec.peak_tflops(dt) * 1e12
+        if peak > 0:
+            at = (hardware == hw) & (dtype == dt)
+            duration[rows[at]] = np.fmax(duration[rows[at]], flops[at] / peak * 1e6)
 
 
 def bundled_models_dir() -> Path:
@@ -154,7 +206,8 @@ class ModelSet:
         whole-form model): the graph asks for their backward per role (see the module docstring)."""
         out = set()
         for primitive in ROLE_PRIMITIVES:
-            groups = self._by_key.get((hardware, primitive, "bwd"), {})
+            groups = {g: m for g, m in self._by_key.get((hardware, primitive, "bwd"), {}).items()
+                      if not is_dtype_key(g)}
             if {"dgrad", "wgrad"} <= set(groups) and set(groups) <= set(GEMM_ROLES):
                 out.add(primitive)
         return frozenset(out)
@@ -165,10 +218,11 @@ class ModelSet:
         groups = self._by_key.get((hardware, primitive, pass_))
         if not groups:
             return None
-        if variant in GEMM_ROLES:
+        if variant in GEMM_ROLES or (primitive in ROLE_PRIMITIVES and is_dtype_key(variant)):
             return groups.get(variant)
         if primitive in ROLE_PRIMITIVES:
-            groups = {name: model for name, model in groups.items() if name not in GEMM_ROLES}
+            groups = {name: model for name, model in groups.items()
+                      if name not in GEMM_ROLES and not is_dtype_key(name)}
             if not groups:
                 return None
         if isinstance(variant, str) and variant in groups:
@@ -215,6 +269,10 @@ class ModelSet:
                 raise ModelError(f"operator rows need a {col!r} column")
         if "variant" not in frame.columns:
             frame = frame.assign(variant=None)
+        other_dtype = other_dtype_rows(frame)
+        if other_dtype.any():  # a dtype the part has no tensor cores for: a clear error before any estimate
+            for hw, dt in {(str(h), str(d)) for h, d in frame.loc[other_dtype, ["hardware", "dtype"]].to_numpy()}:
+                peak_flops(hw, dt)
         physics = physics_table(frame) if n else None
         duration = physics[1].copy() if physics is not None else np.zeros(0)  # the roofline answers rows no model takes
         path = np.full(n, "roofline", dtype=object)
@@ -225,9 +283,20 @@ class ModelSet:
         if len(missing):
             self._predict_derived(frame, missing, duration, path, oor)
             rest = missing[path[missing] == "roofline"]
+            lowp = rest[other_dtype[rest]]
+            rest = rest[~other_dtype[rest]]
             t, named, t_oor, hit = transfer(self, frame, rest, transfer_primitives)
             duration[rest[hit]], sources[rest[hit]], oor[rest[hit]] = t[hit], named[hit], t_oor[hit]
             path[rest[hit]] = "transfer"
+            if len(lowp):  # from the same rows in bf16, at a learned and bounded speed-up (predictor.lowp_gemm)
+                sub = frame.iloc[lowp]
+                half = self.predict(sub.assign(dtype="bf16"), transfer_primitives)
+                t_low, notes = bounded(sub, half["duration_us"].to_numpy(), self.index.get("lowp_speedup", []))
+                duration[lowp], oor[lowp], path[lowp] = t_low, half["out_of_range"].to_numpy(), "lowp"
+                sources[lowp] = [f"{note}; bf16 by {p}" + (f" from {src}" if src else "")
+                                 for note, p, src in zip(notes, half["path"], half["sources"])]
+        if n:
+            _at_most_peak(frame, duration)
         return pd.DataFrame({"duration_us": duration.astype("float64"), "path": path, "out_of_range": oor,
                              "sources": sources}, index=ops.index)
 
@@ -244,12 +313,13 @@ class ModelSet:
         if not len(frame):
             return done
         keys = frame[["hardware", "primitive", "pass"]].astype("object").assign(route=route_key(frame))
+        keys["dtype"] = frame["dtype"].astype("object") if "dtype" in frame.columns else None
         keys = keys.where(keys.notna(), None)
         codes, uniques = pd.factorize(pd.MultiIndex.from_frame(keys))
         chosen: dict[str, list[int]] = {}
         for code, key in enumerate(uniques):
-            model = self.resolve(*key)
-            if model is not None:
+            model = self.resolve(*key[:4])
+            if model is not None and not _unseen_dtype(model, key[4]):
                 chosen.setdefault(model.id, []).append(code)
         if not chosen:
             return done

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.core.atomic import atomic_write_json
-from tracekit.core.hardware import cpu_hardware_id, hardware_spec
+from tracekit.core.hardware import PEAK_KIND, cpu_hardware_id, hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES
 
 from .features import compute_work, dtype_bytes, ring_traffic
@@ -141,6 +141,22 @@ def hardware_rates(hardware: pd.Series) -> dict[str, np.ndarray]:
     return out
 
 
+def tensor_peaks(hardware: np.ndarray, dtype: np.ndarray, size: np.ndarray, hw: dict[str, np.ndarray]) -> np.ndarray:
+    """Per row, the tensor-core peak (FLOP/s) for its input dtype: the datasheet's peak for a GEMM dtype
+    (`HardwareSpec.peak_tflops`: fp8 and the block-scaled fp8 formats on the fp8 tensor cores, NVFP4 / MXFP4 on the
+    fp4 ones; NaN where the part has no tensor cores for it), TF32 at half the fp16 peak, other names by their
+    element size (fp8-sized: the fp8 peak, half-sized: the fp16 peak). A CPU id has one rate."""
+    out = np.where(size < 2, np.where(hw["fp8_flops"] > 0, hw["fp8_flops"], np.nan), hw["tensor_flops"])
+    out = np.where(dtype == "tf32", hw["tensor_flops"] / 2.0, out)
+    named = np.isin(dtype, [d for d in PEAK_KIND if d != "fp32"])
+    for hw_id, dt in {(h, d) for h, d in zip(hardware[named], dtype[named])}:
+        spec = hardware_spec(str(hw_id)) if not str(hw_id).startswith("cpu-") else None
+        if spec is not None:
+            peak = spec.peak_tflops(str(dt)) * 1e12
+            out = np.where((hardware == hw_id) & (dtype == dt), peak if peak > 0 else np.nan, out)
+    return out
+
+
 def compute_seconds(frame: pd.DataFrame, hw: dict[str, np.ndarray] | None = None,
                     prim: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per row of compute work at the derated peaks: (FLOPs / peak, bytes / bandwidth) in seconds, each 0 where that
@@ -150,9 +166,11 @@ def compute_seconds(frame: pd.DataFrame, hw: dict[str, np.ndarray] | None = None
     prim = frame["primitive"].astype("string").fillna("").to_numpy() if prim is None else prim
     flops, moved, _ = compute_work(frame)
     size = dtype_bytes(frame["dtype"] if "dtype" in frame.columns else None, len(frame))
-    tensor = np.isin(prim, TENSOR_CORE_PRIMITIVES) & (size <= 2)
-    fp8_peak = np.where(hw["fp8_flops"] > 0, hw["fp8_flops"], np.nan)  # no fp8 tensor cores: no estimate
-    peak = np.where(tensor, np.where(size < 2, fp8_peak, hw["tensor_flops"]), hw["vector_flops"]) * COMPUTE_EFFICIENCY
+    dtype = frame["dtype"].astype("string").fillna("").to_numpy() if "dtype" in frame.columns \
+        else np.full(len(frame), "")
+    tensor = np.isin(prim, TENSOR_CORE_PRIMITIVES) & ((size <= 2) | (dtype == "tf32"))
+    peak = np.where(tensor, tensor_peaks(frame["hardware"].astype("string").fillna("").to_numpy(), dtype, size, hw),
+                    hw["vector_flops"]) * COMPUTE_EFFICIENCY
     with np.errstate(invalid="ignore", divide="ignore"):
         t_compute = np.nan_to_num(flops / peak, nan=0.0)
         t_memory = np.nan_to_num(moved / (hw["mem_bw"] * MEMORY_EFFICIENCY), nan=0.0)

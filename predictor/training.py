@@ -1,9 +1,11 @@
 """Train a model set: one XGBoost regressor per (hardware, primitive, pass, group) of a sample frame, written to a
-model directory atomically (the old set stays intact until the new one is complete). The directory's layout is
-`predictor.models`' docstring; how samples are grouped is `predictor.model_keys`."""
+model directory atomically (the old set stays intact until the new one is complete), or into an existing set,
+replacing only the models of the hardware trained now (`update`). The directory's layout is `predictor.models`'
+docstring; how samples are grouped is `predictor.model_keys`."""
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import shutil
 import tempfile
@@ -18,6 +20,7 @@ from tracekit.core.atomic import atomic_write_json, umask_mode
 from tracekit.core.errors import ModelError
 from tracekit.core.samples import HOST_PRIMITIVES
 
+from .lowp_gemm import learn
 from .model_keys import deduplicate, groups_of, model_id, shapeless_rows, training_sets
 from .models import FORMAT, INDEX, ModelSet
 from .regressor import FitResult, fit
@@ -25,10 +28,16 @@ from .roofline import rates
 
 
 def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict | None = None,
-                 folds: int = 5, threads: int = 1, on_model: Callable[[dict], None] | None = None) -> list[dict]:
+                 folds: int = 5, threads: int = 1, on_model: Callable[[dict], None] | None = None,
+                 update: bool = False) -> list[dict]:
     """Train one model per (hardware, primitive, pass, group) and write the set to `out` atomically (the old set
     stays intact until the new one is complete). Returns the per-model summaries written to the index; rows
-    without shape features are set aside and counted under `skipped` in the index. `other` samples are not used."""
+    without shape features are set aside and counted under `skipped` in the index. `other` samples are not used.
+
+    `update`: `out` is an existing set whose models of the hardware in `samples` are replaced and whose other models
+    are kept as they are (files copied byte for byte, their index entries too); the new training's provenance is
+    added to the index's `updates`. Besides the models, the index keeps the low-precision GEMM speed-ups learned from
+    the samples (`predictor.lowp_gemm.learn`, under `lowp_speedup`)."""
     framework = framework_overheads(samples)
     samples = samples[~samples["primitive"].isin(HOST_PRIMITIVES)]
     samples = deduplicate(samples[(samples["duration_us"] > 0) & (samples["primitive"] != "other")])
@@ -47,6 +56,7 @@ def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict
         raise ModelError(f"none of the {int(shapeless.sum())} classified samples carries shape features")
     samples = samples.assign(group=groups_of(samples))
     out = Path(out)
+    kept = _kept(out, set(samples["hardware"])) if update else None
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     summaries: list[dict] = []
@@ -63,7 +73,7 @@ def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict
             summaries.append(meta)
             if on_model:
                 on_model(meta)
-        atomic_write_json(staging / INDEX, {
+        index = {
             "format": FORMAT,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "provenance": {k: v for k, v in (provenance or {}).items() if k != "clusters"},
@@ -73,7 +83,11 @@ def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict
             "framework": framework,
             "rates": {hw: asdict(r) for hw in sorted(samples["hardware"].unique())
                       if hw.startswith("cpu-") and (r := rates(hw)) is not None},  # a CPU always has rates
-        })
+            "lowp_speedup": learn(samples),
+        }
+        if kept is not None:
+            index = _merged(kept, index, sorted(set(samples["hardware"])), staging)
+        atomic_write_json(staging / INDEX, index)
         _make_readable(staging)
         _swap_in(staging, out)
     except BaseException:
@@ -81,6 +95,43 @@ def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict
         raise
     ModelSet.load.cache_clear()
     return summaries
+
+
+def _kept(out: Path, retrained: set[str]) -> dict:
+    """The index of the set at `out` (to update) and the ids of its models of other hardware than `retrained`."""
+    try:
+        index = json.loads((out / INDEX).read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{out}: no model set to update ({exc})") from exc
+    if index.get("format") != FORMAT:
+        raise ModelError(f"{out / INDEX}: unknown model format {index.get('format')!r} (expected {FORMAT})")
+    index["_root"] = str(out)
+    index["_retrained"] = sorted(retrained)
+    return index
+
+
+def _merged(old: dict, new: dict, retrained: list[str], staging: Path) -> dict:
+    """The index of an updated set: the old set's entries of other hardware, the new training's of `retrained`;
+    the kept models' files copied into `staging` unchanged."""
+    root, gone = Path(old["_root"]), set(retrained)
+
+    def others(entries: list[dict]) -> list[dict]:
+        return [e for e in entries if e.get("hardware") not in gone]
+
+    for entry in others(old.get("models", [])):
+        for suffix in (".json", ".ubj.gz"):
+            shutil.copy2(root / f"{entry['id']}{suffix}", staging / f"{entry['id']}{suffix}")
+    updates = [u for u in old.get("updates", []) if not set(u.get("hardware", [])) <= gone]
+    updates.append({"hardware": retrained, "created": new["created"], "provenance": new["provenance"]})
+    return {
+        "format": FORMAT, "created": new["created"], "provenance": old.get("provenance", {}), "updates": updates,
+        "clusters": {**{h: c for h, c in old.get("clusters", {}).items() if h not in gone}, **new["clusters"]},
+        "models": sorted(others(old.get("models", [])) + new["models"], key=lambda e: e["id"]),
+        "skipped": others(old.get("skipped", [])) + new["skipped"],
+        "framework": others(old.get("framework", [])) + new["framework"],
+        "rates": {**{h: r for h, r in old.get("rates", {}).items() if h not in gone}, **new["rates"]},
+        "lowp_speedup": others(old.get("lowp_speedup", [])) + new["lowp_speedup"],
+    }
 
 
 def framework_overheads(samples: pd.DataFrame) -> list[dict]:
@@ -100,6 +151,7 @@ def _metadata(mid, hardware, primitive, pass_, group, frame, result: FitResult) 
         "features": result.features, "ranges": result.ranges, "samples": result.n_samples,
         "cv": result.cv, "outliers": result.outliers, "params": result.params,
         "train_hash": result.train_hash, "train_seconds": round(result.seconds, 2),
+        "dtypes": sorted(frame["dtype"].dropna().astype(str).unique().tolist()) if "dtype" in frame.columns else [],
         "sources": sorted(frame["source_path"].dropna().astype(str).unique().tolist())
         if "source_path" in frame.columns else [],
     }

@@ -23,7 +23,8 @@ if TYPE_CHECKING:  # rich is imported where a table is printed
         "hyper-parameters by 5-fold cross-validation (≈1–3 min on 2 cores for the ~170k published samples). "
         "Samples that cannot be real (faster than the link allows) or form a separate mode orders of magnitude "
         "away are set aside and reported. Writes XGBoost UBJ + JSON metadata (never pickle) to --models-out.\n\n"
-        "Example: tracekit train --store .tracekit --models-out models/ --hardware A100-SXM4-80GB"
+        "Example: tracekit train --store .tracekit --models-out models/ --hardware A100-SXM4-80GB\n\n"
+        "Example: tracekit train --store S --hardware H100-80GB-HBM3 --models-out models/ --update"
     ),
 )
 def train(
@@ -39,6 +40,9 @@ def train(
                                 "(e.g. A100-SXM4-80GB=perlmutter; repeatable). predict answers collectives with the "
                                 "learned models only on that cluster and in the topologies sampled there, elsewhere "
                                 "from the algorithm model; without it, GPU collectives always use the latter."),
+    update: bool = typer.Option(
+        False, "--update", help="Add to the model set at --models-out: replace only the models of the hardware "
+                                "trained now, keep every other model (and its provenance) as it is."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a table."),
 ) -> None:
     import json
@@ -66,8 +70,8 @@ def train(
             "samples": int(len(samples)),
             "hardware": sorted(samples["hardware"].unique().tolist()),
             "clusters": clusters,
-            "sources": [{"id": sid, "path": sources.get(sid, {}).get("path"), "rows": int(n)}
-                        for sid, n in sorted(used.items())],
+            "sources": [{"id": sid, "path": sources.get(sid, {}).get("path"), "rows": int(n),
+                         **_origin(sources.get(sid, {}))} for sid, n in sorted(used.items())],
         }
         start = time.perf_counter()
         keys = samples.groupby(["hardware", "primitive", "pass"]).ngroups
@@ -79,7 +83,7 @@ def train(
                 seen.add((meta["hardware"], meta["primitive"], meta["pass"]))
                 bar.update(task, completed=len(seen), description=f"training {meta['id']}")
 
-            summaries = train_models(samples, out, provenance, folds=folds, on_model=advance)
+            summaries = train_models(samples, out, provenance, folds=folds, on_model=advance, update=update)
         seconds = time.perf_counter() - start
     skipped = json.loads((out / "index.json").read_text()).get("skipped", [])
     if as_json:
@@ -91,6 +95,17 @@ def train(
             group = f" {entry['group']}" if entry["group"] else ""
             console.print(f"not trained: {entry['hardware']} {entry['primitive']} {entry['pass']}{group} "
                           f"({entry['rows']} samples): {entry['reason']}", markup=False)
+
+
+def _origin(meta: dict) -> dict:
+    """What the store recorded about where an imported source comes from: its import format, the repository and
+    commit it was taken from and what it cannot tell (published tables' facts; {} for other sources)."""
+    facts = meta.get("facts") or {}
+    out = {"kind": meta["kind"]} if meta.get("kind") else {}
+    out.update({k: facts[k] for k in ("origin", "hardware_note", "unknown", "best_of_autotune") if facts.get(k)})
+    if meta.get("refused"):
+        out["refused_rows"] = meta["refused"]
+    return out
 
 
 def _sampled_clusters(items: list[str]) -> dict[str, str]:
