@@ -19,8 +19,12 @@ answered only by that role's model; a whole row only by a whole-form model, else
 the role models the set holds (dgrad + wgrad, + bgrad where held). `role_primitives(hw)` names the primitives
 whose backward the set holds per role only; the operator graph asks those per role (predictor/graph.py).
 
-`predict` answers each operator row by one of four paths:
-- `model`: a model of that hardware, primitive and pass;
+A model trained with `extrapolates: false` in its metadata (`tracekit train --in-range-only`: the models of
+published tables, which sample a fixed grid of shapes) answers only rows inside its trained ranges; the others take
+the paths below as if it were not there.
+
+`predict` answers each operator row by one of five paths:
+- `model`: a model of that hardware, primitive and pass (for a GEMM, of its dtype when below half precision);
 - `derived`: a whole GEMM backward summed from its role models; a collective composed from related models on
   that hardware (reduce_scatter ≈ all_gather at the same
   per-rank bytes, all_reduce ≈ reduce_scatter + all_gather of bytes/n, all_to_all ≈ all_gather of bytes/n,
@@ -28,7 +32,12 @@ whose backward the set holds per role only; the operator graph asks those per ro
   a sibling device (A100 40 GB ↔ 80 GB) scaled by the ratio of their roofline estimates;
 - `transfer`: a compute row of a GPU with a datasheet entry and no models, from the models of other GPUs through
   their rooflines (`predictor.transfer`); the `sources` column names them with their weights;
-- `roofline`: the roofline estimate of `predictor.roofline` (no model covers the row).
+- `roofline`: the roofline estimate of `predictor.roofline` (no model covers the row);
+- `lowp`: a GEMM in a dtype its GPU has no model for (fp8, fp8_block, MXFP8, NVFP4, MXFP4, fp32): the same row's
+  bf16 answer (by any path above) at the speed-up of `predictor.lowp_gemm`, learned from the GPUs that measured
+  both dtypes, bounded by the dtype's dense peak; `sources` says which curve and how the bf16 time was obtained.
+No GEMM estimate on a GPU of the datasheet table is faster than the dense peak of its dtype, and a GEMM in a dtype
+the part has no tensor cores for (peak 0: MXFP8 on H100, NVFP4 on AMD parts) is a ConfigError naming both.
 """
 from __future__ import annotations
 
@@ -99,7 +108,7 @@ def other_dtype_rows(frame: pd.DataFrame) -> np.ndarray:
     """GEMM/bmm rows on a datasheet GPU in a dtype other than fp16/bf16 (predictor.lowp_gemm's LOW and HIGH)."""
     if "dtype" not in frame.columns or not len(frame):
         return np.zeros(len(frame), dtype=bool)
-    rows = (frame["primitive"].isin(ROLE_PRIMITIVES) & frame["dtype"].isin(LOW + HIGH)).to_numpy()
+    rows = (frame["primitive"].isin(ROLE_PRIMITIVES) & frame["dtype"].isin(LOW + HIGH)).to_numpy().copy()
     if rows.any():
         gpu = np.array([hardware_spec(str(h)) is not None and not str(h).startswith("cpu-")
                         for h in frame["hardware"].to_numpy()[rows]])
@@ -255,8 +264,9 @@ class ModelSet:
 
     # -- prediction -------------------------------------------------------------------------------------------
     def predict(self, ops: pd.DataFrame, transfer_primitives: frozenset[str] | None = None) -> pd.DataFrame:
-        """Duration (µs), path ('model' | 'derived' | 'transfer' | 'roofline'), out_of_range and sources (the source
-        GPUs of transfer answers with their weights, '' otherwise) for each operator row. `transfer_primitives`:
+        """Duration (µs), path ('model' | 'derived' | 'transfer' | 'roofline' | 'lowp'), out_of_range and sources (the
+        source GPUs of transfer answers with their weights, the curve and bf16 path of lowp answers, '' otherwise)
+        for each operator row. `transfer_primitives`:
         the primitives that may take the transfer path (default: those `predictor.transfer` selected).
 
         `out_of_range` is True when a shape feature lies outside the range the answering model was trained on, and
@@ -329,7 +339,12 @@ class ModelSet:
         for mid, code_list in chosen.items():
             rows = np.flatnonzero(np.isin(codes, code_list))
             sub_physics = (physics[0].iloc[rows], physics[1][rows])
+            before = duration[rows].copy()
             self._run(by_id[mid], frame.iloc[rows], rows, duration, oor, sub_physics)
+            if not by_id[mid].meta.get("extrapolates", True):  # a table's model answers inside its table only
+                outside = oor[rows]
+                duration[rows[outside]], oor[rows[outside]] = before[outside], True
+                rows = rows[~outside]
             path[rows] = tag
             done[rows] = True
         return done

@@ -18,7 +18,7 @@ import pandas as pd
 
 from tracekit.core.atomic import atomic_write_json, umask_mode
 from tracekit.core.errors import ModelError
-from tracekit.core.samples import HOST_PRIMITIVES
+from tracekit.core.samples import COLLECTIVE_PRIMITIVES, HOST_PRIMITIVES
 
 from .lowp_gemm import learn
 from .model_keys import deduplicate, groups_of, model_id, shapeless_rows, training_sets
@@ -29,7 +29,7 @@ from .roofline import rates
 
 def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict | None = None,
                  folds: int = 5, threads: int = 1, on_model: Callable[[dict], None] | None = None,
-                 update: bool = False) -> list[dict]:
+                 update: bool = False, extrapolate: bool = True) -> list[dict]:
     """Train one model per (hardware, primitive, pass, group) and write the set to `out` atomically (the old set
     stays intact until the new one is complete). Returns the per-model summaries written to the index; rows
     without shape features are set aside and counted under `skipped` in the index. `other` samples are not used.
@@ -37,7 +37,10 @@ def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict
     `update`: `out` is an existing set whose models of the hardware in `samples` are replaced and whose other models
     are kept as they are (files copied byte for byte, their index entries too); the new training's provenance is
     added to the index's `updates`. Besides the models, the index keeps the low-precision GEMM speed-ups learned from
-    the samples (`predictor.lowp_gemm.learn`, under `lowp_speedup`)."""
+    the samples (`predictor.lowp_gemm.learn`, under `lowp_speedup`).
+
+    `extrapolate=False`: the models answer only rows inside their trained ranges (metadata `extrapolates: false`),
+    for samples of a fixed grid of shapes (published tables): outside it the transfer and roofline paths answer."""
     framework = framework_overheads(samples)
     samples = samples[~samples["primitive"].isin(HOST_PRIMITIVES)]
     samples = deduplicate(samples[(samples["duration_us"] > 0) & (samples["primitive"] != "other")])
@@ -68,6 +71,8 @@ def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict
                 continue
             mid = model_id(hardware, primitive, pass_, group)
             meta = _metadata(mid, hardware, primitive, pass_, group, frame, result)
+            if not extrapolate and primitive not in COLLECTIVE_PRIMITIVES:  # collectives anchor the link model
+                meta["extrapolates"] = False
             (staging / f"{mid}.ubj.gz").write_bytes(gzip.compress(bytes(result.booster.save_raw("ubj")), 9, mtime=0))
             atomic_write_json(staging / f"{mid}.json", meta)
             summaries.append(meta)

@@ -43,6 +43,9 @@ def train(
     update: bool = typer.Option(
         False, "--update", help="Add to the model set at --models-out: replace only the models of the hardware "
                                 "trained now, keep every other model (and its provenance) as it is."),
+    in_range_only: bool = typer.Option(
+        False, "--in-range-only", help="The models answer only inside their trained shape ranges (for published "
+                                       "tables of a fixed shape grid); outside, the transfer and roofline paths do."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a table."),
 ) -> None:
     import json
@@ -83,7 +86,8 @@ def train(
                 seen.add((meta["hardware"], meta["primitive"], meta["pass"]))
                 bar.update(task, completed=len(seen), description=f"training {meta['id']}")
 
-            summaries = train_models(samples, out, provenance, folds=folds, on_model=advance, update=update)
+            summaries = train_models(samples, out, provenance, folds=folds, on_model=advance, update=update,
+                                     extrapolate=not in_range_only)
         seconds = time.perf_counter() - start
     skipped = json.loads((out / "index.json").read_text()).get("skipped", [])
     if as_json:
