@@ -21,7 +21,8 @@ compute-bound on that device (1 elsewhere): a 132-tile GEMM fills one wave on 13
 Memory-bound primitives (norms, softmax, activations, element-wise) scale with the bandwidth alone.
 
 Sources are the GPUs of the target's vendor with a model for the row when there are any (NVIDIA and AMD parts run
-other kernels from other libraries), else every GPU with one, weighted by their similarity to the target in
+other kernels from other libraries; rows none of them answers, e.g. outside their tables, take every GPU's), else
+every GPU with one, weighted by their similarity to the target in
 datasheet features (log of dense fp16 peak, HBM bandwidth, SM/CU count, L2 size and clock): weight ∝ 1 / (d + 0.05),
 d the root mean square of the log ratios; the estimate is the weighted geometric mean. `sources` names them, most
 similar first, e.g. "GH200-120GB 0.78, A100-SXM4-80GB 0.22". `out_of_range` is True when any source model left its
@@ -84,16 +85,17 @@ def vendor(spec: HardwareSpec) -> str:
     return "amd" if spec.die.startswith("gfx") else "nvidia"
 
 
-def source_weights(target: str, candidates: list[str]) -> list[tuple[str, float]]:
-    """(source, weight) for the candidate GPUs with a datasheet entry, most similar first; weights sum to 1. Only
-    candidates of the target's vendor count when there are any (other kernels and libraries: on the H100 kernels of
-    the corpus traces, MI355X's GEMM models among the sources took the transfer from 2.7% to 3.3% median error)."""
+def source_weights(target: str, candidates: list[str], same_vendor: bool = True) -> list[tuple[str, float]]:
+    """(source, weight) for the candidate GPUs with a datasheet entry, most similar first; weights sum to 1. With
+    `same_vendor`, only candidates of the target's vendor count when there are any (other kernels and libraries: on
+    the H100 kernels of the corpus traces, MI355X's GEMM models among the sources took the transfer from 2.7% to 3.3%
+    median error)."""
     spec = hardware_spec(target)
     if spec is None:
         return []
     others = [(hw, hardware_spec(hw)) for hw in candidates]
     others = [(hw, o) for hw, o in others if o is not None and hw != target and o.name != spec.name]
-    same = [(hw, o) for hw, o in others if vendor(o) == vendor(spec)]
+    same = [(hw, o) for hw, o in others if vendor(o) == vendor(spec)] if same_vendor else []
     scored = []
     for hw, other in same or others:
         scored.append((hw, 1.0 / (similarity(spec, other) + DISTANCE_FLOOR)))
@@ -145,32 +147,41 @@ def transfer(models, frame: pd.DataFrame, rows: np.ndarray, primitives: frozense
     for (hw, primitive, pass_), index in groups.items():
         pos = np.asarray(index)
         candidates = [s for s in models.hardware_ids() if models.resolve(s, primitive, pass_) is not None]
-        weights = source_weights(hw, candidates)
-        if not weights:
-            continue
-        part = sub.iloc[pos]
-        log_sum = np.zeros(len(pos))
-        weight_sum = np.zeros(len(pos))
-        any_oor = np.zeros(len(pos), dtype=bool)
-        used: list[str] = []
-        for source, weight in weights:
-            moved = part.assign(hardware=source)
-            t_s, s_oor, ok = models.direct_estimates(moved)
-            w_s, s_bound = work_us(moved)
-            ok &= np.isfinite(t_s) & (t_s > 0) & np.isfinite(w_s) & (w_s > 0)
-            if not ok.any():
+        vendors = source_weights(hw, candidates)
+        every = source_weights(hw, candidates, same_vendor=False)
+        for weights in (vendors, every) if every != vendors else (vendors,):
+            pos = pos[~done[pos]]  # rows no source of the target's vendor answered: every GPU's models
+            if not len(pos) or not weights:
                 continue
-            fixed = np.minimum(KERNEL_OVERHEAD_US, t_s / 2.0)
-            scale = target_work[pos] / w_s * wave_efficiency(moved, s_bound) / target_q[pos]
-            t_t = fixed + (t_s - fixed) * scale
-            log_sum[ok] += weight * np.log(t_t[ok])
-            weight_sum[ok] += weight
-            any_oor[ok] |= s_oor[ok]
-            used.append(f"{source} {weight:.2f}")
-        hit = weight_sum > 0
-        duration[pos[hit]] = np.exp(log_sum[hit] / weight_sum[hit])
-        sources[pos[hit]] = ", ".join(used)
-        oor[pos[hit]] = any_oor[hit]
-        done[pos[hit]] = True
+            _weighted(models, sub.iloc[pos], pos, weights, target_work, target_q, duration, sources, oor, done)
     return duration, sources, oor, done
+
+
+def _weighted(models, part: pd.DataFrame, pos: np.ndarray, weights: list[tuple[str, float]], target_work: np.ndarray,
+              target_q: np.ndarray, duration: np.ndarray, sources: np.ndarray, oor: np.ndarray,
+              done: np.ndarray) -> None:
+    """The weighted geometric mean of the sources' scaled estimates for the rows `pos` (in place)."""
+    log_sum = np.zeros(len(pos))
+    weight_sum = np.zeros(len(pos))
+    any_oor = np.zeros(len(pos), dtype=bool)
+    used: list[str] = []
+    for source, weight in weights:
+        moved = part.assign(hardware=source)
+        t_s, s_oor, ok = models.direct_estimates(moved)
+        w_s, s_bound = work_us(moved)
+        ok &= np.isfinite(t_s) & (t_s > 0) & np.isfinite(w_s) & (w_s > 0)
+        if not ok.any():
+            continue
+        fixed = np.minimum(KERNEL_OVERHEAD_US, t_s / 2.0)
+        scale = target_work[pos] / w_s * wave_efficiency(moved, s_bound) / target_q[pos]
+        t_t = fixed + (t_s - fixed) * scale
+        log_sum[ok] += weight * np.log(t_t[ok])
+        weight_sum[ok] += weight
+        any_oor[ok] |= s_oor[ok]
+        used.append(f"{source} {weight:.2f}")
+    hit = weight_sum > 0
+    duration[pos[hit]] = np.exp(log_sum[hit] / weight_sum[hit])
+    sources[pos[hit]] = ", ".join(used)
+    oor[pos[hit]] = any_oor[hit]
+    done[pos[hit]] = True
 
