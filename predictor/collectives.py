@@ -28,14 +28,30 @@ import pandas as pd
 from tracekit.core.cluster import Cluster
 
 #: Achievable share of a link's unidirectional rate for large messages, by fabric (bus bandwidth / link rate).
-#: nvswitch 0.73: vTrain's 8×A100 nccl-tests tables (217 of 300 GB/s fitted over 2–8 GPUs, 1 MiB–1 GiB);
-#: nvlink 0.75: Perlmutter 1×2 / 1×4 all-reduce samples (75 of 100, 225 of 300 GB/s); network 0.92: Vista's
-#: 2–8 node all-reduce samples (48 of 50 GB/s = 0.96) derated for multi-hop fat trees.
+#: nvswitch 0.73: vTrain's 8×A100 nccl-tests tables (217 of 300 GB/s fitted over 2–8 GPUs, 1 MiB–1 GiB; NVLink 3:
+#: see NVSWITCH_EFFICIENCY for later generations); nvlink 0.75: Perlmutter 1×2 / 1×4 all-reduce samples (75 of 100,
+#: 225 of 300 GB/s); network 0.92: Vista's 2–8 node all-reduce samples (48 of 50 GB/s = 0.96) derated for multi-hop
+#: fat trees.
 EFFICIENCY = {"nvswitch": 0.73, "nvlink": 0.75, "xgmi": 0.7, "pcie": 0.8, "none": 0.75, "network": 0.92}
+#: NVSwitch ring efficiency by NVLink generation, keyed by the per-GPU unidirectional link rate (GB/s) it starts at:
+#: NVLink 3 (300) vTrain's 0.73; NVLink 4 (450) 0.76 fitted on XLA's 8×H100 table, its groups of 8 at ≥ 16 MiB
+#: (all-gather, reduce-scatter, all-to-all, all-reduce; scored on its groups of 4 and 2: benchmarks/
+#: collective_physics.py). NVLink 5 (900) was not measured: NVLink 4's value.
+NVSWITCH_EFFICIENCY = {300.0: 0.73, 450.0: 0.76}
 #: Fixed cost of one collective call (launch, protocol set-up), µs; from the same tables' small messages.
 BASE_US = 35.0
-#: NVLS all-reduce: S in and S out per GPU at this share of the link rate (NCCL 2.17+ on NVLink 4 NVSwitches).
-NVLS_EFFICIENCY = 0.6
+#: NVLS all-reduce: S in and S out per GPU at this share of the link rate (NCCL 2.17+ on NVLink 4 NVSwitches);
+#: fitted with NVSWITCH_EFFICIENCY on the same rows of XLA's 8×H100 table (the 8-GPU all-reduce: 230 GB/s of 450).
+NVLS_EFFICIENCY = 0.49
+
+
+def fabric_efficiency(cluster: Cluster) -> float:
+    """The achievable share of the cluster's intra-node link rate (EFFICIENCY; NVSwitch by its NVLink generation)."""
+    if cluster.fabric != "nvswitch":
+        return EFFICIENCY[cluster.fabric]
+    link = cluster.link_gbs(False) or 0.0
+    generations = [g for g in sorted(NVSWITCH_EFFICIENCY) if g <= link]
+    return NVSWITCH_EFFICIENCY[generations[-1]] if generations else EFFICIENCY["nvswitch"]
 
 
 def _col(frame: pd.DataFrame, name: str, default: float) -> np.ndarray:
@@ -50,7 +66,7 @@ def link_rates(cluster: Cluster, ranks_per_node: np.ndarray) -> tuple[np.ndarray
     On a point-to-point mesh (`nvlink`, `xgmi`) a rank reaches the r−1 other members over (r−1)/(g−1) of its
     links; a switch gives every pair the full rate. No intra-node path is slower than the rank's own network share
     (NCCL would route through the NIC)."""
-    intra = (cluster.link_gbs(False) or 0.0) * EFFICIENCY[cluster.fabric] * 1e3
+    intra = (cluster.link_gbs(False) or 0.0) * fabric_efficiency(cluster) * 1e3
     inter = (cluster.link_gbs(True) or 0.0) * EFFICIENCY["network"] * 1e3
     r = np.maximum(ranks_per_node, 1.0)
     if cluster.fabric in ("nvlink", "xgmi") and cluster.gpus_per_node > 1:
