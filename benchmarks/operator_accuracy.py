@@ -24,6 +24,12 @@ the most similar GPU used as they are (what one gets by predicting an H100 as a 
     bundled model was trained on.
 Usage: python benchmarks/operator_accuracy.py --transfer [--corpus ../shared/corpus] [--json out.json]  (~20 s)
 `--write-selection tracekit/data/transfer.json` writes, from (a) alone, which primitives take the transfer path.
+
+`--tables` scores the models trained on published performance tables (XLA's H100, B200 and MI300X GEMM tables,
+aiter's MI355X files, XLA's 8×H100 collectives): leave one measurement out on H100, cross-validation per table, the
+TraceLens kernels, leave one GPU out and the H100 rows of the Megatron-Bridge end-to-end table, before and after, in
+one table (benchmarks/table_accuracy.py says what each row scores).
+Usage: python benchmarks/operator_accuracy.py --tables [--json out.json]  (~5 min)
 """
 from __future__ import annotations
 
@@ -256,9 +262,20 @@ def main() -> None:
     parser.add_argument("--transfer", action="store_true", help="measure the transfer path (see above) instead")
     parser.add_argument("--corpus", default=str(CORPUS), help="corpus folder (with kineto/tracelens)")
     parser.add_argument("--write-selection", help="with --transfer: write the leave-one-GPU-out selection here")
+    parser.add_argument("--tables", action="store_true", help="score the published tables' models (see above)")
     args = parser.parse_args()
     if args.transfer:
         transfer_main(args)
+        return
+    if args.tables:
+        import table_accuracy
+
+        table = table_accuracy.run()
+        print("median absolute percentage error (%) · before: the set without the table GPUs' models · after: the "
+              "bundled set · reference: see note")
+        print(table_accuracy.show(table))
+        if args.json:
+            Path(args.json).write_text(table.to_json(orient="records", indent=2))
         return
 
     start = time.perf_counter()

@@ -9,6 +9,9 @@ import typer
 from .app import app
 from .output import console, print_json, user_errors
 
+#: Source files named per hardware in the table view.
+SHOWN_FILES = 4
+
 
 @app.command(
     "models",
@@ -39,8 +42,10 @@ def models(
                 and model_set.sibling(hw, "gemm", "fwd") is None]
     index = model_set.index
     provenance = index.get("provenance", {})
+    origins = sample_origins(model_set)
     if as_json:
         print_json({"path": str(model_set.path), "created": index.get("created"), "provenance": provenance,
+                    "updates": index.get("updates", []), "samples_from": origins,
                     "models": [{**model_row(m), "variants": m.get("variants", []), "sources": m.get("sources", []),
                                 "ranges": m.get("ranges", {}), "train_hash": m.get("train_hash")}
                                for m in model_set.summaries()],
@@ -49,9 +54,14 @@ def models(
         return
     console.print(f"[bold]{model_set.path}[/bold] · created {index.get('created', '?')} · "
                   f"{len(model_set.models)} models · hardware {', '.join(model_set.hardware_ids())}")
-    data = provenance.get("data") or []
+    data = list(provenance.get("data") or []) + [d for u in index.get("updates", [])
+                                                  for d in u.get("provenance", {}).get("data", [])]
     for entry in data:
         console.print(f"  data: {entry}", markup=False)
+    for hardware, files in origins.items():
+        shown = "; ".join(_described(f) for f in files[:SHOWN_FILES])
+        more = f"; ... ({len(files)} files, --json lists them)" if len(files) > SHOWN_FILES else ""
+        console.print(f"samples of {hardware}: {shown}{more}", markup=False)
     print_models(model_set.summaries(), f"{provenance.get('samples', '?')} samples from "
                  f"{len(provenance.get('sources', []))} source files")
     for hardware, cluster in sorted(index.get("clusters", {}).items()):
@@ -64,3 +74,34 @@ def models(
     for entry in index.get("framework", []):
         console.print(f"framework time per compute operator on {entry['hardware']}, {entry['pass']}: "
                       f"{entry['per_op_us']:.1f} µs (median of {entry['samples']} sampled layers)", markup=False)
+
+
+def sample_origins(model_set) -> dict[str, list[dict]]:
+    """Per hardware id, the source files its models were trained on (the models' `sources`), with what the training's
+    provenance recorded about each (import format, repository and commit, rows refused, what it cannot tell)."""
+    index = model_set.index
+    recorded: dict[str, dict] = {}
+    for prov in [index.get("provenance", {})] + [u.get("provenance", {}) for u in index.get("updates", [])]:
+        for entry in prov.get("sources", []):
+            if entry.get("path"):
+                recorded.setdefault(entry["path"], entry)
+    out: dict[str, list[dict]] = {}
+    for meta in model_set.summaries():
+        files = out.setdefault(meta["hardware"], [])
+        for name in meta.get("sources", []):
+            if all(f["path"] != name for f in files):
+                files.append({"path": name, **{k: v for k, v in recorded.get(name, {}).items()
+                                               if k in ("kind", "origin", "refused_rows", "unknown")}})
+    return {hw: sorted(files, key=lambda f: f["path"]) for hw, files in sorted(out.items())}
+
+
+def _described(entry: dict) -> str:
+    """`h100_sm90.csv (import:xla-gemm, tensorflow/tensorflow/...@372d578bb861, 87 rows refused)`."""
+    parts = [entry["kind"]] if entry.get("kind") else []
+    parts += [origin.rsplit("@", 1)[0] + "@" + origin.rsplit("@", 1)[1][:12] if "@" in origin else origin
+              for origin in entry.get("origin", [])]
+    if entry.get("refused_rows"):
+        parts.append(f"{entry['refused_rows']} rows refused")
+    if entry.get("unknown"):
+        parts.append("not stated: " + ", ".join(entry["unknown"]))
+    return entry["path"] + (f" ({', '.join(parts)})" if parts else "")
