@@ -11,6 +11,8 @@ from .output import console, print_json, user_errors
 
 #: Source files named per hardware in the table view.
 SHOWN_FILES = 4
+#: Import formats of collective samples (a file name can be both a GEMM and a collective table's).
+COLLECTIVE_KINDS = ("import:xla-collectives", "import:nccl-tests")
 
 
 @app.command(
@@ -80,19 +82,24 @@ def sample_origins(model_set) -> dict[str, list[dict]]:
     """Per hardware id, the source files its models were trained on (the models' `sources`), with what the training's
     provenance recorded about each (import format, repository and commit, rows refused, what it cannot tell)."""
     index = model_set.index
-    recorded: dict[str, dict] = {}
+    recorded: dict[str, list[dict]] = {}  # file name → what each training recorded about files of that name
     for prov in [index.get("provenance", {})] + [u.get("provenance", {}) for u in index.get("updates", [])]:
         for entry in prov.get("sources", []):
             if entry.get("path"):
-                recorded.setdefault(entry["path"], entry)
+                recorded.setdefault(entry["path"], []).append(entry)
     out: dict[str, list[dict]] = {}
     for meta in model_set.summaries():
         files = out.setdefault(meta["hardware"], [])
+        comm = meta["pass"] == "comm"
         for name in meta.get("sources", []):
-            if all(f["path"] != name for f in files):
-                files.append({"path": name, **{k: v for k, v in recorded.get(name, {}).items()
-                                               if k in ("kind", "origin", "refused_rows", "unknown")}})
-    return {hw: sorted(files, key=lambda f: f["path"]) for hw, files in sorted(out.items())}
+            entries = recorded.get(name, [{}])
+            # two files may share a name (XLA's GEMM and collective tables of H100): the one of the model's kind
+            entry = next((e for e in entries if (e.get("kind", "") in COLLECTIVE_KINDS) == comm), entries[0])
+            described = {"path": name, **{k: v for k, v in entry.items()
+                                          if k in ("kind", "origin", "refused_rows", "unknown")}}
+            if described not in files:
+                files.append(described)
+    return {hw: sorted(files, key=lambda f: (f["path"], f.get("kind", ""))) for hw, files in sorted(out.items())}
 
 
 def _described(entry: dict) -> str:
