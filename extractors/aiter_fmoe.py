@@ -68,8 +68,8 @@ def read_file(path: str | Path, hardware: str | None = None, source: str | None 
         hw = normalize_hardware(hardware)
     else:
         cus = sorted(set(c["cu_num"]))
-        parts = {cu: [s.name for s in SPECS.values() if s.sms == cu and s.die.startswith("gfx")] for cu in cus}
-        unplaced = [cu for cu, names in parts.items() if len(names) != 1]
+        by_cus = {cu: [s.name for s in SPECS.values() if s.sms == cu and s.die.startswith("gfx")] for cu in cus}
+        unplaced = [cu for cu, names in by_cus.items() if len(names) != 1]
         if unplaced:
             raise InputError(path, f"no gfx column, and cu_num {unplaced[0]:g} names no single AMD part of the "
                                    "datasheet table (MI300X has 304 CUs, MI355X 256; 80 CUs with fp8 e4m3fnuz is a "
@@ -77,7 +77,7 @@ def read_file(path: str | Path, hardware: str | None = None, source: str | None 
         if len(cus) > 1:
             raise InputError(path, f"rows of several parts (cu_num {', '.join(f'{x:g}' for x in cus)}); "
                                    "import one part per file")
-        hw = parts[cus[0]][0]
+        hw = by_cus[cus[0]][0]
     q_type = frame["q_type"].str.strip()
     lines = np.arange(len(frame)) + 2
     names = [f"{path.name} line {line}: token={t:g} model_dim={d:g} inter_dim={i:g} expert={e:g} topk={k:g} {q}"
@@ -94,8 +94,8 @@ def read_file(path: str | Path, hardware: str | None = None, source: str | None 
     weights = frame.get("q_dtype_w", pd.Series("", index=frame.index)).str.strip()
     take((~q_type.isin(list(QUANT)) | weights.str.contains("int")).to_numpy(),
          "quantisation not a GEMM dtype tracekit models (integer weights)")
-    one_stage = (c["us2"] <= 0) | (frame.get("run_1stage", pd.Series("0", index=frame.index)).str.strip() == "1")
-    take(one_stage.to_numpy(), "one fused kernel (run_1stage): no per-stage time")
+    fused = frame.get("run_1stage", pd.Series("0", index=frame.index)).str.strip() == "1"
+    take((c["us2"] <= 0) | fused.to_numpy(), "one fused kernel (run_1stage): no per-stage time")
     key = pd.DataFrame({col: frame[col].str.strip() for col in COLUMNS if col not in ("us1", "us2", "kernelName1",
                                                                                      "kernelName2")})
     key["doweight"] = frame.get("doweight_stage1", pd.Series("", index=frame.index)).str.strip()

@@ -82,7 +82,7 @@ def read_file(path: str | Path, hardware: str | None = None, source: str | None 
         raise InputError(path, f"one device per file expected, found arch keys {archs}")
     if hardware is None and archs[0] not in ARCH:
         raise InputError(path, f"unknown arch key {archs[0]!r} (known: {', '.join(ARCH)}); give --hardware")
-    part, part_note = ARCH.get(archs[0], (hardware, ""))
+    part, part_note = ARCH.get(archs[0], ("", ""))
     hw = normalize_hardware(hardware) if hardware else part
     c = _numbers(frame, path, ("b", "m", "n", "k", "flops_per_s"))
     for col in ("lhs_dtype", "rhs_dtype"):

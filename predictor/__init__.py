@@ -4,11 +4,13 @@
 Public API (the application imports these names from `predictor`, never its modules):
 
 - Models: ``ModelSet`` (``ModelSet.load(dir=None)``: the bundled set by default; ``predict(frame)`` answers operator
-  rows with ``duration_us``, ``path`` (model | derived | transfer | roofline), ``out_of_range``, ``sources``),
+  rows with ``duration_us``, ``path`` (model | derived | transfer | roofline | lowp: a GEMM in a dtype its GPU has no
+  model for, ``predictor.lowp_gemm``), ``out_of_range``, ``sources``; ConfigError for a GEMM dtype the part has no
+  tensor cores for),
   ``train_models(samples, out, provenance, ...)``, ``bundled_models_dir()``; ``ape_stats`` / ``ape_summary`` (error
   summaries as `train` and `evaluate` report them).
 - Transfer to GPUs without models: ``selected_primitives()`` (where leave-one-GPU-out favours it),
-  ``source_weights(target, candidates)``.
+  ``source_weights(target, candidates, same_vendor=True)``.
 - Prediction: ``predict_iteration(config, cluster, models, calibration=None) -> Prediction`` (the module
   ``predictor.predict``'s ``predict``; exported under another name because a package attribute named like one of
   its modules is replaced by that module once it is imported) and ``predict_many`` (one batched model call for many

@@ -139,7 +139,7 @@ def _at_most_peak(frame: pd.DataFrame, duration: np.ndarray) -> None:
         spec = hardware_spec(hw)
         if spec is None or hw.startswith("cpu-") or dt not in PEAK_KIND:
             continue
-        peak = spec.peak_tflops(dt) * 1e12
+        peak = spec.peak_tflops(str(dt)) * 1e12
         if peak > 0:
             at = (hardware == hw) & (dtype == dt)
             duration[rows[at]] = np.fmax(duration[rows[at]], flops[at] / peak * 1e6)
@@ -228,7 +228,7 @@ class ModelSet:
         if not groups:
             return None
         if variant in GEMM_ROLES or (primitive in ROLE_PRIMITIVES and is_dtype_key(variant)):
-            return groups.get(variant)
+            return groups.get(str(variant))
         if primitive in ROLE_PRIMITIVES:
             groups = {name: model for name, model in groups.items()
                       if name not in GEMM_ROLES and not is_dtype_key(name)}

@@ -85,7 +85,8 @@ def best_published(hardware: str, dtype: str) -> Published | None:
 #: What each estimate path means, for a sentence.
 PATHS = {"transfer": "from other GPUs' models", "roofline": "from the roofline alone",
          "derived": "from a sibling GPU's models scaled by their rooflines", "physics": "from the link model",
-         "model": "by models past their sampled range"}
+         "model": "by models past their sampled range",
+         "lowp": "from the bf16 estimate at a learned low-precision GEMM speed-up"}
 
 
 def extrapolated(fallbacks: Sequence[dict], iteration_s: float) -> str:

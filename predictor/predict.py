@@ -10,8 +10,8 @@ Public API (stable; used by the CLI, `tracekit diff/validate` and capture):
 `hardware_ids()`, `framework_us(hw)`, `sampled_cluster(hw)`, `sampled_topologies(hw, primitive)`,
 `resolve(hw, primitive, pass, group)`, and optionally `role_primitives(hw)` (the primitives whose backward the
 graph asks per role; without it, whole): `predict` gets a frame of operator rows (hardware, primitive, pass, dtype,
-variant, role + FEATURE_COLUMNS) and returns `duration_us`, `path` ('model' | 'derived' | 'transfer' | 'roofline')
-and `out_of_range` on the same index (a GPU without models takes `transfer`: the note of
+variant, role + FEATURE_COLUMNS) and returns `duration_us`, `path` ('model' | 'derived' | 'transfer' | 'roofline' |
+'lowp') and `out_of_range` on the same index (a GPU without models takes `transfer`: the note of
 `estimates.resolve_hardware` names its source GPUs). Collectives not measured on the configuration's cluster and
 topology take the algorithm model of `predictor.collectives` instead (path 'physics'; beyond the sampled message
 sizes, anchored to the learned model).

@@ -93,8 +93,8 @@ def source_weights(target: str, candidates: list[str], same_vendor: bool = True)
     spec = hardware_spec(target)
     if spec is None:
         return []
-    others = [(hw, hardware_spec(hw)) for hw in candidates]
-    others = [(hw, o) for hw, o in others if o is not None and hw != target and o.name != spec.name]
+    specs = {hw: hardware_spec(hw) for hw in candidates}
+    others = [(hw, o) for hw, o in specs.items() if o is not None and hw != target and o.name != spec.name]
     same = [(hw, o) for hw, o in others if vendor(o) == vendor(spec)] if same_vendor else []
     scored = []
     for hw, other in same or others:
