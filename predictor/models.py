@@ -125,6 +125,16 @@ def _unseen_dtype(model: TrainedModel, dtype: object) -> bool:
     return dtype not in model.meta.get("dtypes", ())
 
 
+def _unsized(model: TrainedModel, rows: pd.DataFrame) -> np.ndarray:
+    """Rows missing a shape feature the model was trained on (a missing batch counts as 1): no grid holds them."""
+    out = np.zeros(len(rows), dtype=bool)
+    for name in model.meta["ranges"]:
+        if name != "batch":
+            values = pd.to_numeric(rows[name], errors="coerce") if name in rows.columns else None
+            out |= True if values is None else values.isna().to_numpy()
+    return out
+
+
 def _at_most_peak(frame: pd.DataFrame, duration: np.ndarray) -> None:
     """No GEMM/bmm estimate on a datasheet GPU is faster than the dense peak of its dtype (in place)."""
     rows = np.flatnonzero(frame["primitive"].isin(ROLE_PRIMITIVES).to_numpy())
@@ -342,7 +352,7 @@ class ModelSet:
             before = duration[rows].copy()
             self._run(by_id[mid], frame.iloc[rows], rows, duration, oor, sub_physics)
             if not by_id[mid].meta.get("extrapolates", True):  # a table's model answers inside its table only
-                outside = oor[rows]
+                outside = oor[rows] | _unsized(by_id[mid], frame.iloc[rows])
                 duration[rows[outside]], oor[rows[outside]] = before[outside], True
                 rows = rows[~outside]
             path[rows] = tag

@@ -72,7 +72,7 @@ def test_evaluate_errors(tmp_path):
 
 
 def test_evaluate_a_kineto_trace_without_models_for_its_gpu():
-    """An H100 trace against the bundled models (no H100 models): every estimate is the roofline, all flagged."""
+    """An H100 trace against the bundled models (no H100 model covers its shapes): every estimate flagged."""
     from tests.conftest import KINETO
 
     trace = KINETO / "tracelens" / "h100__gaunernst_bert-small-uncased__1016001.json.gz"

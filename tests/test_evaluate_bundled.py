@@ -19,15 +19,24 @@ def test_models_command_lists_the_bundled_set_and_its_data():
     result = runner.invoke(app, ["models", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert {m["hardware"] for m in doc["models"]} == {"A100-SXM4-80GB", "GH200-120GB", "A100-SXM4-40GB"}
+    assert {m["hardware"] for m in doc["models"]} == {"A100-SXM4-80GB", "GH200-120GB", "A100-SXM4-40GB",
+                                                     "H100-80GB-HBM3", "B200-180GB", "MI300X", "MI355X"}
     corpus_files = {p.name for p in (SAMPLES / "estimate-train-time").rglob("*_fp16*.csv")} | \
         {p.name for p in (SAMPLES / "vtrain-allreduce" / "a100").glob("*.csv")}
     sources = {s["path"] for s in doc["provenance"]["sources"]}
     assert sources == corpus_files
     assert any("estimate-train-time" in line for line in doc["provenance"]["data"])
+    # the published tables' GPUs (#24), added as an update: their files and where each came from
+    table_files = {p.name for p in (SAMPLES / "xla-matmul").glob("*.csv")} | {"h100_sm90.csv"} | \
+        {p.name for p in (SAMPLES / "rocm-aiter").glob("*gemm*.csv")}
+    (update,) = doc["updates"]
+    assert {s["path"] for s in update["provenance"]["sources"]} == table_files
+    assert all(s["kind"].startswith("import:") and s.get("origin") or s["kind"] == "import:aiter-gemm"
+               for s in update["provenance"]["sources"])
+    assert doc["clusters"]["H100-80GB-HBM3"] == "dgx-h100"
     for model in doc["models"]:
         assert model["samples"] > 0 and model["cv_mape"] is not None
-        assert set(model["sources"]) <= corpus_files
+        assert set(model["sources"]) <= corpus_files | table_files
     size = sum(p.stat().st_size for p in bundled_models_dir().iterdir())
     assert size < 8 * 2**20  # small enough to ship in the wheel
     assert not list(bundled_models_dir().glob("*.pkl"))
