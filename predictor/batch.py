@@ -16,6 +16,7 @@ The output repeats every input column and appends OUTPUT_COLUMNS.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import re
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from tracekit.core.cluster import Cluster, infer_cluster
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError, InputError
 from tracekit.core.hardware import hardware_spec, normalize_hardware
+from tracekit.core.sharding import settings_from_text
 
 from .calibration import Calibration
 from .predict import BREAKDOWN
@@ -43,7 +45,6 @@ OUTPUT_COLUMNS = (
     "predicted_mfu", "predicted_tokens_per_s", "predicted_memory_gb_per_gpu", "hardware_used", "cluster", "stack",
     "prediction_notes", "warnings", "error",
 )
-_OPTIMIZER_SHARDED = ("zero", "zero1", "zero-1", "zero_1", "distributed", "distributed_optimizer")
 _UNSTATED = re.compile(r"^(not stated|unknown|n/?a|unspecified|-|\?|none given)\b", re.I)
 #: Defaults the documentation names for cells that do not say (Megatron's own where it has one).
 DEFAULTS = {"micro_batch_size": 1, "precision": "bf16", "activation_recompute": "none", "sequence_parallel": False,
@@ -155,9 +156,10 @@ def parse_row(cells: dict[str, str], line: int, hardware: str | None, gpus_per_n
                 notes.append(note)
             if value is not None:
                 mapping[key] = value
-        sharding = cells.get("zero_or_fsdp", "").strip().split(" ")[0].lower()
-        if sharding in _OPTIMIZER_SHARDED:
-            mapping["use_distributed_optimizer"] = True
+        sharded, notes_, inside_node = settings_from_text(cells.get("zero_or_fsdp", ""), cells.get("fsdp", ""),
+                                                          cells.get("framework", ""))
+        mapping.update(sharded)
+        notes.extend(notes_)
         stated = _parallel_product(mapping)
         if "num_gpus" in mapping and stated and "dp" in mapping and int(float(mapping["num_gpus"])) != stated[0]:
             raise ConfigError(f"num_gpus {mapping['num_gpus']} disagrees with tp·pp·dp·cp = {stated[1]} = "
@@ -177,6 +179,10 @@ def parse_row(cells: dict[str, str], line: int, hardware: str | None, gpus_per_n
             where, note = infer_cluster(hw, gpn, " ".join(cells.get(k, "") for k in ("interconnect", "hardware_gpu")))
             if note:
                 notes.append(note)
+        if inside_node:  # HYBRID_SHARD: each node's data-parallel ranks shard, the nodes replicate
+            shard = max(1, min(config.dp, where.domain_size // (config.tp * config.cp)))
+            config = dataclasses.replace(config, num_distributed_optimizer_instances=max(1, config.dp // shard))
+            config.validate()
         return BatchRow(line, cells, config, where, None, chosen, notes)
     except (ConfigError, ValueError) as exc:
         return BatchRow(line, cells, None, None, str(exc), None, notes)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from . import sharding
 from .errors import ConfigError, InputError, did_you_mean
 from .megatron_arguments import dest_form, is_switch, refuse_unknown
 
@@ -120,6 +121,12 @@ class TrainingConfig:
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
     untie_embeddings_and_output_weights: bool = False
+    # sharded data parallelism (FSDP, HSDP, ZeRO): tracekit.core.sharding derives, checks and reads these
+    sharded_data_parallel: str = "none"  # none | megatron-fsdp | torch-fsdp2 | torch-fsdp1 | deepspeed
+    data_parallel_sharding_strategy: str = DERIVED  # no_shard | optim | optim_grads | optim_grads_params (ZeRO-0..3)
+    num_distributed_optimizer_instances: int = 1  # HSDP replicas, each sharding over dp / instances ranks
+    torch_fsdp2_reshard_after_forward: bool = True  # False: parameters kept gathered from forward to backward
+    outer_dp_sharding_strategy: str = "no_shard"  # no_shard | optim (optimizer state sharded across replicas too)
     train_iters: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # arguments tracekit does not model, kept verbatim
 
@@ -161,6 +168,7 @@ class TrainingConfig:
             self.world_size = model_parallel * self.data_parallel_size
         if self.global_batch_size is None:
             self.global_batch_size = self.micro_batch_size * self.data_parallel_size
+        sharding.derive(self)
 
     @property
     def tp(self) -> int:
@@ -268,6 +276,7 @@ class TrainingConfig:
             raise ConfigError(f"seq_length {self.seq_length} is not divisible by 2·cp = {2 * cp}")
         if self.sequence_parallel and self.seq_length % tp:
             raise ConfigError(f"seq_length {self.seq_length} is not divisible by tp {tp} (sequence parallel)")
+        sharding.check(self)
         return self
 
     # -- (de)serialization --------------------------------------------------------------------------------------
@@ -443,7 +452,7 @@ def _scalar(raw: Any) -> Any:
 
 #: Megatron arguments `_apply` reads besides TrainingConfig's fields and ALIASES.
 _READ = ("fp16", "bf16", "fp8_format", "params_dtype", "recompute_activations", "use_flash_attn", "transformer_impl",
-         "disable_bias_linear", "num_layers_per_virtual_pipeline_stage", "group_query_attention")
+         "disable_bias_linear", "num_layers_per_virtual_pipeline_stage", "group_query_attention", *sharding.FLAGS)
 
 
 def own_setting_names() -> set[str]:
@@ -462,6 +471,8 @@ def check_settings(mapping: dict[str, Any]) -> None:
 
 
 def _apply(key: str, value: Any, values: dict, extra: dict, known: set[str]) -> None:
+    if sharding.apply_flag(key, value, values):
+        return
     if key in ("fp16", "bf16"):
         if value is True and values.get("precision") != "fp8":  # --bf16 --fp8-format hybrid: fp8 GEMMs
             values["precision"] = key
