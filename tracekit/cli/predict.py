@@ -60,8 +60,9 @@ def _cluster(hardware: Optional[str], gpus_per_node: Optional[int], cluster: Opt
 
 @app.command("predict", help=HELP)
 def predict_command(
-    config: Optional[Path] = typer.Argument(None, help="Configuration: YAML/JSON of Megatron argument names, or a "
-                                                       "Megatron log (its arguments block)."),
+    config: Optional[Path] = typer.Argument(None, help="Configuration: YAML/JSON of Megatron argument names, a "
+                                                       "Megatron log (its arguments block), a torchtitan TOML job "
+                                                       "or a Composer/llm-foundry YAML (with --gpus)."),
     megatron_args: Optional[str] = typer.Option(None, "--megatron-args", help="Megatron command-line arguments."),
     megatron_log: Optional[Path] = typer.Option(None, "--megatron-log", help="Megatron log with its arguments block."),
     hardware: Optional[str] = typer.Option(None, "--hardware", help="GPU hardware id, e.g. A100-SXM4-80GB."),
@@ -125,9 +126,15 @@ def predict_command(
         log_text = text if text is not None and (megatron_log is not None or ARGS_BEGIN.search(text)) else None
         shown = stack_of_arguments(parse_arguments_block(log_text, str(log))) \
             if log_text is not None and ARGS_BEGIN.search(log_text) else None
+        job = _job(config, gpus, hardware, gpus_per_node, cluster_name) if log_text is None else None
+        if job is not None:  # a torchtitan TOML or a Composer YAML: its world size is the launch's (--gpus)
+            overrides = {k: v for k, v in overrides.items() if k not in ("world_size", "data_parallel_size")}
+            shown = get_stack(job.stack)
         profile = get_stack(stack) if stack else (shown or get_stack(DEFAULT))
         unknown: list[str] | None = [] if allow_unknown else None
-        if log_text is not None:  # the text already read
+        if job is not None:
+            cfg = TrainingConfig.from_mapping(job.settings, profile.config)
+        elif log_text is not None:  # the text already read
             cfg = TrainingConfig.from_megatron_log(log_text, str(log), profile.config)
         elif config is not None:
             cfg = TrainingConfig.from_file(config, profile.config, unknown)
@@ -148,9 +155,10 @@ def predict_command(
         prediction = predict(cfg, cluster, models, cal)
         if note:
             prediction.warnings.insert(0, note)
-        prediction.warnings[:0] = unknown or []
+        prediction.warnings[:0] = (job.notes if job is not None else []) + (unknown or [])
         if shown is not None and not stack:
-            prediction.warnings.insert(0, f"stack {shown.name}: the log's arguments block shows it")
+            prediction.warnings.insert(0, f"stack {shown.name}: the {'job file' if job else 'log'}'s "
+                                          f"{'kind' if job else 'arguments block'} shows it")
         written = []
         if trace_out is not None:
             from predictor import default_ranks, write_traces
@@ -168,6 +176,18 @@ def predict_command(
     _print_prediction(prediction)
     if written:
         console.print(f"predicted traces: {', '.join(str(p) for p in written)}")
+
+
+def _job(config: Optional[Path], gpus: Optional[int], hardware: Optional[str], gpus_per_node: Optional[int],
+         cluster_name: Optional[str]):
+    """A torchtitan TOML or Composer YAML job (tracekit.core.job_files), read with the launch's GPUs and the node
+    size of the cluster the job runs on; None for a Megatron configuration."""
+    if config is None:
+        return None
+    from tracekit.core.job_files import read_job
+
+    where = _cluster(hardware, gpus_per_node, cluster_name)[0]
+    return read_job(config, gpus, where.domain_size if where is not None else gpus_per_node)
 
 
 def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, calibration, overrides,

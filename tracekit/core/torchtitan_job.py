@@ -105,7 +105,7 @@ def load_toml(path: Path) -> dict[str, Any]:
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
+        import tomli as tomllib  # type: ignore[no-redef,import-not-found]
     try:
         with open(path, "rb") as handle:
             data = tomllib.load(handle)
@@ -155,8 +155,9 @@ def _settings(data: dict[str, Any], world_size: int | None) -> Job:
                           f"{', '.join(MODELS)}")
     flavors = MODELS[name]
     if flavor not in flavors:
-        raise ConfigError(f"model.flavor {flavor!r}{did_you_mean(flavor, flavors)}: {name} flavors are "
-                          f"{', '.join(flavors)}")
+        same_but_case = [f for f in flavors if f.lower() == flavor.lower()]
+        hint = f" (did you mean {same_but_case[0]!r}?)" if same_but_case else did_you_mean(flavor, flavors)
+        raise ConfigError(f"model.flavor {flavor!r}{hint}: {name} flavors are {', '.join(flavors)}")
     dim, layers, heads, kv_heads, multiplier, multiple_of, vocab = flavors[flavor]
     out.update(num_layers=layers, hidden_size=dim, num_attention_heads=heads, num_query_groups=kv_heads,
                ffn_hidden_size=ffn_hidden_dim(dim, multiple_of, multiplier), vocab_size=vocab,
