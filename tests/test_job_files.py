@@ -168,7 +168,8 @@ def test_megatron_flags_and_their_refusals():
     base = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, world_size=8)
     c = TrainingConfig.from_megatron_args("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
                                           "--use-torch-fsdp2 --torch-fsdp2-no-reshard-after-forward")
-    assert (c.sharded_data_parallel, c.data_parallel_sharding_strategy, c.torch_fsdp2_reshard_after_forward) == \
+    shard = sharding_of(c)
+    assert (shard.implementation, shard.strategy, shard.reshard_after_forward) == \
         ("torch-fsdp2", "optim_grads_params", False)
     from tracekit.core.config import parse_megatron_argv
 
@@ -177,13 +178,16 @@ def test_megatron_flags_and_their_refusals():
     mfsdp = TrainingConfig.from_mapping({**base, **flags}, strict=True).validate()
     shard = sharding_of(mfsdp)
     assert (shard.implementation, shard.stage, shard.replicas, shard.shard_size) == ("megatron-fsdp", 2, 2, 4)
+    assert TrainingConfig.from_mapping(mfsdp.to_dict()).sharding == mfsdp.sharding  # to_dict reads back
     with pytest.raises(ConfigError, match="needs a sharded data-parallel implementation"):
-        TrainingConfig(**base, data_parallel_sharding_strategy="optim_grads_params").validate()
+        TrainingConfig.from_mapping({**base, "data_parallel_sharding_strategy": "optim_grads_params"}).validate()
     with pytest.raises(ConfigError, match="did you mean 'optim_grads'"):
-        TrainingConfig(**base, sharded_data_parallel="megatron-fsdp",
-                       data_parallel_sharding_strategy="optim_grad").validate()
+        TrainingConfig.from_mapping({**base, "sharded_data_parallel": "megatron-fsdp",
+                                     "data_parallel_sharding_strategy": "optim_grad"}).validate()
     with pytest.raises(ConfigError, match="not divisible by num_distributed_optimizer_instances 3"):
-        TrainingConfig(**base, sharded_data_parallel="torch-fsdp2", num_distributed_optimizer_instances=3).validate()
+        TrainingConfig.from_mapping({**base, "sharded_data_parallel": "torch-fsdp2",
+                                     "num_distributed_optimizer_instances": 3}).validate()
+    assert sharding_of(TrainingConfig(**base)).name == "DDP"  # no section: Megatron's DDP
 
 
 def test_predict_reads_a_torchtitan_job_and_refuses_a_misspelt_one(tmp_path):
@@ -196,9 +200,44 @@ def test_predict_reads_a_torchtitan_job_and_refuses_a_misspelt_one(tmp_path):
     assert done.exit_code == 0, done.output
     doc = json.loads(done.stdout)
     assert doc["config"]["sharded_data_parallel"] == "torch-fsdp2" and doc["world_size"] == 8
+    assert doc["memory_gb_per_gpu"]["optimizer_state"] < 20  # Llama 3 8B's Adam state, sharded 8 ways
     assert any("stack torchtitan" in w for w in doc["warnings"])
     bad = tmp_path / "bad.toml"
     bad.write_text((JOBS / "llama3_8b.toml").read_text().replace("seq_len", "seq_length"))
     done = CliRunner().invoke(app, ["predict", str(bad), "--gpus", "8", "--hardware", "A100-SXM4-80GB"])
     assert done.exit_code == 2 and done.stderr.count("\n") == 1
     assert "bad.toml" in done.stderr and "did you mean 'seq_len'" in done.stderr
+
+
+def test_torchtitan_layer_split_and_checkpointing_policies(tmp_path):
+    """torchtitan's split (generate_llm_fqn_per_model_part): 32 layers + embedding + output = 34 units over 8
+    stages, 4 each and the 2 left over to the first stages; the first and last give a place to the embedding and
+    the output: 4, 5, 4, 4, 4, 4, 4, 3. `selective_ac_option = "2"`: full checkpointing of every 2nd layer;
+    `"op"`: the per-op policy."""
+    assert split_layers(32, 8) == [4, 5, 4, 4, 4, 4, 4, 3]
+    job = tmp_path / "pp.toml"
+    job.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 8\n'
+                   '[parallelism]\npipeline_parallel_degree = 4\npipeline_parallel_schedule = "Interleaved1F1B"\n'
+                   '[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "2"\n')
+    from tracekit.core.pipeline_layout import chunks
+
+    c = _config(read_torchtitan(job, world_size=8))
+    assert (c.pp, c.vp, c.dp) == (4, 2, 2)
+    # Interleaved1F1B: 2 stages per rank, stage s on rank s mod 4
+    assert [[part.num_layers for part in row] for row in chunks(c)] == [[4, 4], [5, 4], [4, 4], [4, 3]]
+    assert (c.recompute_granularity, c.recompute_method, c.recompute_num_layers) == ("full", "block", 2)
+    assert sharding_of(c).reshard_after_forward is False  # torchtitan keeps parameters gathered under PP
+    op = _config(read_torchtitan(JOBS / "llama3_8b.toml", world_size=8))
+    assert op.recompute_modules == ("per_op",)
+
+
+def test_per_op_checkpointing_replays_every_other_gemm_and_the_memory_bound_ops():
+    from predictor.graph import build_graph
+
+    c = _config(read_torchtitan(JOBS / "llama3_8b.toml", world_size=8))
+    graph = build_graph(c, "A100-SXM4-80GB", 8)
+    replay = [o for o in graph.segment(0, 0).bwd if o.recompute]
+    names = {o.name for o in replay}
+    assert {"self_attention.linear_proj", "mlp.linear_fc2"} <= names  # the 2nd and 4th GEMM of the layer
+    assert not names & {"self_attention.linear_qkv", "mlp.linear_fc1", "self_attention.core_attention"}
+    assert {"input_layernorm", "pre_mlp_layernorm", "mlp.activation", "self_attention.rotary"} <= names

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, InputError, did_you_mean
-from .torchtitan_job import Job
+from .torchtitan_job import COMPILE_NOTE, Job
 
 #: Top-level keys of llm-foundry's train config (and Composer's Trainer arguments it passes through).
 TOP = ("model", "tokenizer", "optimizer", "scheduler", "train_loader", "eval_loader", "eval_loaders", "icl_tasks",
@@ -202,7 +202,7 @@ def _settings(data: dict[str, Any], world_size: int | None, gpus_per_node: int |
                           f"{', '.join(PRECISION)}")
     out["precision"] = PRECISION[precision]
     if data.get("compile_config") is not None:
-        out["torch_compile"] = True
+        notes.append(COMPILE_NOTE)
     if data.get("tp_config") or data.get("parallelism_config"):
         raise ConfigError("tp_config / parallelism_config: Composer's tensor parallelism is not read")
     # -- data parallelism -------------------------------------------------------------------------------------------

@@ -20,12 +20,13 @@ DeepSpeed readers and the e2e CSV columns write the same fields):
 - `outer_dp_sharding_strategy` (Megatron's): `no_shard`, or `optim` to shard the optimizer state across the HSDP
   replicas as well.
 
-`sharding_of(config)` gives the effective `Sharding`; `check(config)` is what `TrainingConfig.validate` asks of
-these settings. Bytes a ZeRO-3 unit moves per rank (ring algorithms): all-gather and reduce-scatter each
+They form the section `TrainingConfig.sharding` (`ShardingSettings`, None when none is stated); `sharding_of(config)`
+gives the effective `Sharding`. Bytes a ZeRO-3 unit moves per rank (ring algorithms): all-gather and reduce-scatter each
 unit_params · bytes · (N − 1)/N — FULL_SHARD moves 1.5× DDP's all-reduce (2·(N − 1)/N), SHARD_GRAD_OP the same.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -41,7 +42,7 @@ STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 OUTER_STRATEGIES = ("no_shard", "optim")
 #: Megatron flags (dest form) read into the settings above; `_apply` of tracekit.core.config hands them here.
 FLAGS = ("use_megatron_fsdp", "use_torch_fsdp2", "torch_fsdp2_no_reshard_after_forward")
-#: The TrainingConfig fields of this module.
+#: The settings of the section (TrainingConfig.sharding).
 FIELDS = ("sharded_data_parallel", "data_parallel_sharding_strategy", "num_distributed_optimizer_instances",
           "torch_fsdp2_reshard_after_forward", "outer_dp_sharding_strategy")
 _ALIASES = {"fsdp": "torch-fsdp1", "fsdp1": "torch-fsdp1", "fsdp2": "torch-fsdp2", "torch_fsdp2": "torch-fsdp2",
@@ -55,7 +56,7 @@ class Sharding:
 
     implementation: str  # one of IMPLEMENTATIONS
     strategy: str  # one of STRATEGIES
-    dp: int  # data-parallel ranks
+    dp: int  # ranks one set of parameters is spread over: dp·cp
     replicas: int  # HSDP replicas (1: one shard group of all dp ranks)
     reshard_after_forward: bool
     outer_optim: bool  # optimizer state also sharded across the replicas
@@ -82,6 +83,11 @@ class Sharding:
         by any framework, the torch FSDPs at any strategy — rather than gradient buckets after the last backward
         (Megatron's DDP and distributed optimizer; ZeRO-0/1 of DeepSpeed and Megatron-FSDP work the same way)."""
         return self.fsdp and (self.stage >= 2 or self.implementation.startswith("torch-fsdp"))
+
+    def once_per_iteration(self, pp: int) -> bool:
+        """PyTorch's pipelining (torchtitan's PP) keeps an FSDP2 stage's parameters gathered across its micro-batches
+        and reduces the gradients after the last one: one all-gather and one reduce-scatter per unit and iteration."""
+        return self.implementation == "torch-fsdp2" and pp > 1 and self.stage >= 2
 
     @property
     def params_sharded(self) -> bool:
@@ -150,58 +156,84 @@ def apply_flag(key: str, value: Any, values: dict[str, Any]) -> bool:
     return True
 
 
-def derive(c: TrainingConfig) -> None:
-    """Normalize the settings in place and fill the strategy Megatron's (or the framework's) default gives."""
-    c.sharded_data_parallel = implementation_name(c.sharded_data_parallel)
-    if c.data_parallel_sharding_strategy is None:
-        if c.sharded_data_parallel in ("torch-fsdp2", "torch-fsdp1"):
-            c.data_parallel_sharding_strategy = "optim_grads_params"
-        elif c.use_distributed_optimizer:
-            c.data_parallel_sharding_strategy = "optim"
-        else:
-            c.data_parallel_sharding_strategy = "no_shard"
-    c.data_parallel_sharding_strategy = str(c.data_parallel_sharding_strategy).strip().lower()
-    c.outer_dp_sharding_strategy = str(c.outer_dp_sharding_strategy).strip().lower()
-    if c.data_parallel_sharding_strategy == "optim" and c.sharded_data_parallel in ("deepspeed", "megatron-fsdp"):
-        c.use_distributed_optimizer = True  # ZeRO-1 is what Megatron's distributed optimizer does
+@dataclass(frozen=True)
+class ShardingSettings:
+    """The sharding settings a configuration states (TrainingConfig.sharding; None: Megatron's DDP, with or without
+    its distributed optimizer)."""
 
+    sharded_data_parallel: str = "none"
+    data_parallel_sharding_strategy: str | None = None  # None: the implementation's default (module docstring)
+    num_distributed_optimizer_instances: int = 1
+    torch_fsdp2_reshard_after_forward: bool = True
+    outer_dp_sharding_strategy: str = "no_shard"
 
-def check(c: TrainingConfig) -> None:
-    """ConfigError naming the first sharding setting that cannot be used as given."""
-    if c.data_parallel_sharding_strategy not in STRATEGIES:
-        raise ConfigError(f"data_parallel_sharding_strategy must be one of {', '.join(STRATEGIES)}, not "
-                          f"{c.data_parallel_sharding_strategy!r}"
-                          f"{did_you_mean(c.data_parallel_sharding_strategy, STRATEGIES)}")
-    if c.outer_dp_sharding_strategy not in OUTER_STRATEGIES:
-        raise ConfigError(f"outer_dp_sharding_strategy must be no_shard or optim, not {c.outer_dp_sharding_strategy!r}")
-    stage = STRATEGIES.index(c.data_parallel_sharding_strategy)
-    if c.sharded_data_parallel == "none":
-        if stage > 1:
-            raise ConfigError(f"data_parallel_sharding_strategy {c.data_parallel_sharding_strategy} shards "
-                              "gradients or parameters: it needs a sharded data-parallel implementation "
-                              "(--use-megatron-fsdp, --use-torch-fsdp2, or sharded_data_parallel)")
-        if stage == 1 and not c.use_distributed_optimizer:
-            raise ConfigError("data_parallel_sharding_strategy optim without FSDP is Megatron's distributed "
-                              "optimizer: set use_distributed_optimizer")
-    instances = int(c.num_distributed_optimizer_instances)
-    if instances < 1:
-        raise ConfigError(f"num_distributed_optimizer_instances must be ≥ 1, got {instances}")
-    if c.dp % instances:
-        raise ConfigError(f"data-parallel size {c.dp} is not divisible by num_distributed_optimizer_instances "
-                          f"{instances} (HSDP replicas)")
-    if instances > 1 and stage == 0:
-        raise ConfigError("num_distributed_optimizer_instances > 1 (replicas of a sharded group) needs sharding: "
-                          "a distributed optimizer or an FSDP strategy")
-    if c.outer_dp_sharding_strategy == "optim" and instances == 1:
-        raise ConfigError("outer_dp_sharding_strategy optim shards across HSDP replicas: it needs "
-                          "num_distributed_optimizer_instances > 1")
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sharded_data_parallel", implementation_name(self.sharded_data_parallel))
+        if self.data_parallel_sharding_strategy is not None:
+            object.__setattr__(self, "data_parallel_sharding_strategy",
+                               str(self.data_parallel_sharding_strategy).strip().lower())
+        object.__setattr__(self, "outer_dp_sharding_strategy", str(self.outer_dp_sharding_strategy).strip().lower())
+
+    def strategy(self, use_distributed_optimizer: bool) -> str:
+        """The effective strategy: stated, or the implementation's default."""
+        if self.data_parallel_sharding_strategy is not None:
+            return self.data_parallel_sharding_strategy
+        if self.sharded_data_parallel in ("torch-fsdp2", "torch-fsdp1"):
+            return "optim_grads_params"
+        return "optim" if use_distributed_optimizer else "no_shard"
+
+    def validate(self, c: TrainingConfig) -> None:
+        """ConfigError naming the first sharding setting that cannot be used as given."""
+        strategy = self.strategy(c.use_distributed_optimizer)
+        if strategy not in STRATEGIES:
+            raise ConfigError(f"data_parallel_sharding_strategy must be one of {', '.join(STRATEGIES)}, not "
+                              f"{strategy!r}{did_you_mean(strategy, STRATEGIES)}")
+        if self.outer_dp_sharding_strategy not in OUTER_STRATEGIES:
+            raise ConfigError(f"outer_dp_sharding_strategy must be no_shard or optim, not "
+                              f"{self.outer_dp_sharding_strategy!r}")
+        stage = STRATEGIES.index(strategy)
+        if self.sharded_data_parallel == "none":
+            if stage > 1:
+                raise ConfigError(f"data_parallel_sharding_strategy {strategy} shards gradients or parameters: it "
+                                  "needs a sharded data-parallel implementation (--use-megatron-fsdp, "
+                                  "--use-torch-fsdp2, or sharded_data_parallel)")
+            if stage == 1 and not c.use_distributed_optimizer:
+                raise ConfigError("data_parallel_sharding_strategy optim without FSDP is Megatron's distributed "
+                                  "optimizer: set use_distributed_optimizer")
+        instances = int(self.num_distributed_optimizer_instances)
+        if instances < 1:
+            raise ConfigError(f"num_distributed_optimizer_instances must be ≥ 1, got {instances}")
+        dpcp = c.dp * c.cp
+        if dpcp % instances:
+            raise ConfigError(f"data-parallel size {dpcp} (dp·cp) is not divisible by "
+                              f"num_distributed_optimizer_instances {instances} (HSDP replicas)")
+        if instances > 1 and stage == 0:
+            raise ConfigError("num_distributed_optimizer_instances > 1 (replicas of a sharded group) needs sharding: "
+                              "a distributed optimizer or an FSDP strategy")
+        if self.outer_dp_sharding_strategy == "optim" and instances == 1:
+            raise ConfigError("outer_dp_sharding_strategy optim shards across HSDP replicas: it needs "
+                              "num_distributed_optimizer_instances > 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 def sharding_of(c: TrainingConfig) -> Sharding:
-    """The effective sharding of a (validated) configuration."""
-    return Sharding(c.sharded_data_parallel, c.data_parallel_sharding_strategy, c.dp,
-                    int(c.num_distributed_optimizer_instances), bool(c.torch_fsdp2_reshard_after_forward),
-                    c.outer_dp_sharding_strategy == "optim")
+    """The effective sharding of a (validated) configuration; the shard groups span dp·cp ranks (the context-parallel
+    ranks hold the same parameters: FSDP and Megatron's distributed optimizer shard across them too)."""
+    s = c.sharding or ShardingSettings()
+    return Sharding(s.sharded_data_parallel, s.strategy(c.use_distributed_optimizer), c.dp * c.cp,
+                    int(s.num_distributed_optimizer_instances), bool(s.torch_fsdp2_reshard_after_forward),
+                    s.outer_dp_sharding_strategy == "optim")
+
+
+def with_shard_inside(c: TrainingConfig, domain: int) -> TrainingConfig:
+    """`c` with its data-parallel ranks sharding inside each node (NVLink domain of `domain` GPUs) and the nodes
+    replicating: FSDP1's HYBRID_SHARD (validated)."""
+    shard = max(1, min(c.dp * c.cp, domain // c.tp))
+    settings = dataclasses.replace(c.sharding or ShardingSettings(),
+                                   num_distributed_optimizer_instances=max(1, c.dp * c.cp // shard))
+    return dataclasses.replace(c, sharding=settings).validate()
 
 
 def all_gather_bytes_per_rank(unit_params: int, dtype_bytes: int, ranks: int) -> float:

@@ -78,6 +78,9 @@ LLAMA3 = {
     "405B": (16384, 126, 128, 8, 1.2, 4096, 128256),
 }
 MODELS = {"llama3": LLAMA3}
+#: What tracekit says of torch.compile (its fusions are not modelled).
+COMPILE_NOTE = ("torch.compile: its fused kernels are not modelled; the layers are timed as eager kernels (fewer, "
+                "larger fused kernels run faster: an upper bound)")
 #: Schedules tracekit simulates: one stage per rank (1F1B; GPipe has 1F1B's bubble) or several (interleaved).
 SCHEDULES = {"1f1b": 1, "gpipe": 1, "interleaved1f1b": 2}
 #: Schedules torchtitan has that tracekit does not simulate.
@@ -182,7 +185,9 @@ def _settings(data: dict[str, Any], world_size: int | None) -> Job:
                               "torchtitan's converters are float8 and mx")
         if param != "bfloat16":
             raise ConfigError(f"model.converters {converter}: low-precision GEMMs train from bf16, not {param}")
-        out["precision"] = _float8_recipe(data) if converter == "float8" else "mxfp8"
+        out["precision"] = _float8_recipe(data, notes) if converter == "float8" else "mxfp8"
+        if converter == "float8" and data.get("float8", {}).get("enable_fsdp_float8_all_gather"):
+            out["fp8_param_gather"] = True  # FSDP gathers the linear weights in float8
     if get("training", "enable_cpu_offload", False):
         raise ConfigError("training.enable_cpu_offload: FSDP's CPU offload is not modelled (parameters and "
                           "optimizer state over PCIe)")
@@ -235,7 +240,7 @@ def _settings(data: dict[str, Any], world_size: int | None) -> Job:
                      "ring attention as ring P2P exchanges")
     compile_on = bool(get("compile", "enable", get("training", "compile", False)))
     if compile_on:
-        out["torch_compile"] = True
+        notes.append(COMPILE_NOTE)
     if get("parallelism", "enable_async_tensor_parallel", False) and tp > 1:
         if not compile_on:
             raise ConfigError("parallelism.enable_async_tensor_parallel needs torch.compile ([compile] enable), as "
@@ -266,20 +271,28 @@ def _settings(data: dict[str, Any], world_size: int | None) -> Job:
         if option != "op" and not option.isdigit():
             raise ConfigError(f"activation_checkpoint.selective_ac_option must be 'op' or a layer interval, not "
                               f"{option!r}")
-        out["recompute_granularity"] = "selective" if option == "op" else "full"
-        if option != "op":
+        if option == "op":
+            out.update(recompute_granularity="selective", recompute_modules=("per_op",))
+        else:  # full checkpointing of every n-th layer: as many layers of each chunk replayed in full
             every = int(option)
             if every < 1:
                 raise ConfigError("activation_checkpoint.selective_ac_option must be ≥ 1")
-            out["recompute_every_n_layers"] = every
+            per_chunk = layers // (pp * int(out.get("virtual_pipeline_model_parallel_size") or 1))
+            out.update(recompute_granularity="full", recompute_method="block",
+                       recompute_num_layers=max(1, -(-per_chunk // every)))
     else:
         out["recompute_granularity"] = mode
     return Job(out, "torchtitan", notes)
 
 
-def _float8_recipe(data: dict[str, Any]) -> str:
+def _float8_recipe(data: dict[str, Any], notes: list[str]) -> str:
+    """torchao's float8 recipe as tracekit's: tensorwise is per-tensor current scaling; the rowwise recipes (a scale
+    per row) are timed as fp8 with fine-grained scales (fp8-block: a scale per 128 elements)."""
     recipe = data.get("float8", {}).get("recipe_name") or "tensorwise"
-    names = {"tensorwise": "fp8-cs", "rowwise": "fp8-rowwise", "rowwise_with_gw_hp": "fp8-rowwise"}
+    names = {"tensorwise": "fp8-cs", "rowwise": "fp8-block", "rowwise_with_gw_hp": "fp8-block"}
+    if recipe in ("rowwise", "rowwise_with_gw_hp"):
+        notes.append(f"float8 {recipe}: timed as fp8 with fine-grained scales (the fp8-block recipe: a scale per 128 "
+                     "elements, torchao's a scale per row)")
     if recipe not in names:
         raise ConfigError(f"float8.recipe_name {recipe!r}{did_you_mean(str(recipe), names)}: torchao's recipes are "
                           f"{', '.join(names)}")
@@ -314,7 +327,10 @@ def _schedule(data: dict[str, Any], pp: int, layers: int, out: dict[str, Any], n
     stages = math.ceil(units / int(per_stage)) if per_stage else pp * per_rank
     if stages % pp:
         raise ConfigError(f"{stages} pipeline stages do not divide over pipeline_parallel_degree {pp}")
-    out["pipeline_stage_layers"] = split_layers(layers, stages)
+    sizes = split_layers(layers, stages)
+    out["pipeline_model_parallel_layout"] = "|".join(
+        ("E" if s == 0 else "") + (f"t*{n}" if n else "") + ("L" if s == stages - 1 else "")
+        for s, n in enumerate(sizes))
     if stages // pp > 1:
         out["virtual_pipeline_model_parallel_size"] = stages // pp
     elif key == "interleaved1f1b":

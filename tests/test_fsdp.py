@@ -1,0 +1,113 @@
+"""Sharded data parallelism (FSDP, ZeRO-2/3, HSDP) in the operator graph, the schedule and the memory model, checked
+against the physics of the collectives: bytes a ring all-gather / reduce-scatter / all-reduce moves per rank, the
+1/N of sharded state, and placements inside and across nodes. Every expected number is computed here from the
+model's shapes (parameter counts by hand), not read back from the code under test."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from predictor.graph import build_graph
+from predictor.memory import config_memory
+from tracekit.core.cluster import Cluster
+from tracekit.core.config import TrainingConfig
+from tracekit.core.sharding import ShardingSettings
+
+H, LAYERS, FFN, VOCAB = 1024, 8, 4096, 32000
+
+
+def _config(dp: int, **sharding) -> TrainingConfig:
+    """A GPT with biases and LayerNorm, fp32 (gathers and reductions in one dtype), one micro-batch per rank."""
+    return TrainingConfig(num_layers=LAYERS, hidden_size=H, num_attention_heads=16, seq_length=1024,
+                          ffn_hidden_size=FFN, vocab_size=VOCAB, make_vocab_size_divisible_by=1, micro_batch_size=1,
+                          global_batch_size=dp, data_parallel_size=dp, precision="fp32",
+                          sharding=ShardingSettings(**sharding) if sharding else None).validate()
+
+
+#: one decoder layer's parameters: QKV and its bias, output projection and bias, FC1, FC2 and biases, two LayerNorms
+LAYER = (H * 3 * H + 3 * H) + (H * H + H) + (H * FFN + FFN) + (FFN * H + H) + 2 * 2 * H
+
+
+def _moved_per_rank(graph, name_part: str) -> float:
+    """Bytes each rank sends per micro-batch in the ops whose name holds `name_part`, with ring algorithms:
+    all-gather and reduce-scatter (N − 1) shards, all-reduce 2 (N − 1)/N of the message."""
+    total = 0.0
+    seg = graph.segment(0, 0)
+    for op in seg.fwd + seg.bwd:
+        if op.group is None or name_part not in op.name:
+            continue
+        spec = graph.specs[op.spec]
+        n = spec["group_size"]
+        per = spec["bytes"] * (n - 1) if spec["primitive"] in ("all_gather", "reduce_scatter") \
+            else 2 * spec["bytes"] * (n - 1) / n
+        total += per * (op.count if op.per_layer else 1)
+    return total
+
+
+@pytest.mark.parametrize("dp", [2, 8, 64])
+def test_all_gather_bytes_per_unit_per_rank_are_its_parameters_times_n_minus_one_over_n(dp):
+    graph = build_graph(_config(dp, sharded_data_parallel="torch-fsdp2"), "A100-SXM4-80GB", 8)
+    gathers = [op for op in graph.segment(0, 0).fwd if op.name == "layer.fsdp.all_gather"]
+    assert len(gathers) == 1 and gathers[0].count == LAYERS
+    spec = graph.specs[gathers[0].spec]
+    assert spec["group_size"] == dp
+    assert spec["bytes"] * (dp - 1) == pytest.approx(LAYER * 4 * (dp - 1) / dp)
+
+
+@pytest.mark.parametrize("reshard, ratio", [(True, 1.5), (False, 1.0)], ids=["FULL_SHARD", "SHARD_GRAD_OP"])
+def test_full_shard_moves_one_and_a_half_times_ddp_and_shard_grad_op_the_same(reshard, ratio):
+    dp = 8
+    fsdp = build_graph(_config(dp, sharded_data_parallel="torch-fsdp1", torch_fsdp2_reshard_after_forward=reshard),
+                       "A100-SXM4-80GB", 8)
+    ddp = build_graph(_config(dp), "A100-SXM4-80GB", 8)
+    layers_fsdp = _moved_per_rank(fsdp, "layer.fsdp")
+    # DDP all-reduces every parameter once: its layers' share of the buckets
+    buckets = sum(2 * ddp.specs[o.spec]["bytes"] * (dp - 1) / dp for o in ddp.grad_sync[0] if o.group == "dpcp")
+    total = ddp.segment(0, 0).params
+    assert layers_fsdp == pytest.approx(ratio * buckets * LAYERS * LAYER / total, rel=1e-9)
+    assert not [o for o in fsdp.grad_sync[0] if o.group == "dpcp"]  # FSDP reduces inside the backward
+
+
+def test_memory_of_the_sharded_parts_falls_as_one_over_n():
+    mem = {dp: config_memory(_config(dp, sharded_data_parallel="torch-fsdp2"), "A100-SXM4-80GB")[0]
+           for dp in (8, 16, 64)}
+    params = LAYERS * LAYER + VOCAB * H + 1024 * H + 2 * H  # layers, embedding, positions, final norm (tied output)
+    for a, b in ((8, 16), (16, 64)):
+        # optimizer state (Adam m, v in fp32) and the fp32 sharded parameters and gradients: × N is constant
+        assert mem[a]["optimizer_state"] * a == pytest.approx(mem[b]["optimizer_state"] * b, rel=1e-9)
+        assert (mem[a]["weights"] - mem[b]["weights"]) * 1e9 == pytest.approx(4 * params * (1 / a - 1 / b), rel=1e-9)
+        assert (mem[a]["gradients"] - mem[b]["gradients"]) * 1e9 == pytest.approx(4 * params * (1 / a - 1 / b),
+                                                                                  rel=1e-9)
+    assert mem[8]["optimizer_state"] * 1e9 == pytest.approx(8 * params / 8, rel=1e-9)
+    ddp = config_memory(_config(8), "A100-SXM4-80GB")[0]
+    assert mem[64]["total"] < mem[8]["total"] < ddp["total"]
+
+
+def test_hsdp_inside_a_node_is_never_slower_than_across_nodes():
+    from predictor.models import ModelSet
+    from predictor.predict import predict
+
+    models = ModelSet.load(None)
+    for replicas, shard in ((2, 8), (4, 4), (8, 2)):
+        config = dataclasses.replace(_config(16, sharded_data_parallel="torch-fsdp2",
+                                             num_distributed_optimizer_instances=replicas), precision="bf16")
+        inside = Cluster("A100-SXM4-80GB", gpus_per_node=8, intra_node_gbs=300, inter_node_gbs=25)
+        across = dataclasses.replace(inside, gpus_per_node=shard // 2)  # each shard group spans two nodes
+        t_in = predict(config, inside, models).iteration_time_s
+        t_across = predict(config, across, models).iteration_time_s
+        assert t_in <= t_across, (replicas, shard, t_in, t_across)
+
+
+def test_fsdp_collectives_are_hidden_behind_compute_on_gpus():
+    from predictor.models import ModelSet
+    from predictor.predict import predict
+
+    models = ModelSet.load(None)
+    config = dataclasses.replace(_config(8, sharded_data_parallel="torch-fsdp2"), precision="bf16",
+                                 micro_batch_size=8, global_batch_size=64)
+    gpu = predict(config, Cluster("A100-SXM4-80GB", gpus_per_node=8), models)
+    comm = sum(o["time_s"] for o in gpu.operators if o["pass"] == "comm")
+    assert gpu.breakdown["exposed_communication"] < 0.5 * comm  # most of the gathers run beside the layers
+    ddp = predict(dataclasses.replace(config, sharding=None), Cluster("A100-SXM4-80GB", gpus_per_node=8), models)
+    assert gpu.iteration_time_s > ddp.breakdown["compute"]
