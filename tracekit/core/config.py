@@ -615,9 +615,13 @@ def _sections(values: dict[str, Any], sections: dict[str, dict[str, Any]]) -> No
     if attn.get("multi_latent_attention") or attn.get("window_size") not in (None, False, "None") or \
             attn.get("qk_layernorm") or attn.get("fp8_dot_product_attention"):
         values["attn"] = _build(AttentionSettings, attn)
-    for name in ("layout", "lowp", "sharding"):
+    for name in ("layout", "lowp"):
         if any(v not in (None, False) for v in sections.get(name, {}).values()):
             values[name] = _build(SECTIONS[name][0], sections[name])
+    if sections.get("sharding"):  # stated sharding settings other than Megatron's defaults (plain DDP)
+        sharding = _build(ShardingSettings, sections["sharding"])
+        if sharding != ShardingSettings():
+            values["sharding"] = sharding
 
 
 def _build(kind: type, settings: dict[str, Any]) -> Any:
