@@ -121,14 +121,16 @@ def chunks(config) -> list[list[Chunk]]:
                 raise ConfigError(f"pipeline rank {rank} holds {count} layers, not divisible by vp {vp}")
         return _assign([[count // vp] * vp for count in per_rank], pp, vp, mtp)
     total = n + s.account_for_embedding_in_pipeline_split + s.account_for_loss_in_pipeline_split
+    hint = ("; Megatron needs a layout for it: pipeline_model_parallel_layout (e.g. 'Et*4|...|tmL') or "
+            "decoder_first/last_pipeline_num_layers")
     if total % pp:
         raise ConfigError(f"num_layers {n}{' (+1 embedding)' if s.account_for_embedding_in_pipeline_split else ''}"
                           f"{' (+1 loss)' if s.account_for_loss_in_pipeline_split else ''} is not divisible by pp "
-                          f"{pp}")
+                          f"{pp}{hint}")
     per_rank = total // pp
     if per_rank % vp:
-        raise ConfigError(f"num_layers {n} is not divisible by pp·vp = {pp}·{vp}" if total == n else
-                          f"{per_rank} layers per pipeline rank are not divisible by vp {vp}")
+        raise ConfigError((f"num_layers {n} is not divisible by pp·vp = {pp}·{vp}" if total == n else
+                           f"{per_rank} layers per pipeline rank are not divisible by vp {vp}") + hint)
     counts = [[per_rank // vp] * vp for _ in range(pp)]
     if s.account_for_embedding_in_pipeline_split:
         counts[0][0] -= 1
