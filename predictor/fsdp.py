@@ -237,24 +237,23 @@ def memory_parts(c: TrainingConfig, dense: int, expert: int, expert_shard: int, 
     return {"weights": weights, "gradients": gradients, "optimizer_state": optimizer}
 
 
+def shards(c: TrainingConfig) -> bool:
+    """Whether `c` shards its gradients or parameters with FSDP/ZeRO (a search then splits its shard groups and
+    leaves Megatron's distributed optimizer alone)."""
+    s = sharding_of(c)
+    return s.fsdp and s.stage >= 2
+
+
 def shard_splits(c: TrainingConfig) -> list[TrainingConfig]:
     """`c` with each way FSDP can split its dp·cp ranks into HSDP replicas of a shard group (replicas dividing the
-    ranks; 1 is plain FSDP), for a search; `[c]` when it does not shard with FSDP. Splits that do not validate are
-    left out."""
+    ranks; 1 replica is plain FSDP), not validated, for a search; `[c]` when it does not shard with FSDP."""
     import dataclasses
 
-    from tracekit.core.errors import ConfigError
     from tracekit.core.sharding import ShardingSettings
 
-    s = sharding_of(c)
-    if not (s.fsdp and s.stage >= 2):
+    if not shards(c):
         return [c]
     ranks = c.dp * c.cp
-    out = []
-    for replicas in (r for r in range(1, ranks + 1) if ranks % r == 0):
-        settings = dataclasses.replace(c.sharding or ShardingSettings(), num_distributed_optimizer_instances=replicas)
-        try:
-            out.append(dataclasses.replace(c, sharding=settings).validate())
-        except ConfigError:
-            continue
-    return out
+    base = c.sharding or ShardingSettings()
+    return [dataclasses.replace(c, sharding=dataclasses.replace(base, num_distributed_optimizer_instances=r))
+            for r in range(1, ranks + 1) if ranks % r == 0]

@@ -14,9 +14,11 @@ query groups), pipeline parallelism (divides the layers), context parallelism (o
 2·cp divides the sequence), data parallelism (the rest of the GPUs), micro-batch size (divides the per-replica batch, at
 most MAX_MICRO_BATCH), interleaving (virtual stages that divide a stage's layers, when the micro-batches divide by pp),
 sequence parallelism (with tp > 1), activation recompute (none, selective, full) and the distributed optimizer (with
-dp > 1). A candidate Megatron would refuse (`TrainingConfig.validate`) is counted under `pruned["invalid"]`; one whose
-memory per GPU exceeds the GPU's under `pruned["memory"]`. Ranking: iteration time (`time`), tokens per second
-(`tokens_per_s`) or cost per iteration (`cost`, with a price per GPU-hour).
+dp > 1). A job that shards with FSDP/ZeRO-2/3 (tracekit.core.sharding) keeps its strategy and varies its shard group
+instead: every number of HSDP replicas dividing the dp·cp ranks (1: FSDP over all of them; the setting
+`num_distributed_optimizer_instances`). A candidate Megatron would refuse (`TrainingConfig.validate`) is counted
+under `pruned["invalid"]`; one whose memory per GPU exceeds the GPU's under `pruned["memory"]`. Ranking: iteration
+time (`time`), tokens per second (`tokens_per_s`) or cost per iteration (`cost`, with a price per GPU-hour).
 """
 from __future__ import annotations
 
@@ -30,7 +32,9 @@ from tracekit.core.cluster import Cluster
 from tracekit.core.config import TrainingConfig, setting_name
 from tracekit.core.errors import ConfigError
 from tracekit.core.hardware import hardware_spec
+from tracekit.core.sharding import sharding_of
 
+from .fsdp import shard_splits, shards
 from .memory import config_memory
 from .predict import compose_many, prepare_many
 
@@ -86,7 +90,8 @@ def enumerate_configs(base: dict[str, Any], gpus: int, fixed: set[str], context_
         per_replica = model.global_batch_size // dp if model.global_batch_size % dp == 0 else 0
         mbs = options("micro_batch_size", _divisors(per_replica, min(per_replica, MAX_MICRO_BATCH)) or [1])
         sps = options("sequence_parallel", [tp > 1])
-        dist = options("use_distributed_optimizer", [False, True] if dp > 1 else [False])
+        dist = options("use_distributed_optimizer", [False, True] if dp > 1 and not shards(model) else
+                       [model.use_distributed_optimizer])  # FSDP/ZeRO-2/3 jobs shard without it
         for mb, sp, distributed in itertools.product(mbs, sps, dist):
             m = per_replica // mb if per_replica and per_replica % mb == 0 else 0
             vps = options("virtual_pipeline_model_parallel_size",
@@ -96,10 +101,14 @@ def enumerate_configs(base: dict[str, Any], gpus: int, fixed: set[str], context_
                          "context_parallel_size": cp, "data_parallel_size": dp, "micro_batch_size": mb,
                          "virtual_pipeline_model_parallel_size": vp or 1, "sequence_parallel": sp,
                          "recompute_granularity": recompute, "use_distributed_optimizer": distributed}
-                try:  # the job's parsed settings with this split (what parsing them all again would give)
-                    configs.append(dataclasses.replace(model, extra=dict(model.extra), **split).validate())
-                except ConfigError:
-                    rejected += 1
+                candidate = dataclasses.replace(model, extra=dict(model.extra), **split)
+                # an FSDP job's shard groups: FSDP over every data-parallel rank, or HSDP replicas of smaller ones
+                for variant in shard_splits(candidate) if "num_distributed_optimizer_instances" not in fixed \
+                        else [candidate]:
+                    try:  # the job's parsed settings with this split (what parsing them all again would give)
+                        configs.append(variant.validate())
+                    except ConfigError:
+                        rejected += 1
     return configs, rejected
 
 
@@ -154,7 +163,8 @@ def _row(config: TrainingConfig, memory: dict, prediction, gpus: int, price_per_
     seconds = prediction.iteration_time_s
     return {
         "config": {**{k: getattr(config, k) for k in SEARCH_KEYS}, "data_parallel_size": config.dp,
-                   "virtual_pipeline_model_parallel_size": config.vp},
+                   "virtual_pipeline_model_parallel_size": config.vp,
+                   **({"sharding": sharding_of(config).name} if shards(config) else {})},
         "iteration_time_s": seconds, "tokens_per_s": prediction.tokens_per_s, "mfu": prediction.mfu,
         "tflops_per_gpu": prediction.tflops_per_gpu, "memory_gb_per_gpu": memory["total"], "fits": True,
         "cost_per_iteration": seconds * gpus * price_per_gpu_hour / 3600 if price_per_gpu_hour else None,
@@ -190,7 +200,8 @@ def search(base: dict[str, Any], gpus: int, cluster: Cluster, models, fixed: set
 
 SHORT = {"tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp", "context_parallel_size": "cp",
          "data_parallel_size": "dp", "micro_batch_size": "mb", "virtual_pipeline_model_parallel_size": "vp",
-         "sequence_parallel": "sp", "recompute_granularity": "recompute", "use_distributed_optimizer": "dist-opt"}
+         "sequence_parallel": "sp", "recompute_granularity": "recompute", "use_distributed_optimizer": "dist-opt",
+         "sharding": "sharding"}
 
 
 def split_name(config: dict[str, Any]) -> str:
@@ -203,6 +214,7 @@ def split_name(config: dict[str, Any]) -> str:
         parts.append(f"vp{config['virtual_pipeline_model_parallel_size']}")
     parts += ["sp"] if config["sequence_parallel"] else []
     parts += [f"recompute-{config['recompute_granularity']}"] if config["recompute_granularity"] != "none" else []
+    parts += [config["sharding"].replace(" ", "")] if config.get("sharding") else []
     return " ".join(parts + (["dist-opt"] if config["use_distributed_optimizer"] else []))
 
 

@@ -111,3 +111,50 @@ def test_fsdp_collectives_are_hidden_behind_compute_on_gpus():
     assert gpu.breakdown["exposed_communication"] < 0.5 * comm  # most of the gathers run beside the layers
     ddp = predict(dataclasses.replace(config, sharding=None), Cluster("A100-SXM4-80GB", gpus_per_node=8), models)
     assert gpu.iteration_time_s > ddp.breakdown["compute"]
+
+
+def test_search_splits_an_fsdp_jobs_shard_group_and_prunes_by_memory():
+    from predictor.models import ModelSet
+    from predictor.search import enumerate_configs, search
+    from tracekit.core.sharding import sharding_of
+
+    base = dict(num_layers=LAYERS, hidden_size=H, num_attention_heads=16, seq_length=1024, ffn_hidden_size=FFN,
+                vocab_size=VOCAB, global_batch_size=64, sharded_data_parallel="torch-fsdp2", precision="bf16")
+    fixed = {"tensor_model_parallel_size", "pipeline_model_parallel_size", "recompute_granularity",
+             "micro_batch_size"}
+    configs, _ = enumerate_configs({**base, "micro_batch_size": 4}, 16, fixed)
+    # 16 data-parallel ranks: FSDP over all, or HSDP replicas 2, 4, 8, 16 of 8-, 4-, 2-, 1-rank shard groups
+    assert sorted(sharding_of(c).replicas for c in configs) == [1, 2, 4, 8, 16]
+    assert {c.use_distributed_optimizer for c in configs} == {False}  # FSDP needs no distributed optimizer
+    result = search({**base, "micro_batch_size": 4}, 16, Cluster("A100-SXM4-80GB", gpus_per_node=8),
+                    ModelSet.load(None), fixed)
+    by_name = {c["config"]["sharding"]: c for c in result.candidates}
+    assert by_name["FSDP"]["memory_gb_per_gpu"] < by_name["HSDP 2×8"]["memory_gb_per_gpu"] < \
+        by_name["HSDP 4×4"]["memory_gb_per_gpu"]  # smaller shard groups keep more of the state
+
+
+def test_llmfoundry_published_runs_are_all_predicted_and_fit_their_gpus(tmp_path):
+    """MosaicML ran every row of its table: predicted memory per GPU under FSDP must fit the GPU it ran on (40 or
+    80 GB); without sharding MPT-70B's state alone (16 bytes a parameter) is far beyond it."""
+    import csv
+
+    from typer.testing import CliRunner
+
+    from tests.conftest import E2E
+    from tracekit.cli import app
+
+    out = tmp_path / "out.csv"
+    done = CliRunner().invoke(app, ["predict", "--batch", str(E2E / "llmfoundry_mpt_fsdp_a100.csv"), "--csv-out",
+                                    str(out), "--json"])
+    assert done.exit_code == 0, done.output
+    with open(out, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 139 and all(r["error"] == "" for r in rows)
+    assert {r["stack"] for r in rows} == {"composer"}
+    assert all(float(r["predicted_memory_gb_per_gpu"]) <= float(r["gpu_memory_gb"]) for r in rows)
+    from predictor.batch import parse_row
+
+    line, big = next((i + 2, r) for i, r in enumerate(rows) if r["model_name"] == "MPT-70b")
+    config = parse_row(big, line, None, None).config
+    unsharded = config_memory(dataclasses.replace(config, sharding=None), "A100-SXM4-80GB")[0]
+    assert unsharded["total"] > 16 * float(big["params_billion"]) > 80  # weights, gradients, Adam: ≥ 16 B a param

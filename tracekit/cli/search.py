@@ -10,6 +10,11 @@ from .app import app
 from .executor import Executor, check_ray_address, executor_option, ray_address_option
 from .output import ALLOW_UNKNOWN_HELP, console, err_console, fail, print_json, progress, user_errors
 
+#: A job file's settings a search varies rather than keeps (the split it states; pipelines split evenly).
+JOB_SPLIT = ("world_size", "data_parallel_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+             "virtual_pipeline_model_parallel_size", "pipeline_model_parallel_layout", "micro_batch_size",
+             "sequence_parallel", "num_distributed_optimizer_instances")
+
 HELP = """Find the best configuration of a job on N GPUs: every split Megatron accepts (tp, pp, dp, cp, virtual
 stages, micro-batch, sequence parallelism, activation recompute, distributed optimizer), pruned by the memory
 model, predicted in one batched model call, ranked.
@@ -23,12 +28,16 @@ Examples:
   --global-batch-size 512 --bf16" --gpus 64 --hardware H100-80GB-HBM3 --top 5
 
   tracekit search job.yaml --gpus 256 --cluster selene --objective cost --price-per-gpu-hour 2.5 --json
+
+  tracekit search llama3_70b.toml --gpus 64 --hardware H100-80GB-HBM3   # a torchtitan job (or a Composer YAML):
+  its model, batch, precision and checkpointing stay; tp, pp, micro-batch and the FSDP/HSDP shard group are searched
 """
 
 
 @app.command("search", help=HELP)
 def search_command(
-    config: Optional[Path] = typer.Argument(None, help="Job: YAML/JSON of Megatron argument names."),
+    config: Optional[Path] = typer.Argument(None, help="Job: YAML/JSON of Megatron argument names, a torchtitan "
+                                                       "TOML job or a Composer/llm-foundry YAML."),
     megatron_args: Optional[str] = typer.Option(None, "--megatron-args",
                                                 help="Job as Megatron command-line arguments."),
     gpus: int = typer.Option(..., "--gpus", min=1, help="GPUs the job gets (world size)."),
@@ -73,7 +82,16 @@ def search_command(
 
         if (config is None) == (megatron_args is None):
             fail("give the job as CONFIG or --megatron-args (one of them)")
-        if config is not None:
+        from tracekit.core.job_files import read_job
+
+        placed = _cluster(hardware, gpus_per_node, cluster_name)[0]
+        job = read_job(config, gpus, placed.domain_size if placed else gpus_per_node) if config is not None else None
+        if job is not None:  # a torchtitan TOML or Composer YAML: its split is what the search varies
+            base = {k: v for k, v in job.settings.items() if k not in JOB_SPLIT}
+            stack = stack or job.stack
+            for line in job.notes:
+                err_console.print(f"[yellow]note:[/yellow] {line}")
+        elif config is not None:
             try:
                 base = yaml.safe_load(config.read_text())
             except (OSError, yaml.YAMLError) as exc:
