@@ -241,3 +241,20 @@ def test_per_op_checkpointing_replays_every_other_gemm_and_the_memory_bound_ops(
     assert {"self_attention.linear_proj", "mlp.linear_fc2"} <= names  # the 2nd and 4th GEMM of the layer
     assert not names & {"self_attention.linear_qkv", "mlp.linear_fc1", "self_attention.core_attention"}
     assert {"input_layernorm", "pre_mlp_layernorm", "mlp.activation", "self_attention.rotary"} <= names
+
+
+def test_search_reads_a_torchtitan_job_and_refuses_a_misspelt_one(tmp_path):
+    from typer.testing import CliRunner
+
+    from tracekit.cli import app
+
+    done = CliRunner().invoke(app, ["search", str(JOBS / "llama3_8b.toml"), "--gpus", "16", "--hardware",
+                                    "H100-80GB-HBM3", "--json"])
+    assert done.exit_code == 0, done.output
+    candidates = json.loads(done.stdout)["candidates"]
+    assert {c["config"]["sharding"] for c in candidates} >= {"FSDP", "HSDP 2×8"}
+    assert {c["config"]["tensor_model_parallel_size"] for c in candidates} > {1}  # the job's tp 1 is searched
+    bad = tmp_path / "bad.toml"
+    bad.write_text((JOBS / "llama3_8b.toml").read_text().replace("[parallelism]", "[paralelism]"))
+    done = CliRunner().invoke(app, ["search", str(bad), "--gpus", "16", "--hardware", "H100-80GB-HBM3"])
+    assert done.exit_code == 2 and "did you mean 'parallelism'" in done.stderr
