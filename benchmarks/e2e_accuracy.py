@@ -22,7 +22,13 @@ its own virtualenv, on the same rows with the same facts (benchmarks/peers/READM
 estimate-train-time takes 2–3 s a row, so it runs on every row of the two small sets and on every
 `--ett-stride`-th row of the 727.
 
-Run: .venv/bin/python benchmarks/e2e_accuracy.py [--models DIR] [--fit-stack] [--peers]
+llm-foundry (MosaicML's MPT runs, Composer + FSDP; `--only llm-foundry`): every row predicted with the `composer`
+stack, whose three scales are fitted on these rows — so the figure is leave-one-model-size-out: each MPT size
+predicted with the scales fitted on the other sizes (`--fit-composer` refits on every row and writes the profile);
+printed per model size × GPU count.
+
+Run: .venv/bin/python benchmarks/e2e_accuracy.py [--models DIR] [--fit-stack] [--fit-composer] [--peers]
+     [--only megatron|llm-foundry]
 """
 from __future__ import annotations
 

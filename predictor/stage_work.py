@@ -117,7 +117,10 @@ def hiding_of(graph: Graph) -> Hiding:
         shared = {o.spec for seg in graph.segments for o in seg.fwd + seg.bwd
                   if o.group is None and o.name.startswith("mlp.shared_experts")}
         ep_cover = np.isin(np.arange(len(graph.specs)), list(shared))
-    return Hiding(tp, ep_all, ep_cover, not graph.hardware.startswith("cpu-"))
+    # FSDP's gathers run beside compute (Megatron-FSDP only when asked to overlap them); not on a CPU
+    mfsdp = c.sharding is not None and c.sharding.sharded_data_parallel == "megatron-fsdp"
+    overlap = not graph.hardware.startswith("cpu-") and (not mfsdp or c.overlap_param_gather or c.overlap_grad_reduce)
+    return Hiding(tp, ep_all, ep_cover, overlap)
 
 
 def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[np.ndarray, tuple]:
