@@ -27,6 +27,7 @@ from tracekit.core.config import TrainingConfig, own_setting_names, setting_name
 from tracekit.core.errors import ConfigError, InputError
 from tracekit.core.hardware import hardware_spec, normalize_hardware
 from tracekit.core.sharding import settings_from_text, with_shard_inside
+from tracekit.core.torchtitan_job import as_torchtitan_runs
 
 from .calibration import Calibration
 from .predict import BREAKDOWN
@@ -178,6 +179,8 @@ def parse_row(cells: dict[str, str], line: int, hardware: str | None, gpus_per_n
                               f"{stated[0]}")
         mapping.update(overrides or {})
         config = TrainingConfig.from_mapping(mapping, chosen.config)
+        if chosen.name == "torchtitan":  # FSDP2, SP with TP, torchtitan's pipeline split
+            config = as_torchtitan_runs(config, notes)
         config = _uneven(config, cells, notes)
         config.validate()
         if cluster is not None:

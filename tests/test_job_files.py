@@ -258,3 +258,31 @@ def test_search_reads_a_torchtitan_job_and_refuses_a_misspelt_one(tmp_path):
     bad.write_text((JOBS / "llama3_8b.toml").read_text().replace("[parallelism]", "[paralelism]"))
     done = CliRunner().invoke(app, ["search", str(bad), "--gpus", "16", "--hardware", "H100-80GB-HBM3"])
     assert done.exit_code == 2 and "did you mean 'parallelism'" in done.stderr
+
+
+def test_a_published_torchtitan_row_runs_as_torchtitan_runs_it():
+    """A row of a torchtitan table (the 405B shape: 126 layers over pp 8, which Megatron would refuse without a
+    layout) is split torchtitan's way, its bare "FSDP" is FSDP2 and keeps parameters under pipelining, TP comes with
+    SP; the prediction has FSDP's per-iteration gathers and no DDP buckets."""
+    from predictor.batch import parse_row
+    from predictor.models import ModelSet
+    from predictor.predict import predict
+
+    cells = {"framework": "torchtitan", "hardware_gpu": "H100 SXM", "gpu_memory_gb": "80", "gpus_per_node": "8",
+             "num_gpus": "512", "num_layers": "126", "hidden_size": "16384", "ffn_hidden_size": "53248",
+             "num_attention_heads": "128", "num_query_groups": "8", "seq_length": "8192", "vocab_size": "128256",
+             "global_batch_size": "64", "micro_batch_size": "1", "tp": "8", "pp": "8", "dp": "8",
+             "zero_or_fsdp": "FSDP", "precision": "bf16", "activation_recompute": "full", "swiglu": "true"}
+    row = parse_row(cells, 2, None, None)
+    assert row.error is None, row.error
+    config, cluster, stack = row.complete()
+    from tracekit.core.pipeline_layout import chunks
+
+    assert stack.name == "torchtitan" and config.sequence_parallel
+    assert [row[0].num_layers for row in chunks(config)] == [15, 16, 16, 16, 16, 16, 16, 15]
+    shard = sharding_of(config)
+    assert (shard.implementation, shard.reshard_after_forward, shard.shard_size) == ("torch-fsdp2", False, 8)
+    prediction = predict(config, cluster, ModelSet.load(None), row.calibration)
+    graph = prediction.graph
+    assert not [o for o in graph.grad_sync[0] if o.group == "dpcp"]
+    assert [o for o in graph.param_gather[0] if o.group == "fsdp"]  # gathered once per iteration

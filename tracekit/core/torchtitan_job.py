@@ -352,3 +352,34 @@ def split_layers(layers: int, stages: int) -> list[int]:
     if min(sizes) < 0 or (stages > 1 and min(sizes[1:-1] or [1]) < 1):
         raise ConfigError(f"{stages} pipeline stages for {layers} layers leave a stage without layers")
     return sizes
+
+
+def as_torchtitan_runs(config: Any, notes: list[str]) -> Any:
+    """A published row's configuration of a torchtitan run (not yet validated), as torchtitan runs it: its FSDP is
+    FSDP2; tensor parallelism comes with sequence parallelism; with pipelining, units keep their parameters across
+    the micro-batches; a pipeline without a stated layout splits its layers torchtitan's way (`split_layers`)."""
+    import dataclasses
+
+    from .pipeline_layout import LayoutSettings
+    from .sharding import ShardingSettings
+
+    changes: dict[str, Any] = {}
+    sharding = config.sharding
+    if sharding is not None and sharding.sharded_data_parallel == "torch-fsdp1":
+        sharding = dataclasses.replace(sharding, sharded_data_parallel="torch-fsdp2")
+    if sharding is not None and sharding.sharded_data_parallel == "torch-fsdp2" and config.pp > 1:
+        sharding = dataclasses.replace(sharding, torch_fsdp2_reshard_after_forward=False)
+    if sharding is not config.sharding:
+        changes["sharding"] = sharding
+    if config.tp > 1 and not config.sequence_parallel:
+        changes["sequence_parallel"] = True
+    layout = config.layout or LayoutSettings()
+    stated = layout.pipeline_model_parallel_layout or layout.decoder_first_pipeline_num_layers is not None or \
+        layout.decoder_last_pipeline_num_layers is not None
+    if config.pp > 1 and not stated:
+        sizes = split_layers(config.num_layers, config.pp * config.vp)
+        text = "|".join(("E" if s == 0 else "") + (f"t*{n}" if n else "") + ("L" if s == len(sizes) - 1 else "")
+                        for s, n in enumerate(sizes))
+        changes["layout"] = dataclasses.replace(layout, pipeline_model_parallel_layout=text)
+        notes.append(f"torchtitan's pipeline split: {text!r} (the embedding and the output count as a layer each)")
+    return dataclasses.replace(config, **changes) if changes else config
