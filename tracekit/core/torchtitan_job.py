@@ -361,7 +361,6 @@ def as_torchtitan_runs(config: Any, notes: list[str]) -> Any:
     import dataclasses
 
     from .pipeline_layout import LayoutSettings
-    from .sharding import ShardingSettings
 
     changes: dict[str, Any] = {}
     sharding = config.sharding
