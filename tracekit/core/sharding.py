@@ -1,8 +1,9 @@
 """Sharded data parallelism: which of the data-parallel ranks' parameters, gradients and optimizer state each rank
 keeps only a shard of, across how many ranks, and which framework does it.
 
-The settings are TrainingConfig fields, in Megatron's words where Megatron has them (the Composer, torchtitan and
-DeepSpeed readers and the e2e CSV columns write the same fields):
+The settings are a section of TrainingConfig (`TrainingConfig.sharding`, a `ShardingSettings`; None when none is
+stated: Megatron's DDP), in Megatron's words where Megatron has them; the Composer and torchtitan readers and the e2e
+CSV columns write the same settings:
 
 - `sharded_data_parallel`: who shards — `none` (Megatron's DDP, with or without the distributed optimizer),
   `megatron-fsdp` (Megatron's `--use-megatron-fsdp`), `torch-fsdp2` (`--use-torch-fsdp2`; torchtitan's
@@ -20,9 +21,9 @@ DeepSpeed readers and the e2e CSV columns write the same fields):
 - `outer_dp_sharding_strategy` (Megatron's): `no_shard`, or `optim` to shard the optimizer state across the HSDP
   replicas as well.
 
-They form the section `TrainingConfig.sharding` (`ShardingSettings`, None when none is stated); `sharding_of(config)`
-gives the effective `Sharding`. Bytes a ZeRO-3 unit moves per rank (ring algorithms): all-gather and reduce-scatter each
-unit_params · bytes · (N − 1)/N — FULL_SHARD moves 1.5× DDP's all-reduce (2·(N − 1)/N), SHARD_GRAD_OP the same.
+`sharding_of(config)` gives the effective `Sharding`; `settings_from_text` reads a published table's cells;
+`with_shard_inside` is FSDP1's HYBRID_SHARD once the node size is known. What the collectives cost is
+`predictor.fsdp`'s.
 """
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ class Sharding:
     implementation: str  # one of IMPLEMENTATIONS
     strategy: str  # one of STRATEGIES
     dp: int  # ranks one set of parameters is spread over: dp·cp
-    replicas: int  # HSDP replicas (1: one shard group of all dp ranks)
+    replicas: int  # HSDP replicas (1: one shard group of all those ranks)
     reshard_after_forward: bool
     outer_optim: bool  # optimizer state also sharded across the replicas
 
@@ -234,12 +235,6 @@ def with_shard_inside(c: TrainingConfig, domain: int) -> TrainingConfig:
     settings = dataclasses.replace(c.sharding or ShardingSettings(),
                                    num_distributed_optimizer_instances=max(1, c.dp * c.cp // shard))
     return dataclasses.replace(c, sharding=settings).validate()
-
-
-def all_gather_bytes_per_rank(unit_params: int, dtype_bytes: int, ranks: int) -> float:
-    """Bytes one rank receives in a ring all-gather of `unit_params` elements sharded over `ranks`:
-    params·bytes·(N − 1)/N (a reduce-scatter of the same tensor sends as many)."""
-    return unit_params * dtype_bytes * (ranks - 1) / ranks
 
 
 def settings_from_text(text: str, fsdp: str = "", framework: str = "") -> tuple[dict[str, Any], list[str], bool]:
