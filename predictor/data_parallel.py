@@ -62,6 +62,8 @@ def stage_sync(b: OpBuilder, stage: int, weight_cast_elements: float) -> StageSy
     sharding = fsdp.sharding_of(c)
     if sharding.per_unit:  # FSDP reduces each unit's gradients in the backward (predictor.fsdp)
         shard_dense = fsdp.stage_sync(b, stage, dense, sync.param_gather, sync.grad_sync)
+    elif sharding.replicas > 1:  # the distributed optimizer in instances (predictor.fsdp)
+        shard_dense = fsdp.instance_buckets(b, dense, sync.grad_sync, sync.param_gather)
     else:
         _buckets(b, dense, "dpcp", "", sync)
         shard_dense = b.groups["dpcp"].size if c.use_distributed_optimizer else 1

@@ -101,6 +101,8 @@ def config_memory(c: TrainingConfig, hardware: str) -> tuple[dict[str, float], l
     dense_shard = c.dp * c.cp if distributed else 1
     expert_shard = (c.moe.expert_dp(c.world_size, c.pp, c.tp) if c.moe else 1) if distributed else 1
     sharded = fsdp.sharding_of(c)
+    if distributed and not sharded.per_unit:  # in instances: each shards over one instance's ranks
+        dense_shard = sharded.optimizer_shard
     logits = c.seq_length // c.cp * c.micro_batch_size * c.padded_vocab_size / c.tp * 4  # fp32 logits for the loss
     layout = chunks(c)
     cache: dict[int, float] = {}

@@ -158,3 +158,19 @@ def test_llmfoundry_published_runs_are_all_predicted_and_fit_their_gpus(tmp_path
     config = parse_row(big, line, None, None).config
     unsharded = config_memory(dataclasses.replace(config, sharding=None), "A100-SXM4-80GB")[0]
     assert unsharded["total"] > 16 * float(big["params_billion"]) > 80  # weights, gradients, Adam: ≥ 16 B a param
+
+
+def test_the_distributed_optimizer_in_instances_reduces_inside_each_and_all_reduces_across():
+    """Megatron's --num-distributed-optimizer-instances 2 on 16 data-parallel ranks: reduce-scatters and gathers
+    inside 8-rank instances, the shards all-reduced across the 2 instances, Adam's state over 8 ranks."""
+    c = TrainingConfig.from_mapping(dict(num_layers=LAYERS, hidden_size=H, num_attention_heads=16, seq_length=1024,
+                                         ffn_hidden_size=FFN, vocab_size=VOCAB, make_vocab_size_divisible_by=1,
+                                         global_batch_size=16, data_parallel_size=16, precision="fp32",
+                                         use_distributed_optimizer=True,
+                                         num_distributed_optimizer_instances=2)).validate()
+    graph = build_graph(c, "A100-SXM4-80GB", 8)
+    sizes = {(graph.specs[o.spec]["primitive"], graph.specs[o.spec]["group_size"]) for o in graph.grad_sync[0]}
+    assert sizes == {("reduce_scatter", 8), ("all_reduce", 2)}
+    assert {graph.specs[o.spec]["group_size"] for o in graph.param_gather[0]} == {8}
+    whole = config_memory(dataclasses.replace(c, sharding=None), "A100-SXM4-80GB")[0]["optimizer_state"]
+    assert config_memory(c, "A100-SXM4-80GB")[0]["optimizer_state"] == pytest.approx(2 * whole, rel=1e-9)
