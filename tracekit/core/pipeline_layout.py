@@ -135,11 +135,11 @@ def _split(pp: int, vp: int, n: int, s: LayoutSettings) -> list[list[Chunk]]:
         raise ConfigError(f"num_layers {n}{' (+1 embedding)' if s.account_for_embedding_in_pipeline_split else ''}"
                           f"{' (+1 loss)' if s.account_for_loss_in_pipeline_split else ''} is not divisible by pp "
                           f"{pp}{hint}")
-    per_rank = total // pp
-    if per_rank % vp:
+    rank_layers = total // pp
+    if rank_layers % vp:
         raise ConfigError((f"num_layers {n} is not divisible by pp·vp = {pp}·{vp}" if total == n else
-                           f"{per_rank} layers per pipeline rank are not divisible by vp {vp}") + hint)
-    counts = [[per_rank // vp] * vp for _ in range(pp)]
+                           f"{rank_layers} layers per pipeline rank are not divisible by vp {vp}") + hint)
+    counts = [[rank_layers // vp] * vp for _ in range(pp)]
     if s.account_for_embedding_in_pipeline_split:
         counts[0][0] -= 1
     if s.account_for_loss_in_pipeline_split:
