@@ -98,6 +98,15 @@ class _Layers:
     def __init__(self, b: OpBuilder):
         self.b = b
         self.built: dict[_Kind, tuple[list[OpUse], list[OpUse], float]] = {}
+        self.repeated: dict[tuple[_Kind, int], tuple[list[OpUse], list[OpUse]]] = {}
+
+    def run(self, kind: _Kind, count: int) -> tuple[list[OpUse], list[OpUse], float]:
+        """`ops` of a run of `count` layers of this kind (their counts set; built once per kind and count)."""
+        forward, backward, cast = self.ops(kind)
+        key = (kind, count)
+        if key not in self.repeated:
+            self.repeated[key] = (_times(forward, count), _times(backward, count))
+        return (*self.repeated[key], cast * count)
 
     def kind(self, layer: int, position: int) -> _Kind:
         """The kind of decoder layer `layer`, the `position`-th of its chunk."""
@@ -169,10 +178,10 @@ def _segment(b: OpBuilder, layer_kinds: _Layers, stage: int, index: int, part: C
     bwd_blocks: list[list[OpUse]] = []
     casts = 0.0
     for kind, count in _runs(part.layers, layer_kinds):
-        forward, backward, cast = layer_kinds.ops(kind)
-        fwd.extend(_times(forward, count))
-        bwd_blocks.append(_times(backward, count))
-        casts += cast * count
+        forward, backward, cast = layer_kinds.run(kind, count)
+        fwd.extend(forward)
+        bwd_blocks.append(backward)
+        casts += cast
     for i in range(part.mtp):  # MTP layers: shaped like the model's last decoder layer
         kind = layer_kinds.kind(c.num_layers - 1, 0)
         forward, backward, cast = layer_kinds.ops(kind)

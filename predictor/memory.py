@@ -105,7 +105,8 @@ def config_memory(c: TrainingConfig, hardware: str) -> tuple[dict[str, float], l
         dense_shard = sharded.optimizer_shard
     logits = c.seq_length // c.cp * c.micro_batch_size * c.padded_vocab_size / c.tp * 4  # fp32 logits for the loss
     layout = chunks(c)
-    cache: dict[int, float] = {}
+    pattern = c.moe.pattern(c.num_layers) if c.moe else None
+    cache: dict[tuple[bool, bool], float] = {}
     best: dict[str, float] | None = None
     for stage in range(c.pp):
         dense = expert = 0
@@ -119,12 +120,13 @@ def config_memory(c: TrainingConfig, hardware: str) -> tuple[dict[str, float], l
                 full = c.recompute_granularity == "full" and (
                     c.recompute_method != "block" or c.recompute_num_layers is None
                     or position < c.recompute_num_layers)
-                if layer not in cache:
-                    bf16 = bool(c.lowp and c.lowp.bf16_layer(layer, c.num_layers))
-                    cache[layer] = _layer_bytes(c, layer, not bf16)
-                acts += _input_bytes(c) if full else cache[layer]
+                bf16 = bool(c.lowp and c.lowp.bf16_layer(layer, c.num_layers))
+                kind = (bool(pattern and pattern[layer]), bf16)  # what a layer's activations depend on
+                if kind not in cache:
+                    cache[kind] = _layer_bytes(c, layer, not bf16)
+                acts += _input_bytes(c) if full else cache[kind]
                 if full:
-                    working = max(working, cache[layer])
+                    working = max(working, cache[kind])
             if part.mtp:
                 acts += part.mtp * _layer_bytes(c, c.num_layers - 1)
         in_flight: float = min(c.pp - stage, c.num_microbatches)

@@ -16,12 +16,13 @@ JOB_SPLIT = ("world_size", "data_parallel_size", "tensor_model_parallel_size", "
              "virtual_pipeline_model_parallel_size", "pipeline_model_parallel_layout", "micro_batch_size",
              "sequence_parallel", "num_distributed_optimizer_instances")
 
-HELP = """Find the best configuration of a job on N GPUs: every split Megatron accepts (tp, pp, dp, cp, virtual
+HELP = """Find the best configuration of a job on N GPUs: every split Megatron accepts (tp, pp, dp, cp, ep, virtual
 stages, micro-batch, sequence parallelism, activation recompute, distributed optimizer), pruned by the memory
 model, predicted in one batched model call, ranked.
 
 Settings the input states stay fixed; --vary KEYS opens them (comma-separated Megatron names or tp, pp, cp,
-micro_batch_size, vp, sequence_parallel, recompute_granularity, use_distributed_optimizer; `all` opens every one);
+micro_batch_size, vp, sequence_parallel, recompute_granularity, use_distributed_optimizer, and for an MoE model ep,
+etp; `all` opens every one);
 a boolean setting opened is searched both ways. The input's own split is always predicted and shown with its rank;
 when nothing can be ranked, search exits 2 and says what to open.
 
@@ -141,7 +142,8 @@ def search_command(
 
 #: The --vary names of the settings that have short ones.
 VARY_NAMES = {"tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp", "context_parallel_size": "cp",
-              "virtual_pipeline_model_parallel_size": "vp"}
+              "virtual_pipeline_model_parallel_size": "vp", "expert_model_parallel_size": "ep",
+              "expert_tensor_parallel_size": "etp"}
 
 
 def _hint(result, gpus: int) -> str:
