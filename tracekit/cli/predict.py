@@ -109,6 +109,8 @@ def predict_command(
         native = None  # a torchtitan TOML or a Composer YAML (tracekit.core.job_files)
         if config is not None:  # a trace, a table, a binary file, bad YAML: refused in one line before any parser
             job = job_text(config, "predict")
+            if config.suffix.lower() in (".yaml", ".yml", ".json"):
+                job_mapping(config, job)  # a syntax error is one line saying where, whatever the job's kind
             native = _job(config, gpus, hardware, gpus_per_node, cluster_name)
             if native is None and not ARGS_BEGIN.search(job):
                 job_mapping(config, job, or_log=config.suffix.lower() not in (".yaml", ".yml", ".json"))

@@ -91,6 +91,8 @@ def search_command(
             from tracekit.core.job_files import read_job
 
             text = job_text(config, "search")
+            if config.suffix.lower() in (".yaml", ".yml", ".json"):
+                job_mapping(config, text)  # a syntax error is one line saying where, whatever the job's kind
             placed = cluster_of(hardware, gpus_per_node, cluster_name)[0]
             native = read_job(config, gpus, placed.domain_size if placed else gpus_per_node)
             if native is not None:
