@@ -44,7 +44,6 @@ from predictor.regressor import fit, predict  # noqa: E402
 
 CORPUS = ROOT.parent / "shared" / "corpus"
 TABLES = CORPUS / "operator-samples"
-TABLE_GPUS = ("H100-80GB-HBM3", "B200-180GB", "MI300X", "MI355X")
 GOALS = {"gemm": 0.05, "bmm": 0.15, "softmax": 0.15, "norm": 0.15, "activation": 0.15}
 
 
@@ -238,6 +237,8 @@ def e2e_h100(before: ModelSet, after: ModelSet) -> list[dict]:
 
 def run() -> pd.DataFrame:
     start = time.perf_counter()
+    from operator_accuracy import TABLE_GPUS
+
     after = ModelSet.load()
     before = after
     for hw in TABLE_GPUS:
