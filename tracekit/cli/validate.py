@@ -16,6 +16,11 @@ def validate(
     models: Optional[Path] = typer.Option(None, "--models", help="Model folder (default: the current models)."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     html: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML report here."),
+    trace_out: Optional[Path] = typer.Option(None, "--trace-out", help="Keep the prediction's Kineto traces (one "
+                                                                       "per pipeline stage, for Perfetto or "
+                                                                       "`tracekit diff`) in this folder (default "
+                                                                       "with --html: beside the page, "
+                                                                       "<page>-predicted/)."),
     rank: Optional[int] = typer.Option(None, "--rank", help="Rank whose timelines the HTML shows."),
     refit: bool = typer.Option(False, "--refit", help="Ingest the run into the store, retrain on the whole store "
                                                      "(into --models DIR, else <store>/models), and report the "
@@ -57,11 +62,15 @@ def validate(
         from tracekit.validate import validate_run
 
         assert run_dir is not None  # exactly one of RUN_DIR and --published was given
-        result = validate_run(run_dir, models=model_set, models_path=models, refit=refit, store=store, rank=rank)
+        if trace_out is None and html is not None:
+            trace_out = html.with_name(f"{html.stem}-predicted")
+        result = validate_run(run_dir, models=model_set, models_path=models, refit=refit, store=store, rank=rank,
+                              trace_dir=trace_out)
         report = result["report"]
+        extra = {key: result[key] for key in ("refit", "predicted_traces") if result.get(key)}
         if html:
-            write_html(html, report, title=f"tracekit validate: {run_dir}")
-        document = {**diff_document(report), **({"refit": result["refit"]} if result.get("refit") else {})}
+            write_html(html, report, title=f"tracekit validate: {run_dir}", extra=extra)
+        document = {**diff_document(report), **extra}
         if json_out:
             print_json(document)
             return
@@ -70,6 +79,8 @@ def validate(
         print_report(document)
         if result.get("refit"):
             _print_refit(result["refit"])
+        if result.get("predicted_traces"):
+            console.print(f"predicted traces (Perfetto, `tracekit diff`): {trace_out}/")
         if html:
             console.print(f"HTML report written to {html}")
 
@@ -120,7 +131,8 @@ def _published_table(path: Path, result: dict[str, Any]) -> None:
 def _print_refit(refit: dict[str, Any]) -> None:
     before, after = refit["before"], refit["after"]
     console.print(
-        f"refit on {refit['samples_added']} new samples: iteration-time error {before['rel_error']:+.1%} → "
+        f"refit on {refit['store_samples']:,} samples ({refit['run_samples']:,} of this run, "
+        f"{refit['samples_added']:,} of them new): iteration-time error {before['rel_error']:+.1%} → "
         f"{after['rel_error']:+.1%} (predicted {before['predicted_s']:.4f} s → {after['predicted_s']:.4f} s, "
         f"real {after['real_s']:.4f} s)"
     )
