@@ -67,7 +67,7 @@ def validate(
         result = validate_run(run_dir, models=model_set, models_path=models, refit=refit, store=store, rank=rank,
                               trace_dir=trace_out)
         report = result["report"]
-        extra = {key: result[key] for key in ("refit", "predicted_traces") if result.get(key)}
+        extra = {key: result[key] for key in ("refit", "predicted_traces", "unprofiled") if result.get(key)}
         if html:
             write_html(html, report, title=f"tracekit validate: {run_dir}", extra=extra)
         document = {**diff_document(report), **extra}
@@ -79,8 +79,10 @@ def validate(
         print_report(document)
         if result.get("refit"):
             _print_refit(result["refit"])
+        if result.get("unprofiled"):
+            _print_unprofiled(result["unprofiled"])
         if result.get("predicted_traces"):
-            console.print(f"predicted traces (Perfetto, `tracekit diff`): {trace_out}/")
+            console.print(f"predicted traces (Perfetto, `tracekit diff`): {trace_out}/", soft_wrap=True)
         if html:
             console.print(f"HTML report written to {html}")
 
@@ -128,11 +130,19 @@ def _published_table(path: Path, result: dict[str, Any]) -> None:
                   f"p90 APE {result['p90_ape']:.1%} over {len(result['rows'])} rows")
 
 
+def _print_unprofiled(measured: dict[str, Any]) -> None:
+    after = (f" (after the refit: predicted {measured['after_predicted_s']:.4f} s, "
+             f"{measured['after_rel_error']:+.1%})" if "after_rel_error" in measured else "")
+    console.print(f"without the profiler (the profiled steps carry its overhead): the run's log gives "
+                  f"{measured['real_s']:.4f} s per iteration (median of {measured['iterations']}), predicted "
+                  f"{measured['predicted_s']:.4f} s: {measured['rel_error']:+.1%}{after}", soft_wrap=True)
+
+
 def _print_refit(refit: dict[str, Any]) -> None:
     before, after = refit["before"], refit["after"]
     console.print(
         f"refit on {refit['store_samples']:,} samples ({refit['run_samples']:,} of this run, "
         f"{refit['samples_added']:,} of them new): iteration-time error {before['rel_error']:+.1%} → "
         f"{after['rel_error']:+.1%} (predicted {before['predicted_s']:.4f} s → {after['predicted_s']:.4f} s, "
-        f"real {after['real_s']:.4f} s)"
+        f"real {after['real_s']:.4f} s)", soft_wrap=True
     )

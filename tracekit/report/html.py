@@ -74,6 +74,8 @@ def render_html(report: dict[str, Any], timelines: dict[str, Any] | None = None,
     ]
     for warning in report.get("warnings", []):
         parts.append(f"<p class='warn'>⚠ {escape(str(warning))}</p>")
+    if report.get("unprofiled"):
+        parts.append(_unprofiled(report["unprofiled"]))
     if report.get("refit"):
         parts.append(_refit(report["refit"]))
     if report.get("predicted_traces"):
@@ -132,6 +134,15 @@ def _refit(refit: dict) -> str:
             f"written to <code>{escape(str(refit.get('models')))}</code>. The tables below are the prediction "
             f"before the refit.</p>"
             + _table(rows, ["prediction", "predicted_s", "real_s", "error_s", "rel_error"]))
+
+
+def _unprofiled(measured: dict) -> str:
+    """The prediction against the run's iterations without the profiler (its log's times)."""
+    after = (f"; after the refit {seconds(measured['after_predicted_s'])} "
+             f"({_fmt_pct(measured['after_rel_error'])})" if "after_rel_error" in measured else "")
+    return (f"<p id='unprofiled'>Without the profiler (the profiled steps above carry its overhead), the run's log "
+            f"gives <b>{seconds(measured['real_s'])}</b> per iteration (median of {count(measured['iterations'])}): "
+            f"predicted {seconds(measured['predicted_s'])}, <b>{_fmt_pct(measured['rel_error'])}</b>{after}.</p>")
 
 
 def _predicted_traces(paths: list[str]) -> str:

@@ -13,6 +13,7 @@ models stay), ConfigError from the prediction or the diff.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 from extractors.kineto import ingest_paths
 from predictor import ModelSet, predict_iteration as predict, train_models
 from predictor.trace_out import write_traces
-from tracekit.core.hashing import file_digest
 from tracekit.capture.manifest import MANIFEST_NAME, Manifest
 from tracekit.core.cluster import Cluster, default_cluster
 from tracekit.core.errors import InputError, ModelError
+from tracekit.core.hashing import file_digest
 from tracekit.core.store import SampleStore
 
 from .diff import diff_inputs
@@ -71,10 +72,29 @@ def validate_run(run_dir: str | Path, models: ModelSet | None = None, models_pat
     if missing:
         report.warnings.insert(0, missing)
     result: dict[str, Any] = {"report": report, "prediction": prediction, "refit": None,
-                              "predicted_traces": [str(p) for p in written] if trace_dir is not None else None}
+                              "predicted_traces": [str(p) for p in written] if trace_dir is not None else None,
+                              "unprofiled": unprofiled(manifest, predicted.iteration_time_s)}
     if refit:
         result["refit"] = _refit(paths, config, cluster, report, store, models_path)
+        if result["unprofiled"] is not None:
+            after = result["refit"]["after"]["predicted_s"]
+            real = result["unprofiled"]["real_s"]
+            result["unprofiled"].update(after_predicted_s=after, after_rel_error=(after - real) / real)
     return result
+
+
+def unprofiled(manifest: Manifest, predicted_s: float) -> dict[str, Any] | None:
+    """The prediction against the run's iterations that ran without the profiler (its log's times; the first
+    iteration, warm-up, left out, as `tracekit calibrate` does): the profiled steps the diff compares carry the
+    profiler's own overhead, which on a CPU run is large. None with fewer than 3 such iterations."""
+    times = manifest.unprofiled_iteration_times_ms()
+    if times and manifest.iterations and manifest.iterations[0] not in manifest.profiled_iterations:
+        times = times[1:]
+    if len(times) < 3:
+        return None
+    real = statistics.median(times) / 1e3
+    return {"real_s": real, "iterations": len(times), "predicted_s": predicted_s,
+            "rel_error": (predicted_s - real) / real}
 
 
 def missing_models(models: ModelSet, hardware: str, models_path: str | Path | None, refit: bool = False
