@@ -298,14 +298,19 @@ def _commit_run(loaded: list, store, pool, result: IngestResult) -> None:
     """The samples of a run's parsed (and matched) traces into the store — by the pool's workers when there is one
     and the store is a folder they can open — and each trace's report into `result`."""
     root = getattr(store, "root", None)
-    jobs = [(root, source_id, trace_samples(trace, source_id),
+    # a generator: the pool submits each trace's job as soon as its samples are built
+    jobs = ((root, source_id, trace_samples(trace, source_id),
              {"path": trace.path.name, "format": "kineto", "hardware": trace.hardware, "rank": trace.rank,
-              "world_size": trace.world_size, "kernels": trace.kernels}) for trace, source_id in loaded]
+              "world_size": trace.world_size, "kernels": trace.kernels}) for trace, source_id in loaded)
     if pool is not None and root is not None:
-        written = list(pool.map(_commit, jobs))
+        written = pool.map(_commit, jobs)  # all submitted; the reports below are built while the workers write
     else:
-        written = [store.add(source_id, samples, meta) for _, source_id, samples, meta in jobs]
-    for (trace, _), rows in zip(loaded, written):
-        result.traces.append(trace_report(trace, rows))
+        written = iter([store.add(source_id, samples, meta) for _, source_id, samples, meta in jobs])
+    reports = []
+    for trace, _ in loaded:
+        reports.append(trace_report(trace, 0))
         comm = trace.device_events[trace.device_events["category"] == "communication"]
         result.collective_bytes.append({k: float(v) for k, v in comm.groupby("primitive")["bytes"].sum().items()})
+    for report, rows in zip(reports, written):
+        report["samples_written"] = int(rows)
+        result.traces.append(report)
