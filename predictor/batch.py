@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.core.cluster import Cluster, infer_cluster
-from tracekit.core.config import TrainingConfig
+from tracekit.core.config import TrainingConfig, own_setting_names, setting_name
 from tracekit.core.errors import ConfigError, InputError
 from tracekit.core.hardware import hardware_spec, normalize_hardware
 
 from .calibration import Calibration
 from .predict import BREAKDOWN
+from .row_settings import argument_settings, note_settings
 from .stack import Stack, get_stack, select_stack
 
 #: Columns read as the configuration (everything else is carried through untouched).
@@ -37,7 +38,10 @@ CONFIG_COLUMNS = (
     "vocab_size", "global_batch_size", "micro_batch_size", "tp", "pp", "dp", "cp", "sequence_parallel",
     "virtual_pipeline_stages", "activation_recompute", "precision", "num_gpus",
 )
-#: Optional extra columns understood when present: any TrainingConfig field name (e.g. attention, swiglu).
+#: Optional extra columns understood when present: any setting TrainingConfig reads (e.g. attention, swiglu, the MoE
+#: columns num_experts ... expert_tensor_parallel_size, moe_first_k_dense, the MLA columns q_lora_rank ...
+#: v_head_dim with multi_latent_attention yes), and the row's `megatron_args` and `notes` (predictor.row_settings).
+MLA_COLUMNS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
 OUTPUT_COLUMNS = (
     "predicted_iteration_time_s", *(f"predicted_{k}_s" for k in BREAKDOWN), "predicted_tflops_per_gpu",
     "predicted_mfu", "predicted_tokens_per_s", "predicted_memory_gb_per_gpu", "hardware_used", "cluster", "stack",
@@ -146,15 +150,24 @@ def parse_row(cells: dict[str, str], line: int, hardware: str | None, gpus_per_n
         if note:
             notes.append(note)
         mapping: dict[str, Any] = {}
-        known = {f for f in TrainingConfig.__dataclass_fields__ if f != "extra"}
+        known = own_setting_names() - {"precision"} | {"precision"}
+        mla = str(cells.get("multi_latent_attention", "")).strip().lower() in ("yes", "true", "1")
         for key in list(CONFIG_COLUMNS) + [k for k in cells if k in known and k not in CONFIG_COLUMNS]:
-            if key not in cells:
+            if key not in cells or (key in MLA_COLUMNS and not mla):
                 continue
             value, note = read_cell(key, cells[key])
             if note:
                 notes.append(note)
             if value is not None:
                 mapping[key] = value
+        if mla:
+            mapping["multi_latent_attention"] = True
+        if str(mapping.get("moe_shared_expert_intermediate_size", "")) in ("0", "0.0"):
+            mapping.pop("moe_shared_expert_intermediate_size")
+        from_notes, read = note_settings(cells, {setting_name(k) for k in mapping})
+        mapping.update(from_notes)
+        notes.extend(read)
+        mapping.update(argument_settings(cells))
         sharding = cells.get("zero_or_fsdp", "").strip().split(" ")[0].lower()
         if sharding in _OPTIMIZER_SHARDED:
             mapping["use_distributed_optimizer"] = True
@@ -163,7 +176,9 @@ def parse_row(cells: dict[str, str], line: int, hardware: str | None, gpus_per_n
             raise ConfigError(f"num_gpus {mapping['num_gpus']} disagrees with tp·pp·dp·cp = {stated[1]} = "
                               f"{stated[0]}")
         mapping.update(overrides or {})
-        config = TrainingConfig.from_mapping(mapping, chosen.config).validate()
+        config = TrainingConfig.from_mapping(mapping, chosen.config)
+        config = _uneven(config, cells, notes)
+        config.validate()
         if cluster is not None:
             where = cluster if not hardware else cluster.with_hardware(hardware)
         else:
@@ -180,6 +195,25 @@ def parse_row(cells: dict[str, str], line: int, hardware: str | None, gpus_per_n
         return BatchRow(line, cells, config, where, None, chosen, notes)
     except (ConfigError, ValueError) as exc:
         return BatchRow(line, cells, None, None, str(exc), None, notes)
+
+
+def _uneven(config: TrainingConfig, cells: dict[str, str], notes: list[str]) -> TrainingConfig:
+    """A row whose layers its virtual stages do not divide, with no layout stated, ran with the recipe's layout: the
+    filled one (tracekit.core.pipeline_layout.filled_layout), said in the notes. Megatron refuses such a split
+    without a layout, so a configuration file or command line is refused instead (TrainingConfig.validate)."""
+    import dataclasses
+
+    from tracekit.core.pipeline_layout import LayoutSettings, filled_layout
+
+    stages = config.pp * config.vp
+    layout = config.layout or LayoutSettings()
+    if config.num_layers % stages == 0 or layout.pipeline_model_parallel_layout or \
+            layout.decoder_first_pipeline_num_layers is not None or layout.decoder_last_pipeline_num_layers is not None:
+        return config
+    text = filled_layout(config.num_layers, stages, layout.mtp_num_layers or 0)
+    notes.append(f"{config.num_layers} layers over pp·vp = {config.pp}·{config.vp} without a stated layout: "
+                 f"{text!r} assumed (⌈layers/stages⌉ a stage, the rest with MTP and the loss on the last)")
+    return dataclasses.replace(config, layout=dataclasses.replace(layout, pipeline_model_parallel_layout=text))
 
 
 def _parallel_product(mapping: dict[str, Any]) -> tuple[int, str] | None:

@@ -1,29 +1,86 @@
 """Memory per GPU: weights, gradients, optimizer state and activations of the most loaded pipeline stage.
 
-Activations follow Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (2022):
-per layer and micro-batch s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes with TP, s·b·h/t·(34 + 5·a·s/h) with sequence
-parallelism; selective recompute and flash attention drop the 5·a·s/h score term; full recompute keeps only each
-layer's input (2·s·b·h bytes, /t with SP) plus one layer's working set. 1F1B keeps min(pp − stage, m) micro-batches
-in flight on a stage (interleaved: × (1 + (pp − 1)/(pp·vp))). GQA/SwiGLU corrections are not modelled.
+Activations follow Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (2022), per
+layer and micro-batch, generalised to the layers tracekit builds. What one layer keeps for its backward, in bytes per
+token (2-byte activations, 1-byte dropout masks):
+- replicated over TP without SP (Korthikanti's 10·s·b·h): the two norms' inputs (4h), the QKV and FC1 inputs (4h),
+  the two dropout masks (2h);
+- split over TP: attention's q, k, v (2·(heads + 2·groups)·d for MHA/GQA; MLA's down-projection outputs, up-projection
+  outputs and q/k/v), its output (2·heads·d_v), the unfused attention's scores (5·heads·s: Korthikanti's 5as/h term);
+  the MLP's activation input and FC2 input (2·f1 + 2·f: 16h for a 4h GeLU MLP, which with the above gives
+  Korthikanti's 24h/t); an MoE layer instead keeps its routed copies (k per token, λ-weighted, on the experts' ETP
+  ranks): FC1 input, activation input and FC2 input per copy, plus the shared experts like an MLP.
+With SP every part is split over TP. Recompute drops what it replays: selective `core_attn` the scores (flash
+attention keeps none anyway), `moe_act`/`mlp`/`moe`/`shared_experts`/`layernorm`/`mla_up_proj` their parts; full
+recompute keeps only each layer's input (2·h per token, /t with SP) plus one layer's working set. 1F1B keeps
+min(pp − stage, m) micro-batches in flight on a stage (interleaved: × (1 + (pp − 1)/(pp·vp))).
+Parameters: bf16/fp16 weights (2 bytes), gradients in the main-gradient dtype, Adam state (fp32 master, m, v:
+12 bytes, 8 in fp32 training), sharded over the data-parallel ranks with the distributed optimizer — dense
+parameters over dp·cp, expert parameters over the expert data-parallel ranks.
 """
 from __future__ import annotations
 
 from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import hardware_spec
+from tracekit.core.pipeline_layout import chunks
 
-from .graph import Graph, chunk_params
+from .graph import Graph
+from .params import chunk_params
 
 GB = 1e9
 
 
-def _layer_activation_bytes(c: TrainingConfig, working: bool = False) -> float:
-    s, b, h, a, t = c.seq_length // c.cp, c.micro_batch_size, c.hidden_size, c.num_attention_heads, c.tp
-    score = 0.0 if (c.attention == "flash" or c.recompute_granularity == "selective") else 5.0 * a * s / h
-    if c.recompute_granularity == "full" and not working:
-        return 2.0 * s * b * h / (t if c.sequence_parallel else 1)
+def _layer_bytes(c: TrainingConfig, layer: int, lowp: bool = True) -> float:
+    """Bytes one layer keeps per micro-batch on one GPU (module docstring); `lowp`: its GEMM inputs are kept in the
+    precision recipe's format (Transformer Engine saves the quantised copy for the weight gradient)."""
+    tokens = c.seq_length // c.cp * c.micro_batch_size
+    t, h = c.tp, c.hidden_size
+    q = c.recipe.out_bytes / 2.0 if (lowp and c.recipe.low_precision) else 1.0  # a GEMM input's bytes over bf16's
+    modules = set(c.recompute_modules or ("core_attn",)) if c.recompute_granularity == "selective" else set()
+    heads = c.num_attention_heads
+    s = c.seq_length // c.cp
+    scores = 0.0 if (c.attention == "flash" or "core_attn" in modules) else 5.0 * heads * s
+    norms = 0.0 if "layernorm" in modules else 4.0 * h
+    replicated = norms + 2.0 * h * q + 2.0 * h  # the two norms' inputs, QKV's input, two dropout masks (1 byte each)
+    a = c.attn
+    if a is not None and a.multi_latent_attention:
+        up = 0.0 if "mla_up_proj" in modules else 2.0 * heads * (a.q_head_dim + a.qk_head_dim + a.v_head_dim)
+        replicated += 2.0 * ((a.q_lora_rank or 0) + a.kv_lora_rank) * q  # the up projections' inputs
+        split = up + 2.0 * heads * a.v_head_dim * q + scores
+    else:
+        d, groups = c.head_dim, c.num_query_groups
+        split = 2.0 * (heads + 2 * groups) * d + 2.0 * heads * d * q + scores
+    moe = c.moe
+    extra = 0.0
+    if moe is not None and moe.pattern(c.num_layers)[layer]:
+        replicated += 2.0 * h  # the router's input
+        f, etp = moe.ffn(c.ffn_hidden_size), moe.etp(t)
+        act = 0.0 if modules & {"moe_act", "moe"} else 2.0 * (2 * f if c.swiglu else f) / etp
+        per_copy = 2.0 * h * q + act + 2.0 * f * q / etp
+        if "moe" not in modules:
+            routed_tokens = tokens / t if c.sequence_parallel else tokens
+            extra = moe.moe_router_topk * moe.load_factor() * etp * per_copy * routed_tokens
+        shared = moe.moe_shared_expert_intermediate_size
+        if shared and "shared_experts" not in modules:
+            split += _mlp_bytes(c, shared, q)
+    elif "mlp" not in modules:
+        replicated += 2.0 * h * q  # FC1's input
+        split += _mlp_bytes(c, c.ffn_hidden_size, q)
     if c.sequence_parallel:
-        return s * b * h / t * (34.0 + score)
-    return s * b * h * (10.0 + 24.0 / t + score / t)
+        return tokens * (replicated + split) / t + extra
+    return tokens * (replicated + split / t) + extra
+
+
+def _mlp_bytes(c: TrainingConfig, ffn: int, q: float = 1.0) -> float:
+    """TP-split bytes per token of an MLP of width `ffn`: the activation's input and FC2's (a GEMM input: × q)."""
+    f1 = 2 * ffn if c.swiglu else ffn
+    return 2.0 * f1 + 2.0 * ffn * q
+
+
+def _input_bytes(c: TrainingConfig) -> float:
+    """One layer's input, what full recompute keeps."""
+    tokens = c.seq_length // c.cp * c.micro_batch_size
+    return 2.0 * tokens * c.hidden_size / (c.tp if c.sequence_parallel else 1)
 
 
 def memory_per_gpu(graph: Graph) -> tuple[dict[str, float], list[str]]:
@@ -37,23 +94,44 @@ def config_memory(c: TrainingConfig, hardware: str) -> tuple[dict[str, float], l
     weight_bytes = 4 if c.precision == "fp32" else 2
     grad_bytes = c.grad_bytes
     state_bytes = 8 if c.precision == "fp32" else 12  # Adam m, v (+ fp32 master weights in mixed precision)
-    shard = c.dp if c.use_distributed_optimizer else 1
-    per_layer = _layer_activation_bytes(c)
-    working = _layer_activation_bytes(c, working=True) if c.recompute_granularity == "full" else 0.0
+    distributed = c.use_distributed_optimizer
+    dense_shard = c.dp * c.cp if distributed else 1
+    expert_shard = (c.moe.expert_dp(c.world_size, c.pp, c.tp) if c.moe else 1) if distributed else 1
     logits = c.seq_length // c.cp * c.micro_batch_size * c.padded_vocab_size / c.tp * 4  # fp32 logits for the loss
+    layout = chunks(c)
+    cache: dict[int, float] = {}
     best: dict[str, float] | None = None
     for stage in range(c.pp):
-        params = sum(chunk_params(c, stage, chunk) for chunk in range(c.vp))
-        layers = c.num_layers // (c.pp * c.vp) * c.vp
+        dense = expert = 0
+        acts = 0.0
+        working = 0.0
+        for index, part in enumerate(layout[stage]):
+            d, e = chunk_params(c, stage, index)
+            dense += d
+            expert += e
+            for position, layer in enumerate(part.layers):
+                full = c.recompute_granularity == "full" and (
+                    c.recompute_method != "block" or c.recompute_num_layers is None
+                    or position < c.recompute_num_layers)
+                if layer not in cache:
+                    bf16 = bool(c.lowp and c.lowp.bf16_layer(layer, c.num_layers))
+                    cache[layer] = _layer_bytes(c, layer, not bf16)
+                acts += _input_bytes(c) if full else cache[layer]
+                if full:
+                    working = max(working, cache[layer])
+            if part.mtp:
+                acts += part.mtp * _layer_bytes(c, c.num_layers - 1)
         in_flight: float = min(c.pp - stage, c.num_microbatches)
         if c.vp > 1:
             in_flight *= 1 + (c.pp - 1) / (c.pp * c.vp)
-        acts = layers * per_layer * in_flight + working + (logits if stage == c.pp - 1 else 0.0)
+        has_loss = any(part.loss for part in layout[stage])
+        activations = acts * in_flight + working + (logits if has_loss else 0.0)
+        params = dense + expert
         row = {
             "weights": params * weight_bytes / GB,
             "gradients": params * grad_bytes / GB,
-            "optimizer_state": params * state_bytes / shard / GB,
-            "activations": acts / GB,
+            "optimizer_state": (dense / dense_shard + expert / expert_shard) * state_bytes / GB,
+            "activations": activations / GB,
         }
         row["total"] = sum(row.values())
         if best is None or row["total"] > best["total"]:

@@ -1,5 +1,12 @@
 """Where each parallel group's ranks sit: Megatron's rank order (tp fastest, then cp, dp, pp) on nodes of
-`gpus_per_node` GPUs decides whether a group's collectives stay inside a node or cross the network."""
+`gpus_per_node` GPUs (an NVLink domain: `Cluster.domain_size`) decides whether a group's collectives stay inside a node
+or cross the network.
+
+Expert layers have their own order (Megatron-core's expert rank generator, "tp-ep-dp-pp"): expert tensor parallelism
+fastest, then expert parallelism, then the expert data-parallel ranks, then the pipeline stages. The groups are `ep`
+(token dispatch and combine), `etp` (the experts' tensor parallelism), `edp` (expert gradient reduction), `tpep` (the
+all-gather dispatcher's group, etp·ep ranks) and `dpcp` (the dense gradients' reduction over data and context
+parallel ranks)."""
 from __future__ import annotations
 
 import math
@@ -49,14 +56,29 @@ def group_placement(kind: str, size: int, stride: int, gpus_per_node: int, world
     return GroupPlacement(kind, size, stride, worst[0], worst[1])
 
 
-def placements(tp: int, cp: int, dp: int, pp: int, gpus_per_node: int) -> dict[str, GroupPlacement]:
-    """GroupPlacement of the tp, cp, dp and pp groups, plus `p2p` (one pipeline hop between adjacent stages)."""
+def placements(tp: int, cp: int, dp: int, pp: int, gpus_per_node: int, ep: int = 1, etp: int | None = None
+               ) -> dict[str, GroupPlacement]:
+    """GroupPlacement of the tp, cp, dp and pp groups, `p2p` (one pipeline hop between adjacent stages), `dpcp`, and
+    the expert groups `ep`, `etp`, `edp`, `tpep` (module docstring; etp defaults to tp)."""
     world = tp * cp * dp * pp
     sizes = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
     out = {k: group_placement(k, sizes[k], s, gpus_per_node, world) for k, s in strides(tp, cp, dp, pp).items()}
     hop = group_placement("p2p", 2 if pp > 1 else 1, strides(tp, cp, dp, pp)["pp"], gpus_per_node, world)
     out["p2p"] = hop
+    out["dpcp"] = _contiguous("dpcp", dp * cp, tp, gpus_per_node, world)
+    etp = etp or tp
+    edp = max(1, world // (pp * etp * ep))
+    out["etp"] = group_placement("etp", etp, 1, gpus_per_node, world)
+    out["ep"] = group_placement("ep", ep, etp, gpus_per_node, world)
+    out["tpep"] = group_placement("tpep", etp * ep, 1, gpus_per_node, world)
+    out["edp"] = group_placement("edp", edp, etp * ep, gpus_per_node, world)
     return out
+
+
+def _contiguous(kind: str, size: int, stride: int, gpus_per_node: int, world: int) -> GroupPlacement:
+    """The data-parallel ranks of all context-parallel ranks together: in Megatron's order cp and dp are adjacent,
+    so the group is every `stride`-th rank of a contiguous block (the same walk as one group of that stride)."""
+    return group_placement(kind, size, stride, gpus_per_node, world)
 
 
 def rank_coordinates(rank: int, tp: int, cp: int, dp: int, pp: int) -> dict[str, int]:

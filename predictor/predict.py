@@ -183,12 +183,13 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
         try:
             hardware, note = resolve_hardware(cluster.hardware, available, compute)
             notes = [note] if note else []
-            if config.precision == "fp8":
+            if config.recipe.low_precision:
                 spec = hardware_spec(cluster.hardware)
-                if spec is None or not spec.peak_tflops_fp8:
-                    raise ConfigError(f"fp8 needs fp8 tensor cores: {cluster.hardware} has none")
-                notes.append("fp8: GEMMs estimated from bf16 estimates at the datasheet's fp8/bf16 roofline ratio "
-                             "(Transformer Engine fp8 GEMMs, everything else bf16); an estimate, no fp8 samples")
+                if spec is None or not spec.peak_tflops(config.gemm_dtype):
+                    raise ConfigError(f"precision {config.precision} needs {config.gemm_dtype} tensor cores: "
+                                      f"{cluster.hardware} has none")
+                notes.append(f"{config.precision}: linear layers' GEMMs in {config.gemm_dtype} with the recipe's "
+                             "casts (tracekit.core.precision), everything else in bf16")
             roles = models.role_primitives(hardware) if hasattr(models, "role_primitives") else ()
             graph = build_graph(config, hardware, cluster.domain_size, roles)  # NVL72: the rack is the unit
         except (ConfigError, ValueError, ZeroDivisionError) as exc:

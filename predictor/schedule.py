@@ -5,8 +5,10 @@ overlapped with the last backward or not), the optimizer step (after the global 
 which synchronizes all stages) → iteration time and where it goes.
 
 Orders follow Megatron's `schedules.py`: 1F1B warm-up = min(pp − rank − 1, m) forwards, then one-forward-one-
-backward, then the cool-down backwards; interleaved warm-up = (pp − rank − 1)·2 + (vp − 1)·pp virtual
-micro-batches (all of them when m = pp), with model chunk (k mod pp·vp) // pp for the k-th forward.
+backward, then the cool-down backwards; interleaved warm-up = (pp − rank − 1)·2 + (vp − 1)·g virtual micro-batches
+(all of them when that reaches m·vp), the k-th forward taking the k-th entry of Megatron's schedule table: micro-batches
+in groups of g (`microbatch_group_size_per_vp_stage`, default pp), each group run chunk by chunk (the last group holds
+what is left); the k-th backward the same entry with the chunks in reverse.
 """
 from __future__ import annotations
 
@@ -76,21 +78,29 @@ class Timeline:
         return self._runs.tasks()
 
 
-def stage_order(stage: int, pp: int, vp: int, m: int) -> list[tuple[str, int, int]]:
-    """Megatron's task order on one stage: [(kind, microbatch, chunk)]."""
+def schedule_table(m: int, vp: int, group: int) -> list[tuple[int, int]]:
+    """Megatron's interleaved schedule table: (micro-batch, chunk) of the k-th virtual micro-batch."""
+    table: list[tuple[int, int]] = []
+    for first in range(0, m, group):
+        last = m if first + group >= m else first + group
+        table.extend((i, c) for c in range(vp) for i in range(first, last))
+    return table
+
+
+def stage_order(stage: int, pp: int, vp: int, m: int, group: int | None = None) -> list[tuple[str, int, int]]:
+    """Megatron's task order on one stage: [(kind, microbatch, chunk)]; `group`: the interleaved schedule's
+    micro-batches per chunk in a row (default pp)."""
     if vp == 1:
         warm = min(pp - stage - 1, m)
         fwd = [("F", i, 0) for i in range(m)]
         bwd = [("B", i, 0) for i in range(m)]
     else:
         total = m * vp
-        warm = total if m == pp else min((pp - stage - 1) * 2 + (vp - 1) * pp, total)
-
-        def mb(k: int) -> int:
-            return (k // (pp * vp)) * pp + k % pp
-
-        fwd = [("F", mb(k), (k % (pp * vp)) // pp) for k in range(total)]
-        bwd = [("B", mb(k), vp - 1 - (k % (pp * vp)) // pp) for k in range(total)]
+        g = group or pp
+        warm = total if m == pp else min((pp - stage - 1) * 2 + (vp - 1) * g, total)
+        table = schedule_table(m, vp, g)
+        fwd = [("F", i, c) for i, c in table]
+        bwd = [("B", i, vp - 1 - c) for i, c in table]
     order = fwd[:warm]
     steady = len(fwd) - warm
     for i in range(steady):
@@ -109,6 +119,7 @@ class _Plan:
     pp: int
     vp: int
     m: int
+    group: int
     orders: tuple[list, ...]  # stage_order per stage
     works: tuple[tuple[int, ...], ...]
     deps: tuple[tuple[int, ...], ...]
@@ -133,8 +144,8 @@ class _Plan:
 
 
 @lru_cache(maxsize=16)  # a big shape's plan holds ~100 bytes a task; a search asks for one shape at a time
-def _plan(pp: int, vp: int, m: int) -> _Plan:
-    orders = tuple(stage_order(s, pp, vp, m) for s in range(pp))
+def _plan(pp: int, vp: int, m: int, group: int) -> _Plan:
+    orders = tuple(stage_order(s, pp, vp, m, group) for s in range(pp))
     offsets, n = [], 0
     for order in orders:
         offsets.append(n)
@@ -153,7 +164,7 @@ def _plan(pp: int, vp: int, m: int) -> _Plan:
             stage_deps.append(n if dep is None else position[(dep[0] == "B") * pp + dep[1]][dep[2]][dep[3]])
         works.append(tuple(stage_works))
         deps.append(tuple(stage_deps))
-    return _Plan(pp, vp, m, orders, tuple(works), tuple(deps), tuple(offsets), n)
+    return _Plan(pp, vp, m, group, orders, tuple(works), tuple(deps), tuple(offsets), n)
 
 
 @dataclass
@@ -237,23 +248,25 @@ def _advance_many(plan: _Plan, total: np.ndarray, blocking: np.ndarray, link: np
 VECTOR_MIN = 12
 
 
-def pipeline_runs(jobs: list[tuple[list[list[Work]], list[list[Work]], int, float, bool]]) -> list[_Runs]:
-    """Start/end of every task of each job (fwd, bwd, m, p2p_us, overlap_p2p). fwd[s][c] / bwd[s][c]: one
+def pipeline_runs(jobs: list[tuple[list[list[Work]], list[list[Work]], int, float, bool, int | None]]
+                  ) -> list[_Runs]:
+    """Start/end of every task of each job (fwd, bwd, m, p2p_us, overlap_p2p, group: the interleaved schedule's
+    micro-batches per chunk in a row, None for pp). fwd[s][c] / bwd[s][c]: one
     micro-batch of chunk c on stage s. A task's P2P send blocks its stage (1F1B's batched send/recv), or with
     `overlap_p2p` (Megatron-core's interleaved schedule) runs beside the stage's next task: the receiver still waits
     for it, the sender does not. Jobs of one pipeline shape (pp, vp, m) share its plan; enough of them together are
     simulated as arrays (`_advance_many`), else one by one (`_advance`): the same numbers either way."""
     prepared: list[tuple[list[Work], list[float], list[float], list[float]]] = []
-    groups: dict[tuple[int, int, int, bool], list[int]] = {}
-    for j, (fwd, bwd, m, p2p_us, overlap_p2p) in enumerate(jobs):
+    groups: dict[tuple[int, int, int, bool, int], list[int]] = {}
+    for j, (fwd, bwd, m, p2p_us, overlap_p2p, group) in enumerate(jobs):
         pp, vp = len(fwd), len(fwd[0])
         works = [w for row in fwd for w in row] + [w for row in bwd for w in row]
         link = [p2p_us if _sends(kind, s, c, pp, vp) else 0.0 for kind in "FB" for s in range(pp) for c in range(vp)]
         prepared.append((works, [w.total for w in works], [0.0] * len(works) if overlap_p2p else link, link))
-        groups.setdefault((pp, vp, m, overlap_p2p), []).append(j)
+        groups.setdefault((pp, vp, m, overlap_p2p, group or pp), []).append(j)
     out: list = [None] * len(jobs)
-    for (pp, vp, m, overlap_p2p), members in groups.items():
-        plan = _plan(pp, vp, m)
+    for (pp, vp, m, overlap_p2p, group), members in groups.items():
+        plan = _plan(pp, vp, m, group)
         if len(members) * pp < VECTOR_MIN:
             for j in members:
                 works, total, blocking, link = prepared[j]
@@ -298,10 +311,12 @@ def simulate_many(jobs: list[tuple[list[list[Work]], list[list[Work]], int, dict
     together (`pipeline_runs`). Options, per stage: grad_buckets_us (DP bucket collectives in order),
     embedding_sync_us (tied embedding all-reduce), optimizer_us, param_gather_us (distributed optimizer's
     all-gather, exposed unless overlap_param_gather: overlapped with the next forward); overlap_grad (buckets
-    beside the last backward); iteration_overhead_us; p2p_us and overlap_p2p (P2P sends beside the next task)."""
-    runs = pipeline_runs([(fwd, bwd, m, options.get("p2p_us", 0.0), options.get("overlap_p2p", False))
-                          for fwd, bwd, m, options in jobs])
-    return [_finish(run, m, **{k: v for k, v in options.items() if k not in ("p2p_us", "overlap_p2p")})
+    beside the last backward); iteration_overhead_us; p2p_us and overlap_p2p (P2P sends beside the next task);
+    microbatch_group (the interleaved schedule's micro-batches per chunk in a row; default pp)."""
+    runs = pipeline_runs([(fwd, bwd, m, options.get("p2p_us", 0.0), options.get("overlap_p2p", False),
+                           options.get("microbatch_group")) for fwd, bwd, m, options in jobs])
+    return [_finish(run, m, **{k: v for k, v in options.items()
+                               if k not in ("p2p_us", "overlap_p2p", "microbatch_group")})
             for run, (_, _, m, options) in zip(runs, jobs)]
 
 

@@ -8,6 +8,7 @@ sync, the optimizer step and the parameter gather.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,37 +23,92 @@ if TYPE_CHECKING:
     from .schedule import Timeline
 
 
-def _work(ops: list[OpUse], dur: np.ndarray, layers: int, cal: Calibration, framework_us: float = 0.0,
-          hiding: np.ndarray | None = None) -> Work:
-    """One micro-batch of a segment's forward or backward. A layer pass's compute lasts at least the host time to
-    issue its compute operators (`host_op_us` each: a launch-bound layer waits on the CPU); the excess, and the
+#: Collectives of the expert layers: token dispatch and combine (EP), the experts' tensor parallelism, the
+#: all-gather dispatcher's group.
+EXPERT_GROUPS = ("ep", "etp", "tpep")
+
+
+@dataclass
+class Hiding:
+    """Which blocking collectives of a layer pass run beside its compute (per spec masks over the graph's specs):
+    TP collectives under the GEMMs with Transformer Engine's TP overlap (`tp_cover`: the GEMM specs); the expert
+    layers' dispatch and combine under the pass's compute with `overlap_moe_expert_parallel_comm` (`ep_all`), or under
+    the shared experts' compute with `moe_shared_expert_overlap` (`ep_cover`: their specs)."""
+
+    tp_cover: np.ndarray | None = None
+    ep_all: bool = False
+    ep_cover: np.ndarray | None = None
+
+
+@dataclass
+class _Block:
+    compute: float = 0.0
+    ops: int = 0
+    tp: float = 0.0
+    ep: float = 0.0
+    other_comm: float = 0.0
+    tp_cover: float = 0.0
+    ep_cover: float = 0.0
+
+
+def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: float = 0.0,
+          hiding: Hiding | None = None) -> Work:
+    """One micro-batch of a segment's forward or backward. Each layer block (the layers of one kind, `OpUse.block`,
+    `count` of them) is summed once and multiplied by its count. A layer pass's compute lasts at least the host time
+    to issue its compute operators (`host_op_us` each: a launch-bound layer waits on the CPU); the excess, and the
     framework time per compute operator no device hides (sampled: `framework_us`, plus the calibration's
-    `op_overhead_us`), count as `other`. Blocking collectives add to it, except the TP ones that `hiding` (a mask
-    of the specs whose kernels run beside TP communication: the GEMMs, with Transformer Engine's TP overlap) can
-    cover: a layer pass then exposes only the TP time beyond its GEMMs'."""
-    compute = comm = layer_compute = layer_comm = layer_cover = 0.0
-    layer_ops = other_ops = 0
+    `op_overhead_us`), count as `other`. Blocking collectives add to it, except those `hiding` lets run beside the
+    pass's compute: a layer pass then exposes only their time beyond the compute that covers them."""
+    compute = comm = 0.0
+    other_ops = 0
+    blocks: dict[tuple[str, int], _Block] = {}
+    hide = hiding or Hiding()
     for op in ops:
         t = float(dur[op.spec])
         if op.per_layer:
-            if op.group:
-                layer_comm += t
+            blk = blocks.setdefault((op.block, op.count), _Block())
+            if op.group in EXPERT_GROUPS:
+                blk.ep += t
+            elif op.group == "tp":
+                blk.tp += t
+            elif op.group:
+                blk.other_comm += t
             else:
-                layer_compute += t
-                layer_ops += 1
-                if hiding is not None and hiding[op.spec]:
-                    layer_cover += t
+                blk.compute += t
+                blk.ops += 1
+                if hide.tp_cover is not None and hide.tp_cover[op.spec]:
+                    blk.tp_cover += t
+                if hide.ep_cover is not None and hide.ep_cover[op.spec]:
+                    blk.ep_cover += t
         elif op.group:
             comm += op.count * t
         else:
             compute += op.count * t
             other_ops += op.count
-    excess = max(0.0, cal.host_op_us * layer_ops - layer_compute)
-    framework = (framework_us + cal.op_overhead_us) * (layer_ops * layers + other_ops)
-    if hiding is not None:
-        layer_comm = max(0.0, layer_comm - layer_cover)
-    return Work(compute + layer_compute * layers, comm + layer_comm * layers,
-                cal.microbatch_overhead_us + excess * layers + framework)
+    other = cal.microbatch_overhead_us + (framework_us + cal.op_overhead_us) * other_ops
+    for (_, count), blk in blocks.items():
+        tp = max(0.0, blk.tp - blk.tp_cover) if hide.tp_cover is not None else blk.tp
+        ep = max(0.0, blk.ep - (blk.compute if hide.ep_all else blk.ep_cover))
+        compute += blk.compute * count
+        comm += (tp + ep + blk.other_comm) * count
+        other += (max(0.0, cal.host_op_us * blk.ops - blk.compute)
+                  + (framework_us + cal.op_overhead_us) * blk.ops) * count
+    return Work(compute, comm, other)
+
+
+def hiding_of(graph: Graph) -> Hiding:
+    """What the configuration lets run beside compute (`Hiding`)."""
+    c = graph.config
+    tp = np.array([s["primitive"] == "gemm" for s in graph.specs]) \
+        if c.tp_comm_overlap and c.sequence_parallel else None  # TE overlaps TP comm only with SP
+    moe = c.moe
+    ep_all = bool(moe and moe.overlap_moe_expert_parallel_comm)
+    ep_cover = None
+    if moe and moe.moe_shared_expert_overlap and not ep_all:
+        shared = {o.spec for seg in graph.segments for o in seg.fwd + seg.bwd
+                  if o.group is None and o.name.startswith("mlp.shared_experts")}
+        ep_cover = np.isin(np.arange(len(graph.specs)), list(shared))
+    return Hiding(tp, ep_all, ep_cover)
 
 
 def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[np.ndarray, tuple]:
@@ -60,21 +116,22 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
     c = graph.config
     pp, vp = c.pp, c.vp
     dur = calibrated_durations(graph, est, cal)
-    hiding = np.array([spec["primitive"] == "gemm" for spec in graph.specs]) \
-        if c.tp_comm_overlap and c.sequence_parallel else None  # TE overlaps TP comm only with SP
-    fwd = [[_work(graph.segment(s, k).fwd, dur, graph.segment(s, k).layers, cal, est.framework_us.get("fwd", 0.0),
-                  hiding) for k in range(vp)] for s in range(pp)]
-    bwd = [[_work(graph.segment(s, k).bwd, dur, graph.segment(s, k).layers, cal, est.framework_us.get("bwd", 0.0),
-                  hiding) for k in range(vp)] for s in range(pp)]
-    buckets = [[float(dur[o.spec]) for o in graph.grad_sync[s] if o.group == "dp"] for s in range(pp)]
+    hiding = hiding_of(graph)
+    fwd = [[_work(graph.segment(s, k).fwd, dur, cal, est.framework_us.get("fwd", 0.0), hiding) for k in range(vp)]
+           for s in range(pp)]
+    bwd = [[_work(graph.segment(s, k).bwd, dur, cal, est.framework_us.get("bwd", 0.0), hiding) for k in range(vp)]
+           for s in range(pp)]
+    buckets = [[float(dur[o.spec]) for o in graph.grad_sync[s] if o.group in ("dpcp", "edp")] for s in range(pp)]
     embd = [float(sum(dur[o.spec] for o in graph.grad_sync[s] if o.group == "embd")) for s in range(pp)]
-    optimizer = [float(dur[graph.optimizer[s].spec]) for s in range(pp)]
+    optimizer = [float(dur[graph.optimizer[s].spec]) + float(sum(dur[o.spec] for o in graph.casts.get(s, [])))
+                 for s in range(pp)]
     gather = [float(sum(dur[o.spec] for o in graph.param_gather[s])) for s in range(pp)]
     options = dict(
         p2p_us=float(dur[graph.p2p]) if graph.p2p is not None else 0.0,
         grad_buckets_us=buckets, overlap_grad=c.overlap_grad_reduce, embedding_sync_us=embd,
         optimizer_us=optimizer, param_gather_us=gather, overlap_param_gather=c.overlap_param_gather,
         iteration_overhead_us=cal.iteration_overhead_us, overlap_p2p=c.overlap_p2p_comm and vp > 1,
+        microbatch_group=c.microbatch_group,
     )
     return dur, (fwd, bwd, c.num_microbatches, options)
 

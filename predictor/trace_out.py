@@ -30,16 +30,21 @@ if TYPE_CHECKING:
 
 BASE_NS = 1_700_000_000_000_000_000
 PID, TID = 4242, 4242
-STREAMS = {"compute": 7, "tp": 20, "cp": 20, "dp": 24, "embd": 24, "pp": 28, "p2p": 28}
+STREAMS = {"compute": 7, "tp": 20, "cp": 20, "ep": 22, "etp": 22, "tpep": 22, "dp": 24, "dpcp": 24, "edp": 24,
+           "embd": 24, "pp": 28, "p2p": 28}
 GROUP_DESC = {"tp": "TENSOR_MODEL_PARALLEL_GROUP", "cp": "CONTEXT_PARALLEL_GROUP", "dp": "DATA_PARALLEL_GROUP",
-              "pp": "PIPELINE_MODEL_PARALLEL_GROUP", "p2p": "PIPELINE_MODEL_PARALLEL_GROUP",
-              "embd": "EMBEDDING_GROUP"}
+              "dpcp": "DATA_PARALLEL_GROUP_WITH_CP", "pp": "PIPELINE_MODEL_PARALLEL_GROUP",
+              "p2p": "PIPELINE_MODEL_PARALLEL_GROUP", "embd": "EMBEDDING_GROUP", "ep": "EXPERT_MODEL_PARALLEL_GROUP",
+              "etp": "EXPERT_TENSOR_PARALLEL_GROUP", "tpep": "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP",
+              "edp": "EXPERT_DATA_PARALLEL_GROUP"}
 LAUNCH_US = 4.0  # CPU time of one launching op in the synthetic host timeline
 _NCCL = {"all_reduce": ("allreduce", "AllReduce_Sum_{dt}_RING_LL"), "all_gather": ("_allgather_base",
          "AllGather_RING_LL"), "reduce_scatter": ("_reduce_scatter_base", "ReduceScatter_Sum_{dt}_RING_LL"),
-         "send_recv": ("send", "SendRecv")}
+         "send_recv": ("send", "SendRecv"), "all_to_all": ("all_to_all", "SendRecv")}
 _TORCH_DTYPE = {"fp16": ("c10::Half", "Half", "f16"), "bf16": ("c10::BFloat16", "BFloat16", "bf16"),
-                "fp32": ("float", "Float", "f32")}
+                "fp32": ("float", "Float", "f32"),
+                **{d: ("c10::Float8_e4m3fn", "Float8_e4m3fn", "f8") for d in ("fp8", "fp8_block", "mxfp8")},
+                **{d: ("c10::Float4_e2m1fn_x2", "Float4_e2m1fn_x2", "f4") for d in ("nvfp4", "mxfp4")}}
 
 
 def default_ranks(graph: Graph) -> list[int]:
@@ -233,10 +238,16 @@ class _Writer:
         meta = {"Collective name": name, "In msg nelems": nelems_in, "Out msg nelems": nelems_out,
                 "Group size": n, "dtype": torch_name, "In split size": "[]", "Out split size": "[]",
                 "Process Group Name": str(sorted(GROUP_DESC).index(group) + 1),
-                "Process Group Description": GROUP_DESC[group], "Process Group Ranks": str(ranks)}
+                "Process Group Description": self.description(group), "Process Group Ranks": str(ranks)}
         kernel = f"ncclDevKernel_{kern.format(dt=short)}(ncclDevComm*, unsigned long, ncclWork*)"
         self.launch("record_param_comms", kernel, start, dur, STREAMS[group],
                     {**meta, "Input Dims": [[nelems_in]], "Input type": [_TORCH_DTYPE[dtype][0]]}, meta)
+
+    def description(self, group: str) -> str:
+        """Megatron's process-group description; without CP the dp·cp group is the data-parallel group itself."""
+        if group == "dpcp" and self.graph.config.cp == 1:
+            return GROUP_DESC["dp"]
+        return GROUP_DESC[group]
 
     def group_ranks(self, group: str, n: int) -> list[int]:
         c = self.graph.config
@@ -245,6 +256,10 @@ class _Writer:
         if group in ("tp", "cp", "dp"):
             base = self.rank - coords[group] * st[group]
             return [base + i * st[group] for i in range(n)]
+        place = self.graph.groups.get(group)
+        if group not in ("embd", "p2p", "pp") and place is not None:  # dpcp and the expert groups: every stride-th
+            start = self.rank - (self.rank // place.stride % place.size) * place.stride
+            return [start + i * place.stride for i in range(n)]
         if group == "embd":
             return [coords["tp"] + coords["cp"] * st["cp"] + coords["dp"] * st["dp"] + s * st["pp"]
                     for s in (0, c.pp - 1)]
@@ -252,27 +267,41 @@ class _Writer:
         return [base + s * st["pp"] for s in range(c.pp)]
 
 
-def _expand(ops: list[OpUse]) -> Iterator[tuple[OpUse, int | None]]:
-    """Per-layer blocks repeated layer by layer, in execution order: (op, layer index within the segment, None for
-    an op outside the layers)."""
+def _expand(ops: list[OpUse], backward: bool = False) -> Iterator[tuple[OpUse, int | None]]:
+    """Per-layer blocks repeated layer by layer, in execution order (a block: consecutive per-layer ops of one kind of
+    layer, `OpUse.block`, repeated `count` times): (op, the decoder layer's number within the segment, None for an
+    op outside the decoder layers). A segment's backward runs its blocks, and their layers, last first."""
+    runs: list[tuple[int, int]] = []  # (start, end) of each op run: one op outside the layers, or one block
     i = 0
     while i < len(ops):
+        j = i + 1
+        if ops[i].per_layer:
+            while j < len(ops) and ops[j].per_layer and ops[j].block == ops[i].block and ops[j].count == ops[i].count:
+                j += 1
+        runs.append((i, j))
+        i = j
+    decoder = [(i, j) for i, j in runs if ops[i].per_layer and not str(ops[i].block or "").startswith("mtp")]
+    total = sum(ops[i].count for i, _ in decoder)
+    offset = total if backward else 0
+    for i, j in runs:
         if not ops[i].per_layer:
             yield ops[i], None
-            i += 1
             continue
-        j = i
-        while j < len(ops) and ops[j].per_layer:
-            j += 1
-        for layer in range(ops[i].count):
+        count = ops[i].count
+        numbered = (i, j) in decoder
+        if numbered and backward:
+            offset -= count
+        for layer in range(count):
+            number = (offset + (count - 1 - layer if backward else layer)) if numbered else None
             for use in ops[i:j]:
-                yield use, layer
-        i = j
+                yield use, number
+        if numbered and not backward:
+            offset += count
 
 
 #: Module-path prefixes → the range a forward op runs in (the reference trainer's record_function names).
 _UNITS = (("embedding", "embedding"), ("input_layernorm", "attention"), ("self_attention", "attention"),
-          ("pre_mlp_layernorm", "mlp"), ("mlp", "mlp"), ("moe", "mlp"), ("final_layernorm", "output_layer"),
+          ("pre_mlp_layernorm", "mlp"), ("mlp", "mlp"), ("final_layernorm", "output_layer"),
           ("output_layer", "output_layer"), ("loss", "cross_entropy"))
 
 
@@ -312,7 +341,7 @@ def rank_trace(prediction: "Prediction", rank: int, iterations: int = 2) -> dict
         for task in tl.tasks[stage]:
             seg = graph.segment(stage, task.chunk)
             t = t0 + task.start + task.work.other
-            for use, layer in _expand(seg.fwd if task.kind == "F" else seg.bwd):
+            for use, layer in _expand(seg.fwd if task.kind == "F" else seg.bwd, backward=task.kind != "F"):
                 d = float(dur[use.spec])
                 forward = task.kind == "F" or use.recompute
                 w.annotate(layer_unit(use.name, None if layer is None else first[(stage, task.chunk)] + layer)

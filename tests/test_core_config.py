@@ -66,10 +66,15 @@ def test_csv_cells_with_notes_and_aliases():
     "overrides, message",
     [
         ({"tp": 3}, "num_attention_heads 16 is not divisible by tp 3"),
-        ({"pp": 5}, "num_layers 24 is not divisible by pp·vp"),
+        ({"pp": 5}, "num_layers 24 is not divisible by pp 5"),
+        ({"pp": 2, "vp": 5}, "num_layers 24 is not divisible by pp·vp = 2·5"),
+        ({"pp": 4, "decoder_first_pipeline_num_layers": 5}, "the 19 remaining layers must divide by the 3 middle"),
+        ({"pp": 2, "pipeline_model_parallel_layout": "Et*12|t*11L"}, "has 23 decoder layers, the model has 24"),
         ({"global_batch_size": 10, "micro_batch_size": 4}, "global_batch_size 10 is not divisible"),
         ({"num_gpus": 8, "dp": 2}, "world size 8"),
-        ({"pp": 2, "vp": 2, "global_batch_size": 3}, "interleaved schedule needs micro-batches"),
+        ({"pp": 2, "vp": 2, "global_batch_size": 3}, "interleaved schedule's last group of micro-batches holds 1"),
+        ({"pp": 4, "vp": 2, "global_batch_size": 5, "microbatch_group_size_per_vp_stage": 6},
+         "groups of 6 per model chunk, which must lie between pp 4 and the 5 micro-batches"),
     ],
 )
 def test_invalid_splits_are_named(overrides, message):

@@ -146,3 +146,32 @@ def test_fast_simulation_equals_the_reference_exactly(monkeypatch, path):
             assert [t.busy_end for t in timeline.tails] == [row[-1][4] for row in expected]
             alone = simulate(fwd, bwd, m_, **options)  # the same job by itself
             assert alone.iteration_us == timeline.iteration_us and alone.breakdown_us == timeline.breakdown_us
+
+
+def test_interleaved_groups_follow_megatrons_table():
+    """Megatron's documented orders (model_parallel_config.py, microbatch_group_size_per_vp_stage): PP=2 VP=2 with
+    groups of 2 and 4 micro-batches runs forwards 0 1 0 1 2 3 2 3; groups of 3 and 5 micro-batches 0 1 2 0 1 2 3 4 3
+    4; and the default group (pp) is the depth-first order the schedule used before groups existed."""
+    from predictor.schedule import schedule_table
+
+    assert [i for i, _ in schedule_table(4, 2, 2)] == [0, 1, 0, 1, 2, 3, 2, 3]
+    assert [i for i, _ in schedule_table(5, 2, 3)] == [0, 1, 2, 0, 1, 2, 3, 4, 3, 4]
+    assert [c for _, c in schedule_table(5, 2, 3)] == [0, 0, 0, 1, 1, 1, 0, 0, 1, 1]
+    for pp, vp, m in ((2, 2, 4), (4, 3, 8), (4, 2, 12)):
+        old = [((k // (pp * vp)) * pp + k % pp, (k % (pp * vp)) // pp) for k in range(m * vp)]
+        assert schedule_table(m, vp, pp) == old
+    # every (micro-batch, chunk) once, forward and backward, on every stage, whatever the group
+    for rank in range(4):
+        order = stage_order(rank, 4, 2, 5, 5)
+        assert sorted((i, c) for k, i, c in order if k == "F") == [(i, c) for i in range(5) for c in range(2)]
+        assert sorted((i, c) for k, i, c in order if k == "B") == [(i, c) for i in range(5) for c in range(2)]
+
+
+def test_a_five_microbatch_interleaved_run_simulates():
+    """The CI case Megatron runs with pp 4, one layer per virtual stage and groups of 5 (5 micro-batches): Megatron
+    accepts it, so the simulation must run it, and its bubble lies between the 1F1B one and none."""
+    work = [[Work(compute=10.0)] * 2 for _ in range(4)]
+    back = [[Work(compute=20.0)] * 2 for _ in range(4)]
+    grouped = simulate(work, back, 5, microbatch_group=5)
+    busy = 5 * 2 * 30.0
+    assert busy < grouped.iteration_us < busy + 3 * 2 * 30.0

@@ -10,8 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from . import attention as attention_settings, moe as moe_settings, pipeline_layout, precision as precision_recipes
+from .attention import AttentionSettings
 from .errors import ConfigError, InputError, did_you_mean
 from .megatron_arguments import dest_form, is_switch, refuse_unknown
+from .moe import MoESettings
+from .pipeline_layout import LayoutSettings
+from .precision import LowPrecisionSettings
 
 ARGS_BEGIN = re.compile(r"-{3,}\s*arguments\s*-{3,}")
 ARGS_END = re.compile(r"-{3,}\s*end of arguments\s*-{3,}")
@@ -34,7 +39,19 @@ ALIASES = {
     "hidden": "hidden_size",
     "seq_len": "seq_length",
     "overlap_p2p_communication": "overlap_p2p_comm",  # Megatron's flag is --no-overlap-p2p-communication
+    "num_virtual_stages_per_pipeline_rank": "virtual_pipeline_model_parallel_size",
+    "microbatch_group_size_per_virtual_pipeline_stage": "microbatch_group_size_per_vp_stage",
+    **moe_settings.ALIASES,
 }
+
+#: Settings kept in a section of their own (a module each, holding their rules): section name → (type, fields).
+SECTIONS: dict[str, tuple[type, tuple[str, ...]]] = {
+    "moe": (MoESettings, moe_settings.FIELDS),
+    "attn": (AttentionSettings, attention_settings.FIELDS),
+    "layout": (LayoutSettings, pipeline_layout.FIELDS),
+    "lowp": (LowPrecisionSettings, precision_recipes.LOWP_FIELDS),
+}
+_SECTION_OF = {name: section for section, (_, names) in SECTIONS.items() for name in names}
 
 
 #: Sizes past any real training job (the largest published: ~200 layers, ~100k GPUs, hidden ~50k, a few thousand
@@ -111,7 +128,11 @@ class TrainingConfig:
     #: rule, forced on for bf16 (and fp8, trained in bf16), off for fp16
     accumulate_allreduce_grads_in_fp32: bool | None = None
     recompute_granularity: str = "none"  # none | selective | full
-    precision: str = "bf16"  # fp16 | bf16 | fp32 | fp8 (Transformer Engine fp8 GEMMs, the rest bf16)
+    #: selective recompute: which modules are replayed (Megatron-core's `--recompute-modules`; default core_attn)
+    recompute_modules: tuple[str, ...] | None = None
+    recompute_method: str | None = None  # full recompute: uniform | block
+    recompute_num_layers: int | None = None  # full recompute, block method: layers per chunk replayed
+    precision: str = "bf16"  # a recipe of tracekit.core.precision: fp32 fp16 bf16 fp8 fp8-cs fp8-block mxfp8 nvfp4
     normalization: str = "LayerNorm"  # LayerNorm | RMSNorm
     swiglu: bool = False
     attention: str = "flash"  # flash (flash/fused kernels) | unfused (baddbmm + masked softmax + bmm)
@@ -121,6 +142,10 @@ class TrainingConfig:
     attention_dropout: float = 0.1
     untie_embeddings_and_output_weights: bool = False
     train_iters: int | None = None
+    moe: MoESettings | None = None  # mixture of experts (tracekit.core.moe); None: a dense model
+    attn: AttentionSettings | None = None  # MLA, sliding windows, fp8 attention (tracekit.core.attention)
+    layout: LayoutSettings | None = None  # uneven pipelines, layouts, MTP (tracekit.core.pipeline_layout)
+    lowp: LowPrecisionSettings | None = None  # bf16 first/last layers (tracekit.core.precision)
     extra: dict[str, Any] = field(default_factory=dict)  # arguments tracekit does not model, kept verbatim
 
     # -- derived values (Megatron's defaults) -----------------------------------------------------------------
@@ -205,7 +230,17 @@ class TrainingConfig:
     def gemm_dtype(self) -> str:
         """The input dtype of the tensor-core GEMMs (a key of tracekit.core.hardware.PEAK_KIND): what the dense peak
         of a prediction's FLOP rate is measured against."""
-        return self.precision
+        return precision_recipes.recipe(self.precision).gemm_dtype
+
+    @property
+    def recipe(self) -> precision_recipes.Recipe:
+        return precision_recipes.recipe(self.precision)
+
+    @property
+    def microbatch_group(self) -> int:
+        """Micro-batches per model chunk in a row of the interleaved schedule (Megatron's default: pp)."""
+        group = self.layout.microbatch_group_size_per_vp_stage if self.layout else None
+        return int(group or self.pp)
 
     @property
     def dtype_bytes(self) -> int:
@@ -213,8 +248,9 @@ class TrainingConfig:
 
     @property
     def grad_bytes(self) -> int:
-        """Bytes per gradient element kept and reduced across data-parallel ranks."""
-        if self.precision in ("bf16", "fp32", "fp8") or self.accumulate_allreduce_grads_in_fp32:
+        """Bytes per gradient element kept and reduced across data-parallel ranks (fp32 main gradients except with
+        fp16, Megatron's rule)."""
+        if self.precision != "fp16" or self.accumulate_allreduce_grads_in_fp32:
             return 4
         return 2
 
@@ -243,8 +279,7 @@ class TrainingConfig:
             )
         if self.ffn_hidden_size % tp:
             raise ConfigError(f"ffn_hidden_size {self.ffn_hidden_size} is not divisible by tp {tp}")
-        if self.num_layers % (pp * vp):
-            raise ConfigError(f"num_layers {self.num_layers} is not divisible by pp·vp = {pp}·{vp}")
+        pipeline_layout.chunks(self)  # ConfigError where Megatron refuses the layer split
         if vp > 1 and pp < 2:
             raise ConfigError("an interleaved schedule (virtual pipeline stages > 1) needs pp ≥ 2")
         if self.world_size != tp * pp * cp * dp:
@@ -260,10 +295,10 @@ class TrainingConfig:
             raise ConfigError(f"{self.num_microbatches} micro-batches per iteration (global_batch_size "
                               f"{self.global_batch_size} / micro_batch_size·dp) is beyond what tracekit simulates (at "
                               f"most {LIMITS['microbatches']:,} per stage); is it a typo?")
-        if vp > 1 and self.num_microbatches % pp:
-            raise ConfigError(
-                f"the interleaved schedule needs micro-batches ({self.num_microbatches}) divisible by pp {pp}"
-            )
+        pipeline_layout.check_microbatch_groups(self)
+        for section in (self.moe, self.attn):
+            if section is not None:
+                section.validate(self)
         if cp > 1 and self.seq_length % (2 * cp):
             raise ConfigError(f"seq_length {self.seq_length} is not divisible by 2·cp = {2 * cp}")
         if self.sequence_parallel and self.seq_length % tp:
@@ -272,7 +307,15 @@ class TrainingConfig:
 
     # -- (de)serialization --------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+        """Megatron argument names → values (sections flattened into their settings; `from_mapping` reads it back)."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in SECTIONS}
+        data["extra"] = dict(self.extra)
+        if data["recompute_modules"] is not None:
+            data["recompute_modules"] = list(data["recompute_modules"])
+        for name in SECTIONS:
+            section = getattr(self, name)
+            if section is not None:
+                data.update(section.to_dict())
         if not data["extra"]:
             data.pop("extra")
         return data
@@ -285,7 +328,7 @@ class TrainingConfig:
         file or command line a person typed, not a Megatron log) refuses a key that is neither Megatron's nor
         tracekit's (`micro_bach_size`, `--sequence-paralel`) with a suggestion, as Megatron's argparse would; given
         an `unknown` list (the user's --allow-unknown), such keys are kept aside and a warning is appended to it."""
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        known = ({f.name for f in dataclasses.fields(cls)} - {"extra"} - set(SECTIONS)) | set(_SECTION_OF)
         values: dict[str, Any] = {}
         extra: dict[str, Any] = {}
         if strict:
@@ -303,6 +346,25 @@ class TrainingConfig:
         missing = [n for n in ("num_layers", "hidden_size", "num_attention_heads", "seq_length") if n not in values]
         if missing:
             raise ConfigError(f"configuration lacks {', '.join(missing)}")
+        lowp = precision_recipes.from_megatron(**values.pop("_lowp", {}))
+        base = values.pop("_base_precision", None)
+        if lowp is not None:
+            values["precision"] = lowp
+        elif base is not None:
+            values.setdefault("precision", base)
+        first_dense = values.pop("_first_k_dense", None)
+        if first_dense not in (None, "") and values.get("num_experts") not in (None, 0) and \
+                "moe_layer_freq" not in values:
+            values["moe_layer_freq"] = moe_settings.first_k_dense(int(float(first_dense)), int(values["num_layers"]))
+        sections: dict[str, dict[str, Any]] = {}
+        for key in [k for k in values if k in _SECTION_OF]:
+            sections.setdefault(_SECTION_OF[key], {})[key] = values.pop(key)
+        _sections(values, sections)
+        layout = values.get("layout")
+        if layout is not None and layout.pipeline_model_parallel_layout and \
+                not values.get("virtual_pipeline_model_parallel_size"):
+            values["virtual_pipeline_model_parallel_size"] = pipeline_layout.layout_vp(
+                layout.pipeline_model_parallel_layout, int(values.get("pipeline_model_parallel_size", 1)))
         per_stage = values.pop("_layers_per_virtual_stage", None)
         if per_stage and not values.get("virtual_pipeline_model_parallel_size"):
             # Megatron: vp = num_layers / (pp · num_layers_per_virtual_pipeline_stage)
@@ -312,7 +374,7 @@ class TrainingConfig:
                                   f"num_layers_per_virtual_pipeline_stage = {stages}")
             values["virtual_pipeline_model_parallel_size"] = int(values["num_layers"]) // stages
         try:
-            config = cls(**{k: _coerce(cls, k, v) for k, v in values.items()}, extra=extra)
+            config = cls(**{k: v if k in SECTIONS else _coerce(cls, k, v) for k, v in values.items()}, extra=extra)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"invalid configuration value: {exc}") from exc
         return config
@@ -442,14 +504,18 @@ def _scalar(raw: Any) -> Any:
 
 
 #: Megatron arguments `_apply` reads besides TrainingConfig's fields and ALIASES.
-_READ = ("fp16", "bf16", "fp8_format", "params_dtype", "recompute_activations", "use_flash_attn", "transformer_impl",
-         "disable_bias_linear", "num_layers_per_virtual_pipeline_stage", "group_query_attention")
+_READ = ("fp16", "bf16", "fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe", "params_dtype",
+         "recompute_activations", "use_flash_attn", "transformer_impl", "disable_bias_linear",
+         "num_layers_per_virtual_pipeline_stage", "group_query_attention", "moe_first_k_dense")
+#: Megatron's flags that pick a low-precision recipe (tracekit.core.precision.from_megatron reads them together).
+_LOWP_FLAGS = ("fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe")
 
 
 def own_setting_names() -> set[str]:
     """Every setting name tracekit reads itself: TrainingConfig's fields, their aliases, and the Megatron
     arguments it interprets."""
-    return ({f.name for f in dataclasses.fields(TrainingConfig)} - {"extra"}) | set(ALIASES) | set(_READ)
+    return ({f.name for f in dataclasses.fields(TrainingConfig)} - {"extra"} - set(SECTIONS)) | set(ALIASES) \
+        | set(_READ) | set(_SECTION_OF)
 
 
 def check_settings(mapping: dict[str, Any]) -> None:
@@ -463,12 +529,18 @@ def check_settings(mapping: dict[str, Any]) -> None:
 
 def _apply(key: str, value: Any, values: dict, extra: dict, known: set[str]) -> None:
     if key in ("fp16", "bf16"):
-        if value is True and values.get("precision") != "fp8":  # --bf16 --fp8-format hybrid: fp8 GEMMs
-            values["precision"] = key
+        if value is True:  # the base dtype; --fp8-format / --fp4-format, read after every key, may lower the GEMMs
+            values.setdefault("_base_precision", key)
         return
-    if key == "fp8_format":  # Megatron/TE: --fp8-format e4m3|hybrid turns the GEMMs to fp8
-        if value not in (None, False, "None"):
-            values["precision"] = "fp8"
+    if key in _LOWP_FLAGS:  # Megatron/TE: --fp8-format e4m3|hybrid (--fp8-recipe ...), --fp4-format e2m1
+        values.setdefault("_lowp", {})[key] = value
+        return
+    if key == "recompute_modules":
+        values[key] = tuple(value) if isinstance(value, (list, tuple)) else tuple(str(value).strip("[]").replace(
+            "'", "").replace('"', "").replace(",", " ").split())
+        return
+    if key == "moe_first_k_dense":  # published tables: the first k layers dense, the rest MoE
+        values["_first_k_dense"] = value
         return
     if key == "params_dtype":
         values.setdefault("precision", {"torch.float16": "fp16", "torch.bfloat16": "bf16"}.get(str(value), "fp32"))
@@ -521,6 +593,47 @@ def _coerce(cls, name: str, value: Any) -> Any:
     return value
 
 
+def _sections(values: dict[str, Any], sections: dict[str, dict[str, Any]]) -> None:
+    """The section objects of the settings collected per section (`values[name]` = the section, or absent): MoE only
+    with experts, MLA/window attention only when asked for."""
+    moe = sections.get("moe", {})
+    if moe.get("num_experts") not in (None, 0, False):
+        values["moe"] = _build(MoESettings, moe)
+    attn = sections.get("attn", {})
+    if attn.get("multi_latent_attention") or attn.get("window_size") not in (None, False, "None") or \
+            attn.get("qk_layernorm") or attn.get("fp8_dot_product_attention"):
+        values["attn"] = _build(AttentionSettings, attn)
+    for name in ("layout", "lowp"):
+        if any(v not in (None, False) for v in sections.get(name, {}).values()):
+            values[name] = _build(SECTIONS[name][0], sections[name])
+
+
+def _build(kind: type, settings: dict[str, Any]) -> Any:
+    """A section from its settings, each coerced to its field's type (CSV cells and log values are strings)."""
+    types = {f.name: str(f.type) for f in dataclasses.fields(kind)}
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        kind_text = types[key]
+        if value is None:
+            continue
+        if "bool" in kind_text and not isinstance(value, bool):
+            value = str(value).strip().lower() in ("true", "1", "yes")
+        elif kind_text.startswith("int") and not isinstance(value, bool):
+            number = float(value)
+            if number != int(number):
+                raise ConfigError(f"{key} must be a whole number, got {value}")
+            value = int(number)
+        elif kind_text.startswith("float"):
+            value = float(value)
+        elif kind_text.startswith("str") and isinstance(value, (int, float)) is False:
+            value = str(value) if not isinstance(value, (list, tuple)) else value
+        out[key] = value
+    try:
+        return kind(**out)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"invalid {kind.__name__} value: {exc}") from exc
+
+
 def _recompute(value: Any) -> str:
     text = str(value or "none").strip().lower()
     if text in ("none", "false", "no", "0", "off"):
@@ -533,14 +646,5 @@ def _recompute(value: Any) -> str:
 
 
 def _precision(value: Any) -> str:
-    text = str(value).strip().lower()
-    if text in ("fp16", "float16", "half", "torch.float16"):
-        return "fp16"
-    if text in ("bf16", "bfloat16", "torch.bfloat16"):
-        return "bf16"
-    if text in ("fp32", "float32", "float", "torch.float32"):
-        return "fp32"
-    if text in ("fp8", "float8", "e4m3", "hybrid", "fp8-hybrid", "fp8_hybrid", "fp8-e4m3", "fp8_e4m3"):
-        return "fp8"
-    raise ConfigError(f"precision must be fp16, bf16, fp32 or fp8, not {value!r}")
+    return precision_recipes.recipe_name(value)
 

@@ -1,0 +1,86 @@
+"""What each pipeline stage does once per iteration after its last backward: the data-parallel gradient reduction,
+the distributed optimizer's parameter all-gather, the tied embedding's gradient all-reduce, the optimizer step, and
+the low-precision recipe's weight casts.
+
+Megatron's DDP keeps gradients in buckets of max(40M, 1M · ranks) elements: dense parameters are reduced over the
+data- and context-parallel ranks (`dpcp`), expert parameters over the expert data-parallel ranks (`edp`), each in
+buckets of their own: an all-reduce of the bucket, or with the distributed optimizer a reduce-scatter of it and, after
+the step, an all-gather of the updated parameters (1/ranks of the bucket each; fp8 parameters with
+`fp8_param_gather`). The optimizer step updates the stage's dense parameters / dpcp (sharded) plus its expert
+parameters / edp. Weights cast by the recipe (tracekit.core.precision) are cast once per iteration.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .ops import OpBuilder, OpUse
+from .params import chunk_params
+
+
+@dataclass
+class StageSync:
+    grad_sync: list[OpUse] = field(default_factory=list)  # DP buckets (dpcp, edp) and the embedding sync (embd)
+    param_gather: list[OpUse] = field(default_factory=list)  # distributed optimizer's all-gathers
+    optimizer: OpUse | None = None
+    casts: list[OpUse] = field(default_factory=list)  # compute once per iteration beside the step (weight casts)
+
+
+def _buckets(b: OpBuilder, params: int, group: str, tag: str, sync: StageSync) -> None:
+    c = b.c
+    ranks = b.groups[group].size
+    if params <= 0:
+        return
+    bucket = max(40_000_000, 1_000_000 * ranks)  # Megatron's default DDP bucket size (elements)
+    grad_bytes = c.grad_bytes  # fp32 main grads with bf16 (Megatron's rule), or when the stack/config asks
+    gather_bytes = 1 if (c.lowp and c.lowp.fp8_param_gather and c.recipe.low_precision) else c.dtype_bytes
+    n = max(1, -(-params // bucket))
+    for i in range(n):
+        numel = min(bucket, params - i * bucket) if n > 1 else params
+        if c.use_distributed_optimizer:
+            op = b.bucket(f"ddp.{tag}bucket{i}.reduce_scatter", "reduce_scatter", numel * grad_bytes / ranks, group)
+            gather = b.bucket(f"optimizer.{tag}bucket{i}.param_all_gather", "all_gather",
+                              numel * gather_bytes / ranks, group)
+            if gather:
+                sync.param_gather.append(gather)
+        else:
+            op = b.bucket(f"ddp.{tag}bucket{i}.all_reduce", "all_reduce", numel * grad_bytes, group)
+        if op:
+            sync.grad_sync.append(op)
+
+
+def stage_sync(b: OpBuilder, stage: int, weight_cast_elements: float) -> StageSync:
+    """The per-iteration ops of pipeline stage `stage` (`weight_cast_elements`: the weights the recipe casts on it)."""
+    c = b.c
+    pp, vp = c.pp, c.vp
+    sync = StageSync()
+    dense = expert = 0
+    for chunk in range(vp):
+        d, e = chunk_params(c, stage, chunk)
+        dense += d
+        expert += e
+    _buckets(b, dense, "dpcp", "", sync)
+    _buckets(b, expert, "edp", "expert_", sync)
+    tied = pp > 1 and not c.untie_embeddings_and_output_weights and stage in (0, pp - 1)
+    if tied:  # word-embedding gradient shared by the first and last stage
+        place = b.groups["p2p"]
+        numel = b.v // b.t * c.hidden_size
+        spec = b.spec("all_reduce", "comm", "allreduce", None, None, bytes=numel * c.grad_bytes, group_size=2,
+                      ranks_per_node=place.ranks_per_node, nodes=place.nodes, numel=numel)
+        sync.grad_sync.append(OpUse("embedding.grad_all_reduce", spec, group="embd"))
+    kind = "firstStage" if stage == 0 else "lastStage" if stage == pp - 1 else "middleStage"
+    layers = sum(len(part.layers) for part in _stage_chunks(c, stage))
+    shard_dense = b.groups["dpcp"].size if c.use_distributed_optimizer else 1
+    shard_expert = b.groups["edp"].size if c.use_distributed_optimizer else 1
+    params = -(-dense // shard_dense) + -(-expert // shard_expert)
+    spec = b.spec("optimizer", "optimizer", f"{kind}_optimizer", None, None, layers=layers, width=c.hidden_size,
+                  tp=c.tp, params=params)
+    sync.optimizer = OpUse("optimizer.step", spec)
+    if weight_cast_elements:
+        sync.casts.append(b.quantize("optimizer.quantize_weights", weight_cast_elements, per_layer=False)[0])
+    return sync
+
+
+def _stage_chunks(c, stage: int):
+    from tracekit.core.pipeline_layout import chunks
+
+    return chunks(c)[stage]

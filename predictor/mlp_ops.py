@@ -1,0 +1,32 @@
+"""The MLP half of a dense decoder layer as Megatron-core runs it, as a list of `Pair`s (predictor.ops): norm →
+[SP all-gather] → FC1 (×2 wide with SwiGLU) → GeLU/SwiGLU → FC2 → all-reduce (reduce-scatter with SP) →
+bias-dropout-add. `dense_mlp` is also the shared experts of an MoE layer (predictor.moe_ops), without its norm and
+residual."""
+from __future__ import annotations
+
+from .ops import OpBuilder, Pair
+
+
+def dense_mlp(b: OpBuilder, ffn: int, lowp: bool, prefix: str = "mlp", module: str = "mlp") -> list[Pair]:
+    """FC1 → activation → FC2 of width `ffn` split over TP, with its TP collectives."""
+    c, t, h, rows = b.c, b.t, b.h, b.tokens
+    f_t = ffn // t
+    pairs: list[Pair] = list(b.tp_in(f"{prefix}.linear_fc1", module))
+    fc1_out = 2 * f_t if c.swiglu else f_t
+    pairs.extend(b.linear(f"{prefix}.linear_fc1", "linear3", rows, fc1_out, h, module, lowp))
+    fwd, bwd = b.compute(f"{prefix}.activation", "activation", "swiglu" if c.swiglu else "gelu", 0.0, True,
+                         rows=rows, width=f_t, numel=rows * f_t)
+    pairs.append((fwd, bwd, module))
+    pairs.extend(b.linear(f"{prefix}.linear_fc2", "linear4", rows, h, f_t, module, lowp))
+    pairs.extend(b.tp_out(f"{prefix}.linear_fc2", module))
+    return pairs
+
+
+def mlp_block(b: OpBuilder, lowp: bool) -> list[Pair]:
+    """The MLP half of a dense layer: pre-MLP norm, the MLP, bias-dropout-add."""
+    fwd, bwd = b.norm("pre_mlp_layernorm")
+    pairs: list[Pair] = [(fwd, bwd, "layernorm")]
+    pairs.extend(dense_mlp(b, b.c.ffn_hidden_size, lowp))
+    fwd, bwd = b.residual("mlp.bias_dropout_add")
+    pairs.append((fwd, bwd, "mlp"))
+    return pairs

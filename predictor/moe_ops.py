@@ -1,0 +1,114 @@
+"""The MoE half of a decoder layer as Megatron-core runs it (`megatron/core/transformer/moe/`), as a list of `Pair`s
+(predictor.ops). Settings and their rules: tracekit.core.moe.
+
+Per micro-batch on one GPU, with T local tokens (the sequence shard of this TP/CP rank), k = top-k, E experts, EP
+ranks holding E / EP local experts each split over ETP ranks, and the busiest rank's load factor λ
+(`MoESettings.load_factor`):
+
+    pre-MLP norm → router GEMM [T, h] × [h, E] (in moe_router_dtype; never in the fp8 recipe) → scores, top-k and
+    the auxiliary loss (elementwise over T · E) → permute (T · k token copies, by expert) → dispatch → ETP all-gather
+    → the local experts: FC1 [λ · T · k · ETP, h] × [h, f/ETP (×2 with SwiGLU)], activation, FC2 back to h, as
+    grouped GEMMs (with `moe_grouped_gemm`; else one GEMM per local expert) → ETP reduce-scatter → combine → unpermute
+    and the weighted sum → shared experts (an MLP of their own width, split over TP) → bias-dropout-add.
+
+Dispatch and combine, by dispatcher: `alltoall` sends each token copy to its expert's rank (an all-to-all of T · k ·
+h elements over the EP group, λ-weighted for the busiest rank); `allgather` gathers every token of the TP·EP group
+(an all-gather of T · h) and reduce-scatters the outputs; the flex dispatcher's fused kernels (`deepep`,
+`hybridep`) send a token once per destination rank rather than once per expert: an all-to-all of T · r · h, r the
+expected number of distinct ranks among a token's k experts, EP · (1 − C(E − E/EP, k) / C(E, k)) for uniform
+routing. Backward runs the same exchanges in reverse order, the experts' GEMMs twice (dgrad and wgrad).
+"""
+from __future__ import annotations
+
+from math import comb
+
+from .mlp_ops import dense_mlp
+from .ops import OpBuilder, Pair
+
+
+def distinct_ranks(experts: int, ep: int, topk: int) -> float:
+    """Expected number of distinct EP ranks among a token's top-k experts (uniform routing, E/EP experts a rank)."""
+    local = experts // ep
+    if local * ep != experts or topk > experts:
+        return float(min(topk, ep))
+    missing = comb(experts - local, topk) / comb(experts, topk)  # a given rank holds none of the k experts
+    return ep * (1.0 - missing)
+
+
+def moe_block(b: OpBuilder, lowp: bool) -> list[Pair]:
+    """The MoE half of an MoE layer (module docstring)."""
+    c, h = b.c, b.h
+    moe = c.moe
+    assert moe is not None
+    tokens: float = b.sp_tokens  # local tokens: the sequence shard of this rank (MoE with TP needs SP)
+    k, experts, ep, etp = moe.moe_router_topk, moe.num_experts, moe.ep, moe.etp(c.tp)
+    local = moe.local_experts
+    load = moe.load_factor()
+    f = moe.ffn(c.ffn_hidden_size)
+    act = b.bytes
+    pairs: list[Pair] = []
+    fwd, bwd = b.norm("pre_mlp_layernorm")
+    pairs.append((fwd, bwd, "layernorm"))
+    router_dtype = "fp32" if str(moe.moe_router_dtype or "").lower() in ("fp32", "float32") else None
+    fwd, bwd = b.gemm("mlp.router", "router", tokens, experts, h, bias=False, dtype=router_dtype or b.dtype)
+    pairs.append((fwd, bwd, "moe"))
+    fwd, bwd = b.elementwise("mlp.router.topk", "router_topk", tokens * experts, experts)
+    pairs.append((fwd, bwd, "moe"))
+    copies = tokens * k  # token copies this rank routes
+    fwd, bwd = b.elementwise("mlp.token_dispatcher.permute", "moe_permute", copies * h, h)
+    pairs.append((fwd, bwd, "moe"))
+    dispatcher = moe.dispatcher
+    received = copies * load * etp  # token copies the busiest rank's experts compute
+    dispatch: list[Pair] = []
+    combine: list[Pair] = []
+    if dispatcher == "allgather":
+        shard = tokens * h * act
+        dispatch.append((b.collective("mlp.token_dispatcher.all_gather", "all_gather", "tpep", shard),
+                         b.collective("mlp.token_dispatcher.all_gather.grad", "reduce_scatter", "tpep", shard), "moe"))
+        combine.append((b.collective("mlp.token_dispatcher.reduce_scatter", "reduce_scatter", "tpep", shard),
+                        b.collective("mlp.token_dispatcher.reduce_scatter.grad", "all_gather", "tpep", shard), "moe"))
+    else:
+        sent = copies if dispatcher == "alltoall" else tokens * distinct_ranks(experts, ep, k)
+        nbytes = sent * load * h * act
+        variant = "alltoall" if dispatcher == "alltoall" else dispatcher
+        for name, where in (("dispatch", dispatch), ("combine", combine)):
+            where.append((b.collective(f"mlp.token_dispatcher.{name}", "all_to_all", "ep", nbytes, variant=variant),
+                          b.collective(f"mlp.token_dispatcher.{name}.grad", "all_to_all", "ep", nbytes,
+                                       variant=variant), "moe"))
+        if etp > 1:
+            shard = copies * load * h * act
+            dispatch.append((b.collective("mlp.token_dispatcher.etp_all_gather", "all_gather", "etp", shard),
+                             b.collective("mlp.token_dispatcher.etp_all_gather.grad", "reduce_scatter", "etp", shard),
+                             "moe"))
+            combine.insert(0, (b.collective("mlp.token_dispatcher.etp_reduce_scatter", "reduce_scatter", "etp",
+                                            shard),
+                               b.collective("mlp.token_dispatcher.etp_reduce_scatter.grad", "all_gather", "etp",
+                                            shard), "moe"))
+    pairs.extend(dispatch)
+    f_e = f // etp
+    fc1_out = 2 * f_e if c.swiglu else f_e
+    groups: list[tuple[float, int]]
+    if moe.moe_grouped_gemm:
+        groups = [(received, 1)]
+    else:
+        groups = [(received / local, local)]
+    for m, times in groups:
+        for expert in range(times):
+            suffix = f".{expert}" if times > 1 else ""
+            pairs.extend(b.linear(f"mlp.experts.linear_fc1{suffix}", "grouped_fc1" if times == 1 else "expert_fc1",
+                                  m, fc1_out, h, "moe", lowp, weights=local if times == 1 else 1))
+            fwd, bwd = b.compute(f"mlp.experts.activation{suffix}", "activation", "swiglu" if c.swiglu else "gelu",
+                                 0.0, True, rows=m, width=f_e, numel=m * f_e)
+            pairs.append((fwd, bwd, "moe_act"))
+            pairs.extend(b.linear(f"mlp.experts.linear_fc2{suffix}", "grouped_fc2" if times == 1 else "expert_fc2",
+                                  m, h, f_e, "moe", lowp, weights=local if times == 1 else 1))
+    pairs.extend(combine)
+    fwd, bwd = b.elementwise("mlp.token_dispatcher.unpermute", "moe_unpermute", copies * h, h)
+    pairs.append((fwd, bwd, "moe"))
+    shared = moe.moe_shared_expert_intermediate_size
+    if shared:
+        pairs.extend(dense_mlp(b, shared, lowp, prefix="mlp.shared_experts", module="shared_experts"))
+    fwd, bwd = b.residual("mlp.bias_dropout_add")
+    pairs.append((fwd, bwd, "moe"))
+    return pairs
+

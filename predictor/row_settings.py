@@ -1,0 +1,93 @@
+"""Settings a published row states outside its configuration columns (predictor.batch reads the columns):
+
+- `megatron_args`: the run's exact Megatron command line (Megatron-LM's CI rows), read as `--megatron-args` would be;
+  it wins over the columns derived from it (the world size stays the `num_gpus` column's: the launcher decides it).
+- `notes`: the recipe the row's compiler found (`recipe preset ...: cuda_graph_impl=full_iteration,
+  moe_token_dispatcher_type=flex, ...`): `name=value` pairs whose name is a setting in `NOTE_SETTINGS` are read
+  (a column that states the setting wins); `force-balance` routing; `sliding window N`; MTP stated per row
+  (`w/o MTP` in the model name or the notes turns the recipe's MTP layer off); a token-drop run without a stated
+  capacity factor takes Megatron-Bridge's factor 1.0.
+Every value read this way is named in the row's `prediction_notes`.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from tracekit.core.config import parse_megatron_argv
+
+#: Settings a row's notes may state, with the setting name tracekit reads them as.
+NOTE_SETTINGS = {
+    "moe_token_dispatcher_type": "moe_token_dispatcher_type",
+    "moe_flex_dispatcher_backend": "moe_flex_dispatcher_backend",
+    "moe_router_force_load_balancing": "moe_router_force_load_balancing",
+    "overlap_moe_expert_parallel_comm": "overlap_moe_expert_parallel_comm",
+    "moe_a2a_overlap": "overlap_moe_expert_parallel_comm",
+    "moe_shared_expert_overlap": "moe_shared_expert_overlap",
+    "expert_tensor_parallel_size": "expert_tensor_parallel_size",
+    "recompute_granularity": "recompute_granularity",
+    "recompute_modules": "recompute_modules",
+    "recompute_num_layers": "recompute_num_layers",
+    "mtp_num_layers": "mtp_num_layers",
+    "window_attn_skip_freq": "window_attn_skip_freq",
+    "fp8_dot_product_attention": "fp8_dot_product_attention",
+    "cuda_graph_impl": "cuda_graph_impl",
+    "cuda_graph_scope": "cuda_graph_scope",
+    "pp_layout": "pipeline_model_parallel_layout",
+    "tp_comm_overlap": "tp_comm_overlap",
+    "use_megatron_fsdp": "use_megatron_fsdp",
+    "cpu_offloading_num_layers": "cpu_offloading_num_layers",
+}
+_PAIR = re.compile(r"\b(pp_layout)=(\S+)|\b([a-z][a-z0-9_]*)=(\[[^\]]*\]|\"[^\"]*\"|'[^']*'|[^\s,;|()]+)")
+
+
+def _value(text: str) -> Any:
+    text = text.strip().strip("'\"")
+    if text.startswith("["):
+        return [v.strip().strip("'\"") for v in text.strip("[]").split(",") if v.strip().strip("'\"")]
+    if text in ("None", "none", "null"):
+        return None
+    return text
+
+
+def note_settings(cells: dict[str, str], stated: set[str]) -> tuple[dict[str, Any], list[str]]:
+    """(settings, notes) a row's notes and model name state (module docstring); `stated`: settings the row's
+    columns give, which win."""
+    notes_text = cells.get("notes", "") or ""
+    name = cells.get("model_name", "") or ""
+    out: dict[str, Any] = {}
+    for layout_key, layout, other_key, other in _PAIR.findall(notes_text):
+        key, raw = (layout_key, layout) if layout_key else (other_key, other)
+        target = NOTE_SETTINGS.get(key)
+        if target and target not in stated and target not in out:
+            out[target] = _value(raw)
+    if re.search(r"force[- ]balanc", notes_text, re.I) and "moe_router_force_load_balancing" not in stated:
+        out["moe_router_force_load_balancing"] = True
+    window = re.search(r"sliding window (\d+)", notes_text, re.I)
+    if window and "window_size" not in stated:
+        out["window_size"] = int(window.group(1))
+    if re.search(r"w/o MTP", name + " " + notes_text, re.I):
+        out["mtp_num_layers"] = 0
+    elif re.search(r"w/ MTP", name, re.I) and not out.get("mtp_num_layers"):
+        out["mtp_num_layers"] = 1
+    if (re.search(r"token[- ]?drop(?!less)", name + " " + notes_text, re.I) and "moe_expert_capacity_factor" not in
+            stated and not re.search(r"dropless", name, re.I)):
+        out.setdefault("moe_expert_capacity_factor", 1.0)
+        out.pop("moe_router_force_load_balancing", None)
+    if "moe_flex_dispatcher_backend" in out and "moe_token_dispatcher_type" not in out | dict.fromkeys(stated):
+        out["moe_token_dispatcher_type"] = "flex"  # a flex backend is named only for the flex dispatcher
+    if out.get("recompute_granularity") is None:
+        out.pop("recompute_granularity", None)
+        out.pop("recompute_modules", None)
+    read = [f"{k}={v}" for k, v in out.items()]
+    return out, ([f"read from the row's notes: {', '.join(read)}"] if read else [])
+
+
+def argument_settings(cells: dict[str, str]) -> dict[str, Any]:
+    """The row's `megatron_args` cell as Megatron settings ({} when the row has none)."""
+    text = (cells.get("megatron_args") or "").strip()
+    if not text:
+        return {}
+    settings = parse_megatron_argv(text)
+    settings.pop("world_size", None)
+    return settings

@@ -1,0 +1,218 @@
+"""Which layers each pipeline stage holds, as Megatron-core places them (`get_num_layers_to_build`,
+`PipelineParallelLayerLayout` in the vendored snapshot), by Megatron's argument names.
+
+Rules, in Megatron's order of precedence:
+- `pipeline_model_parallel_layout` (`Et|(tt|)*6mL`): one `|`-separated group per virtual stage, listed virtual stage
+  by virtual stage (the i-th group is pipeline rank i mod pp, model chunk i // pp); `E` embedding, `t` a decoder
+  layer, `m` a multi-token-prediction layer, `L` the loss (and LM head); `(…)*n` and `x*n` repeat; commas are
+  cosmetic. It sets vp = groups / pp. Exactly one E (first) and one L (last); decoder layers = num_layers; MTP
+  layers = mtp_num_layers, after every decoder layer.
+- `decoder_first_pipeline_num_layers` / `decoder_last_pipeline_num_layers`: the first / last rank hold that many
+  layers; the others share the rest evenly (it must divide); each rank's layers split evenly over its chunks.
+- otherwise num_layers (+1 with `account_for_embedding_in_pipeline_split`, +1 with
+  `account_for_loss_in_pipeline_split`) must divide by pp, and each rank's share by vp; the embedding (loss) then
+  takes a layer's place in the first (last) virtual stage.
+Without a layout, the embedding is on the first chunk of rank 0, the LM head and loss on the last chunk of the last
+rank, and MTP layers (`mtp_num_layers`) beside the loss.
+
+The interleaved schedule (Megatron-core) runs micro-batches in groups of `microbatch_group_size_per_vp_stage`
+(default pp) per model chunk: pp ≤ group ≤ micro-batches, and the last group holds 0 or ≥ pp micro-batches.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One model chunk (virtual stage) of one pipeline rank."""
+
+    layers: tuple[int, ...]  # global decoder-layer indices, in order
+    embedding: bool = False
+    loss: bool = False  # LM head and cross-entropy
+    mtp: int = 0  # multi-token-prediction layers
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+
+@dataclass(frozen=True)
+class LayoutSettings:
+    pipeline_model_parallel_layout: str | None = None
+    decoder_first_pipeline_num_layers: int | None = None
+    decoder_last_pipeline_num_layers: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    mtp_num_layers: int | None = None
+    microbatch_group_size_per_vp_stage: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(LayoutSettings))
+
+
+def parse_layout(text: str) -> list[str]:
+    """A layout string → its virtual stages, each a string of E/t/m/L (Megatron's unrolling rules)."""
+    flat = str(text).strip().strip("'\"").replace(",", "").replace("\\", "")  # shell escapes of | ( ) are cosmetic
+    previous = None
+    while previous != flat:  # innermost parentheses first, then single characters
+        previous = flat
+        flat = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), flat)
+    flat = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), flat)
+    stages = flat.split("|")
+    bad = sorted({ch for ch in flat if ch not in "EtmL|"})
+    if bad:
+        raise ConfigError(f"pipeline_model_parallel_layout {text!r}: unknown layer character(s) {bad} "
+                          "(E embedding, t decoder layer, m MTP layer, L loss)")
+    return stages
+
+
+def layout_vp(text: str, pp: int) -> int:
+    stages = parse_layout(text)
+    if len(stages) % pp:
+        raise ConfigError(f"pipeline_model_parallel_layout has {len(stages)} stages, not divisible by pp {pp}")
+    return len(stages) // pp
+
+
+def chunks(config) -> list[list[Chunk]]:
+    """[pipeline rank][model chunk] → Chunk, for a TrainingConfig; ConfigError where Megatron refuses the split."""
+    c = config
+    pp, vp, n = c.pp, c.vp, c.num_layers
+    s = c.layout or LayoutSettings()
+    mtp = s.mtp_num_layers or 0
+    if s.pipeline_model_parallel_layout:
+        return _from_layout(s.pipeline_model_parallel_layout, pp, n, mtp)
+    first, last = s.decoder_first_pipeline_num_layers, s.decoder_last_pipeline_num_layers
+    if first is not None or last is not None:
+        if s.account_for_embedding_in_pipeline_split or s.account_for_loss_in_pipeline_split:
+            raise ConfigError("uneven first/last pipeline stages cannot be combined with "
+                              "account_for_embedding/loss_in_pipeline_split (Megatron refuses it)")
+        rest, stages_left = n, pp
+        for value in (first, last):
+            if value is not None:
+                if value < 0:
+                    raise ConfigError(f"uneven pipeline stage layer counts must be ≥ 0, got {value}")
+                rest -= value
+                stages_left -= 1
+        if stages_left < 0 or rest < 0:
+            raise ConfigError(f"decoder first/last pipeline layers ({first}, {last}) exceed num_layers {n} "
+                              f"over pp {pp}")
+        if stages_left > 0 and rest % stages_left:
+            raise ConfigError(f"with uneven pipeline stages the {rest} remaining layers must divide by the "
+                              f"{stages_left} middle stages")
+        middle = rest // stages_left if stages_left > 0 else 0
+        per_rank = [middle] * pp
+        if first is not None:
+            per_rank[0] = first
+        if last is not None:
+            per_rank[-1] = last
+        if sum(per_rank) != n:
+            raise ConfigError(f"uneven pipeline stages hold {sum(per_rank)} layers, the model has {n}")
+        for rank, count in enumerate(per_rank):
+            if count % vp:
+                raise ConfigError(f"pipeline rank {rank} holds {count} layers, not divisible by vp {vp}")
+        return _assign([[count // vp] * vp for count in per_rank], pp, vp, mtp)
+    total = n + s.account_for_embedding_in_pipeline_split + s.account_for_loss_in_pipeline_split
+    hint = ("; Megatron needs a layout for it: pipeline_model_parallel_layout (e.g. 'Et*4|...|tmL') or "
+            "decoder_first/last_pipeline_num_layers")
+    if total % pp:
+        raise ConfigError(f"num_layers {n}{' (+1 embedding)' if s.account_for_embedding_in_pipeline_split else ''}"
+                          f"{' (+1 loss)' if s.account_for_loss_in_pipeline_split else ''} is not divisible by pp "
+                          f"{pp}{hint}")
+    per_rank = total // pp
+    if per_rank % vp:
+        raise ConfigError((f"num_layers {n} is not divisible by pp·vp = {pp}·{vp}" if total == n else
+                           f"{per_rank} layers per pipeline rank are not divisible by vp {vp}") + hint)
+    counts = [[per_rank // vp] * vp for _ in range(pp)]
+    if s.account_for_embedding_in_pipeline_split:
+        counts[0][0] -= 1
+    if s.account_for_loss_in_pipeline_split:
+        counts[-1][-1] -= 1
+    if min(min(row) for row in counts) < 0:
+        raise ConfigError("not enough layers in the first/last virtual stage for the embedding/loss")
+    return _assign(counts, pp, vp, mtp)
+
+
+def _assign(counts: list[list[int]], pp: int, vp: int, mtp: int) -> list[list[Chunk]]:
+    """Layer indices in Megatron's order (virtual stage by virtual stage, rank by rank)."""
+    out = [[Chunk(())] * vp for _ in range(pp)]
+    start = 0
+    for k in range(vp):
+        for r in range(pp):
+            count = counts[r][k]
+            out[r][k] = Chunk(tuple(range(start, start + count)), embedding=(r == 0 and k == 0),
+                              loss=(r == pp - 1 and k == vp - 1), mtp=mtp if (r == pp - 1 and k == vp - 1) else 0)
+            start += count
+    return out
+
+
+def _from_layout(text: str, pp: int, num_layers: int, mtp_layers: int) -> list[list[Chunk]]:
+    stages = parse_layout(text)
+    if len(stages) % pp:
+        raise ConfigError(f"pipeline_model_parallel_layout has {len(stages)} stages, not divisible by pp {pp}")
+    flat = "".join(stages)
+    if not flat.startswith("E") or not flat.endswith("L") or flat.count("E") != 1 or flat.count("L") != 1:
+        raise ConfigError(f"pipeline_model_parallel_layout {text!r} must start with one E and end with one L")
+    if flat.count("t") != num_layers:
+        raise ConfigError(f"pipeline_model_parallel_layout {text!r} has {flat.count('t')} decoder layers, the model "
+                          f"has {num_layers}")
+    if flat.count("m") != mtp_layers:
+        raise ConfigError(f"pipeline_model_parallel_layout {text!r} has {flat.count('m')} MTP layers, "
+                          f"mtp_num_layers is {mtp_layers}")
+    if "m" in flat and "t" in flat[flat.index("m"):]:
+        raise ConfigError("pipeline_model_parallel_layout: decoder layers must come before MTP layers")
+    vp = len(stages) // pp
+    out = [[Chunk(())] * vp for _ in range(pp)]
+    start = 0
+    for i, stage in enumerate(stages):
+        rank, chunk = i % pp, i // pp
+        count = stage.count("t")
+        out[rank][chunk] = Chunk(tuple(range(start, start + count)), "E" in stage, "L" in stage, stage.count("m"))
+        start += count
+    return out
+
+
+def check_microbatch_groups(config) -> None:
+    """ConfigError unless the interleaved schedule accepts the micro-batch count (module docstring)."""
+    c = config
+    if c.vp <= 1:
+        return
+    m = c.num_microbatches
+    group = c.microbatch_group
+    if not c.pp <= group <= m:
+        raise ConfigError(f"the interleaved schedule runs micro-batches in groups of {group} per model chunk, "
+                          f"which must lie between pp {c.pp} and the {m} micro-batches")
+    rest = m % group
+    if 0 < rest < c.pp:
+        raise ConfigError(f"the interleaved schedule's last group of micro-batches holds {rest} (of {m} in groups "
+                          f"of {group}): Megatron needs 0 or at least pp {c.pp}")
+
+
+def filled_layout(num_layers: int, stages: int, mtp: int = 0) -> str:
+    """A layout for a layer count the virtual stages do not divide: ⌈layers / stages⌉ decoder layers on every stage
+    but the last, which takes the rest with the MTP layers and the loss (Megatron-Bridge's DeepSeek-V3 layouts follow
+    this rule: 61 layers over 16 stages are 4 × 15 + 1, over 8 stages 8 × 7 + 5); when that leaves the last stage
+    nothing, the layers are spread as evenly as they go, the first and last stages (embedding, loss) taking the
+    lighter share."""
+    if num_layers < stages - 1:
+        raise ConfigError(f"{num_layers} layers cannot fill {stages} pipeline stages")
+    per = -(-num_layers // stages)
+    rest = num_layers - per * (stages - 1)
+    if rest >= 1:
+        counts = [per] * (stages - 1) + [rest]
+    else:
+        low, extra = divmod(num_layers, stages)
+        heavy = set(range(1, 1 + min(extra, stages - 2))) | set(range(stages - 1, stages - 1 - max(0, extra - (
+            stages - 2)), -1))
+        counts = [low + (i in heavy) for i in range(stages)]
+    parts = ["t" * n for n in counts[:-1]] + ["t" * counts[-1] + "m" * mtp + "L"]
+    parts[0] = "E" + parts[0]
+    return "|".join(parts)
