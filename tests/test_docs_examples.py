@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -164,3 +165,14 @@ def test_predict_doc_lists_every_hardware_id():
     row = next(line for line in PREDICT_DOC.splitlines() if line.startswith("| `--hardware ID`"))
     assert set(re.findall(r"`([A-Z][A-Za-z0-9-]+)`", row)) == set(SPECS)
     assert ".py" not in row
+
+
+def test_predict_doc_example_prints_what_the_page_shows(work):
+    """docs/predict.md's worked example: every line the page shows (up to its "..."), as the command prints it."""
+    block = re.search(r"```\n\$ tracekit (predict [^\n]+)\n(.*?)\n\.\.\.", PREDICT_DOC, re.S)
+    done = subprocess.run([*TRACEKIT, *shlex.split(block.group(1))], cwd=work, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = [line.strip() for line in done.stdout.splitlines()]
+    for line in block.group(2).splitlines():
+        assert line.strip() in printed, line
