@@ -176,3 +176,18 @@ def test_predict_doc_example_prints_what_the_page_shows(work):
     printed = [line.strip() for line in done.stdout.splitlines()]
     for line in block.group(2).splitlines():
         assert line.strip() in printed, line
+
+
+def test_ingest_doc_example_prints_what_the_page_shows(tmp_path):
+    """docs/ingest.md's example: every line the page shows (its "..." stands for the ranks left out) is printed."""
+    block = re.search(r"```\n\$ tracekit (ingest [^\n]+)\n(.*?)\n```", (ROOT / "docs" / "ingest.md").read_text(),
+                      re.S)
+    argv = shlex.split(block.group(1))
+    argv[argv.index("--store") + 1] = str(tmp_path / ".tracekit-demo")
+    done = subprocess.run([*TRACEKIT, *argv], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "COLUMNS": "160"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = [line.strip() for line in done.stdout.replace(str(tmp_path / ".tracekit-demo"), ".tracekit-demo")
+               .splitlines()]
+    for line in block.group(2).splitlines():
+        assert line.strip() == "..." or line.strip() in printed, line
