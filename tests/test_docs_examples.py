@@ -173,7 +173,7 @@ def test_predict_doc_example_prints_what_the_page_shows(work):
     done = subprocess.run([*TRACEKIT, *shlex.split(block.group(1))], cwd=work, capture_output=True, text=True,
                           timeout=600, env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stderr[-2000:]
-    printed = [line.strip() for line in done.stdout.splitlines()]
+    printed = [line.strip() for line in (done.stderr + done.stdout).splitlines()]  # the note is on stderr
     for line in block.group(2).splitlines():
         assert line.strip() in printed, line
 
