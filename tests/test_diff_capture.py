@@ -255,11 +255,11 @@ def test_validate_refit_reports_error_before_and_after(run, diff, tmp_path):
     assert refit["before"]["predicted_s"] == pytest.approx(doc["iteration_time_s"]["predicted"])
     assert refit["before"]["real_s"] == refit["after"]["real_s"] == doc["iteration_time_s"]["real"]
     assert refit["samples_added"] > 0 and refit["models"] == str(models)
-    # the run's samples, counted from ingest's own report of its traces; a second refit adds none but names them
+    # the run's samples, counted in the store: all new here (a refit after `capture` ingested them: 0 new, as the
+    # getting-started test reads)
     assert refit["run_samples"] == refit["samples_added"] <= refit["store_samples"]
-    again = json.loads(cli("validate", run["out"], "--models", models, "--refit", "--store", store, "--json").stdout)
-    assert again["refit"]["samples_added"] == 0 and again["refit"]["run_samples"] == refit["run_samples"]
-    assert not any("no models of" in w for w in again["warnings"])  # the refit made models of the run's hardware
+    after = json.loads(cli("validate", run["out"], "--models", models, "--json").stdout)
+    assert not any("no models of" in w for w in after["warnings"])  # the refit made models of the run's hardware
     # --models naming a folder that holds no models yet: "before" is the bundled models', the refit writes there
     fresh = tmp_path / "fresh-models"
     again = json.loads(cli("validate", run["out"], "--models", fresh, "--refit", "--store", tmp_path / "store-f",
