@@ -13,11 +13,15 @@ Public API:
 
 `base` is the job as Megatron argument names (the model, the global batch, whatever else the input states); keys in
 `fixed` keep the input's value, the others of SEARCH_KEYS are varied: tensor parallelism (divides the heads and the
-query groups), pipeline parallelism (divides the layers), context parallelism (only when `context_parallel` opens it:
+query groups), an MoE model's expert parallelism (EP dividing the experts, expert TP 1 or the TP size, EP·ETP dividing
+a stage's GPUs), pipeline parallelism (divides the layers), context parallelism (only when `context_parallel` opens it:
 2·cp divides the sequence), data parallelism (the rest of the GPUs), micro-batch size (divides the per-replica batch, at
 most MAX_MICRO_BATCH), interleaving (virtual stages that divide a stage's layers, when the micro-batches divide by pp),
 sequence parallelism (off and on, with tp > 1), activation recompute (none, selective, full) and the distributed
-optimizer (off and on, with dp > 1). A candidate Megatron would refuse (`TrainingConfig.validate`) is counted under
+optimizer (off and on, with dp > 1). A job that shards with FSDP/ZeRO-2/3 (tracekit.core.sharding) keeps its strategy
+and varies its shard group instead of the distributed optimizer: every number of HSDP replicas dividing the dp·cp
+ranks (1: FSDP over all of them; the setting `num_distributed_optimizer_instances`, fixed when `fixed` names it).
+A candidate Megatron would refuse (`TrainingConfig.validate`) is counted under
 `pruned["invalid"]`; one whose memory per GPU exceeds the GPU's under `pruned["memory"]`; one whose prediction could
 not be made under `pruned["failed"]`, or, when it was impossible (`predictor.plausibility`: above the GPU's peak),
 under `pruned["implausible"]`. Ranking: iteration time (`time`), tokens per second (`tokens_per_s`) or cost per
@@ -40,13 +44,18 @@ from tracekit.core.cluster import Cluster
 from tracekit.core.config import TrainingConfig, setting_name
 from tracekit.core.errors import ConfigError, PlausibilityError
 from tracekit.core.hardware import hardware_spec
+from tracekit.core.sharding import sharding_of
 
+from .fsdp import shard_splits, shards
 from .memory import config_memory
 from .predict import compose_many, prepare_many
 
 SEARCH_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
                "micro_batch_size", "virtual_pipeline_model_parallel_size", "sequence_parallel",
-               "recompute_granularity", "use_distributed_optimizer")
+               "recompute_granularity", "use_distributed_optimizer", "expert_model_parallel_size",
+               "expert_tensor_parallel_size")
+#: The settings of an MoE model's experts (tracekit.core.moe): searched only for MoE models.
+EXPERT_KEYS = ("expert_model_parallel_size", "expert_tensor_parallel_size")
 MAX_MICRO_BATCH = 16
 OBJECTIVES = ("time", "tokens_per_s", "cost")
 
@@ -92,6 +101,18 @@ def enumerate_configs(base: dict[str, Any], gpus: int, fixed: set[str], context_
     def options(key: str, values: list) -> list:
         return [getattr(model, key)] if key in fixed else values
 
+    moe = model.moe
+
+    def expert_splits(tp: int, pp: int) -> list[tuple[int, int | None]]:
+        """(EP, ETP) of an MoE model on a stage's GPUs: EP dividing the experts, ETP 1 or the TP size (Megatron's
+        default), EP·ETP dividing the stage's GPUs; the input's own where it fixes them."""
+        if moe is None:
+            return [(1, None)]
+        eps = [moe.ep] if "expert_model_parallel_size" in fixed else _divisors(moe.num_experts)
+        etps = [moe.etp(tp)] if "expert_tensor_parallel_size" in fixed else sorted({1, tp})
+        stage = gpus // pp
+        return [(ep, etp) for ep in eps for etp in etps if stage % (ep * etp) == 0]
+
     heads, groups, layers = model.num_attention_heads, model.num_query_groups, model.num_layers
     tps = options("tensor_model_parallel_size", [t for t in _divisors(gpus) if heads % t == 0 and groups % t == 0])
     pps = options("pipeline_model_parallel_size", [p for p in _divisors(gpus) if layers % p == 0])
@@ -107,8 +128,10 @@ def enumerate_configs(base: dict[str, Any], gpus: int, fixed: set[str], context_
         per_replica = model.global_batch_size // dp if model.global_batch_size % dp == 0 else 0
         mbs = options("micro_batch_size", _divisors(per_replica, min(per_replica, MAX_MICRO_BATCH)) or [1])
         sps = options("sequence_parallel", [False, True] if tp > 1 else [False])
-        dist = options("use_distributed_optimizer", [False, True] if dp > 1 else [False])
-        for mb, sp, distributed in itertools.product(mbs, sps, dist):
+        dist = options("use_distributed_optimizer", [False, True] if dp > 1 and not shards(model) else
+                       [model.use_distributed_optimizer])  # FSDP/ZeRO-2/3 jobs shard without it
+        experts = expert_splits(tp, pp)
+        for mb, sp, distributed, (ep, etp) in itertools.product(mbs, sps, dist, experts):
             m = per_replica // mb if per_replica and per_replica % mb == 0 else 0
             vps = options("virtual_pipeline_model_parallel_size",
                           [1] + ([v for v in _divisors(layers // pp)[1:] if m and m % pp == 0] if pp > 1 else []))
@@ -117,10 +140,17 @@ def enumerate_configs(base: dict[str, Any], gpus: int, fixed: set[str], context_
                          "context_parallel_size": cp, "data_parallel_size": dp, "micro_batch_size": mb,
                          "virtual_pipeline_model_parallel_size": vp or 1, "sequence_parallel": sp,
                          "recompute_granularity": recompute, "use_distributed_optimizer": distributed}
-                try:  # the job's parsed settings with this split (what parsing them all again would give)
-                    configs.append(dataclasses.replace(model, extra=dict(model.extra), **split).validate())
-                except ConfigError:
-                    rejected += 1
+                if moe is not None:
+                    split["moe"] = dataclasses.replace(moe, expert_model_parallel_size=ep,
+                                                       expert_tensor_parallel_size=etp)
+                candidate = dataclasses.replace(model, extra=dict(model.extra), **split)
+                # an FSDP job's shard groups: FSDP over every data-parallel rank, or HSDP replicas of smaller ones
+                for variant in shard_splits(candidate) if "num_distributed_optimizer_instances" not in fixed \
+                        else [candidate]:
+                    try:  # the job's parsed settings with this split (what parsing them all again would give)
+                        configs.append(variant.validate())
+                    except ConfigError:
+                        rejected += 1
     return configs, rejected
 
 
@@ -135,9 +165,15 @@ def input_config(base: dict[str, Any], gpus: int) -> TrainingConfig:
 
 
 def split_of(config: TrainingConfig) -> dict[str, Any]:
-    """A candidate's settings (SEARCH_KEYS, data parallelism, virtual stages): what tells two candidates apart."""
-    return {**{k: getattr(config, k) for k in SEARCH_KEYS}, "data_parallel_size": config.dp,
-            "virtual_pipeline_model_parallel_size": config.vp}
+    """A candidate's settings (SEARCH_KEYS, data parallelism, virtual stages; an MoE model's expert parallel sizes,
+    None for a dense one; an FSDP job's shard group, `sharding`: FSDP or HSDP R×S): what tells two candidates
+    apart."""
+    moe = config.moe
+    experts = {"expert_model_parallel_size": moe.ep if moe else None,
+               "expert_tensor_parallel_size": moe.etp(config.tp) if moe else None}
+    return {**{k: getattr(config, k) for k in SEARCH_KEYS if k not in EXPERT_KEYS}, **experts,
+            "data_parallel_size": config.dp, "virtual_pipeline_model_parallel_size": config.vp,
+            **({"sharding": sharding_of(config).name} if shards(config) else {})}
 
 
 #: Candidates prepared and composed at a time: bounds the graphs and timelines held in memory at once.
@@ -295,7 +331,8 @@ def nothing_fits(result: SearchResult, gpus: int) -> str:
 
 SHORT = {"tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp", "context_parallel_size": "cp",
          "data_parallel_size": "dp", "micro_batch_size": "mb", "virtual_pipeline_model_parallel_size": "vp",
-         "sequence_parallel": "sp", "recompute_granularity": "recompute", "use_distributed_optimizer": "dist-opt"}
+         "sequence_parallel": "sp", "recompute_granularity": "recompute", "use_distributed_optimizer": "dist-opt",
+         "expert_model_parallel_size": "ep", "expert_tensor_parallel_size": "etp", "sharding": "sharding"}
 
 
 def split_name(config: dict[str, Any]) -> str:
@@ -306,8 +343,13 @@ def split_name(config: dict[str, Any]) -> str:
         parts.append(f"cp{config['context_parallel_size']}")
     if config["virtual_pipeline_model_parallel_size"] > 1:
         parts.append(f"vp{config['virtual_pipeline_model_parallel_size']}")
+    if config.get("expert_model_parallel_size"):
+        parts.append(f"ep{config['expert_model_parallel_size']}")
+        if config.get("expert_tensor_parallel_size") != config["tensor_model_parallel_size"]:
+            parts.append(f"etp{config['expert_tensor_parallel_size']}")
     parts += ["sp"] if config["sequence_parallel"] else []
     parts += [f"recompute-{config['recompute_granularity']}"] if config["recompute_granularity"] != "none" else []
+    parts += [config["sharding"].replace(" ", "")] if config.get("sharding") else []
     return " ".join(parts + (["dist-opt"] if config["use_distributed_optimizer"] else []))
 
 

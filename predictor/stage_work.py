@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import fsdp
 from .estimates import calibrated_durations
 from .schedule import Work, simulate_many
 
@@ -38,6 +39,7 @@ class Hiding:
     tp_cover: np.ndarray | None = None
     ep_all: bool = False
     ep_cover: np.ndarray | None = None
+    fsdp_overlap: bool = True  # FSDP's collectives beside the layers' compute (predictor.fsdp; not on a CPU)
 
 
 @dataclass
@@ -49,6 +51,7 @@ class _Block:
     other_comm: float = 0.0
     tp_cover: float = 0.0
     ep_cover: float = 0.0
+    fsdp: float = 0.0
 
 
 def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: float = 0.0,
@@ -59,7 +62,7 @@ def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: flo
     framework time per compute operator no device hides (sampled: `framework_us`, plus the calibration's
     `op_overhead_us`), count as `other`. Blocking collectives add to it, except those `hiding` lets run beside the
     pass's compute: a layer pass then exposes only their time beyond the compute that covers them."""
-    compute = comm = 0.0
+    compute = comm = root_fsdp = 0.0
     other_ops = 0
     blocks: dict[tuple[str, int], _Block] = {}
     hide = hiding or Hiding()
@@ -71,6 +74,8 @@ def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: flo
                 blk.ep += t
             elif op.group == "tp":
                 blk.tp += t
+            elif op.group in fsdp.GROUPS:
+                blk.fsdp += t
             elif op.group:
                 blk.other_comm += t
             else:
@@ -80,6 +85,8 @@ def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: flo
                     blk.tp_cover += t
                 if hide.ep_cover is not None and hide.ep_cover[op.spec]:
                     blk.ep_cover += t
+        elif op.group in fsdp.GROUPS:
+            root_fsdp += op.count * t
         elif op.group:
             comm += op.count * t
         else:
@@ -93,6 +100,8 @@ def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: flo
         comm += (tp + ep + blk.other_comm) * count
         other += (max(0.0, cal.host_op_us * blk.ops - blk.compute)
                   + (framework_us + cal.op_overhead_us) * blk.ops) * count
+    comm += fsdp.exposed_us([(blk.fsdp, blk.compute, count) for (_, count), blk in blocks.items()], root_fsdp,
+                            hide.fsdp_overlap)
     return Work(compute, comm, other)
 
 
@@ -108,7 +117,10 @@ def hiding_of(graph: Graph) -> Hiding:
         shared = {o.spec for seg in graph.segments for o in seg.fwd + seg.bwd
                   if o.group is None and o.name.startswith("mlp.shared_experts")}
         ep_cover = np.isin(np.arange(len(graph.specs)), list(shared))
-    return Hiding(tp, ep_all, ep_cover)
+    # FSDP's gathers run beside compute (Megatron-FSDP only when asked to overlap them); not on a CPU
+    mfsdp = c.sharding is not None and c.sharding.sharded_data_parallel == "megatron-fsdp"
+    overlap = not graph.hardware.startswith("cpu-") and (not mfsdp or c.overlap_param_gather or c.overlap_grad_reduce)
+    return Hiding(tp, ep_all, ep_cover, overlap)
 
 
 def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[np.ndarray, tuple]:
@@ -121,7 +133,8 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
            for s in range(pp)]
     bwd = [[_work(graph.segment(s, k).bwd, dur, cal, est.framework_us.get("bwd", 0.0), hiding) for k in range(vp)]
            for s in range(pp)]
-    buckets = [[float(dur[o.spec]) for o in graph.grad_sync[s] if o.group in ("dpcp", "edp")] for s in range(pp)]
+    buckets = [[float(dur[o.spec]) for o in graph.grad_sync[s] if o.group in ("dpcp", "edp", *fsdp.GROUPS)]
+               for s in range(pp)]
     embd = [float(sum(dur[o.spec] for o in graph.grad_sync[s] if o.group == "embd")) for s in range(pp)]
     optimizer = [float(dur[graph.optimizer[s].spec]) + float(sum(dur[o.spec] for o in graph.casts.get(s, [])))
                  for s in range(pp)]

@@ -47,8 +47,9 @@ interconnect) are read from the row; the output's notes column says what was ass
 
 @app.command("predict", help=HELP)
 def predict_command(
-    config: Optional[Path] = typer.Argument(None, help="Configuration: YAML/JSON of Megatron argument names, or a "
-                                                       "Megatron log (its arguments block)."),
+    config: Optional[Path] = typer.Argument(None, help="Configuration: YAML/JSON of Megatron argument names, a "
+                                                       "Megatron log (its arguments block), a torchtitan TOML job "
+                                                       "or a Composer/llm-foundry YAML (with --gpus)."),
     megatron_args: Optional[str] = typer.Option(None, "--megatron-args", help="Megatron command-line arguments."),
     megatron_log: Optional[Path] = typer.Option(None, "--megatron-log", help="Megatron log with its arguments block."),
     hardware: Optional[str] = typer.Option(None, "--hardware", help="GPU hardware id: a datasheet entry ("
@@ -105,14 +106,20 @@ def predict_command(
 
         from .job_file import job_mapping, job_text
 
+        native = None  # a torchtitan TOML or a Composer YAML (tracekit.core.job_files)
         if config is not None:  # a trace, a table, a binary file, bad YAML: refused in one line before any parser
             job = job_text(config, "predict")
-            if not ARGS_BEGIN.search(job):
+            if config.suffix.lower() in (".yaml", ".yml", ".json"):
+                job_mapping(config, job)  # a syntax error is one line saying where, whatever the job's kind
+            native = _job(config, gpus, hardware, gpus_per_node, cluster_name)
+            if native is None and not ARGS_BEGIN.search(job):
                 job_mapping(config, job, or_log=config.suffix.lower() not in (".yaml", ".yml", ".json"))
+        if native is not None:  # its world size is the launch's (--gpus): the reader resolves the split with it
+            overrides = {k: v for k, v in overrides.items() if k not in ("world_size", "data_parallel_size")}
 
         log, text = (megatron_log if megatron_log is not None else
-                     config if config is not None and config.suffix.lower() not in (".yaml", ".yml", ".json")
-                     else None), None
+                     config if config is not None and native is None
+                     and config.suffix.lower() not in (".yaml", ".yml", ".json") else None), None
         if log is not None:
             try:
                 text = log.read_text(errors="replace")
@@ -122,9 +129,13 @@ def predict_command(
         log_text = text if text is not None and (megatron_log is not None or ARGS_BEGIN.search(text)) else None
         shown = stack_of_arguments(parse_arguments_block(log_text, str(log))) \
             if log_text is not None and ARGS_BEGIN.search(log_text) else None
+        if native is not None:
+            shown = get_stack(native.stack)
         profile = get_stack(stack) if stack else (shown or get_stack(DEFAULT))
         unknown: list[str] | None = [] if allow_unknown else None
-        if log_text is not None:  # the text already read
+        if native is not None:
+            cfg = TrainingConfig.from_mapping(native.settings, profile.config)
+        elif log_text is not None:  # the text already read
             cfg = TrainingConfig.from_megatron_log(log_text, str(log), profile.config)
         elif config is not None:
             cfg = TrainingConfig.from_file(config, profile.config, unknown)
@@ -145,9 +156,10 @@ def predict_command(
         with working("predicting", quiet=as_json):
             prediction = predict(cfg, cluster, models, cal)
         say_assumed(note, quiet=as_json)  # once the answer is sure: an error stays one line
-        added = list(unknown or [])  # the command's own warnings, in front of the prediction's
+        added = (native.notes if native is not None else []) + list(unknown or [])  # the command's own warnings
         if shown is not None and not stack:
-            added.insert(0, f"stack {shown.name}: the log's arguments block shows it")
+            added.insert(0, f"stack {shown.name}: the {'job file' if native else 'log'}'s "
+                            f"{'kind' if native else 'arguments block'} shows it")
         prediction.warnings[:0] = added
         written = []
         if trace_out is not None:
@@ -167,6 +179,16 @@ def predict_command(
     _print_prediction(prediction, len(added))
     if written:
         console.print(f"predicted traces: {', '.join(str(p) for p in written)}")
+
+
+def _job(config: Path, gpus: Optional[int], hardware: Optional[str], gpus_per_node: Optional[int],
+         cluster_name: Optional[str]):
+    """A torchtitan TOML or Composer YAML job (tracekit.core.job_files), read with the launch's GPUs and the node
+    size of the cluster it runs on; None for a Megatron configuration."""
+    from tracekit.core.job_files import read_job
+
+    where = cluster_of(hardware, gpus_per_node, cluster_name)[0]
+    return read_job(config, gpus, where.domain_size if where is not None else gpus_per_node)
 
 
 def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, calibration, overrides,

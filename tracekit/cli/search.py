@@ -11,12 +11,18 @@ from .executor import Executor, check_ray_address, executor_option, ray_address_
 from .output import ALLOW_UNKNOWN_HELP, console, err_console, fail, print_json, progress, user_errors
 from .where import cluster_of, complete_cluster, complete_hardware, say_assumed
 
-HELP = """Find the best configuration of a job on N GPUs: every split Megatron accepts (tp, pp, dp, cp, virtual
+#: A job file's settings a search varies rather than keeps (the split it states; pipelines split evenly).
+JOB_SPLIT = ("world_size", "data_parallel_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+             "virtual_pipeline_model_parallel_size", "pipeline_model_parallel_layout", "micro_batch_size",
+             "sequence_parallel", "num_distributed_optimizer_instances")
+
+HELP = """Find the best configuration of a job on N GPUs: every split Megatron accepts (tp, pp, dp, cp, ep, virtual
 stages, micro-batch, sequence parallelism, activation recompute, distributed optimizer), pruned by the memory
 model, predicted in one batched model call, ranked.
 
 Settings the input states stay fixed; --vary KEYS opens them (comma-separated Megatron names or tp, pp, cp,
-micro_batch_size, vp, sequence_parallel, recompute_granularity, use_distributed_optimizer; `all` opens every one);
+micro_batch_size, vp, sequence_parallel, recompute_granularity, use_distributed_optimizer, and for an MoE model ep,
+etp; `all` opens every one);
 a boolean setting opened is searched both ways. The input's own split is always predicted and shown with its rank;
 when nothing can be ranked, search exits 2 and says what to open.
 
@@ -26,12 +32,16 @@ Examples:
   --global-batch-size 512 --bf16" --gpus 64 --hardware H100-80GB-HBM3 --top 5
 
   tracekit search job.yaml --gpus 256 --cluster selene --objective cost --price-per-gpu-hour 2.5 --json
+
+  tracekit search llama3_70b.toml --gpus 64 --hardware H100-80GB-HBM3   # a torchtitan job (or a Composer YAML):
+  its model, batch, precision and checkpointing stay; tp, pp, micro-batch and the FSDP/HSDP shard group are searched
 """
 
 
 @app.command("search", help=HELP)
 def search_command(
-    config: Optional[Path] = typer.Argument(None, help="Job: YAML/JSON of Megatron argument names."),
+    config: Optional[Path] = typer.Argument(None, help="Job: YAML/JSON of Megatron argument names, a torchtitan "
+                                                       "TOML job or a Composer/llm-foundry YAML."),
     megatron_args: Optional[str] = typer.Option(None, "--megatron-args",
                                                 help="Job as Megatron command-line arguments."),
     gpus: int = typer.Option(..., "--gpus", min=1, help="GPUs the job gets (world size)."),
@@ -76,8 +86,22 @@ def search_command(
 
         if (config is None) == (megatron_args is None):
             fail("give the job as CONFIG or --megatron-args (one of them)")
+        native = None  # a torchtitan TOML or a Composer YAML (tracekit.core.job_files): its split is what is searched
         if config is not None:
-            base = job_mapping(config, job_text(config, "search"))
+            from tracekit.core.job_files import read_job
+
+            text = job_text(config, "search")
+            if config.suffix.lower() in (".yaml", ".yml", ".json"):
+                job_mapping(config, text)  # a syntax error is one line saying where, whatever the job's kind
+            placed = cluster_of(hardware, gpus_per_node, cluster_name)[0]
+            native = read_job(config, gpus, placed.domain_size if placed else gpus_per_node)
+            if native is not None:
+                base = {k: v for k, v in native.settings.items() if k not in JOB_SPLIT}
+                stack = stack or native.stack
+                for line in native.notes:
+                    err_console.print(f"[yellow]note:[/yellow] {line}")
+            else:
+                base = job_mapping(config, text)
         else:
             assert megatron_args is not None  # exactly one of the two was given
             base = parse_megatron_argv(megatron_args)
@@ -103,7 +127,7 @@ def search_command(
             runner = RayExecutor(ray_address)
         with progress(quiet=as_json) as bar:
             task = bar.add_task(f"searching ({executor.value})", total=None)
-            result = search(base, gpus, where, models, fixed & set(SEARCH_KEYS),
+            result = search(base, gpus, where, models, fixed & {*SEARCH_KEYS, "num_distributed_optimizer_instances"},
                             profile.calibration(where.hardware), objective, price, runner,
                             context_parallel=bool(opened & {"all", "context_parallel_size"}),
                             progress=lambda done, total: bar.update(task, completed=done, total=total))
@@ -120,7 +144,8 @@ def search_command(
 
 #: The --vary names of the settings that have short ones.
 VARY_NAMES = {"tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp", "context_parallel_size": "cp",
-              "virtual_pipeline_model_parallel_size": "vp"}
+              "virtual_pipeline_model_parallel_size": "vp", "expert_model_parallel_size": "ep",
+              "expert_tensor_parallel_size": "etp"}
 
 
 def _hint(result, gpus: int) -> str:
