@@ -74,8 +74,8 @@ def test_the_shipped_job_still_reads(tmp_path):
 
 
 def test_shell_completion_is_typers():
-    shown = runner.invoke(app, ["--show-completion", "bash"])
-    assert shown.exit_code == 0 and "_TRACEKIT_COMPLETE=complete_bash" in shown.stdout
+    shown = runner.invoke(app, ["--show-completion", "bash"], prog_name="tracekit")
+    assert shown.exit_code == 0 and "_TRACEKIT_COMPLETE=complete_bash" in shown.stdout, (shown.output, shown.exception)
     assert "--install-completion" in runner.invoke(app, ["--help"], terminal_width=200).stdout
     completed = runner.invoke(app, [], env={"_TRACEKIT_COMPLETE": "complete_bash", "COMP_WORDS": "tracekit pre",
                                             "COMP_CWORD": "1"}, prog_name="tracekit")
