@@ -50,12 +50,14 @@ from tracekit.core.cluster import Cluster
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
 from tracekit.core.hardware import hardware_spec
+from tracekit.core.megatron_arguments import unmodelled_warning
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES
 
 from . import tables
 from .calibration import NONE, Calibration
 from .estimates import Estimates, estimate_rows, resolve_hardware
 from .flops import throughput
+from .framework_costs import cluster_for
 from .graph import Graph, build_graph
 from .memory import memory_per_gpu
 from .schedule import Timeline, Work, simulate_many
@@ -180,6 +182,7 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
     row_of: dict[tuple, int] = {}
     spec_rows: list[np.ndarray] = []
     for config, cluster in zip(configs, clusters):
+        cluster = cluster_for(config, cluster)  # NCCL as the run's settings leave it (deterministic mode: Ring)
         try:
             hardware, note = resolve_hardware(cluster.hardware, available, compute)
             notes = [note] if note else []
@@ -260,6 +263,9 @@ def _prediction(graph: Graph, est: Estimates, cluster: Cluster, notes: list[str]
     memory, mem_warnings = memory_per_gpu(graph)
     counts = tables.instance_counts(graph)
     warnings = list(notes or []) + mem_warnings
+    unmodelled = unmodelled_warning(c.extra)
+    if unmodelled:
+        warnings.append(unmodelled)
     fallbacks = tables.fallbacks(graph, est, dur, counts)
     if fallbacks:
         share = sum(f["time_s"] for f in fallbacks) / max(seconds, 1e-12)

@@ -10,13 +10,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from . import attention as attention_settings, moe as moe_settings, pipeline_layout, precision as precision_recipes
+from . import (
+    attention as attention_settings,
+    moe as moe_settings,
+    pipeline_layout,
+    precision as precision_recipes,
+    runtime as runtime_settings,
+)
 from .attention import AttentionSettings
 from .errors import ConfigError, InputError, did_you_mean
 from .megatron_arguments import dest_form, is_switch, refuse_unknown
 from .moe import MoESettings
 from .pipeline_layout import LayoutSettings
 from .precision import LowPrecisionSettings
+from .runtime import RuntimeSettings
 
 ARGS_BEGIN = re.compile(r"-{3,}\s*arguments\s*-{3,}")
 ARGS_END = re.compile(r"-{3,}\s*end of arguments\s*-{3,}")
@@ -42,6 +49,7 @@ ALIASES = {
     "num_virtual_stages_per_pipeline_rank": "virtual_pipeline_model_parallel_size",
     "microbatch_group_size_per_virtual_pipeline_stage": "microbatch_group_size_per_vp_stage",
     **moe_settings.ALIASES,
+    **runtime_settings.ALIASES,
 }
 
 #: Settings kept in a section of their own (a module each, holding their rules): section name → (type, fields).
@@ -50,6 +58,7 @@ SECTIONS: dict[str, tuple[type, tuple[str, ...]]] = {
     "attn": (AttentionSettings, attention_settings.FIELDS),
     "layout": (LayoutSettings, pipeline_layout.FIELDS),
     "lowp": (LowPrecisionSettings, precision_recipes.LOWP_FIELDS),
+    "run": (RuntimeSettings, runtime_settings.FIELDS),
 }
 _SECTION_OF = {name: section for section, (_, names) in SECTIONS.items() for name in names}
 
@@ -146,6 +155,7 @@ class TrainingConfig:
     attn: AttentionSettings | None = None  # MLA, sliding windows, fp8 attention (tracekit.core.attention)
     layout: LayoutSettings | None = None  # uneven pipelines, layouts, MTP (tracekit.core.pipeline_layout)
     lowp: LowPrecisionSettings | None = None  # bf16 first/last layers (tracekit.core.precision)
+    run: RuntimeSettings | None = None  # CUDA graphs, determinism, logging passes, timers (tracekit.core.runtime)
     extra: dict[str, Any] = field(default_factory=dict)  # arguments tracekit does not model, kept verbatim
 
     # -- derived values (Megatron's defaults) -----------------------------------------------------------------
@@ -296,7 +306,7 @@ class TrainingConfig:
                               f"{self.global_batch_size} / micro_batch_size·dp) is beyond what tracekit simulates (at "
                               f"most {LIMITS['microbatches']:,} per stage); is it a typo?")
         pipeline_layout.check_microbatch_groups(self)
-        for section in (self.moe, self.attn):
+        for section in (self.moe, self.attn, self.run):
             if section is not None:
                 section.validate(self)
         if cp > 1 and self.seq_length % (2 * cp):
@@ -606,6 +616,8 @@ def _sections(values: dict[str, Any], sections: dict[str, dict[str, Any]]) -> No
     for name in ("layout", "lowp"):
         if any(v not in (None, False) for v in sections.get(name, {}).values()):
             values[name] = _build(SECTIONS[name][0], sections[name])
+    if runtime_settings.stated(sections.get("run", {})):
+        values["run"] = _build(RuntimeSettings, sections["run"])
 
 
 def _build(kind: type, settings: dict[str, Any]) -> Any:
