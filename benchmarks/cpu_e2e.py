@@ -5,7 +5,8 @@ then predict other configurations, run them, and compare predicted with measured
 
 Steps (all through the `tracekit` command, as a user would run them):
   1. tracekit sample --device cpu --ranks 2              (micro-benchmarks, gloo collectives over 2 processes)
-  2. tracekit capture -- torchrun ... -m tracekit.reference   (4 training configurations, 2 ranks each, ingested)
+  2. tracekit capture -- torchrun ... -m tracekit.reference   (5 training configurations, 2 ranks each, ingested:
+     TP, PP, DP, TP + SP and FSDP2)
   3. tracekit train --store S --models-out M --hardware cpu-... --folds 2   (twice: on the samples alone, and on the
      samples plus the captured runs, to show what the captures add)
   4. tracekit calibrate CAPTURE... --models M --calibration-out cal.json   (per model set: a few global constants
@@ -52,7 +53,7 @@ CAL_PARAMS = "auto"
 ALT_PARAMS = ("host_op_us,comm_scale,microbatch_overhead_us", "compute_scale,memory_scale,comm_scale",
               "comm_scale,microbatch_overhead_us,iteration_overhead_us")
 
-#: Captured (training data) and predicted configurations; all run on 2 ranks (TP, PP or DP over 2).
+#: Captured (training data) and predicted configurations; all run on 2 ranks (TP, PP, DP or FSDP2 over 2).
 CAPTURED = {
     "A tp2 h64 L2": dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, micro_batch_size=2,
                          global_batch_size=4, tensor_model_parallel_size=2),
@@ -62,6 +63,8 @@ CAPTURED = {
                          global_batch_size=8),
     "D tp2+sp h64 L2": dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=64, micro_batch_size=2,
                             global_batch_size=4, tensor_model_parallel_size=2, sequence_parallel=True),
+    "E fsdp2 h64 L2": dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, micro_batch_size=2,
+                           global_batch_size=8, use_torch_fsdp2=True),
 }
 PREDICTED = {
     "1 tp2 h64 L4 (layers)": dict(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
@@ -76,6 +79,11 @@ PREDICTED = {
     "5 tp2+sp h128 (sp)": dict(num_layers=2, hidden_size=128, num_attention_heads=8, seq_length=64,
                                micro_batch_size=2, global_batch_size=4, tensor_model_parallel_size=2,
                                sequence_parallel=True),
+    "6 fsdp2 h128 L4 (fsdp, layers)": dict(num_layers=4, hidden_size=128, num_attention_heads=8, seq_length=64,
+                                           micro_batch_size=2, global_batch_size=8, use_torch_fsdp2=True),
+    "7 fsdp2 h256 (fsdp, no reshard)": dict(num_layers=2, hidden_size=256, num_attention_heads=8, seq_length=64,
+                                            micro_batch_size=2, global_batch_size=8, use_torch_fsdp2=True,
+                                            torch_fsdp2_no_reshard_after_forward=True),
 }
 
 
@@ -106,6 +114,8 @@ def predicted_ms(model: dict, models_dir: Path, hardware: str, work: Path, name:
                  ) -> dict:
     config = {**model, **COMMON, "world_size": 2, "precision": "fp32", "train_iters": TRAIN_ITERS}
     config.pop("log_interval")
+    if config.pop("torch_fsdp2_no_reshard_after_forward", False):  # Megatron's flag, as the configuration's field
+        config["torch_fsdp2_reshard_after_forward"] = False
     path = work / f"config-{re.sub(r'[^A-Za-z0-9]+', '_', name)}.json"
     path.write_text(json.dumps(config))
     extra = ["--calibration", str(calibration)] if calibration else []

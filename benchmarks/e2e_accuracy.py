@@ -22,11 +22,18 @@ its own virtualenv, on the same rows with the same facts (benchmarks/peers/READM
 estimate-train-time takes 2–3 s a row, so it runs on every row of the two small sets and on every
 `--ett-stride`-th row of the 727.
 
-Run: .venv/bin/python benchmarks/e2e_accuracy.py [--models DIR] [--fit-stack] [--peers]
+llm-foundry (MosaicML's MPT runs, Composer + FSDP; `--only llm-foundry`): every row predicted with the `composer`
+stack, whose three scales are fitted on these rows — so the figure is leave-one-model-size-out: each MPT size
+predicted with the scales fitted on the other sizes (`--fit-composer` refits on every row and writes the profile);
+printed per model size × GPU count.
+
+Run: .venv/bin/python benchmarks/e2e_accuracy.py [--models DIR] [--fit-stack] [--fit-composer] [--peers]
+     [--only megatron|llm-foundry]
 """
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -171,11 +178,102 @@ def write_stack(cal, measured_rows: int, cv_mape: float) -> None:
     print(f"wrote {path}")
 
 
+# -- llm-foundry: Composer + PyTorch FSDP (MosaicML's MPT benchmarks) ------------------------------------------------
+LLMFOUNDRY = "llmfoundry_mpt_fsdp_a100.csv"
+LLMFOUNDRY_GOAL = "≤ 10%"
+COMPOSER = "composer"
+#: The composer stack's constants, fitted on llm-foundry's rows and scored leave-one-model-size-out: the tensor-core
+#: kernels' speed beside the samples' (GEMMs beside FSDP's collectives, A100 40 GB parts), MPT's attention kernel
+#: (triton flash attention with ALiBi) beside flash-attention 2, and eager memory-bound kernels (unfused LayerNorm,
+#: GeLU, dropout).
+COMPOSER_PARAMS = ("compute_scale", "attention_scale", "memory_scale")
+
+
+def fit_composer(prepared, measured: np.ndarray):
+    return fit_prepared(prepared, measured, COMPOSER_PARAMS, rounds=6)[0]
+
+
+def llmfoundry(models, worst: int, refit: bool) -> tuple:
+    """Every llm-foundry row predicted as `predict --batch` predicts it (the composer stack's constants), and the
+    same constants fitted leave-one-model-size-out: each model size's rows predicted with the constants fitted on the
+    other sizes. Prints MAPE, median and p90, and a table per model size × GPU count."""
+    _, cells = B.read_rows(E2E / LLMFOUNDRY)
+    rows = [B.parse_row(c, i + 2, None, None) for i, c in enumerate(cells)]
+    failed = [r for r in rows if r.error]
+    good = [r for r in rows if not r.error]
+    prepared = prepare_many([r.config for r in good], [r.cluster for r in good], models)
+    failed += [r for r, p in zip(good, prepared) if isinstance(p, Exception)]
+    keep = [i for i, p in enumerate(prepared) if not isinstance(p, Exception)]
+    good, prepared = [good[i] for i in keep], [prepared[i] for i in keep]
+    measured = np.array([float(r.cells["iteration_time_s"]) for r in good])
+    sizes = [r.cells["model_name"] for r in good]
+    names = sorted(set(sizes), key=lambda n: float(re.sub(r"[^0-9.]", "", n)) * (1e-3 if n.lower().endswith("m")
+                                                                                    else 1.0))
+    fold = np.array([names.index(n) for n in sizes])
+    held_out = held_out_times_s(prepared, measured, fold, fit_composer)
+    shipped = times_with_row_stacks(good, prepared)
+    bare = iteration_times_s(prepared, NONE)
+    print(f"\n== llm-foundry ({LLMFOUNDRY}): {len(good)} rows predicted, {len(failed)} not; stacks "
+          f"{sorted({r.stack.name for r in good})}, clusters {sorted({r.cluster.name for r in good})}")
+    for r in failed:
+        print(f"  not predicted: line {r.line}: {r.error}")
+    cv = stats(held_out, measured)
+    ship = stats(shipped, measured)
+    print(f"  composer constants fitted leave-one-model-size-out: MAPE {cv[0]:.2f}% (median {cv[1]:.2f}%, "
+          f"p90 {cv[2]:.2f}%); goal {LLMFOUNDRY_GOAL}")
+    print(f"  shipped composer constants (fitted on every row): MAPE {ship[0]:.2f}% (median {ship[1]:.2f}%, "
+          f"p90 {ship[2]:.2f}%)")
+    print(f"  without stack constants: MAPE {stats(bare, measured)[0]:.2f}%")
+    groups: dict[tuple[str, int], list[int]] = {}
+    for i, r in enumerate(good):
+        groups.setdefault((r.cells["model_name"], r.config.world_size), []).append(i)
+    print(f"  {'model':<9} {'GPUs':>5} {'rows':>5} {'MAPE %':>8} {'bias %':>8}  (leave-one-model-size-out)")
+    for name in names:
+        for (model, gpus) in sorted(k for k in groups if k[0] == name):
+            idx = groups[(model, gpus)]
+            rel = (held_out[idx] - measured[idx]) / measured[idx]
+            print(f"  {model:<9} {gpus:>5} {len(idx):>5} {100 * np.abs(rel).mean():>8.2f} {100 * rel.mean():>+8.2f}")
+    err = np.abs(held_out - measured) / measured
+    print(f"  worst {worst} rows (leave-one-model-size-out):")
+    for i in np.argsort(-err)[:worst]:
+        c = good[i].config
+        print(f"    line {good[i].line}: {good[i].cells['model_name']} {c.world_size} GPUs seq {c.seq_length} mb "
+              f"{c.micro_batch_size} recompute {c.recompute_granularity}: measured {measured[i]:.4g} s, predicted "
+              f"{held_out[i]:.4g} s ({100 * (held_out[i] - measured[i]) / measured[i]:+.1f}%)")
+    if refit:
+        write_composer(fit_composer(prepared, measured), len(good), cv[0] / 100, len(names))
+    return ("llm-foundry", len(good), len(failed), "composer constants leave-one-model-size-out", *cv,
+            stats(bare, measured)[0], LLMFOUNDRY_GOAL, [])
+
+
+def write_composer(cal, rows: int, cv_mape: float, sizes: int) -> None:
+    import json
+
+    path = stack_path(COMPOSER)
+    doc = json.loads(path.read_text())
+    doc["constants"] = {k: round(getattr(cal, k), 4) for k in COMPOSER_PARAMS}
+    doc["fit"] = {
+        "data": f"shared corpus e2e/{LLMFOUNDRY} ({rows} rows; MosaicML's MPT 125M-70B benchmarks, Composer + FSDP "
+                "FULL_SHARD on A100 40/80 GB, 8-512 GPUs)",
+        "method": "Gauss–Newton on relative error of predicted vs measured iteration time (predictor.calibration)",
+        "params": list(COMPOSER_PARAMS),
+        f"mape_leave_one_model_size_out_{sizes}_sizes": round(cv_mape, 4),
+        "by": "benchmarks/e2e_accuracy.py --fit-composer",
+    }
+    atomic_write_json(path, doc)
+    stacks.cache_clear()
+    print(f"wrote {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=None, help="model directory (default: bundled)")
     parser.add_argument("--fit-stack", action="store_true",
                         help=f"refit {FIT_STACK}'s host constants on {FIT_SET} and write its profile first")
+    parser.add_argument("--fit-composer", action="store_true",
+                        help=f"refit the {COMPOSER} stack's constants on every llm-foundry row and write its profile")
+    parser.add_argument("--only", choices=("megatron", "llm-foundry"), default=None,
+                        help="run one part only (default: both)")
     parser.add_argument("--worst", type=int, default=5)
     parser.add_argument("--peers", action="store_true", help="also run the peer predictors on the same rows")
     parser.add_argument("--ett-stride", type=int, default=10,
@@ -184,7 +282,7 @@ def main() -> None:
     models = ModelSet.load(args.models)
     print(f"models: {models.path} ({', '.join(models.hardware_ids())})")
     summary = []
-    for name, (file, goal) in SETS.items():
+    for name, (file, goal) in (SETS.items() if args.only != "llm-foundry" else ()):
         t0 = time.perf_counter()
         rows, prepared, measured, failed = load(models, name)
         seconds = time.perf_counter() - t0
@@ -212,6 +310,8 @@ def main() -> None:
             figure = "not run" if peer_mape is None else f"MAPE {peer_mape:.2f}% on {n} rows"
             print(f"  peer {peer}: {figure}{' (' + note + ')' if note else ''}")
         summary.append((name, len(rows), len(failed), label, mape, median, p90, bare_mape, goal, peers))
+    if args.only != "megatron":
+        summary.append(llmfoundry(models, args.worst, args.fit_composer))
     print(f"\n{'set':<20} {'rows':>5} {'failed':>6} {'MAPE %':>7} {'median %':>8} {'p90 %':>6} "
           f"{'no stack constants %':>20}  goal   (figure)")
     for name, n, bad, label, mape, median, p90, bare, goal, _ in summary:

@@ -13,12 +13,12 @@ Public API (the application imports these names from `predictor`, never its modu
   ``predictor.predict``'s ``predict``; exported under another name because a package attribute named like one of
   its modules is replaced by that module once it is imported) and ``predict_many`` (one batched model call for many
   configurations); the contract is ``predictor.predict``'s docstring.
-- Inputs: ``BatchRow``, ``read_rows``, ``parse_row``, ``output_row``, ``write_rows`` (published e2e tables, in
-  and out); ``Stack``, ``DEFAULT_STACK``,
-  ``get_stack``, ``stack_of_arguments`` (software-stack profiles).
+- Inputs: ``BatchRow``, ``read_rows``, ``parse_row``, ``predict_rows`` (the one path of `predict --batch` and
+  `validate --published`), ``output_row``, ``write_rows`` (published e2e tables, in and out); ``Stack``,
+  ``DEFAULT_STACK``, ``get_stack``, ``stack_of_arguments`` (software-stack profiles).
 - Constants: ``Calibration``, ``CALIBRATION_CONSTANTS``, ``load_calibration``, ``fit_calibration``.
 - Search: ``search_configurations(base, gpus, cluster, models, ...) -> SearchResult`` (``predictor.search``'s
-  ``search``), ``SEARCH_KEYS``, ``split_name``;
+  ``search``), ``SEARCH_KEYS``, ``split_name``, ``nothing_fits``;
   ``RayExecutor`` (the `ray` extra) runs its shards as Ray tasks.
 - Predicted traces: ``write_traces(prediction, out_dir, ...)``, ``default_ranks(graph)``.
 
@@ -44,6 +44,7 @@ _EXPORTS = {
     "predict_many": ("predict", "predict_many"),
     "BatchRow": ("batch", "BatchRow"),
     "parse_row": ("batch", "parse_row"),
+    "predict_rows": ("batch", "predict_rows"),
     "read_rows": ("batch", "read_rows"),
     "output_row": ("batch", "output_row"),
     "write_rows": ("batch", "write_rows"),
@@ -59,6 +60,7 @@ _EXPORTS = {
     "SEARCH_KEYS": ("search", "SEARCH_KEYS"),
     "SearchResult": ("search", "SearchResult"),
     "split_name": ("search", "split_name"),
+    "nothing_fits": ("search", "nothing_fits"),
     "RayExecutor": ("ray_executor", "RayExecutor"),
     "write_traces": ("trace_out", "write_traces"),
     "default_ranks": ("trace_out", "default_ranks"),
@@ -67,20 +69,20 @@ _EXPORTS = {
 __all__ = [
     "BatchRow", "CALIBRATION_CONSTANTS", "Calibration", "DEFAULT_STACK", "ModelSet", "Prediction", "RayExecutor",
     "SEARCH_KEYS", "SearchResult", "Stack", "ape_stats", "ape_summary", "bundled_models_dir", "default_ranks",
-    "fit_calibration", "get_stack", "load_calibration", "output_row", "parse_row", "predict_iteration", "predict_many",
-    "read_rows", "search_configurations", "selected_primitives", "source_weights", "split_name", "stack_of_arguments",
-    "train_models", "write_rows", "write_traces",
+    "fit_calibration", "get_stack", "load_calibration", "nothing_fits", "output_row", "parse_row", "predict_iteration",
+    "predict_many", "predict_rows", "read_rows", "search_configurations", "selected_primitives", "source_weights",
+    "split_name", "stack_of_arguments", "train_models", "write_rows", "write_traces",
 ]
 
 if TYPE_CHECKING:
-    from .batch import BatchRow, output_row, parse_row, read_rows, write_rows
+    from .batch import BatchRow, output_row, parse_row, predict_rows, read_rows, write_rows
     from .calibration import CONSTANTS as CALIBRATION_CONSTANTS, Calibration, load_calibration
     from .calibration_fit import fit_calibration
     from .models import ModelSet, bundled_models_dir
     from .predict import Prediction, predict as predict_iteration, predict_many
     from .ray_executor import RayExecutor
     from .regressor import ape_stats, ape_summary
-    from .search import SEARCH_KEYS, SearchResult, search as search_configurations, split_name
+    from .search import SEARCH_KEYS, SearchResult, nothing_fits, search as search_configurations, split_name
     from .stack import DEFAULT as DEFAULT_STACK, Stack, get_stack, stack_of_arguments
     from .trace_out import default_ranks, write_traces
     from .training import train_models

@@ -26,6 +26,8 @@ from tracekit.core.cluster import Cluster, infer_cluster
 from tracekit.core.config import TrainingConfig, own_setting_names, setting_name
 from tracekit.core.errors import ConfigError, InputError
 from tracekit.core.hardware import hardware_spec, normalize_hardware
+from tracekit.core.sharding import settings_from_text, with_shard_inside
+from tracekit.core.torchtitan_job import as_torchtitan_runs
 
 from .calibration import Calibration
 from .predict import BREAKDOWN
@@ -47,7 +49,6 @@ OUTPUT_COLUMNS = (
     "predicted_mfu", "predicted_tokens_per_s", "predicted_memory_gb_per_gpu", "hardware_used", "cluster", "stack",
     "prediction_notes", "warnings", "error",
 )
-_OPTIMIZER_SHARDED = ("zero", "zero1", "zero-1", "zero_1", "distributed", "distributed_optimizer")
 _UNSTATED = re.compile(r"^(not stated|unknown|n/?a|unspecified|-|\?|none given)\b", re.I)
 #: Defaults the documentation names for cells that do not say (Megatron's own where it has one).
 DEFAULTS = {"micro_batch_size": 1, "precision": "bf16", "activation_recompute": "none", "sequence_parallel": False,
@@ -168,15 +169,18 @@ def parse_row(cells: dict[str, str], line: int, hardware: str | None, gpus_per_n
         mapping.update(from_notes)
         notes.extend(read)
         mapping.update(argument_settings(cells))
-        sharding = cells.get("zero_or_fsdp", "").strip().split(" ")[0].lower()
-        if sharding in _OPTIMIZER_SHARDED:
-            mapping["use_distributed_optimizer"] = True
+        sharded, sharding_notes, inside_node = settings_from_text(cells.get("zero_or_fsdp", ""),
+                                                                  cells.get("fsdp", ""), cells.get("framework", ""))
+        mapping.update(sharded)
+        notes.extend(sharding_notes)
         stated = _parallel_product(mapping)
         if "num_gpus" in mapping and stated and "dp" in mapping and int(float(mapping["num_gpus"])) != stated[0]:
             raise ConfigError(f"num_gpus {mapping['num_gpus']} disagrees with tp·pp·dp·cp = {stated[1]} = "
                               f"{stated[0]}")
         mapping.update(overrides or {})
         config = TrainingConfig.from_mapping(mapping, chosen.config)
+        if chosen.name == "torchtitan":  # FSDP2, SP with TP, torchtitan's pipeline split
+            config = as_torchtitan_runs(config, notes)
         config = _uneven(config, cells, notes)
         config.validate()
         if cluster is not None:
@@ -192,6 +196,8 @@ def parse_row(cells: dict[str, str], line: int, hardware: str | None, gpus_per_n
             where, note = infer_cluster(hw, gpn, " ".join(cells.get(k, "") for k in ("interconnect", "hardware_gpu")))
             if note:
                 notes.append(note)
+        if inside_node:  # HYBRID_SHARD: each node's data-parallel ranks shard, the nodes replicate
+            config = with_shard_inside(config, where.domain_size)
         return BatchRow(line, cells, config, where, None, chosen, notes)
     except (ConfigError, ValueError) as exc:
         return BatchRow(line, cells, None, None, str(exc), None, notes)
@@ -259,3 +265,32 @@ def write_rows(path: str | Path, header: list[str], rows: list[dict[str, Any]]) 
     writer.writeheader()
     writer.writerows(rows)
     atomic_write_text(path, buf.getvalue())
+
+
+def predict_rows(rows: list[BatchRow], models: Any, calibration: Calibration | None = None, chunk: int = 64,
+                 on_chunk: Any = None) -> list[Any]:
+    """Every row predicted: `tracekit predict --batch` and `tracekit validate --published` both call this, so the
+    same rows get the same predictions. A row's own stack constants unless `calibration` replaces them all; rows in
+    chunks of `chunk` (one batched model call each), `on_chunk(rows_done)` after each. Returns one item per row, in
+    order: its Prediction, or the exception that stopped it (a row that did not parse: ConfigError(its error))."""
+    from .predict import predict_many
+
+    out: list[Any] = [None] * len(rows)
+    good = []
+    for i, row in enumerate(rows):
+        if row.error is not None:
+            out[i] = ConfigError(row.error)
+        else:
+            good.append(i)
+    if on_chunk and len(good) < len(rows):
+        on_chunk(len(rows) - len(good))
+    for first in range(0, len(good), chunk):
+        part = good[first:first + chunk]
+        parsed = [rows[i].complete() for i in part]
+        results = predict_many([config for config, _, _ in parsed], [where for _, where, _ in parsed], models,
+                               [calibration if calibration is not None else rows[i].calibration for i in part])
+        for i, result in zip(part, results):
+            out[i] = result
+        if on_chunk:
+            on_chunk(len(part))
+    return out

@@ -22,6 +22,8 @@ CONSTANTS = {
     "compute_scale": "× tensor-core ops (gemm, bmm, attention)",
     "memory_scale": "× memory-bound ops (norm, softmax, activation, elementwise, embedding, cross-entropy, optimizer)",
     "comm_scale": "× collectives and P2P transfers",
+    "attention_scale": "× attention kernels, beyond compute_scale (a stack's attention kernel: MPT's triton flash "
+                       "attention with ALiBi against the flash-attention 2 the samples ran)",
     "microbatch_overhead_us": "+ per forward or backward call of one micro-batch on one model chunk",
     "host_op_us": "host time per compute op: a layer pass's compute takes ≥ this × its compute ops",
     "op_overhead_us": "+ per compute op: framework time between operators that no device hides (eager CPU runs)",
@@ -36,6 +38,7 @@ class Calibration:
     compute_scale: float = 1.0
     memory_scale: float = 1.0
     comm_scale: float = 1.0
+    attention_scale: float = 1.0
     microbatch_overhead_us: float = 0.0
     host_op_us: float = 0.0
     op_overhead_us: float = 0.0

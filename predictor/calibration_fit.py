@@ -22,15 +22,18 @@ from .predict import prepare_many
 from .stage_work import simulate_graph
 
 #: Lower bounds (scales stay positive, overheads non-negative) and finite-difference steps of each constant.
-LOWER = {"compute_scale": 0.2, "memory_scale": 0.2, "comm_scale": 0.2, "microbatch_overhead_us": 0.0,
-         "host_op_us": 0.0, "op_overhead_us": 0.0, "iteration_overhead_us": 0.0, "tensor_op_us": 0.0}
-STEP = {"compute_scale": 0.05, "memory_scale": 0.05, "comm_scale": 0.05, "microbatch_overhead_us": 50.0,
-        "host_op_us": 5.0, "op_overhead_us": 5.0, "iteration_overhead_us": 500.0, "tensor_op_us": 2.0}
+LOWER = {"compute_scale": 0.2, "memory_scale": 0.2, "comm_scale": 0.2, "attention_scale": 0.2,
+         "microbatch_overhead_us": 0.0, "host_op_us": 0.0, "op_overhead_us": 0.0, "iteration_overhead_us": 0.0,
+         "tensor_op_us": 0.0}
+STEP = {"compute_scale": 0.05, "memory_scale": 0.05, "comm_scale": 0.05, "attention_scale": 0.05,
+        "microbatch_overhead_us": 50.0, "host_op_us": 5.0, "op_overhead_us": 5.0, "iteration_overhead_us": 500.0,
+        "tensor_op_us": 2.0}
 #: Starting host costs per op (µs): the host floor is a max(), its derivative is zero until it binds.
 HOST_STARTS = (0.0, 40.0, 80.0, 120.0)
 #: Coarse values per constant for `search=True` (few constants): the best grid points start Gauss–Newton. GPU
 #: launch costs are tens of µs per op; a framework's per-op cost on a busy CPU reaches hundreds.
 GRID = {"compute_scale": (0.5, 1.0, 2.0, 4.0), "memory_scale": (0.5, 1.0, 2.0, 4.0), "comm_scale": (0.5, 1.0, 2.0, 4.0),
+        "attention_scale": (0.5, 1.0, 2.0, 4.0),
         "microbatch_overhead_us": (0.0, 500.0, 2000.0, 5000.0), "host_op_us": (0.0, 40.0, 120.0, 300.0, 600.0),
         "op_overhead_us": (0.0, 20.0, 60.0, 150.0, 400.0), "iteration_overhead_us": (0.0, 2000.0, 10000.0, 50000.0),
         "tensor_op_us": (0.0, 10.0, 30.0, 100.0)}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import fsdp
 from .ops import OpBuilder, OpUse
 from .params import chunk_params
 
@@ -58,7 +59,14 @@ def stage_sync(b: OpBuilder, stage: int, weight_cast_elements: float) -> StageSy
         d, e = chunk_params(c, stage, chunk)
         dense += d
         expert += e
-    _buckets(b, dense, "dpcp", "", sync)
+    sharding = fsdp.sharding_of(c)
+    if sharding.per_unit:  # FSDP reduces each unit's gradients in the backward (predictor.fsdp)
+        shard_dense = fsdp.stage_sync(b, stage, dense, sync.param_gather, sync.grad_sync)
+    elif sharding.replicas > 1:  # the distributed optimizer in instances (predictor.fsdp)
+        shard_dense = fsdp.instance_buckets(b, dense, sync.grad_sync, sync.param_gather)
+    else:
+        _buckets(b, dense, "dpcp", "", sync)
+        shard_dense = b.groups["dpcp"].size if c.use_distributed_optimizer else 1
     _buckets(b, expert, "edp", "expert_", sync)
     tied = pp > 1 and not c.untie_embeddings_and_output_weights and stage in (0, pp - 1)
     if tied:  # word-embedding gradient shared by the first and last stage
@@ -69,7 +77,6 @@ def stage_sync(b: OpBuilder, stage: int, weight_cast_elements: float) -> StageSy
         sync.grad_sync.append(OpUse("embedding.grad_all_reduce", spec, group="embd"))
     kind = "firstStage" if stage == 0 else "lastStage" if stage == pp - 1 else "middleStage"
     layers = sum(len(part.layers) for part in _stage_chunks(c, stage))
-    shard_dense = b.groups["dpcp"].size if c.use_distributed_optimizer else 1
     shard_expert = b.groups["edp"].size if c.use_distributed_optimizer else 1
     params = -(-dense // shard_dense) + -(-expert // shard_expert)
     spec = b.spec("optimizer", "optimizer", f"{kind}_optimizer", None, None, layers=layers, width=c.hidden_size,

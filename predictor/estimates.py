@@ -190,7 +190,8 @@ def calibrated_durations(graph: Graph, est: Estimates, cal: Calibration) -> np.n
     """Estimates with the calibration's scale factors applied, per spec."""
     prims = [s["primitive"] for s in graph.specs]
     scale = np.array([
-        cal.comm_scale if p in COLLECTIVE_PRIMITIVES else cal.compute_scale if p in TENSOR_CORE_PRIMITIVES
+        cal.comm_scale if p in COLLECTIVE_PRIMITIVES
+        else cal.compute_scale * (cal.attention_scale if p == "attention" else 1.0) if p in TENSOR_CORE_PRIMITIVES
         else cal.memory_scale for p in prims
     ])
     return est.duration_us * scale

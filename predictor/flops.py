@@ -74,11 +74,12 @@ class Throughput(TypedDict):
 
 
 def throughput(config: TrainingConfig, hardware: str, iteration_s: float) -> Throughput:
-    """TFLOP/s per GPU, MFU (vs the datasheet dense fp16/bf16 peak; fp32 peak for fp32) and tokens/s."""
+    """TFLOP/s per GPU, MFU (vs the datasheet's dense peak for the GEMM dtype: fp16/bf16, fp8's for fp8 GEMMs, the
+    fp32 peak for fp32) and tokens/s."""
     flops = model_flops_per_iteration(config)
     per_gpu = flops / iteration_s / config.world_size / 1e12 if iteration_s > 0 else 0.0
     spec = hardware_spec(hardware)
-    peak = None if spec is None else (spec.peak_tflops_fp32 if config.precision == "fp32" else spec.peak_tflops_fp16)
+    peak = (spec.peak_tflops(config.gemm_dtype) or None) if spec is not None else None
     return {
         "model_flops": flops,
         "tflops_per_gpu": per_gpu,

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from tracekit.core.config import TrainingConfig
 from tracekit.core.pipeline_layout import Chunk, chunks
 
+from . import fsdp
 from .attention_ops import attention_block
 from .data_parallel import stage_sync
 from .embedding_ops import embedding, head, mtp_ends
@@ -36,6 +37,7 @@ from .moe_ops import moe_block
 from .ops import COMM, COMPUTE, Backward, OpBuilder, OpUse, Pair, parts
 from .params import chunk_params
 from .placement import GroupPlacement
+from .pytorch_native import per_op_replay
 
 __all__ = ["COMM", "COMPUTE", "Backward", "Graph", "OpUse", "Segment", "build_graph", "chunk_params"]
 
@@ -96,6 +98,15 @@ class _Layers:
     def __init__(self, b: OpBuilder):
         self.b = b
         self.built: dict[_Kind, tuple[list[OpUse], list[OpUse], float]] = {}
+        self.repeated: dict[tuple[_Kind, int], tuple[list[OpUse], list[OpUse]]] = {}
+
+    def run(self, kind: _Kind, count: int) -> tuple[list[OpUse], list[OpUse], float]:
+        """`ops` of a run of `count` layers of this kind (their counts set; built once per kind and count)."""
+        forward, backward, cast = self.ops(kind)
+        key = (kind, count)
+        if key not in self.repeated:
+            self.repeated[key] = (_times(forward, count), _times(backward, count))
+        return (*self.repeated[key], cast * count)
 
     def kind(self, layer: int, position: int) -> _Kind:
         """The kind of decoder layer `layer`, the `position`-th of its chunk."""
@@ -117,7 +128,7 @@ class _Layers:
             forward = [_tagged(op, kind.name) for op, _, _ in pairs if op is not None]
             backward = [_tagged(part, kind.name) for _, op, _ in reversed(pairs) for part in parts(op)]
             replay = [OpUse(o.name, o.spec, 1, True, o.group, o.flops, True, kind.name)
-                      for o in _replayed(b.c, kind, pairs)]
+                      for o in _replayed(b.c, kind, pairs, b.specs)]
             self.built[kind] = (forward, replay + backward, float(sum(b.weight_casts)))
         return self.built[kind]
 
@@ -126,13 +137,15 @@ def _tagged(op: OpUse, block: str) -> OpUse:
     return OpUse(op.name, op.spec, 1, True, op.group, op.flops, False, block)
 
 
-def _replayed(c: TrainingConfig, kind: _Kind, pairs: list[Pair]) -> list[OpUse]:
+def _replayed(c: TrainingConfig, kind: _Kind, pairs: list[Pair], specs: list[dict]) -> list[OpUse]:
     """The forward ops recompute replays before the layer's backward."""
     if kind.full_replay:
         return [op for op, _, _ in pairs if op is not None]
     if c.recompute_granularity != "selective":
         return []
     modules = set(c.recompute_modules or ("core_attn",))
+    if "per_op" in modules:  # torchtitan's per-op policy (predictor.pytorch_native)
+        return per_op_replay(pairs, specs)
     if "moe" in modules:
         modules.add("moe_act")
     return [op for op, _, module in pairs if op is not None and module in modules
@@ -165,10 +178,10 @@ def _segment(b: OpBuilder, layer_kinds: _Layers, stage: int, index: int, part: C
     bwd_blocks: list[list[OpUse]] = []
     casts = 0.0
     for kind, count in _runs(part.layers, layer_kinds):
-        forward, backward, cast = layer_kinds.ops(kind)
-        fwd.extend(_times(forward, count))
-        bwd_blocks.append(_times(backward, count))
-        casts += cast * count
+        forward, backward, cast = layer_kinds.run(kind, count)
+        fwd.extend(forward)
+        bwd_blocks.append(backward)
+        casts += cast
     for i in range(part.mtp):  # MTP layers: shaped like the model's last decoder layer
         kind = layer_kinds.kind(c.num_layers - 1, 0)
         forward, backward, cast = layer_kinds.ops(kind)
@@ -209,6 +222,8 @@ def build_graph(config: TrainingConfig, hardware: str, gpus_per_node: int = 8,
             seg, casts = _segment(b, layer_kinds, stage, index, part, ends)
             segments.append(seg)
             stage_casts[stage] += casts
+    if fsdp.sharding_of(c).per_unit:  # FSDP/ZeRO-2/3: each unit's collectives inside forward and backward
+        fsdp.insert_unit_ops(b, segments)
     p2p_op = b.collective("p2p.activation", "send_recv", "p2p", b.sp_tokens * c.hidden_size * c.dtype_bytes,
                           False) if c.pp > 1 else None
     grad_sync: dict[int, list[OpUse]] = {}

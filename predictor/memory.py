@@ -24,8 +24,9 @@ from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import hardware_spec
 from tracekit.core.pipeline_layout import chunks
 
+from . import fsdp
 from .graph import Graph
-from .params import chunk_params
+from .params import chunk_params, layer_params
 
 GB = 1e9
 
@@ -37,6 +38,8 @@ def _layer_bytes(c: TrainingConfig, layer: int, lowp: bool = True) -> float:
     t, h = c.tp, c.hidden_size
     q = c.recipe.out_bytes / 2.0 if (lowp and c.recipe.low_precision) else 1.0  # a GEMM input's bytes over bf16's
     modules = set(c.recompute_modules or ("core_attn",)) if c.recompute_granularity == "selective" else set()
+    if "per_op" in modules:  # torchtitan's per-op policy replays the norms (what it keeps of the rest: as is)
+        modules.add("layernorm")
     heads = c.num_attention_heads
     s = c.seq_length // c.cp
     scores = 0.0 if (c.attention == "flash" or "core_attn" in modules) else 5.0 * heads * s
@@ -97,9 +100,13 @@ def config_memory(c: TrainingConfig, hardware: str) -> tuple[dict[str, float], l
     distributed = c.use_distributed_optimizer
     dense_shard = c.dp * c.cp if distributed else 1
     expert_shard = (c.moe.expert_dp(c.world_size, c.pp, c.tp) if c.moe else 1) if distributed else 1
+    sharded = fsdp.sharding_of(c)
+    if distributed and not sharded.per_unit:  # in instances: each shards over one instance's ranks
+        dense_shard = sharded.optimizer_shard
     logits = c.seq_length // c.cp * c.micro_batch_size * c.padded_vocab_size / c.tp * 4  # fp32 logits for the loss
     layout = chunks(c)
-    cache: dict[int, float] = {}
+    pattern = c.moe.pattern(c.num_layers) if c.moe else None
+    cache: dict[tuple[bool, bool], float] = {}
     best: dict[str, float] | None = None
     for stage in range(c.pp):
         dense = expert = 0
@@ -113,12 +120,13 @@ def config_memory(c: TrainingConfig, hardware: str) -> tuple[dict[str, float], l
                 full = c.recompute_granularity == "full" and (
                     c.recompute_method != "block" or c.recompute_num_layers is None
                     or position < c.recompute_num_layers)
-                if layer not in cache:
-                    bf16 = bool(c.lowp and c.lowp.bf16_layer(layer, c.num_layers))
-                    cache[layer] = _layer_bytes(c, layer, not bf16)
-                acts += _input_bytes(c) if full else cache[layer]
+                bf16 = bool(c.lowp and c.lowp.bf16_layer(layer, c.num_layers))
+                kind = (bool(pattern and pattern[layer]), bf16)  # what a layer's activations depend on
+                if kind not in cache:
+                    cache[kind] = _layer_bytes(c, layer, not bf16)
+                acts += _input_bytes(c) if full else cache[kind]
                 if full:
-                    working = max(working, cache[layer])
+                    working = max(working, cache[kind])
             if part.mtp:
                 acts += part.mtp * _layer_bytes(c, c.num_layers - 1)
         in_flight: float = min(c.pp - stage, c.num_microbatches)
@@ -133,6 +141,11 @@ def config_memory(c: TrainingConfig, hardware: str) -> tuple[dict[str, float], l
             "optimizer_state": (dense / dense_shard + expert / expert_shard) * state_bytes / GB,
             "activations": activations / GB,
         }
+        if sharded.per_unit:  # FSDP/ZeRO-2/3: shards plus the gathered units in flight (predictor.fsdp)
+            stage_layers = [layer for part in layout[stage] for layer in part.layers]
+            layer_dense = max((layer_params(c, layer)[0] for layer in stage_layers), default=0)
+            parts = fsdp.memory_parts(c, dense, expert, expert_shard, layer_dense, len(stage_layers))
+            row.update({k: v / GB for k, v in parts.items()})
         row["total"] = sum(row.values())
         if best is None or row["total"] > best["total"]:
             best = row

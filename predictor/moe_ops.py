@@ -7,9 +7,10 @@ ranks holding E / EP local experts each split over ETP ranks, and the busiest ra
 
     pre-MLP norm → router GEMM [T, h] × [h, E] (in moe_router_dtype; never in the fp8 recipe) → scores, top-k and
     the auxiliary loss (elementwise over T · E) → permute (T · k token copies, by expert) → dispatch → ETP all-gather
-    → the local experts: FC1 [λ · T · k · ETP, h] × [h, f/ETP (×2 with SwiGLU)], activation, FC2 back to h, as
-    grouped GEMMs (with `moe_grouped_gemm`; else one GEMM per local expert) → ETP reduce-scatter → combine → unpermute
-    and the weighted sum → shared experts (an MLP of their own width, split over TP) → bias-dropout-add.
+    → the local experts, each FC1 [λ · T · k · ETP / local, h] × [h, f/ETP (×2 with SwiGLU)], activation, FC2 back to
+    h: one grouped GEMM of `local` equal groups (a `gemm` row with `batch` = local experts: each group's efficiency,
+    the waves of all of them) with `moe_grouped_gemm`, else one GEMM per local expert → ETP reduce-scatter → combine
+    → unpermute and the weighted sum → shared experts (an MLP of their own width, split over TP) → bias-dropout-add.
 
 Dispatch and combine, by dispatcher: `alltoall` sends each token copy to its expert's rank (an all-to-all of T · k ·
 h elements over the EP group, λ-weighted for the busiest rank); `allgather` gathers every token of the TP·EP group
@@ -87,21 +88,18 @@ def moe_block(b: OpBuilder, lowp: bool) -> list[Pair]:
     pairs.extend(dispatch)
     f_e = f // etp
     fc1_out = 2 * f_e if c.swiglu else f_e
-    groups: list[tuple[float, int]]
-    if moe.moe_grouped_gemm:
-        groups = [(received, 1)]
-    else:
-        groups = [(received / local, local)]
-    for m, times in groups:
-        for expert in range(times):
-            suffix = f".{expert}" if times > 1 else ""
-            pairs.extend(b.linear(f"mlp.experts.linear_fc1{suffix}", "grouped_fc1" if times == 1 else "expert_fc1",
-                                  m, fc1_out, h, "moe", lowp, weights=local if times == 1 else 1))
-            fwd, bwd = b.compute(f"mlp.experts.activation{suffix}", "activation", "swiglu" if c.swiglu else "gelu",
-                                 0.0, True, rows=m, width=f_e, numel=m * f_e)
-            pairs.append((fwd, bwd, "moe_act"))
-            pairs.extend(b.linear(f"mlp.experts.linear_fc2{suffix}", "grouped_fc2" if times == 1 else "expert_fc2",
-                                  m, h, f_e, "moe", lowp, weights=local if times == 1 else 1))
+    # the local experts' GEMMs: one grouped GEMM of `local` equal groups (moe_grouped_gemm), else one GEMM each
+    per_expert = received / local
+    runs = [("", local)] if moe.moe_grouped_gemm else [(f".{e}", 1) for e in range(local)]
+    for suffix, batch in runs:
+        variant = "grouped" if batch > 1 else "expert"
+        pairs.extend(b.linear(f"mlp.experts.linear_fc1{suffix}", f"{variant}_fc1", per_expert, fc1_out, h, "moe", lowp,
+                              batch=batch))
+        fwd, bwd = b.compute(f"mlp.experts.activation{suffix}", "activation", "swiglu" if c.swiglu else "gelu", 0.0,
+                             True, rows=per_expert * batch, width=f_e, numel=per_expert * batch * f_e)
+        pairs.append((fwd, bwd, "moe_act"))
+        pairs.extend(b.linear(f"mlp.experts.linear_fc2{suffix}", f"{variant}_fc2", per_expert, h, f_e, "moe", lowp,
+                              batch=batch))
     pairs.extend(combine)
     fwd, bwd = b.elementwise("mlp.token_dispatcher.unpermute", "moe_unpermute", copies * h, h)
     pairs.append((fwd, bwd, "moe"))

@@ -140,24 +140,25 @@ class OpBuilder:
 
     # -- building blocks ---------------------------------------------------------------------------------------
     def gemm(self, name: str, variant: str, m: float, n: float, k: float, per_layer: bool = True,
-             bias: bool = True, dtype: str | None = None) -> tuple[OpUse, Backward]:
-        """A GEMM (`bias`: it has one where the configuration adds biases)."""
-        return self.compute(name, "gemm", variant, 2.0 * m * n * k, per_layer, bias and self.c.add_bias_linear,
-                            dtype or self.gemm_dtype, m=m, n=n, k=k, batch=1)
+             bias: bool = True, dtype: str | None = None, batch: int = 1) -> tuple[OpUse, Backward]:
+        """A GEMM, or `batch` of one shape (a grouped GEMM of equal groups); `bias`: it has one where the
+        configuration adds biases."""
+        return self.compute(name, "gemm", variant, 2.0 * m * n * k * batch, per_layer,
+                            bias and self.c.add_bias_linear, dtype or self.gemm_dtype, m=m, n=n, k=k, batch=batch)
 
     def linear(self, name: str, variant: str, m: float, n: float, k: float, module: str, lowp: bool = True,
-               bias: bool = True, per_layer: bool = True, weights: int = 1) -> list[Pair]:
+               bias: bool = True, per_layer: bool = True, batch: int = 1) -> list[Pair]:
         """A linear layer's GEMM in the recipe's dtype (`lowp`: the recipe applies to it; bf16 layers and modules
-        the recipe keeps in bf16 pass False), with the recipe's input and output-gradient casts around it
-        (`weights`: the [k, n] weight matrices the GEMM holds, e.g. the local experts of a grouped GEMM)."""
+        the recipe keeps in bf16 pass False), with the recipe's input and output-gradient casts around it; `batch`
+        GEMMs of one shape for a grouped GEMM (the local experts, each with its own [k, n] weight)."""
         low = lowp and self.recipe.low_precision
-        fwd, bwd = self.gemm(name, variant, m, n, k, per_layer, bias, None if low else self.dtype)
+        fwd, bwd = self.gemm(name, variant, m, n, k, per_layer, bias, None if low else self.dtype, batch)
         if not low:
             return [(fwd, bwd, module)]
-        self.weight_casts.append(k * n * weights)
-        return [(self.quantize(f"{name}.quantize_input", m * k, per_layer)[0], None, module),
+        self.weight_casts.append(k * n * batch)
+        return [(self.quantize(f"{name}.quantize_input", m * k * batch, per_layer)[0], None, module),
                 (fwd, bwd, module),
-                (None, self.quantize(f"{name}.quantize_grad", m * n, per_layer)[0], module)]
+                (None, self.quantize(f"{name}.quantize_grad", m * n * batch, per_layer)[0], module)]
 
     def quantize(self, name: str, numel: float, per_layer: bool = True) -> tuple[OpUse, Backward]:
         """One cast kernel of the recipe over `numel` elements (module docstring)."""

@@ -72,10 +72,14 @@ def chunk_params(c: TrainingConfig, stage: int, chunk: int) -> tuple[int, int]:
     and its MTP layers."""
     part = chunks(c)[stage][chunk]
     dense = expert = 0
-    for layer in part.layers:
-        d, e = layer_params(c, layer)
-        dense += d
-        expert += e
+    pattern = c.moe.pattern(c.num_layers) if c.moe else None
+    moe_layers = sum(pattern[layer] for layer in part.layers) if pattern else 0
+    for count, layer in ((len(part.layers) - moe_layers, pattern.index(0) if pattern and 0 in pattern else 0),
+                         (moe_layers, pattern.index(1) if pattern and 1 in pattern else 0)):
+        if count:  # a layer's parameters depend only on whether it is an MoE layer
+            d, e = layer_params(c, layer)
+            dense += count * d
+            expert += count * e
     vocab_rows = c.padded_vocab_size // c.tp * c.hidden_size
     if part.embedding:
         dense += vocab_rows + (c.seq_length * c.hidden_size if c.position_embedding_type != "rope" else 0)

@@ -29,7 +29,10 @@ constants (predictor.calibration) â†’ each stage's work (predictor.stage_work) â
 `Prediction.to_dict()` (the `--json` document), times in seconds unless the key ends in `_us`:
     iteration_time_s, breakdown{compute, exposed_communication, pipeline_bubble, optimizer, other} (seconds, sum =
     iteration time, for the busiest pipeline stage `critical_stage`), tflops_per_gpu, mfu, tokens_per_s,
-    memory_gb_per_gpu{weights, gradients, optimizer_state, activations, total}, warnings[],
+    memory_gb_per_gpu{weights, gradients, optimizer_state, activations, total}, fits_in_memory (null: no datasheet
+    entry), memory_capacity_gb, warnings[] (a configuration that does not fit: its memory warning first; a model FLOP
+    rate above the best published MFU: `predictor.plausibility`'s warning; above the GPU's peak a prediction is a
+    PlausibilityError instead),
     top_operators[{name, pass, primitive, variant, time_s, share}] (busiest stage, per iteration),
     fallbacks[{primitive, pass, variant, path, out_of_range, time_s}] (ops not estimated by a trained model in range),
     per_stage[{stage, fwd_us, bwd_us (one micro-batch, all chunks of the stage, recompute in bwd), chunks[{chunk,
@@ -48,7 +51,7 @@ import numpy as np
 
 from tracekit.core.cluster import Cluster
 from tracekit.core.config import TrainingConfig
-from tracekit.core.errors import ConfigError
+from tracekit.core.errors import ConfigError, PlausibilityError
 from tracekit.core.hardware import hardware_spec
 from tracekit.core.megatron_arguments import unmodelled_warning
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES
@@ -59,7 +62,8 @@ from .estimates import Estimates, estimate_rows, resolve_hardware
 from .flops import throughput
 from .framework_costs import cluster_for
 from .graph import Graph, build_graph
-from .memory import memory_per_gpu
+from .memory import config_memory
+from .plausibility import check as plausibility
 from .schedule import Timeline, Work, simulate_many
 from .stage_work import simulation_inputs
 
@@ -89,6 +93,14 @@ class Prediction:
     counts: np.ndarray = field(repr=False)  # instances per iteration, (stage, spec)
     work: tuple[list[list[Work]], list[list[Work]]] = field(repr=False)  # (fwd, bwd): Work per [stage][chunk],
     # one micro-batch
+    memory_capacity_gb: float | None = None  # the GPU's memory (datasheet); None when unknown
+
+    @property
+    def fits_in_memory(self) -> bool | None:
+        """Whether the fullest stage's memory fits the GPU's; None for a GPU without a datasheet entry."""
+        if self.memory_capacity_gb is None:
+            return None
+        return self.memory_gb_per_gpu["total"] <= self.memory_capacity_gb
 
     @property
     def top_operators(self) -> list[dict]:
@@ -112,6 +124,8 @@ class Prediction:
             "mfu": self.mfu,
             "tokens_per_s": self.tokens_per_s,
             "memory_gb_per_gpu": self.memory_gb_per_gpu,
+            "fits_in_memory": self.fits_in_memory,
+            "memory_capacity_gb": self.memory_capacity_gb,
             "warnings": self.warnings,
             "top_operators": self.top_operators,
             "fallbacks": self.fallbacks,
@@ -156,7 +170,7 @@ def predict_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
             continue
         try:
             out.append(compose(*item, calibration=cal))
-        except ConfigError as exc:
+        except (ConfigError, PlausibilityError) as exc:
             out.append(exc)
     return out
 
@@ -239,18 +253,18 @@ def compose(graph: Graph, est: Estimates, cluster: Cluster, notes: list[str] | N
 
 
 def compose_many(prepared: Sequence[tuple], calibration: Calibration | None = None
-                 ) -> list[Prediction | ConfigError]:
+                 ) -> list[Prediction | ConfigError | PlausibilityError]:
     """`compose` of many prepared graphs (graph, estimates, cluster, notes); those of one pipeline shape share
     their schedule simulation's arrays (`schedule.simulate_many`). A graph that cannot be composed yields its
-    ConfigError in place."""
+    ConfigError in place, an impossible prediction (`predictor.plausibility`) its PlausibilityError."""
     cal = calibration or NONE
     inputs = [simulation_inputs(graph, est, cal) for graph, est, _, _ in prepared]
     timelines = simulate_many([job for _, job in inputs])
-    out: list[Prediction | ConfigError] = []
+    out: list[Prediction | ConfigError | PlausibilityError] = []
     for (graph, est, cluster, notes), (dur, job), timeline in zip(prepared, inputs, timelines):
         try:
             out.append(_prediction(graph, est, cluster, notes, cal, dur, job[0], job[1], timeline))
-        except ConfigError as exc:
+        except (ConfigError, PlausibilityError) as exc:
             out.append(exc)
     return out
 
@@ -260,9 +274,9 @@ def _prediction(graph: Graph, est: Estimates, cluster: Cluster, notes: list[str]
     c = graph.config
     seconds = timeline.iteration_us / 1e6
     rates = throughput(c, graph.hardware, seconds)
-    memory, mem_warnings = memory_per_gpu(graph)
+    memory, mem_warnings = config_memory(c, cluster.hardware)  # the GPU the job runs on, not the models' sibling
     counts = tables.instance_counts(graph)
-    warnings = list(notes or []) + mem_warnings
+    warnings = mem_warnings + list(notes or [])  # a configuration that does not fit: that first
     unmodelled = unmodelled_warning(c.extra)
     if unmodelled:
         warnings.append(unmodelled)
@@ -271,11 +285,13 @@ def _prediction(graph: Graph, est: Estimates, cluster: Cluster, notes: list[str]
         share = sum(f["time_s"] for f in fallbacks) / max(seconds, 1e-12)
         warnings.append(f"{len(fallbacks)} operator kinds were not estimated by a trained model within its range "
                         f"(see fallbacks); they take about {100 * share:.0f}% of an average GPU's iteration")
+    warnings += plausibility(c, cluster.hardware, rates["tflops_per_gpu"], fallbacks, seconds)
+    spec = hardware_spec(cluster.hardware)
     return Prediction(
         config=c, cluster=cluster, hardware_used=graph.hardware, iteration_time_s=seconds,
         breakdown={k: float(timeline.breakdown_us[k]) / 1e6 for k in BREAKDOWN},
         tflops_per_gpu=rates["tflops_per_gpu"], mfu=rates["mfu"], tokens_per_s=rates["tokens_per_s"],
         memory_gb_per_gpu=memory, warnings=warnings, fallbacks=fallbacks, critical_stage=timeline.critical_stage,
         calibration=cal, framework_us=dict(est.framework_us), graph=graph, timeline=timeline, durations_us=dur,
-        counts=counts, work=(fwd, bwd),
+        counts=counts, work=(fwd, bwd), memory_capacity_gb=spec.memory_gb if spec is not None else None,
     )

@@ -54,7 +54,9 @@ class RayExecutor:
         self.shard = shard
         self.init_options = init_options or {}
 
-    def run(self, configs, cluster, models, calibration=None, gpus: int = 1, price: float | None = None):
+    def run(self, configs, cluster, models, calibration=None, gpus: int = 1, price: float | None = None,
+            progress=None):
+        """What `predictor.search.evaluate` returns for all of `configs`; `progress(n)` hears of each shard done."""
         ray = connect(self.address, **self.init_options)
         task = ray.remote(_evaluate_shard)
         files = ray.put(model_files(models.path))
@@ -62,11 +64,23 @@ class RayExecutor:
 
         configs = sorted(configs, key=shape)  # a shard's candidates share pipeline shapes: simulated together
         shards = [configs[i:i + self.shard] for i in range(0, len(configs), self.shard)]
-        results = ray.get([task.remote(files, shard, cluster, calibration, gpus, price) for shard in shards])
+        pending = {task.remote(files, shard, cluster, calibration, gpus, price): len(shard) for shard in shards}
+        order = list(pending)
+        done: dict = {}
+        while len(done) < len(order):
+            ready, _ = ray.wait([ref for ref in order if ref not in done], num_returns=1)
+            for ref in ready:
+                done[ref] = ray.get(ref)
+                if progress:
+                    progress(pending[ref])
         rows: list[dict[str, Any]] = []
-        pruned = {"memory": 0, "failed": 0}
-        for shard_rows, shard_pruned in results:
+        pruned = {"memory": 0, "failed": 0, "implausible": 0}
+        problems: dict[str, str] = {}
+        for ref in order:  # the shards' order, whatever order they finished in
+            shard_rows, shard_pruned, shard_problems = done[ref]
             rows.extend(shard_rows)
             for key, value in shard_pruned.items():
                 pruned[key] += value
-        return rows, pruned
+            for key, message in shard_problems.items():
+                problems.setdefault(key, message)
+        return rows, pruned, problems

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import fsdp
 from .estimates import calibrated_durations
 from .framework_costs import Capture, PassCosts, capture, pass_costs
 from .schedule import Work, simulate_many
@@ -42,6 +43,7 @@ class Hiding:
     tp_cover: np.ndarray | None = None
     ep_all: bool = False
     ep_cover: np.ndarray | None = None
+    fsdp_overlap: bool = True  # FSDP's collectives beside the layers' compute (predictor.fsdp; not on a CPU)
 
 
 @dataclass
@@ -54,6 +56,7 @@ class _Block:
     tp_cover: float = 0.0
     ep_cover: float = 0.0
     regions: set[int] = field(default_factory=set)  # CUDA-graph regions its captured ops belong to
+    fsdp: float = 0.0
 
 
 def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: float = 0.0,
@@ -68,7 +71,7 @@ def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: flo
     captures (`graphs`) cost no host time; each captured region of a layer costs one host op (its launch); a graph of
     the full iteration takes the per-call overhead too. `passes`: (device µs, host µs beyond it, fixed µs) of the
     per-parameter passes and timers of this call (`predictor.framework_costs`)."""
-    compute = comm = 0.0
+    compute = comm = root_fsdp = 0.0
     other_ops = 0
     blocks: dict[tuple[str, int], _Block] = {}
     hide = hiding or Hiding()
@@ -82,6 +85,8 @@ def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: flo
                 blk.ep += t
             elif op.group == "tp":
                 blk.tp += t
+            elif op.group in fsdp.GROUPS:
+                blk.fsdp += t
             elif op.group:
                 blk.other_comm += t
             else:
@@ -95,6 +100,8 @@ def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: flo
                     blk.tp_cover += t
                 if hide.ep_cover is not None and hide.ep_cover[op.spec]:
                     blk.ep_cover += t
+        elif op.group in fsdp.GROUPS:
+            root_fsdp += op.count * t
         elif op.group:
             comm += op.count * t
         else:
@@ -108,6 +115,8 @@ def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: flo
         comm += (tp + ep + blk.other_comm) * count
         other += (max(0.0, cal.host_op_us * (blk.ops + len(blk.regions)) - blk.compute)
                   + (framework_us + cal.op_overhead_us) * blk.ops) * count
+    comm += fsdp.exposed_us([(blk.fsdp, blk.compute, count) for (_, count), blk in blocks.items()], root_fsdp,
+                            hide.fsdp_overlap)
     device, host, fixed = passes
     return Work(compute + device, comm, other + host + fixed)
 
@@ -124,7 +133,10 @@ def hiding_of(graph: Graph) -> Hiding:
         shared = {o.spec for seg in graph.segments for o in seg.fwd + seg.bwd
                   if o.group is None and o.name.startswith("mlp.shared_experts")}
         ep_cover = np.isin(np.arange(len(graph.specs)), list(shared))
-    return Hiding(tp, ep_all, ep_cover)
+    # FSDP's gathers run beside compute (Megatron-FSDP only when asked to overlap them); not on a CPU
+    mfsdp = c.sharding is not None and c.sharding.sharded_data_parallel == "megatron-fsdp"
+    overlap = not graph.hardware.startswith("cpu-") and (not mfsdp or c.overlap_param_gather or c.overlap_grad_reduce)
+    return Hiding(tp, ep_all, ep_cover, overlap)
 
 
 def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[np.ndarray, tuple]:
@@ -139,7 +151,8 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
                   (0.0, 0.0, call)) for k in range(vp)] for s in range(pp)]
     bwd = [[_work(graph.segment(s, k).bwd, dur, cal, est.framework_us.get("bwd", 0.0), hiding, graphs,
                   (*passes.backward_us(s, k, cal.tensor_op_us), call)) for k in range(vp)] for s in range(pp)]
-    buckets = [[float(dur[o.spec]) for o in graph.grad_sync[s] if o.group in ("dpcp", "edp")] for s in range(pp)]
+    buckets = [[float(dur[o.spec]) for o in graph.grad_sync[s] if o.group in ("dpcp", "edp", *fsdp.GROUPS)]
+               for s in range(pp)]
     embd = [float(sum(dur[o.spec] for o in graph.grad_sync[s] if o.group == "embd")) for s in range(pp)]
     optimizer = [float(dur[graph.optimizer[s].spec]) + float(sum(dur[o.spec] for o in graph.casts.get(s, [])))
                  + passes.iteration_us(s, cal.tensor_op_us) for s in range(pp)]

@@ -38,7 +38,9 @@ def single() -> list[float]:
     dict(tensor_model_parallel_size=2),
     dict(pipeline_model_parallel_size=2),
     dict(),  # data parallel over 2 ranks
-], ids=["tp2", "pp2-1f1b", "dp2"])
+    dict(use_torch_fsdp2=True),  # FSDP2 over 2 ranks: gathers and reduce-scatters per layer
+    dict(use_torch_fsdp2=True, torch_fsdp2_no_reshard_after_forward=True),
+], ids=["tp2", "pp2-1f1b", "dp2", "fsdp2", "fsdp2-no-reshard"])
 def test_two_rank_split_trains_like_one_process(single, split):
     losses = _losses(launch_argv(2, **BASE, **split))
     assert losses == pytest.approx(single, rel=2e-5)
@@ -55,3 +57,16 @@ def test_invalid_split_is_refused_with_megatrons_argument_error():
     argv = [sys.executable, "-m", "tracekit.reference", *megatron_flags(**dict(BASE, num_attention_heads=3))]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--num-attention-heads" in done.stderr
+
+
+def test_fsdp_with_gradient_accumulation_matches_one_process():
+    """Two micro-batches per rank: FSDP2 reduce-scatters after each backward and accumulates the sharded
+    gradients; the sum must be the whole batch's gradient."""
+    model = dict(BASE, global_batch_size=8)
+    assert _losses(launch_argv(2, **model, use_torch_fsdp2=True)) == pytest.approx(_single(model), rel=2e-5)
+
+
+def test_fsdp_needs_tp_and_pp_of_one():
+    done = subprocess.run(launch_argv(2, **BASE, use_torch_fsdp2=True, tensor_model_parallel_size=2),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "data-parallel ranks only (tp = pp = 1)" in done.stderr

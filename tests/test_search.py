@@ -151,3 +151,19 @@ def test_context_parallelism_is_searched_when_opened(models):
     res = runner.invoke(app, ["search", "--megatron-args", JOB, "--gpus", "8", "--hardware", "A100-SXM4-80GB",
                               "--vary", "context_parallel_size", "--json", "--top", "1000"])
     assert {c["config"]["context_parallel_size"] for c in json.loads(res.stdout)["candidates"]} == cps
+
+
+def test_an_moe_search_opens_expert_parallelism():
+    """EP divides the experts, EP·ETP a stage's GPUs, ETP is 1 or the TP size; every such split is a candidate."""
+    from predictor.search import enumerate_configs
+
+    base = {"num_layers": 4, "hidden_size": 1024, "num_attention_heads": 16, "seq_length": 1024,
+            "global_batch_size": 32, "num_experts": 8, "moe_router_topk": 2, "swiglu": True}
+    configs, _ = enumerate_configs(base, 8, {"micro_batch_size", "recompute_granularity",
+                                             "use_distributed_optimizer", "virtual_pipeline_model_parallel_size"})
+    splits = {(c.tp, c.pp, c.moe.ep, c.moe.etp(c.tp)) for c in configs}
+    assert all(8 % ep == 0 and (8 // pp) % (ep * etp) == 0 and etp in (1, tp) for tp, pp, ep, etp in splits)
+    assert {ep for _, _, ep, _ in splits} == {1, 2, 4, 8}
+    assert (2, 1, 4, 2) in splits and (2, 1, 4, 1) in splits and (1, 2, 4, 1) in splits
+    fixed, _ = enumerate_configs({**base, "expert_model_parallel_size": 2}, 8, {"expert_model_parallel_size"})
+    assert {c.moe.ep for c in fixed} == {2}

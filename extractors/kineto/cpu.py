@@ -30,6 +30,7 @@ from .classify import collective_kind, is_pointwise_op, op_primitive
 from .collectives import assign_sequence, comm_info
 from .columns import EVENT_COLUMNS
 from .events import EventColumns
+from .fsdp import fsdp_unit, unit_or_label
 from .linkage import link
 from .shapes import json_list, op_features, tensor_bytes
 
@@ -117,7 +118,11 @@ def cpu_events(c: EventColumns, world_size: int | None) -> pd.DataFrame:
                 if shaped != i:  # a backward node linked to its forward op: that op's whole backward
                     row.update(role=WHOLE, fwd_op=op, bwd_node=i)
         layer = int(ctx.layer[i])
-        row["layer"] = names[layer] if layer >= 0 else None
+        if layer < 0 and row["category"] == "communication" and issuer.get(i, -1) >= 0:
+            # gloo work runs on its own thread: an FSDP collective takes the unit of the range that issued it
+            issued_in = int(ctx.layer[issuer[i]])
+            layer = issued_in if issued_in >= 0 and fsdp_unit(names[issued_in]) is not None else -1
+        row["layer"] = unit_or_label(names[layer]) if layer >= 0 else None
         rows.append(row)
     frame = pd.DataFrame(rows, columns=list(EVENT_COLUMNS))
     if frame.empty:

@@ -18,6 +18,7 @@ from .classify import classify, is_comm_kernel
 from .collectives import assign_sequence, comm_info
 from .cpu import cpu_events, cpu_hardware
 from .events import Event, EventColumns, decode_events, event_columns
+from .fsdp import unit_or_label
 from .linkage import Linkage, link, profiler_steps
 from .load import open_trace
 from .shapes import op_features
@@ -129,7 +130,7 @@ def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None) -> pd.Data
                 feat_rows["bytes"][i] = float(dev_bytes[i])
         cols["op"][i] = op
         if inner >= 0 and layer[inner] >= 0:
-            cols["layer"][i] = op_names[layer[inner]]
+            cols["layer"][i] = unit_or_label(op_names[layer[inner]])
     # a twin's op is not this kernel's autograd node: borrowed, it would sum into the twin's backward
     bwd = link_backward(c, lk, (np.array(cols["category"], dtype=object) == "computation")
                         & (np.array(cols["pass"], dtype=object) == "bwd") & ~lk.dev_twin)

@@ -90,7 +90,10 @@ class Manifest:
         if not self.configuration:
             return None
         values = dict(self.configuration)
-        return TrainingConfig(**{k: v for k, v in values.items() if k != "extra"}, extra=values.get("extra", {}))
+        extra = values.pop("extra", {})
+        config = TrainingConfig.from_mapping(values)  # reads the settings of its sections back (to_dict's form)
+        config.extra.update(extra)
+        return config
 
 
 # -- pieces of the manifest ----------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ app = typer.Typer(
         "tracekit validate; tracekit search for the best configuration of a job."
     ),
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
     context_settings={"help_option_names": ["-h", "--help"]},

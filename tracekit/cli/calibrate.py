@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from .app import app
-from .output import console, fail, print_json, user_errors
+from .output import console, fail, print_json, user_errors, working
 
 HELP = """Fit a calibration from captured runs: predict each `tracekit capture` folder's configuration with the
 models, compare with the iteration times its log measured (median of the iterations that ran without the profiler,
@@ -82,9 +82,10 @@ def calibrate_command(
         runs = [measured_run(d) for d in run_dirs]
         models = ModelSet.load(models_dir)
         label = name or (out.stem if out is not None else "fitted")
-        cal = fit_calibration([r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs], models,
-                              params=chosen, regularization=regularization, name=label,
-                              labels=[str(d) for d in run_dirs])
+        with working(f"fitting constants on {len(runs)} run(s)", quiet=as_json):
+            cal = fit_calibration([r[0] for r in runs], [r[1] for r in runs], [r[2] for r in runs], models,
+                                  params=chosen, regularization=regularization, name=label,
+                                  labels=[str(d) for d in run_dirs])
         cal = cal.with_values(description=f"Fitted by `tracekit calibrate` on {len(runs)} captured run(s) "
                                           f"({', '.join(sorted({r[1].hardware for r in runs}))}) with models "
                                           f"{models.path}.")

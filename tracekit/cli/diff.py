@@ -9,7 +9,7 @@ import typer
 from tracekit.report.numbers import percent, seconds, signed_seconds
 
 from .app import app
-from .output import console, err_console, print_json, user_errors
+from .output import console, err_console, print_json, user_errors, working
 
 
 @app.command("diff")
@@ -31,7 +31,8 @@ def diff(
         from tracekit.report.html import write_html
         from tracekit.validate import diff_paths
 
-        report = diff_paths(predicted, real, rank=rank)
+        with working("reading traces and diffing", quiet=json_out):
+            report = diff_paths(predicted, real, rank=rank)
         if html:
             write_html(html, report, title=f"tracekit diff: {predicted} vs {', '.join(map(str, real))}")
         if json_out:

@@ -9,7 +9,7 @@ import typer
 from tracekit.report.numbers import percent
 
 from .app import app
-from .output import console, err_console, print_json, user_errors
+from .output import console, err_console, print_json, user_errors, working
 
 KEYS = ["hardware", "primitive", "pass", "variant"]
 
@@ -111,7 +111,7 @@ def evaluate(
     from tracekit.core.errors import InputError, did_you_mean
     from tracekit.core.hardware import normalize_hardware
 
-    with user_errors():
+    with user_errors(), working("reading samples", quiet=as_json) as step:
         wanted = normalize_hardware(hardware) if hardware else None
         samples = load_samples(paths or [], fmt, store, wanted)
         samples = samples[samples["duration_us"] > 0].reset_index(drop=True)
@@ -123,6 +123,7 @@ def evaluate(
         if samples.empty:
             raise InputError(", ".join(paths or []) or str(store or "store"), "no samples to evaluate on")
         model_set = ModelSet.load(models)
+        step(f"predicting {len(samples):,} samples")
         table = error_table(samples, model_set.predict(samples))
     if as_json:
         def clean(value):

@@ -12,6 +12,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    SpinnerColumn,
     TextColumn,
     TimeElapsedColumn,
 )
@@ -33,8 +34,8 @@ ALLOW_UNKNOWN_HELP = ("Accept settings that are not flags of the Megatron-LM tra
 
 
 def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
-    """Print one error line to stderr and exit."""
-    err_console.print(f"error: {message}", markup=False, soft_wrap=True)
+    """Print one error line to stderr (a message of several lines, e.g. a parser's, joined into one) and exit."""
+    err_console.print(f"error: {' '.join(str(message).split())}", markup=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -72,3 +73,13 @@ def progress(quiet: bool = False) -> Progress:
         transient=True,
         disable=quiet or not err_console.is_terminal,
     )
+
+
+@contextmanager
+def working(description: str, quiet: bool = False) -> Iterator[Any]:
+    """A spinner with the step's description on stderr for work whose size is not known ahead (silent as
+    `progress` is); yields `step(description)` to say what it does next."""
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
+                  transient=True, disable=quiet or not err_console.is_terminal) as bar:
+        task = bar.add_task(description, total=None)
+        yield lambda text: bar.update(task, description=text)

@@ -6,6 +6,8 @@ from typing import Any, Optional
 
 import typer
 
+from tracekit.core.cluster import PRESETS
+from tracekit.core.hardware import SPECS
 from tracekit.report.numbers import percent, seconds
 
 from .app import app
@@ -18,7 +20,9 @@ from .output import (
     print_json,
     progress,
     user_errors,
+    working,
 )
+from .where import cluster_of, complete_cluster, complete_hardware, say_assumed
 
 HELP = """Predict one training iteration of a Megatron GPT configuration: operator graph per pipeline stage →
 operator estimates from the trained models → pipeline schedule simulation.
@@ -41,36 +45,22 @@ interconnect) are read from the row; the output's notes column says what was ass
 """
 
 
-def _cluster(hardware: Optional[str], gpus_per_node: Optional[int], cluster: Optional[str]):
-    """The cluster named by --cluster (a preset name or a YAML/JSON file), else the usual node of --hardware
-    (with a note saying what was assumed), else None."""
-    from tracekit.core.cluster import default_cluster, load_cluster, preset
-    from tracekit.core.hardware import normalize_hardware
-
-    hw = normalize_hardware(hardware) if hardware else None
-    if cluster is not None:
-        path = Path(cluster)
-        if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
-            return load_cluster(path, hw, gpus_per_node), None
-        return preset(cluster, hw, gpus_per_node), None
-    if hw is None:
-        return None, None
-    return default_cluster(hw, gpus_per_node)
-
-
 @app.command("predict", help=HELP)
 def predict_command(
-    config: Optional[Path] = typer.Argument(None, help="Configuration: YAML/JSON of Megatron argument names, or a "
-                                                       "Megatron log (its arguments block)."),
+    config: Optional[Path] = typer.Argument(None, help="Configuration: YAML/JSON of Megatron argument names, a "
+                                                       "Megatron log (its arguments block), a torchtitan TOML job "
+                                                       "or a Composer/llm-foundry YAML (with --gpus)."),
     megatron_args: Optional[str] = typer.Option(None, "--megatron-args", help="Megatron command-line arguments."),
     megatron_log: Optional[Path] = typer.Option(None, "--megatron-log", help="Megatron log with its arguments block."),
-    hardware: Optional[str] = typer.Option(None, "--hardware", help="GPU hardware id, e.g. A100-SXM4-80GB."),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="GPU hardware id: a datasheet entry ("
+                                           f"{', '.join(SPECS)}) or a CPU's cpu-<model>.",
+                                           autocompletion=complete_hardware),
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=1, help="GPUs per node (default 8)."),
     cluster_name: Optional[str] = typer.Option(
-        None, "--cluster", help="Cluster preset (dgx-a100, selene, dgx-h100, dgx-b200, perlmutter, vista, mi300x, "
-                                "pcie) or a YAML/JSON file (hardware, gpus_per_node, fabric, intra_node_gbs, "
-                                "inter_node_gbs, latencies, in_network_reduction; `preset:` to start from one). "
-                                "Default: the usual node of --hardware; with --batch, what each row says."),
+        None, "--cluster", autocompletion=complete_cluster,
+        help=f"Cluster preset ({', '.join(PRESETS)}) or a YAML/JSON file (hardware, gpus_per_node, fabric, "
+             "intra_node_gbs, inter_node_gbs, latencies, in_network_reduction, nvlink_domain; `preset:` to start from "
+             "one). Default: the usual node of --hardware; with --batch, what each row says."),
     stack: Optional[str] = typer.Option(
         None, "--stack", help="Software-stack profile (megatron-core, megatron-lm-2021, megatron-deepspeed-2023, "
                               "gpt-neox): attention kernel, overlap defaults and host constants. Default: what the "
@@ -108,14 +98,28 @@ def predict_command(
         from tracekit.core.config import TrainingConfig
         from tracekit.core.errors import InputError
 
+
         if trace_out is not None and trace_out.exists() and not trace_out.is_dir():
             raise InputError(trace_out, "exists and is not a directory (--trace-out takes a folder for the traces)")
         from predictor import DEFAULT_STACK as DEFAULT, get_stack, stack_of_arguments
         from tracekit.core.config import ARGS_BEGIN, parse_arguments_block
 
+        from .job_file import job_mapping, job_text
+
+        native = None  # a torchtitan TOML or a Composer YAML (tracekit.core.job_files)
+        if config is not None:  # a trace, a table, a binary file, bad YAML: refused in one line before any parser
+            job = job_text(config, "predict")
+            if config.suffix.lower() in (".yaml", ".yml", ".json"):
+                job_mapping(config, job)  # a syntax error is one line saying where, whatever the job's kind
+            native = _job(config, gpus, hardware, gpus_per_node, cluster_name)
+            if native is None and not ARGS_BEGIN.search(job):
+                job_mapping(config, job, or_log=config.suffix.lower() not in (".yaml", ".yml", ".json"))
+        if native is not None:  # its world size is the launch's (--gpus): the reader resolves the split with it
+            overrides = {k: v for k, v in overrides.items() if k not in ("world_size", "data_parallel_size")}
+
         log, text = (megatron_log if megatron_log is not None else
-                     config if config is not None and config.suffix.lower() not in (".yaml", ".yml", ".json")
-                     else None), None
+                     config if config is not None and native is None
+                     and config.suffix.lower() not in (".yaml", ".yml", ".json") else None), None
         if log is not None:
             try:
                 text = log.read_text(errors="replace")
@@ -125,9 +129,13 @@ def predict_command(
         log_text = text if text is not None and (megatron_log is not None or ARGS_BEGIN.search(text)) else None
         shown = stack_of_arguments(parse_arguments_block(log_text, str(log))) \
             if log_text is not None and ARGS_BEGIN.search(log_text) else None
+        if native is not None:
+            shown = get_stack(native.stack)
         profile = get_stack(stack) if stack else (shown or get_stack(DEFAULT))
         unknown: list[str] | None = [] if allow_unknown else None
-        if log_text is not None:  # the text already read
+        if native is not None:
+            cfg = TrainingConfig.from_mapping(native.settings, profile.config)
+        elif log_text is not None:  # the text already read
             cfg = TrainingConfig.from_megatron_log(log_text, str(log), profile.config)
         elif config is not None:
             cfg = TrainingConfig.from_file(config, profile.config, unknown)
@@ -138,19 +146,21 @@ def predict_command(
             merged = {k: v for k, v in cfg.to_dict().items() if v is not None}
             merged.update(overrides)
             cfg = TrainingConfig.from_mapping(merged)
-        cluster, note = _cluster(hardware, gpus_per_node, cluster_name)
+        cluster, note = cluster_of(hardware, gpus_per_node, cluster_name)
         if cluster is None:
             fail("name the GPU with --hardware ID (e.g. A100-SXM4-80GB) or --cluster NAME|FILE")
         from predictor import ModelSet, load_calibration, predict_iteration as predict
 
         cal = load_calibration(calibration) if calibration else profile.calibration(cluster.hardware)
         models = ModelSet.load(models_dir)
-        prediction = predict(cfg, cluster, models, cal)
-        if note:
-            prediction.warnings.insert(0, note)
-        prediction.warnings[:0] = unknown or []
+        with working("predicting", quiet=as_json):
+            prediction = predict(cfg, cluster, models, cal)
+        say_assumed(note, quiet=as_json)  # once the answer is sure: an error stays one line
+        added = (native.notes if native is not None else []) + list(unknown or [])  # the command's own warnings
         if shown is not None and not stack:
-            prediction.warnings.insert(0, f"stack {shown.name}: the log's arguments block shows it")
+            added.insert(0, f"stack {shown.name}: the {'job file' if native else 'log'}'s "
+                            f"{'kind' if native else 'arguments block'} shows it")
+        prediction.warnings[:0] = added
         written = []
         if trace_out is not None:
             from predictor import default_ranks, write_traces
@@ -161,13 +171,24 @@ def predict_command(
                                        progress=lambda _: bar.advance(task))
     if as_json:
         doc = prediction.to_dict()
+        doc["warnings"] = ([note] if note else []) + doc["warnings"]
         if written:
             doc["trace_files"] = [str(p) for p in written]
         print_json(doc)
         return
-    _print_prediction(prediction)
+    _print_prediction(prediction, len(added))
     if written:
         console.print(f"predicted traces: {', '.join(str(p) for p in written)}")
+
+
+def _job(config: Path, gpus: Optional[int], hardware: Optional[str], gpus_per_node: Optional[int],
+         cluster_name: Optional[str]):
+    """A torchtitan TOML or Composer YAML job (tracekit.core.job_files), read with the launch's GPUs and the node
+    size of the cluster it runs on; None for a Megatron configuration."""
+    from tracekit.core.job_files import read_job
+
+    where = cluster_of(hardware, gpus_per_node, cluster_name)[0]
+    return read_job(config, gpus, where.domain_size if where is not None else gpus_per_node)
 
 
 def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, calibration, overrides,
@@ -177,7 +198,7 @@ def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, 
         load_calibration,
         output_row,
         parse_row,
-        predict_many,
+        predict_rows,
         read_rows,
         write_rows,
     )
@@ -185,27 +206,20 @@ def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, 
 
     if out is None:
         fail("--batch needs --csv-out FILE.csv")
-    cluster = _cluster(hardware, gpus_per_node, cluster_name)[0] if cluster_name else None
+    cluster = cluster_of(hardware, gpus_per_node, cluster_name)[0] if cluster_name else None
     header, cells = read_rows(path)
     cal = load_calibration(calibration) if calibration else None
     models = ModelSet.load(models_dir)
     hw = normalize_hardware(hardware) if hardware else None
     rows = [parse_row(c, i + 2, hw, gpus_per_node, overrides, stack, cluster) for i, c in enumerate(cells)]
-    good = [r for r in rows if r.error is None]
-    parsed = [r.complete() for r in good]
     with progress(quiet=as_json) as bar:
         task = bar.add_task("predicting", total=len(rows))
-        results = predict_many([config for config, _, _ in parsed], [where for _, where, _ in parsed], models,
-                               [cal or r.calibration for r in good])
-        bar.update(task, completed=len(rows))
-    by_line = dict(zip((r.line for r in good), results))
+        results = predict_rows(rows, models, cal, on_chunk=lambda n: bar.advance(task, n))
     output, failures, used, stacks, clusters = [], [], set(), set(), set()
-    for r in rows:
-        result = by_line.get(r.line)
-        if r.error is not None or result is None or isinstance(result, Exception):  # None: only for an error row
-            message = r.error or str(result)
-            output.append(output_row(r, error=message))
-            failures.append((r.line, message))
+    for r, result in zip(rows, results):
+        if isinstance(result, Exception):
+            output.append(output_row(r, error=str(result)))
+            failures.append((r.line, str(result)))
         else:
             output.append(output_row(r, result))
             used.add(result.hardware_used)
@@ -229,10 +243,16 @@ def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, 
         raise typer.Exit(EXIT_PARTIAL if len(failures) < len(rows) else 2)
 
 
-def _print_prediction(p) -> None:
+def _print_prediction(p, skip: int = 0) -> None:
+    """The answer for people. A configuration that does not fit says so first: the memory warning leads the
+    prediction's own warnings (`predictor.predict`), which follow the `skip` warnings the command put in front."""
     from rich.table import Table
 
     c = p.config
+    warnings = list(p.warnings)
+    if p.fits_in_memory is False and len(warnings) > skip:
+        console.print(f"[bold red]does not fit:[/bold red] {warnings.pop(skip)}; the time below assumes it did",
+                      soft_wrap=True)
     console.print(f"[bold]{c.num_layers} layers × h{c.hidden_size}, seq {c.seq_length}, global batch "
                   f"{c.global_batch_size} (micro {c.micro_batch_size}, {c.num_microbatches} micro-batches) on "
                   f"{c.world_size} × {p.cluster.hardware} ({p.cluster.gpus_per_node}/node): tp {c.tp} pp {c.pp} "
@@ -263,5 +283,5 @@ def _print_prediction(p) -> None:
         console.print("fallbacks: " + ", ".join(
             f"{f['variant']} {f['pass']} ({f['path']}{', out of range' if f['out_of_range'] else ''})"
             for f in p.fallbacks[:8]) + (" ..." if len(p.fallbacks) > 8 else ""))
-    for w in p.warnings:
+    for w in warnings:
         err_console.print(f"[yellow]warning:[/yellow] {w}")

@@ -9,13 +9,22 @@ import typer
 from .app import app
 from .executor import Executor, check_ray_address, executor_option, ray_address_option
 from .output import ALLOW_UNKNOWN_HELP, console, err_console, fail, print_json, progress, user_errors
+from .where import cluster_of, complete_cluster, complete_hardware, say_assumed
 
-HELP = """Find the best configuration of a job on N GPUs: every split Megatron accepts (tp, pp, dp, cp, virtual
+#: A job file's settings a search varies rather than keeps (the split it states; pipelines split evenly).
+JOB_SPLIT = ("world_size", "data_parallel_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+             "virtual_pipeline_model_parallel_size", "pipeline_model_parallel_layout", "micro_batch_size",
+             "sequence_parallel", "num_distributed_optimizer_instances")
+
+HELP = """Find the best configuration of a job on N GPUs: every split Megatron accepts (tp, pp, dp, cp, ep, virtual
 stages, micro-batch, sequence parallelism, activation recompute, distributed optimizer), pruned by the memory
 model, predicted in one batched model call, ranked.
 
 Settings the input states stay fixed; --vary KEYS opens them (comma-separated Megatron names or tp, pp, cp,
-micro_batch_size, vp, sequence_parallel, recompute_granularity, use_distributed_optimizer; `all` opens every one).
+micro_batch_size, vp, sequence_parallel, recompute_granularity, use_distributed_optimizer, and for an MoE model ep,
+etp; `all` opens every one);
+a boolean setting opened is searched both ways. The input's own split is always predicted and shown with its rank;
+when nothing can be ranked, search exits 2 and says what to open.
 
 Examples:
 
@@ -23,19 +32,25 @@ Examples:
   --global-batch-size 512 --bf16" --gpus 64 --hardware H100-80GB-HBM3 --top 5
 
   tracekit search job.yaml --gpus 256 --cluster selene --objective cost --price-per-gpu-hour 2.5 --json
+
+  tracekit search llama3_70b.toml --gpus 64 --hardware H100-80GB-HBM3   # a torchtitan job (or a Composer YAML):
+  its model, batch, precision and checkpointing stay; tp, pp, micro-batch and the FSDP/HSDP shard group are searched
 """
 
 
 @app.command("search", help=HELP)
 def search_command(
-    config: Optional[Path] = typer.Argument(None, help="Job: YAML/JSON of Megatron argument names."),
+    config: Optional[Path] = typer.Argument(None, help="Job: YAML/JSON of Megatron argument names, a torchtitan "
+                                                       "TOML job or a Composer/llm-foundry YAML."),
     megatron_args: Optional[str] = typer.Option(None, "--megatron-args",
                                                 help="Job as Megatron command-line arguments."),
     gpus: int = typer.Option(..., "--gpus", min=1, help="GPUs the job gets (world size)."),
-    hardware: Optional[str] = typer.Option(None, "--hardware", help="GPU hardware id, e.g. H100-80GB-HBM3."),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="GPU hardware id, e.g. H100-80GB-HBM3.",
+                                           autocompletion=complete_hardware),
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=1, help="GPUs per node."),
-    cluster_name: Optional[str] = typer.Option(None, "--cluster", help="Cluster preset or YAML/JSON file "
-                                                                       "(see `tracekit predict --help`)."),
+    cluster_name: Optional[str] = typer.Option(None, "--cluster", autocompletion=complete_cluster,
+                                               help="Cluster preset or YAML/JSON file (see `tracekit predict "
+                                                    "--help`)."),
     stack: Optional[str] = typer.Option(None, "--stack", help="Software-stack profile (default megatron-core)."),
     vary: Optional[str] = typer.Option(None, "--vary", help="Comma-separated settings to vary although the input "
                                                             "states them; `all` for every one."),
@@ -51,13 +66,12 @@ def search_command(
 ) -> None:
     check_ray_address(executor, ray_address)
     with user_errors():
-        import yaml
-
         from predictor import (
             DEFAULT_STACK as DEFAULT,
             SEARCH_KEYS,
             ModelSet,
             get_stack,
+            nothing_fits,
             search_configurations as search,
         )
         from tracekit.core.config import (
@@ -66,20 +80,28 @@ def search_command(
             parse_megatron_argv,
             setting_name,
         )
-        from tracekit.core.errors import InputError
         from tracekit.core.megatron_arguments import refuse_unknown
 
-        from .predict import _cluster
+        from .job_file import job_mapping, job_text
 
         if (config is None) == (megatron_args is None):
             fail("give the job as CONFIG or --megatron-args (one of them)")
+        native = None  # a torchtitan TOML or a Composer YAML (tracekit.core.job_files): its split is what is searched
         if config is not None:
-            try:
-                base = yaml.safe_load(config.read_text())
-            except (OSError, yaml.YAMLError) as exc:
-                raise InputError(config, f"cannot read the job ({exc})") from exc
-            if not isinstance(base, dict):
-                raise InputError(config, "a job is a mapping of Megatron argument names to values")
+            from tracekit.core.job_files import read_job
+
+            text = job_text(config, "search")
+            if config.suffix.lower() in (".yaml", ".yml", ".json"):
+                job_mapping(config, text)  # a syntax error is one line saying where, whatever the job's kind
+            placed = cluster_of(hardware, gpus_per_node, cluster_name)[0]
+            native = read_job(config, gpus, placed.domain_size if placed else gpus_per_node)
+            if native is not None:
+                base = {k: v for k, v in native.settings.items() if k not in JOB_SPLIT}
+                stack = stack or native.stack
+                for line in native.notes:
+                    err_console.print(f"[yellow]note:[/yellow] {line}")
+            else:
+                base = job_mapping(config, text)
         else:
             assert megatron_args is not None  # exactly one of the two was given
             base = parse_megatron_argv(megatron_args)
@@ -94,7 +116,7 @@ def search_command(
         fixed = set() if "all" in opened else {setting_name(k) for k in base} - opened
         profile = get_stack(stack or DEFAULT)
         base = {**profile.config, **base}
-        where, note = _cluster(hardware, gpus_per_node, cluster_name)
+        where, note = cluster_of(hardware, gpus_per_node, cluster_name)
         if where is None:
             fail("name the GPU with --hardware ID or --cluster NAME|FILE")
         models = ModelSet.load(models_dir)
@@ -104,19 +126,40 @@ def search_command(
 
             runner = RayExecutor(ray_address)
         with progress(quiet=as_json) as bar:
-            bar.add_task(f"searching ({executor.value})", total=None)
-            result = search(base, gpus, where, models, fixed & set(SEARCH_KEYS),
+            task = bar.add_task(f"searching ({executor.value})", total=None)
+            result = search(base, gpus, where, models, fixed & {*SEARCH_KEYS, "num_distributed_optimizer_instances"},
                             profile.calibration(where.hardware), objective, price, runner,
-                            context_parallel=bool(opened & {"all", "context_parallel_size"}))
+                            context_parallel=bool(opened & {"all", "context_parallel_size"}),
+                            progress=lambda done, total: bar.update(task, completed=done, total=total))
         if note:
-            result.notes.insert(0, note)
+            result.warnings.insert(0, note)
+        if not result.candidates:
+            fail(f"{nothing_fits(result, gpus)}; {_hint(result, gpus)}")
+        say_assumed(note, quiet=as_json)  # once the answer is sure: an error stays one line
     if as_json:
         print_json(result.to_dict(top))
         return
-    _print(result, top, where, gpus)
+    _print(result, top, where, gpus, skip=1 if note else 0)
 
 
-def _print(result, top: int, cluster, gpus: int) -> None:
+#: The --vary names of the settings that have short ones.
+VARY_NAMES = {"tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp", "context_parallel_size": "cp",
+              "virtual_pipeline_model_parallel_size": "vp", "expert_model_parallel_size": "ep",
+              "expert_tensor_parallel_size": "etp"}
+
+
+def _hint(result, gpus: int) -> str:
+    """What to try when nothing fits: open the settings the input fixed, else more GPUs."""
+    if result.fixed:
+        names = ",".join(VARY_NAMES.get(k, k) for k in result.fixed)
+        return f"open the settings the input fixes with --vary {names}"
+    return f"every split was searched: give the job more GPUs than {gpus} or a smaller global batch"
+
+
+def _print(result, top: int, cluster, gpus: int, skip: int = 0) -> None:
+    """The ranked table (the input's own row marked, and shown below the top when it ranks lower or does not fit),
+    the pruning line, what separates the best from the next, and the best candidate's warnings on stderr
+    (`skip`: the cluster note, said before the search)."""
     from rich.table import Table
 
     from predictor import split_name
@@ -125,15 +168,38 @@ def _print(result, top: int, cluster, gpus: int) -> None:
                         f"({cluster.name}), by {result.objective.replace('_', ' ')}")
     for col in ("#", "split", "s/iter", "comm", "bubble", "GB/GPU", "MFU"):
         table.add_column(col, justify="left" if col == "split" else "right", overflow="fold")
-    for i, c in enumerate(result.candidates[:top], start=1):
+
+    def add(rank: str, c: dict) -> None:
         b = c["breakdown"]
-        table.add_row(str(i), split_name(c["config"]), f"{c['iteration_time_s']:.4g}",
-                      f"{b['exposed_communication']:.3g}", f"{b['pipeline_bubble']:.3g}",
-                      f"{c['memory_gb_per_gpu']:.1f}", "n/a" if c["mfu"] is None else f"{100 * c['mfu']:.1f}%")
+        name = split_name(c["config"]) + ("  ← input" if c.get("input") else "")
+        table.add_row(rank, name, f"{c['iteration_time_s']:.4g}", f"{b['exposed_communication']:.3g}",
+                      f"{b['pipeline_bubble']:.3g}", f"{c['memory_gb_per_gpu']:.1f}",
+                      "n/a" if c["mfu"] is None else f"{100 * c['mfu']:.1f}%")
+
+    for i, c in enumerate(result.candidates[:top], start=1):
+        add(str(i), c)
+    mine = result.input
+    if mine is not None and (mine["rank"] is None or mine["rank"] > top):
+        table.add_section()
+        add(str(mine["rank"]) if mine["rank"] else "—", mine)
     console.print(table)
     pruned = result.pruned
     console.print(f"pruned: {pruned['memory']} for memory, {pruned['invalid']} that Megatron would refuse"
                   + (f", {pruned['failed']} not predictable" if pruned["failed"] else "")
+                  + (f", {pruned['implausible']} above the GPU's peak (a bug)" if pruned["implausible"] else "")
                   + f"; {result.seconds:.1f} s")
+    if mine is None:
+        console.print(f"not ranked: {result.input_error}", markup=False)
+    elif mine["rank"] is None:
+        console.print(f"input: does not fit ({mine['memory_gb_per_gpu']:.1f} GB per GPU), not ranked", markup=False)
+    else:
+        best = result.candidates[0]["iteration_time_s"]
+        console.print(f"input: rank {mine['rank']} of {len(result.candidates)}, {mine['iteration_time_s']:.4g} s"
+                      + (f" ({mine['iteration_time_s'] / best - 1:+.1%} vs the best)" if mine["rank"] > 1 else
+                         " (the best)"), markup=False)
     for note in result.notes:
         console.print(note, markup=False)
+    for line in result.problems.values():
+        err_console.print(f"[yellow]warning:[/yellow] not ranked: {line}", soft_wrap=True)
+    for w in result.warnings[skip:]:
+        err_console.print(f"[yellow]warning:[/yellow] best candidate: {w}")

@@ -7,7 +7,8 @@ from typing import Any, Optional
 import typer
 
 from .app import app
-from .output import EXIT_PARTIAL, console, fail, print_json, progress, user_errors
+from .output import EXIT_PARTIAL, console, fail, print_json, progress, user_errors, working
+from .where import say_assumed
 
 
 @app.command("validate")
@@ -29,8 +30,10 @@ def validate(
                                                                       "(repeatable)."),
     sets: list[str] = typer.Option([], "--set", help="KEY=VALUE Megatron setting for every --published row "
                                                      "(repeatable), e.g. --set attention=unfused."),
-    calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration name or JSON file for the "
-                                                                          "--published predictions (default none)."),
+    calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration name or JSON file used "
+                                                                          "instead of each --published row's stack "
+                                                                          "profile constants (default: the row's, "
+                                                                          "as predict --batch)."),
 ) -> None:
     """Check predictions against measurements.
 
@@ -57,11 +60,16 @@ def validate(
         from tracekit.validate import validate_run
 
         assert run_dir is not None  # exactly one of RUN_DIR and --published was given
-        result = validate_run(run_dir, models=model_set, models_path=models, refit=refit, store=store, rank=rank)
+        with working("validating", quiet=json_out) as step:
+            result = validate_run(run_dir, models=model_set, models_path=models, refit=refit, store=store, rank=rank,
+                                  progress=step)
+        say_assumed(result["cluster_note"], quiet=json_out)
         report = result["report"]
         if html:
             write_html(html, report, title=f"tracekit validate: {run_dir}")
         document = {**diff_document(report), **({"refit": result["refit"]} if result.get("refit") else {})}
+        if result["cluster_note"]:
+            document["cluster_note"] = result["cluster_note"]
         if json_out:
             print_json(document)
             return
@@ -85,10 +93,11 @@ def _published(path: Path, hardware_map: list[str], sets: list[str], calibration
     )
 
     mapping, overrides = parse_hardware_map(hardware_map), parse_sets(sets)
-    total = sum(1 for r in read_published(path, mapping, overrides) if not r.error)
+    total = len(read_published(path, mapping, overrides))
     with progress(quiet=json_out) as bar:
         task = bar.add_task("predicting", total=total)
-        result = validate_published(path, mapping, models, overrides, load_calibration(calibration),
+        result = validate_published(path, mapping, models, overrides,
+                                    load_calibration(calibration) if calibration else None,
                                     on_batch=lambda n: bar.advance(task, n))
     if json_out:
         print_json(result)

@@ -16,6 +16,7 @@ from . import (
     pipeline_layout,
     precision as precision_recipes,
     runtime as runtime_settings,
+    sharding as sharding_settings,
 )
 from .attention import AttentionSettings
 from .errors import ConfigError, InputError, did_you_mean
@@ -24,6 +25,7 @@ from .moe import MoESettings
 from .pipeline_layout import LayoutSettings
 from .precision import LowPrecisionSettings
 from .runtime import RuntimeSettings
+from .sharding import ShardingSettings
 
 ARGS_BEGIN = re.compile(r"-{3,}\s*arguments\s*-{3,}")
 ARGS_END = re.compile(r"-{3,}\s*end of arguments\s*-{3,}")
@@ -59,6 +61,7 @@ SECTIONS: dict[str, tuple[type, tuple[str, ...]]] = {
     "layout": (LayoutSettings, pipeline_layout.FIELDS),
     "lowp": (LowPrecisionSettings, precision_recipes.LOWP_FIELDS),
     "run": (RuntimeSettings, runtime_settings.FIELDS),
+    "sharding": (ShardingSettings, sharding_settings.FIELDS),
 }
 _SECTION_OF = {name: section for section, (_, names) in SECTIONS.items() for name in names}
 
@@ -156,6 +159,7 @@ class TrainingConfig:
     layout: LayoutSettings | None = None  # uneven pipelines, layouts, MTP (tracekit.core.pipeline_layout)
     lowp: LowPrecisionSettings | None = None  # bf16 first/last layers (tracekit.core.precision)
     run: RuntimeSettings | None = None  # CUDA graphs, determinism, logging passes, timers (tracekit.core.runtime)
+    sharding: ShardingSettings | None = None  # FSDP, HSDP, ZeRO (tracekit.core.sharding); None: Megatron's DDP
     extra: dict[str, Any] = field(default_factory=dict)  # arguments tracekit does not model, kept verbatim
 
     # -- derived values (Megatron's defaults) -----------------------------------------------------------------
@@ -306,7 +310,7 @@ class TrainingConfig:
                               f"{self.global_batch_size} / micro_batch_size·dp) is beyond what tracekit simulates (at "
                               f"most {LIMITS['microbatches']:,} per stage); is it a typo?")
         pipeline_layout.check_microbatch_groups(self)
-        for section in (self.moe, self.attn, self.run):
+        for section in (self.moe, self.attn, self.sharding, self.run):
             if section is not None:
                 section.validate(self)
         if cp > 1 and self.seq_length % (2 * cp):
@@ -516,7 +520,8 @@ def _scalar(raw: Any) -> Any:
 #: Megatron arguments `_apply` reads besides TrainingConfig's fields and ALIASES.
 _READ = ("fp16", "bf16", "fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe", "params_dtype",
          "recompute_activations", "use_flash_attn", "transformer_impl", "disable_bias_linear",
-         "num_layers_per_virtual_pipeline_stage", "group_query_attention", "moe_first_k_dense")
+         "num_layers_per_virtual_pipeline_stage", "group_query_attention", "moe_first_k_dense",
+         *sharding_settings.FLAGS)
 #: Megatron's flags that pick a low-precision recipe (tracekit.core.precision.from_megatron reads them together).
 _LOWP_FLAGS = ("fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe")
 
@@ -538,6 +543,8 @@ def check_settings(mapping: dict[str, Any]) -> None:
 
 
 def _apply(key: str, value: Any, values: dict, extra: dict, known: set[str]) -> None:
+    if sharding_settings.apply_flag(key, value, values):
+        return
     if key in ("fp16", "bf16"):
         if value is True:  # the base dtype; --fp8-format / --fp4-format, read after every key, may lower the GEMMs
             values.setdefault("_base_precision", key)
@@ -618,6 +625,10 @@ def _sections(values: dict[str, Any], sections: dict[str, dict[str, Any]]) -> No
             values[name] = _build(SECTIONS[name][0], sections[name])
     if runtime_settings.stated(sections.get("run", {})):
         values["run"] = _build(RuntimeSettings, sections["run"])
+    if sections.get("sharding"):  # stated sharding settings other than Megatron's defaults (plain DDP)
+        sharding = _build(ShardingSettings, sections["sharding"])
+        if sharding != ShardingSettings():
+            values["sharding"] = sharding
 
 
 def _build(kind: type, settings: dict[str, Any]) -> Any:

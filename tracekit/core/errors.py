@@ -27,6 +27,11 @@ class ModelError(TracekitError):
     """Regressor models are missing, unreadable or do not cover a request."""
 
 
+class PlausibilityError(ModelError):
+    """A prediction no hardware could run (e.g. model FLOP/s above the GPU's dense peak): a bug in the model, named
+    with the parts of the estimate behind it."""
+
+
 def did_you_mean(word: str, choices, cutoff: float = 0.6) -> str:
     """` (did you mean 'x'?)` for the closest of `choices` to a mistyped `word`, or '' when none is close."""
     import difflib

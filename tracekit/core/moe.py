@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from .errors import ConfigError
@@ -99,10 +100,7 @@ class MoESettings:
 
     def pattern(self, num_layers: int) -> tuple[int, ...]:
         """1 for an MoE layer, 0 for a dense one, per layer (Megatron's `moe_layer_freq` rule)."""
-        freq = self.moe_layer_freq
-        if isinstance(freq, int):
-            return tuple(1 if i % freq == 0 else 0 for i in range(num_layers))
-        return tuple(freq)
+        return _pattern(self.moe_layer_freq, num_layers)
 
     def load_factor(self) -> float:
         """Tokens the busiest expert computes over the balanced mean: forced balance 1, a padded capacity exactly
@@ -153,6 +151,13 @@ FIELDS = tuple(f.name for f in dataclasses.fields(MoESettings))
 #: Names published tables use for these settings.
 ALIASES = {"ep": "expert_model_parallel_size", "etp": "expert_tensor_parallel_size",
            "moe_topk": "moe_router_topk", "experts": "num_experts", "num_moe_experts": "num_experts"}
+
+
+@lru_cache(maxsize=256)
+def _pattern(freq: int | tuple[int, ...], num_layers: int) -> tuple[int, ...]:
+    if isinstance(freq, int):
+        return tuple(1 if i % freq == 0 else 0 for i in range(num_layers))
+    return tuple(freq)
 
 
 def layer_freq(value: Any) -> int | tuple[int, ...]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from .errors import ConfigError
@@ -82,11 +83,18 @@ def layout_vp(text: str, pp: int) -> int:
     return len(stages) // pp
 
 
-def chunks(config) -> list[list[Chunk]]:
-    """[pipeline rank][model chunk] → Chunk, for a TrainingConfig; ConfigError where Megatron refuses the split."""
-    c = config
-    pp, vp, n = c.pp, c.vp, c.num_layers
-    s = c.layout or LayoutSettings()
+def chunks(config) -> tuple[tuple[Chunk, ...], ...]:
+    """[pipeline rank][model chunk] → Chunk, for a TrainingConfig; ConfigError where Megatron refuses the split.
+    Cached per (pp, vp, layers, layout settings): a search asks for the same few splits again and again."""
+    return _chunks(config.pp, config.vp, config.num_layers, config.layout or LayoutSettings())
+
+
+@lru_cache(maxsize=4096)
+def _chunks(pp: int, vp: int, n: int, s: LayoutSettings) -> tuple[tuple[Chunk, ...], ...]:
+    return tuple(tuple(row) for row in _split(pp, vp, n, s))
+
+
+def _split(pp: int, vp: int, n: int, s: LayoutSettings) -> list[list[Chunk]]:
     mtp = s.mtp_num_layers or 0
     if s.pipeline_model_parallel_layout:
         return _from_layout(s.pipeline_model_parallel_layout, pp, n, mtp)
@@ -121,15 +129,17 @@ def chunks(config) -> list[list[Chunk]]:
                 raise ConfigError(f"pipeline rank {rank} holds {count} layers, not divisible by vp {vp}")
         return _assign([[count // vp] * vp for count in per_rank], pp, vp, mtp)
     total = n + s.account_for_embedding_in_pipeline_split + s.account_for_loss_in_pipeline_split
+    hint = ("; Megatron needs a layout for it: pipeline_model_parallel_layout (e.g. 'Et*4|...|tmL') or "
+            "decoder_first/last_pipeline_num_layers")
     if total % pp:
         raise ConfigError(f"num_layers {n}{' (+1 embedding)' if s.account_for_embedding_in_pipeline_split else ''}"
                           f"{' (+1 loss)' if s.account_for_loss_in_pipeline_split else ''} is not divisible by pp "
-                          f"{pp}")
-    per_rank = total // pp
-    if per_rank % vp:
-        raise ConfigError(f"num_layers {n} is not divisible by pp·vp = {pp}·{vp}" if total == n else
-                          f"{per_rank} layers per pipeline rank are not divisible by vp {vp}")
-    counts = [[per_rank // vp] * vp for _ in range(pp)]
+                          f"{pp}{hint}")
+    rank_layers = total // pp
+    if rank_layers % vp:
+        raise ConfigError((f"num_layers {n} is not divisible by pp·vp = {pp}·{vp}" if total == n else
+                           f"{rank_layers} layers per pipeline rank are not divisible by vp {vp}") + hint)
+    counts = [[rank_layers // vp] * vp for _ in range(pp)]
     if s.account_for_embedding_in_pipeline_split:
         counts[0][0] -= 1
     if s.account_for_loss_in_pipeline_split:

@@ -26,6 +26,7 @@ GEMMs in bf16. Which GPUs run which GEMM dtype is the datasheet's (`tracekit.cor
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .errors import ConfigError, did_you_mean
 
@@ -74,6 +75,7 @@ SPELLINGS = {
 }
 
 
+@lru_cache(maxsize=256)
 def recipe_name(value: object) -> str:
     """The recipe a precision cell or setting names; ConfigError (with a suggestion) for anything else."""
     text = str(value).strip().lower().replace("-", "_")

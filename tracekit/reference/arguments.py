@@ -46,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("--sequence-parallel", action="store_true")
     par.add_argument("--micro-batch-size", type=int, default=1)
     par.add_argument("--global-batch-size", type=int, default=None)
+    par.add_argument("--use-torch-fsdp2", action="store_true",
+                     help="shard parameters, gradients and optimizer state over the data-parallel ranks with "
+                     "PyTorch FSDP2 (fully_shard per layer); needs tp = pp = 1")
+    par.add_argument("--torch-fsdp2-no-reshard-after-forward", dest="torch_fsdp2_reshard_after_forward",
+                     action="store_false", help="with --use-torch-fsdp2: keep each layer's gathered parameters from "
+                     "forward to backward (one all-gather per micro-batch instead of two)")
     par.add_argument("--distributed-backend", choices=("nccl", "gloo"), default=None,
                      help="default: nccl when CUDA is available, else gloo")
     train = parser.add_argument_group("training")
@@ -111,6 +117,8 @@ def parse_args(argv: list[str] | None, world_size: int, cuda: bool) -> argparse.
     args.accumulate_allreduce_grads_in_fp32 = bool(args.bf16)
     if args.distributed_backend is None:
         args.distributed_backend = "nccl" if cuda else "gloo"
+    if args.use_torch_fsdp2 and (tp > 1 or pp > 1):
+        parser.error("--use-torch-fsdp2: the reference trainer shards over the data-parallel ranks only (tp = pp = 1)")
     if args.trace_layout is None:
         args.trace_layout = "torch_profile" if args.pytorch_profiler_collect_shapes else "tensorboard"
     if args.profile and args.use_pytorch_profiler:

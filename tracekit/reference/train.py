@@ -15,6 +15,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from tracekit.core.hardware import cpu_hardware_id
 
 from .arguments import arguments_block, parse_args
+from .fsdp import fully_shard_model
 from .model import GPTStage
 from .parallel import Topology, init_topology
 from .schedule import P2P, one_f_one_b
@@ -117,7 +118,10 @@ def train(argv: list[str] | None = None) -> int:
         print(arguments_block(args), flush=True)
     dtype = DTYPES[args.params_dtype]
     torch.manual_seed(args.seed + 100 * topo.pp_rank + topo.tp_rank)  # dropout streams; weights are seeded per layer
-    model = GPTStage(args, topo, dtype)
+    # FSDP keeps fp32 parameters and casts them for compute; otherwise the weights are in the training dtype
+    model = GPTStage(args, topo, torch.float32 if args.use_torch_fsdp2 else dtype)
+    if args.use_torch_fsdp2:
+        fully_shard_model(model, model.layers, topo, dtype, args.torch_fsdp2_reshard_after_forward)
     shared = model.shared_embedding()
     if shared is not None:  # Megatron zeroes the last stage's copy and sums it from the first stage
         with torch.no_grad():
@@ -125,7 +129,8 @@ def train(argv: list[str] | None = None) -> int:
                 shared.zero_()
             dist.all_reduce(shared.data, group=topo.embedding_group)
     params = [p for p in model.parameters()]
-    optimizer = MixedPrecisionAdam(params, args) if dtype != torch.float32 else torch.optim.Adam(
+    master = dtype != torch.float32 and not args.use_torch_fsdp2  # FSDP's sharded fp32 parameters are the master
+    optimizer = MixedPrecisionAdam(params, args) if master else torch.optim.Adam(
         params, lr=args.lr, betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
     seq = args.seq_length // topo.tp if args.sequence_parallel else args.seq_length
     p2p = P2P(topo, (seq, args.micro_batch_size, args.hidden_size), dtype)
@@ -152,7 +157,8 @@ def train(argv: list[str] | None = None) -> int:
             _all_reduce_grads(sp_params, topo.tp_group)
         if shared is not None:
             _all_reduce_grads([shared], topo.embedding_group, fp32=args.accumulate_allreduce_grads_in_fp32)
-        _all_reduce_grads(params, topo.dp_group, scale=1.0 / topo.dp, fp32=args.accumulate_allreduce_grads_in_fp32)
+        if not args.use_torch_fsdp2:  # FSDP reduce-scatters (and averages) each unit's gradients in backward
+            _all_reduce_grads(params, topo.dp_group, scale=1.0 / topo.dp, fp32=args.accumulate_allreduce_grads_in_fp32)
         optimizer.step()
         if topo.last_stage:
             loss = torch.tensor([sum(losses) / len(losses)], device=device)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from predictor import ModelSet, ape_stats, parse_row, predict_many, read_rows
+from predictor import ModelSet, ape_stats, parse_row, predict_rows, read_rows
 from tracekit.core.config import check_settings
 from tracekit.core.errors import ConfigError, InputError
 
@@ -99,38 +99,34 @@ def validate_published(path: str | Path, hardware_map: dict[str, str] | None = N
     """Predict every row of a published e2e CSV and score it: {"rows" (worst first), "mape", "median_ape",
     "p90_ape", "failed"}. `models`: a ModelSet (default: the bundled models); `overrides`: Megatron settings for
     every row (like `predict --set`); `calibration`: a predictor Calibration used instead of each row's stack
-    profile constants. Rows are predicted in batches with
-    `predict_many`; `on_batch(rows_done)` reports progress. A row that cannot be predicted is listed under
-    "failed" and left out of the statistics."""
+    profile constants (None: each row's own, as `predict --batch` uses them). Rows are predicted by
+    `predictor.predict_rows`, the code path of `tracekit predict --batch`, in batches of `batch`; `on_batch(rows)`
+    reports progress. A row that cannot be predicted is listed under "failed" and left out of the statistics."""
     rows = read_published(path, hardware_map, overrides)
     models = models if models is not None else ModelSet.load()
     out_rows: list[dict[str, Any]] = []
-    failed: list[dict[str, Any]] = [{"line": r.line, "ref": r.ref, "error": r.error} for r in rows if r.error]
-    good = [(r, *r.parsed.complete()) for r in rows if not r.error]
-    for first in range(0, len(good), batch):
-        chunk = good[first:first + batch]
-        results = predict_many([c for _, c, _, _ in chunk], [where for _, _, where, _ in chunk], models,
-                               [calibration or r.parsed.calibration for r, _, _, _ in chunk])
-        for (row, c, where, stack), prediction in zip(chunk, results):
-            if isinstance(prediction, Exception):
-                failed.append({"line": row.line, "ref": row.ref, "error": str(prediction)})
-                continue
-            predicted = float(prediction.iteration_time_s)
-            out_rows.append({
-                "line": row.line, "ref": row.ref, "hardware": where.hardware,
-                "hardware_used": prediction.hardware_used, "cluster": prediction.cluster.name,
-                "stack": stack.name, "notes": list(row.parsed.notes), "world_size": c.world_size,
-                "tp": c.tp, "pp": c.pp,
-                "dp": c.dp, "micro_batch_size": c.micro_batch_size, "global_batch_size": c.global_batch_size,
-                "num_layers": c.num_layers, "hidden_size": c.hidden_size,
-                "measured_s": row.measured_s, "predicted_s": predicted, "error_s": predicted - row.measured_s,
-                "ape": abs(predicted - row.measured_s) / row.measured_s,
-            })
-        if on_batch:
-            on_batch(len(chunk))
+    failed: list[dict[str, Any]] = []
+    results = predict_rows([r.parsed for r in rows], models, calibration, batch, on_batch)
+    for row, prediction in zip(rows, results):
+        if isinstance(prediction, Exception):
+            failed.append({"line": row.line, "ref": row.ref, "error": str(prediction)})
+            continue
+        c, where, stack = row.parsed.complete()
+        predicted = float(prediction.iteration_time_s)
+        out_rows.append({
+            "line": row.line, "ref": row.ref, "hardware": where.hardware,
+            "hardware_used": prediction.hardware_used, "cluster": prediction.cluster.name,
+            "stack": stack.name, "notes": list(row.parsed.notes), "warnings": list(prediction.warnings),
+            "world_size": c.world_size, "tp": c.tp, "pp": c.pp,
+            "dp": c.dp, "micro_batch_size": c.micro_batch_size, "global_batch_size": c.global_batch_size,
+            "num_layers": c.num_layers, "hidden_size": c.hidden_size,
+            "measured_s": row.measured_s, "predicted_s": predicted, "error_s": predicted - row.measured_s,
+            "ape": abs(predicted - row.measured_s) / row.measured_s,
+        })
     if not out_rows:
         raise InputError(path, f"no row could be predicted (line {failed[0]['line']}: {failed[0]['error']})")
     summary = ape_stats([r["predicted_s"] for r in out_rows], [r["measured_s"] for r in out_rows])
     out_rows.sort(key=lambda r: -r["ape"])
     failed.sort(key=lambda f: f["line"])
-    return {"file": str(path), "rows": out_rows, **summary, "failed": failed}
+    return {"file": str(path), "rows": out_rows, **summary, "failed": failed,
+            "calibration": calibration.name if calibration is not None else "stack profiles"}

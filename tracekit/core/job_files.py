@@ -1,0 +1,39 @@
+"""Job files of PyTorch-native trainers, told apart from Megatron configurations: a torchtitan TOML job
+(`tracekit.core.torchtitan_job`) or a Composer/llm-foundry training YAML (`tracekit.core.composer_job`). A YAML or
+JSON mapping of Megatron argument names is neither (`read_job` gives None: `TrainingConfig.from_file` reads it)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .composer_job import is_composer, read_composer
+from .errors import InputError
+from .torchtitan_job import Job, read_torchtitan
+
+
+def read_job(path: str | Path, world_size: int | None = None, gpus_per_node: int | None = None) -> Job | None:
+    """The job a torchtitan TOML or a Composer YAML describes (settings, its stack profile's name, notes), or None
+    for any other file. `world_size`: the launch's GPUs; `gpus_per_node`: where a shard-inside-a-node split puts
+    its groups."""
+    path = Path(path)
+    if path.suffix.lower() == ".toml":
+        return read_torchtitan(path, world_size)
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        return None
+    data = _yaml(path)
+    if not is_composer(data):
+        return None
+    return read_composer(path, world_size, gpus_per_node, data)
+
+
+def _yaml(path: Path) -> Any:
+    import yaml
+
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError(path, f"cannot read ({exc.strerror or exc})") from exc
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InputError(path, f"not valid YAML ({exc})") from exc

@@ -1,0 +1,290 @@
+"""Sharded data parallelism: which of the data-parallel ranks' parameters, gradients and optimizer state each rank
+keeps only a shard of, across how many ranks, and which framework does it.
+
+The settings are a section of TrainingConfig (`TrainingConfig.sharding`, a `ShardingSettings`; None when none is
+stated: Megatron's DDP), in Megatron's words where Megatron has them; the Composer and torchtitan readers and the e2e
+CSV columns write the same settings:
+
+- `sharded_data_parallel`: who shards — `none` (Megatron's DDP, with or without the distributed optimizer),
+  `megatron-fsdp` (Megatron's `--use-megatron-fsdp`), `torch-fsdp2` (`--use-torch-fsdp2`; torchtitan's
+  `fully_shard`), `torch-fsdp1` (`FullyShardedDataParallel`: Composer/llm-foundry), `deepspeed` (ZeRO).
+- `data_parallel_sharding_strategy` (Megatron's `--data-parallel-sharding-strategy`): `no_shard` (ZeRO-0, DDP),
+  `optim` (ZeRO-1: optimizer state), `optim_grads` (ZeRO-2: and gradients), `optim_grads_params` (ZeRO-3, FSDP
+  FULL_SHARD: and parameters). Derived when not given: `optim_grads_params` for the torch FSDPs, `optim` with
+  Megatron's distributed optimizer, else `no_shard` (Megatron-FSDP's own default).
+- `num_distributed_optimizer_instances` (Megatron's): HSDP. The data-parallel ranks form this many replicas; each
+  shards over dp / instances consecutive ranks (inside a node or NVLink domain when it fits) and the replicas
+  all-reduce the sharded gradients.
+- `torch_fsdp2_reshard_after_forward` (Megatron's `--torch-fsdp2-no-reshard-after-forward` turns it off): a ZeRO-3
+  unit frees its gathered parameters after forward and gathers them again for backward. Off: FSDP1 SHARD_GRAD_OP,
+  FSDP2 `reshard_after_forward=False`, DeepSpeed ZeRO-3 with parameters kept (one all-gather per micro-batch).
+- `outer_dp_sharding_strategy` (Megatron's): `no_shard`, or `optim` to shard the optimizer state across the HSDP
+  replicas as well.
+
+`sharding_of(config)` gives the effective `Sharding`; `settings_from_text` reads a published table's cells;
+`with_shard_inside` is FSDP1's HYBRID_SHARD once the node size is known. What the collectives cost is
+`predictor.fsdp`'s.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .errors import ConfigError, did_you_mean
+
+if TYPE_CHECKING:
+    from .config import TrainingConfig
+
+IMPLEMENTATIONS = ("none", "megatron-fsdp", "torch-fsdp2", "torch-fsdp1", "deepspeed")
+#: Megatron's strategy names, in ZeRO-stage order (index = ZeRO stage).
+STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+OUTER_STRATEGIES = ("no_shard", "optim")
+#: Megatron flags (dest form) read into the settings above; `_apply` of tracekit.core.config hands them here.
+FLAGS = ("use_megatron_fsdp", "use_torch_fsdp2", "torch_fsdp2_no_reshard_after_forward")
+#: The settings of the section (TrainingConfig.sharding).
+FIELDS = ("sharded_data_parallel", "data_parallel_sharding_strategy", "num_distributed_optimizer_instances",
+          "torch_fsdp2_reshard_after_forward", "outer_dp_sharding_strategy")
+_ALIASES = {"fsdp": "torch-fsdp1", "fsdp1": "torch-fsdp1", "fsdp2": "torch-fsdp2", "torch_fsdp2": "torch-fsdp2",
+            "torch_fsdp1": "torch-fsdp1", "megatron_fsdp": "megatron-fsdp", "zero": "deepspeed", "false": "none",
+            "no": "none", "off": "none"}
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """The effective sharding of one configuration's data-parallel ranks."""
+
+    implementation: str  # one of IMPLEMENTATIONS
+    strategy: str  # one of STRATEGIES
+    dp: int  # ranks one set of parameters is spread over: dp·cp
+    replicas: int  # HSDP replicas (1: one shard group of all those ranks)
+    reshard_after_forward: bool
+    outer_optim: bool  # optimizer state also sharded across the replicas
+
+    @property
+    def stage(self) -> int:
+        """ZeRO stage: 0 nothing sharded, 1 optimizer state, 2 and gradients, 3 and parameters."""
+        return STRATEGIES.index(self.strategy)
+
+    @property
+    def shard_size(self) -> int:
+        """Ranks one shard group spans (dp / replicas)."""
+        return self.dp // self.replicas
+
+    @property
+    def fsdp(self) -> bool:
+        """Sharded by an FSDP/ZeRO implementation rather than Megatron's DDP (with or without its distributed
+        optimizer)."""
+        return self.implementation != "none"
+
+    @property
+    def per_unit(self) -> bool:
+        """Collectives per unit (one transformer block) inside each micro-batch's forward and backward — ZeRO-2/3
+        by any framework, the torch FSDPs at any strategy — rather than gradient buckets after the last backward
+        (Megatron's DDP and distributed optimizer; ZeRO-0/1 of DeepSpeed and Megatron-FSDP work the same way)."""
+        return self.fsdp and (self.stage >= 2 or self.implementation.startswith("torch-fsdp"))
+
+    def once_per_iteration(self, pp: int) -> bool:
+        """PyTorch's pipelining (torchtitan's PP) keeps an FSDP2 stage's parameters gathered across its micro-batches
+        and reduces the gradients after the last one: one all-gather and one reduce-scatter per unit and iteration."""
+        return self.implementation == "torch-fsdp2" and pp > 1 and self.stage >= 2
+
+    @property
+    def params_sharded(self) -> bool:
+        return self.stage >= 3
+
+    @property
+    def grads_sharded(self) -> bool:
+        return self.stage >= 2
+
+    @property
+    def parameter_gathers_per_microbatch(self) -> int:
+        """All-gathers of each unit's parameters per micro-batch: forward, and again before backward unless the
+        unit keeps them after forward."""
+        if not self.params_sharded:
+            return 0
+        return 2 if self.reshard_after_forward else 1
+
+    @property
+    def reduce_every_microbatch(self) -> bool:
+        """Gradients reduced after every micro-batch's backward (sharded gradients cannot be accumulated whole;
+        FSDP1/FSDP2 without no_sync also reduce unsharded ones each time), else once per iteration."""
+        return self.grads_sharded or self.implementation in ("torch-fsdp1", "torch-fsdp2")
+
+    @property
+    def optimizer_shard(self) -> int:
+        """Ranks the optimizer state is spread over."""
+        if self.stage < 1:
+            return 1
+        return self.shard_size * (self.replicas if self.outer_optim else 1)
+
+    @property
+    def name(self) -> str:
+        """FSDP, HSDP, ZeRO-N or DDP, as people call the split (`HSDP 4×8` = 4 replicas of 8-rank shards)."""
+        if not self.fsdp:
+            return "distributed optimizer" if self.stage == 1 else "DDP"
+        if self.stage == 3 and self.replicas > 1:
+            return f"HSDP {self.replicas}×{self.shard_size}"
+        if self.implementation == "deepspeed" or self.stage < 3:
+            return f"ZeRO-{self.stage}" + (f" ({self.replicas} replicas)" if self.replicas > 1 else "")
+        return "FSDP" + ("" if self.reshard_after_forward else " (no reshard after forward)")
+
+
+def implementation_name(value: Any) -> str:
+    """A `sharded_data_parallel` value (or one of its spellings) as one of IMPLEMENTATIONS; ConfigError otherwise."""
+    text = str(value).strip().lower().replace("_", "-") if value not in (None, False) else "none"
+    if text in ("true", "yes", "1"):
+        return "torch-fsdp2"
+    text = _ALIASES.get(text.replace("-", "_"), _ALIASES.get(text, text))
+    if text not in IMPLEMENTATIONS:
+        raise ConfigError(f"sharded_data_parallel must be one of {', '.join(IMPLEMENTATIONS)}, not {value!r}"
+                          f"{did_you_mean(str(value), IMPLEMENTATIONS)}")
+    return text
+
+
+def apply_flag(key: str, value: Any, values: dict[str, Any]) -> bool:
+    """Read one of Megatron's sharding flags into the settings `values`; False when `key` is not one of FLAGS."""
+    if key not in FLAGS:
+        return False
+    on = value is True or str(value).strip().lower() in ("true", "1", "yes")
+    if key == "use_megatron_fsdp" and on:
+        values["sharded_data_parallel"] = "megatron-fsdp"
+    elif key == "use_torch_fsdp2" and on:
+        values["sharded_data_parallel"] = "torch-fsdp2"
+    elif key == "torch_fsdp2_no_reshard_after_forward" and on:
+        values["torch_fsdp2_reshard_after_forward"] = False
+    return True
+
+
+@dataclass(frozen=True)
+class ShardingSettings:
+    """The sharding settings a configuration states (TrainingConfig.sharding; None: Megatron's DDP, with or without
+    its distributed optimizer)."""
+
+    sharded_data_parallel: str = "none"
+    data_parallel_sharding_strategy: str | None = None  # None: the implementation's default (module docstring)
+    num_distributed_optimizer_instances: int = 1
+    torch_fsdp2_reshard_after_forward: bool = True
+    outer_dp_sharding_strategy: str = "no_shard"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sharded_data_parallel", implementation_name(self.sharded_data_parallel))
+        if self.data_parallel_sharding_strategy is not None:
+            object.__setattr__(self, "data_parallel_sharding_strategy",
+                               str(self.data_parallel_sharding_strategy).strip().lower())
+        object.__setattr__(self, "outer_dp_sharding_strategy", str(self.outer_dp_sharding_strategy).strip().lower())
+
+    def strategy(self, use_distributed_optimizer: bool) -> str:
+        """The effective strategy: stated, or the implementation's default."""
+        if self.data_parallel_sharding_strategy is not None:
+            return self.data_parallel_sharding_strategy
+        if self.sharded_data_parallel in ("torch-fsdp2", "torch-fsdp1"):
+            return "optim_grads_params"
+        return "optim" if use_distributed_optimizer else "no_shard"
+
+    def validate(self, c: TrainingConfig) -> None:
+        """ConfigError naming the first sharding setting that cannot be used as given."""
+        strategy = self.strategy(c.use_distributed_optimizer)
+        if strategy not in STRATEGIES:
+            raise ConfigError(f"data_parallel_sharding_strategy must be one of {', '.join(STRATEGIES)}, not "
+                              f"{strategy!r}{did_you_mean(strategy, STRATEGIES)}")
+        if self.outer_dp_sharding_strategy not in OUTER_STRATEGIES:
+            raise ConfigError(f"outer_dp_sharding_strategy must be no_shard or optim, not "
+                              f"{self.outer_dp_sharding_strategy!r}")
+        stage = STRATEGIES.index(strategy)
+        if self.sharded_data_parallel == "none":
+            if stage > 1:
+                raise ConfigError(f"data_parallel_sharding_strategy {strategy} shards gradients or parameters: it "
+                                  "needs a sharded data-parallel implementation (--use-megatron-fsdp, "
+                                  "--use-torch-fsdp2, or sharded_data_parallel)")
+            if stage == 1 and not c.use_distributed_optimizer:
+                raise ConfigError("data_parallel_sharding_strategy optim without FSDP is Megatron's distributed "
+                                  "optimizer: set use_distributed_optimizer")
+        instances = int(self.num_distributed_optimizer_instances)
+        if instances < 1:
+            raise ConfigError(f"num_distributed_optimizer_instances must be ≥ 1, got {instances}")
+        dpcp = c.dp * c.cp
+        if dpcp % instances:
+            raise ConfigError(f"data-parallel size {dpcp} (dp·cp) is not divisible by "
+                              f"num_distributed_optimizer_instances {instances} (HSDP replicas)")
+        if instances > 1 and stage == 0:
+            raise ConfigError("num_distributed_optimizer_instances > 1 (replicas of a sharded group) needs sharding: "
+                              "a distributed optimizer or an FSDP strategy")
+        if self.outer_dp_sharding_strategy == "optim" and instances == 1:
+            raise ConfigError("outer_dp_sharding_strategy optim shards across HSDP replicas: it needs "
+                              "num_distributed_optimizer_instances > 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def sharding_of(c: TrainingConfig) -> Sharding:
+    """The effective sharding of a (validated) configuration; the shard groups span dp·cp ranks (the context-parallel
+    ranks hold the same parameters: FSDP and Megatron's distributed optimizer shard across them too)."""
+    s = c.sharding or ShardingSettings()
+    return Sharding(s.sharded_data_parallel, s.strategy(c.use_distributed_optimizer), c.dp * c.cp,
+                    int(s.num_distributed_optimizer_instances), bool(s.torch_fsdp2_reshard_after_forward),
+                    s.outer_dp_sharding_strategy == "optim")
+
+
+def with_shard_inside(c: TrainingConfig, domain: int) -> TrainingConfig:
+    """`c` with its data-parallel ranks sharding inside each node (NVLink domain of `domain` GPUs) and the nodes
+    replicating: FSDP1's HYBRID_SHARD (validated)."""
+    shard = max(1, min(c.dp * c.cp, domain // c.tp))
+    settings = dataclasses.replace(c.sharding or ShardingSettings(),
+                                   num_distributed_optimizer_instances=max(1, c.dp * c.cp // shard))
+    return dataclasses.replace(c, sharding=settings).validate()
+
+
+def settings_from_text(text: str, fsdp: str = "", framework: str = "") -> tuple[dict[str, Any], list[str], bool]:
+    """Settings a published table's sharding cells state: `zero_or_fsdp` (`FSDP FULL_SHARD (mixed-precision mode
+    PURE)`, `fsdp (Megatron-FSDP; ...)`, `fsdp (megatron-fsdp, optim_grads_params)`, `zero1`, `ZeRO-3`,
+    `distributed_optimizer`, `HYBRID_SHARD`, `none`) and a yes/no `fsdp` column; `framework` tells whose FSDP a
+    bare `fsdp` is (Megatron's, else PyTorch's FSDP1). ({settings}, notes on what was assumed, whether the shards
+    stay inside a node: HYBRID_SHARD, whose replica count the caller sets once it knows the node)."""
+    raw = (text or "").strip()
+    low = raw.lower()
+    out: dict[str, Any] = {}
+    notes: list[str] = []
+    fsdp_on = str(fsdp or "").strip().lower() in ("yes", "true", "1")
+    head = re.split(r"[\s(;,]", low, maxsplit=1)[0] if low else ""
+    if head in ("", "none", "no", "ddp", "n/a", "-") and not fsdp_on:
+        return out, notes, False
+    zero = re.match(r"^(?:deepspeed\s+)?zero[-_ ]?([0-3])$", head) or \
+        re.search(r"\bzero[-_ ]?stage[-_ ]?([0-3])\b", low)
+    if head in ("distributed_optimizer", "distributed", "zero") or (zero and zero.group(1) == "1"):
+        out["use_distributed_optimizer"] = True
+        return out, notes, False
+    if zero:
+        stage = int(zero.group(1))
+        if stage == 0:
+            return out, notes, False
+        out.update(sharded_data_parallel="deepspeed", data_parallel_sharding_strategy=STRATEGIES[stage])
+        return out, notes, False
+    megatron = "megatron" in low or (not raw and "megatron" in (framework or "").lower())
+    torch_fsdp = any(w in low for w in ("full_shard", "shard_grad_op", "hybrid_shard", "no_shard", "fsdp", "hsdp"))
+    if not (torch_fsdp or fsdp_on):
+        raise ConfigError(f"zero_or_fsdp {raw!r}: not a sharding tracekit reads (none, zero1–3, "
+                          "distributed_optimizer, FSDP FULL_SHARD/SHARD_GRAD_OP/HYBRID_SHARD/NO_SHARD, fsdp)")
+    if megatron:
+        strategy = next((s for s in STRATEGIES if re.search(rf"\b{s}\b", low)), None)
+        out.update(sharded_data_parallel="megatron-fsdp", data_parallel_sharding_strategy=strategy
+                   or "optim_grads_params")
+        if strategy is None:
+            notes.append("Megatron-FSDP strategy not stated: optim_grads_params assumed (Megatron-Bridge's default)")
+        return out, notes, False
+    out["sharded_data_parallel"] = "torch-fsdp2" if re.search(r"fsdp2|fully_shard", low) else "torch-fsdp1"
+    if "shard_grad_op" in low or "hybrid_shard_zero2" in low:
+        out.update(data_parallel_sharding_strategy="optim_grads_params", torch_fsdp2_reshard_after_forward=False)
+    elif "no_shard" in low:
+        out["data_parallel_sharding_strategy"] = "no_shard"
+    else:
+        out["data_parallel_sharding_strategy"] = "optim_grads_params"
+    inside_node = "hybrid_shard" in low or "hsdp" in low
+    mode = re.search(r"mixed[- _]precision(?: mode)?\s*[:=]?\s*(pure|default|full)", low)
+    if mode and mode.group(1) == "full":
+        raise ConfigError(f"zero_or_fsdp {raw!r}: FULL mixed precision (fp32 parameter gathers) is not modelled")
+    if mode:
+        out["accumulate_allreduce_grads_in_fp32"] = mode.group(1) == "default"
+    return out, notes, inside_node
