@@ -1,11 +1,21 @@
 """Ingest speed and memory: tracekit vs HTA's TraceAnalysis vs a bare orjson parse, on the whole Kineto corpus;
-then tracekit alone on a ≥ 1 GB trace built by repeating a corpus trace's iterations.
+then folders of small traces, tracekit vs HTA side by side; then tracekit alone on a ≥ 1 GB trace built by
+repeating a corpus trace's iterations.
 
 Each tool runs in its own subprocess (fresh interpreter, imports included in neither timing) and its peak
 resident memory is read from the kernel (`wait4` → ru_maxrss). Throughput is MB of uncompressed JSON per second
-of wall time, from file path to result (read, gunzip, parse, analyse).
+of wall time, from file path to result (read, gunzip, parse, analyse). The whole corpus is ingested by one
+tracekit process (`jobs=1`), so its CPU time and memory compare with HTA's loader of one file at a time.
 
-    python benchmarks/ingest.py [--corpus DIR] [--big-gb 1.0] [--skip-big]
+Small traces (`SMALL_FOLDERS`): a folder of small traces is where start-up and per-file costs show. Each folder is
+given whole to each tool, both using every core: tracekit as `ingest_paths([folder])` (its workers parse and write
+the files), HTA as `TraceAnalysis(trace_dir=folder)` for the ranks of one job (its loader parses ranks in parallel
+processes) or one `TraceAnalysis` per trace for a folder of unrelated traces (HTA reads a folder as one job's ranks).
+Measured twice per repeat, the tools alternating: in a fresh process with the imports done before the clock, and as
+the whole command from a fresh interpreter (`tracekit ingest FOLDER --store S --json` / `python -c` HTA), start-up
+included. The median over `--repeats` and the range are printed.
+
+    python benchmarks/ingest.py [--corpus DIR] [--repeats 5] [--big-gb 1.0] [--skip-big] [--skip-corpus]
 """
 from __future__ import annotations
 
@@ -13,14 +23,33 @@ import argparse
 import gzip
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS = ROOT.parent / "shared" / "corpus" / "kineto"
 BIG_SOURCE = "hta/nccl_parser_config_nccl_data.json.gz"  # 2-rank DDP on A100, 3 ProfilerSteps
+#: Folders of small traces: (name, corpus files, whether they are the ranks of one job).
+SMALL_FOLDERS = (
+    ("dlrm_8rank: one 8-rank job", ["param/dlrm_8rank/" + name for name in (
+        "worker0_step_12.1694128201545.pt.trace.json.gz", "worker1_step_12.1694128201556.pt.trace.json.gz",
+        "worker2_step_12.1694128201554.pt.trace.json.gz", "worker3_step_12.1694128201557.pt.trace.json.gz",
+        "worker4_step_12.1694128201547.pt.trace.json.gz", "worker5_step_12.1694128201549.pt.trace.json.gz",
+        "worker6_step_12.1694128201553.pt.trace.json.gz", "worker7_step_12.1694128201553.pt.trace.json.gz")], True),
+    ("ten single-rank traces of 0.07-10 MB", [
+        "hta/amd_trace_mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+        "hta/critical_path_alexnet_benchmark_result_2869224_1695835535_trace.json.gz",
+        "hta/with_gpu_user_annotation_step_based_trace_2543932.json.gz",
+        "tracelens/h100__gaunernst_bert-small-uncased__1016001.json.gz",
+        "hta/trace_filter_sampled_rank-1.json.gz", "hta/timeline_analysis_sampled_rank-0.json.gz",
+        "deepseek/train.json", "tracelens/h100__Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz",
+        "tracelens/mi300__ddp_resnet18_no_pool__train_resnet18.json.gz", "hta/nccl_parser_config_nccl_data.json.gz"],
+     False),
+)
 
 # --- the three workloads, each run as `python benchmarks/ingest.py --worker KIND FILES...` ----------------------
 
@@ -32,6 +61,29 @@ def _work_tracekit(files: list[str]) -> None:
     with tempfile.TemporaryDirectory() as store:
         result = ingest_paths(files, SampleStore(store), jobs=1)  # one process: CPU time and peak memory compare
     print(json.dumps({"ok": len(result.traces), "failed": len(result.errors)}))
+
+
+def _work_tracekit_folder(folders: list[str]) -> None:
+    """A folder given whole, every core (the command's default)."""
+    from extractors.kineto import ingest_paths
+    from tracekit.core.store import SampleStore
+
+    with tempfile.TemporaryDirectory() as store:
+        result = ingest_paths(folders, SampleStore(store))
+    print(json.dumps({"ok": len(result.traces), "failed": len(result.errors)}))
+
+
+def _work_hta_folder(folders: list[str]) -> None:
+    """A folder of one job's ranks, loaded as HTA loads a run (its ranks parsed in parallel processes)."""
+    import logging
+    import warnings
+
+    logging.disable(logging.CRITICAL)
+    warnings.simplefilter("ignore")
+    from hta.trace_analysis import TraceAnalysis
+
+    analysis = TraceAnalysis(trace_dir=folders[0], include_last_profiler_step=True)
+    print(json.dumps({"ok": len(analysis.t.traces), "failed": 0}))
 
 
 def _work_hta(files: list[str]) -> None:
@@ -66,7 +118,8 @@ def _work_orjson(files: list[str]) -> None:
     print(json.dumps({"ok": len(files), "failed": 0}))
 
 
-WORKERS = {"tracekit": _work_tracekit, "hta": _work_hta, "orjson": _work_orjson}
+WORKERS = {"tracekit": _work_tracekit, "hta": _work_hta, "orjson": _work_orjson,
+           "tracekit-folder": _work_tracekit_folder, "hta-folder": _work_hta_folder}
 
 
 def run_worker(kind: str, files: list) -> dict:
@@ -99,12 +152,12 @@ def cpu_time() -> float:
 
 def _preload(kind: str) -> None:
     """Import each tool's modules before the clock starts (interpreter/import time is not ingest time)."""
-    if kind == "tracekit":
+    if kind.startswith("tracekit"):
         import pandas  # noqa: F401
 
         import extractors.kineto  # noqa: F401
         import tracekit.core.store  # noqa: F401
-    elif kind == "hta":
+    elif kind.startswith("hta"):
         import hta.trace_analysis  # noqa: F401
     else:
         import orjson  # noqa: F401
@@ -115,6 +168,67 @@ def uncompressed_size(path: Path) -> int:
         with gzip.open(path, "rb") as handle:
             return sum(len(chunk) for chunk in iter(lambda: handle.read(1 << 24), b""))
     return path.stat().st_size
+
+
+# --- folders of small traces ----------------------------------------------------------------------------------
+
+
+def run_command(argv: list[str]) -> float:
+    """Wall seconds of a whole command, from exec to exit (interpreter start and imports included)."""
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    if done.returncode not in (0, 1):  # 1: some files refused (tracekit's exit code for a partial ingest)
+        raise RuntimeError(f"{argv[:3]} failed (exit {done.returncode})")
+    return time.perf_counter() - t0
+
+
+def hta_command(folder: Path, one_job: bool) -> list[str]:
+    loader = ("TraceAnalysis(trace_dir=%r, include_last_profiler_step=True)" % str(folder) if one_job else
+              "[TraceAnalysis(trace_dir=d, include_last_profiler_step=True) for d in sorted(glob.glob(%r))]"
+              % str(folder.parent / "hta-one-each" / "*"))
+    return [sys.executable, "-c", "import glob, logging, warnings; logging.disable(logging.CRITICAL); "
+            "warnings.simplefilter('ignore'); from hta.trace_analysis import TraceAnalysis; " + loader]
+
+
+def small_folders(corpus: Path, repeats: int) -> None:
+    """Each folder of SMALL_FOLDERS, tracekit and HTA alternating, `repeats` times: in-process and whole-command
+    wall time, medians and ranges, and their ratios."""
+    tracekit_cli = [sys.executable, "-c", "from tracekit.cli import main; main()"]
+    for name, members, one_job in SMALL_FOLDERS:
+        with tempfile.TemporaryDirectory() as base:
+            folder = Path(base) / "traces"
+            folder.mkdir()
+            for member in members:
+                os.symlink(corpus / member, folder / Path(member).name)
+            one_each = Path(base) / "hta-one-each"  # HTA: a folder per trace (a folder is the ranks of one job)
+            for member in members:
+                (one_each / Path(member).name).mkdir(parents=True)
+                os.symlink(corpus / member, one_each / Path(member).name / Path(member).name)
+            mb = sum(uncompressed_size(corpus / m) for m in members) / 1e6
+            print(f"\nsmall traces: {name}, {len(members)} files, {mb:.1f} MB uncompressed JSON")
+            times: dict[str, list[float]] = {k: [] for k in ("tk", "hta", "tk-cmd", "hta-cmd")}
+            counts = {}
+            for _ in range(repeats):
+                tk = run_worker("tracekit-folder", [folder])
+                hta = run_worker("hta-folder", [folder]) if one_job else run_worker(
+                    "hta", [one_each / Path(m).name / Path(m).name for m in members])
+                counts = {"tracekit": (tk["ok"], tk["failed"]), "hta": (hta["ok"], hta["failed"])}
+                times["tk"].append(tk["seconds"])
+                times["hta"].append(hta["seconds"])
+                with tempfile.TemporaryDirectory() as store:
+                    times["tk-cmd"].append(run_command([*tracekit_cli, "ingest", str(folder), "--store", store,
+                                                        "--json"]))
+                times["hta-cmd"].append(run_command(hta_command(folder, one_job)))
+            print(f"  ok/failed: tracekit {counts['tracekit'][0]}/{counts['tracekit'][1]}, "
+                  f"HTA {counts['hta'][0]}/{counts['hta'][1]}")
+            for label, tk_key, hta_key in (("in process (imports before the clock)", "tk", "hta"),
+                                           ("whole command (start-up included)", "tk-cmd", "hta-cmd")):
+                tk_t, hta_t = times[tk_key], times[hta_key]
+                ratios = [h / t for h, t in zip(hta_t, tk_t)]
+                print(f"  {label:40s} tracekit {statistics.median(tk_t):5.2f} s ({min(tk_t):.2f}-{max(tk_t):.2f})"
+                      f"   HTA {statistics.median(hta_t):5.2f} s ({min(hta_t):.2f}-{max(hta_t):.2f})"
+                      f"   HTA/tracekit {statistics.median(hta_t) / statistics.median(tk_t):5.2f}x "
+                      f"(per repeat {min(ratios):.2f}-{max(ratios):.2f}x)")
 
 
 # --- the ≥ 1 GB trace -----------------------------------------------------------------------------------------
@@ -168,11 +282,22 @@ def main() -> None:
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
     parser.add_argument("--big-gb", type=float, default=1.0)
     parser.add_argument("--skip-big", action="store_true")
+    parser.add_argument("--skip-corpus", action="store_true", help="only the small-trace folders (and the big trace)")
+    parser.add_argument("--repeats", type=int, default=5, help="repeats of the small-trace folders (default 5)")
     args = parser.parse_args()
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start")
+    if not args.skip_corpus:
+        whole_corpus(args.corpus)
+    small_folders(args.corpus, args.repeats)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end of the small-trace folders")
+    if not args.skip_big:
+        big_trace(args.corpus, args.big_gb)
 
-    files = sorted(p for p in args.corpus.rglob("*") if p.is_file() and p.name.endswith((".json", ".json.gz")))
+
+def whole_corpus(corpus: Path) -> None:
+    files = sorted(p for p in corpus.rglob("*") if p.is_file() and p.name.endswith((".json", ".json.gz")))
     total_mb = sum(uncompressed_size(p) for p in files) / 1e6
-    print(f"corpus: {len(files)} Kineto files, {total_mb:.1f} MB uncompressed JSON ({args.corpus})")
+    print(f"corpus: {len(files)} Kineto files, {total_mb:.1f} MB uncompressed JSON ({corpus})")
     results = {kind: run_worker(kind, files) for kind in ("orjson", "tracekit", "hta")}
     tk, hta, floor = results["tracekit"], results["hta"], results["orjson"]
     print()
@@ -192,12 +317,12 @@ def main() -> None:
           f"{tk['cpu'] / floor['cpu']:5.2f}x   (goal <= 3x)")
     print(f"  peak memory tracekit / HTA        : {tk['peak_rss_mb'] / hta['peak_rss_mb']:5.2f}x   (goal <= 1x)")
 
-    if args.skip_big:
-        return
-    source = args.corpus / BIG_SOURCE
+
+def big_trace(corpus: Path, gigabytes: float) -> None:
+    source = corpus / BIG_SOURCE
     with tempfile.TemporaryDirectory(dir="/tmp") as folder:
         big = Path(folder) / "big.pt.trace.json"
-        copies, size = build_big_trace(source, big, args.big_gb)
+        copies, size = build_big_trace(source, big, gigabytes)
         print()
         print(f"big trace: built by repeating all {copies}x the iterations of {BIG_SOURCE} "
               f"(3 ProfilerSteps each, ids and times shifted): {size / 1e9:.2f} GB uncompressed JSON")

@@ -6,7 +6,11 @@ type`, record_param_comms with the collective metadata of PyTorch ≥ 2.3) holdi
 `cuda_runtime` event, the kernel on its GPU stream (compute 7; tensor/context-parallel collectives 20; data-parallel
 24; pipeline send/recv 28) carrying `External id` and `correlation`, and an `ac2g` flow from launch to kernel.
 A linear's backward is written as its two GEMMs (dgrad, wgrad), half the estimated time each. Iterations are
-marked `ProfilerStep#N` (CPU user_annotation and GPU gpu_user_annotation). Times are µs relative to
+marked `ProfilerStep#N` (CPU user_annotation and GPU gpu_user_annotation). The forward ops (recomputed ones too)
+sit inside `user_annotation` ranges named as the reference trainer's `record_function` ranges name Megatron's
+modules (`layer_unit`): `embedding`, `layer_{i}/attention`, `layer_{i}/mlp` (i: the global layer number),
+`output_layer`, `cross_entropy`; the reader takes them as each op's layer, so predicted and real traces compare
+layer by layer. Times are µs relative to
 `baseTimeNanoseconds`. The simulated ranks are the first rank of every pipeline stage (tp = cp = dp = 0).
 """
 from __future__ import annotations
@@ -91,6 +95,21 @@ class _Writer:
         self.dtype = dtype
         self.sm90 = not graph.hardware.upper().startswith(("A100", "A800", "V100"))
         self.parent: str | None = None
+        self.block: tuple[str, float] | None = None  # (name, start) of the open layer annotation
+        self.pending: str | None = None  # the layer annotation the next launch opens
+
+    def annotate(self, name: str | None) -> None:
+        """Close the open layer annotation; the next launch opens `name`'s (None: none) around the ops launched from
+        then on. A range opens 1 µs after the last one closed, so that sibling ranges never touch."""
+        if self.block is not None and self.block[0] == name:
+            self.pending = None
+            return
+        if self.block is not None:
+            label, start = self.block
+            self.events.append({"ph": "X", "cat": "user_annotation", "name": label, "pid": PID, "tid": TID,
+                                "ts": start, "dur": self.cpu_free + 0.25 - start, "args": {"External id": 0}})
+            self.block = None
+        self.pending = name
 
     def launch(self, op: str, kernel: str, start: float, dur: float, stream: int, args: dict | None = None,
                kernel_args: dict | None = None) -> None:
@@ -99,7 +118,10 @@ class _Writer:
         ext = self.next_id
         corr = ext + 1_000_000
         self.next_id += 1
-        cpu_start = max(self.cpu_free, start - LAUNCH_US - 1.0) + (0.5 if self.parent else 0.0)
+        floor = self.cpu_free + (1.0 if self.pending else 0.0)
+        cpu_start = max(floor, start - LAUNCH_US - 1.0) + (0.5 if self.parent else 0.0)
+        if self.pending:
+            self.block, self.pending = (self.pending, cpu_start - 0.5), None
         cpu_dur = LAUNCH_US
         self.cpu_free = cpu_start + cpu_dur + (0.5 if self.parent else 0.0)
         ev = self.events
@@ -247,21 +269,64 @@ class _Writer:
         return [base + s * st["pp"] for s in range(c.pp)]
 
 
-def _expand(ops: list[OpUse]) -> Iterator[OpUse]:
+def _expand(ops: list[OpUse], backward: bool = False) -> Iterator[tuple[OpUse, int | None]]:
     """Per-layer blocks repeated layer by layer, in execution order (a block: consecutive per-layer ops of one kind of
-    layer, `OpUse.block`, repeated `count` times)."""
+    layer, `OpUse.block`, repeated `count` times): (op, the decoder layer's number within the segment, None for an
+    op outside the decoder layers). A segment's backward runs its blocks, and their layers, last first."""
+    runs: list[tuple[int, int]] = []  # (start, end) of each op run: one op outside the layers, or one block
     i = 0
     while i < len(ops):
-        if not ops[i].per_layer:
-            yield ops[i]
-            i += 1
-            continue
-        j = i
-        while j < len(ops) and ops[j].per_layer and ops[j].block == ops[i].block and ops[j].count == ops[i].count:
-            j += 1
-        for _ in range(ops[i].count):
-            yield from ops[i:j]
+        j = i + 1
+        if ops[i].per_layer:
+            while j < len(ops) and ops[j].per_layer and ops[j].block == ops[i].block and ops[j].count == ops[i].count:
+                j += 1
+        runs.append((i, j))
         i = j
+    decoder = [(i, j) for i, j in runs if ops[i].per_layer and not str(ops[i].block or "").startswith("mtp")]
+    total = sum(ops[i].count for i, _ in decoder)
+    offset = total if backward else 0
+    for i, j in runs:
+        if not ops[i].per_layer:
+            yield ops[i], None
+            continue
+        count = ops[i].count
+        numbered = (i, j) in decoder
+        if numbered and backward:
+            offset -= count
+        for layer in range(count):
+            number = (offset + (count - 1 - layer if backward else layer)) if numbered else None
+            for use in ops[i:j]:
+                yield use, number
+        if numbered and not backward:
+            offset += count
+
+
+#: Module-path prefixes → the range a forward op runs in (the reference trainer's record_function names).
+_UNITS = (("embedding", "embedding"), ("input_layernorm", "attention"), ("self_attention", "attention"),
+          ("pre_mlp_layernorm", "mlp"), ("mlp", "mlp"), ("final_layernorm", "output_layer"),
+          ("output_layer", "output_layer"), ("loss", "cross_entropy"))
+
+
+def layer_unit(name: str, layer: int | None) -> str | None:
+    """The annotation a forward op of module path `name` runs in: `layer_{layer}/attention` or `/mlp` for the
+    transformer layer's ops (`layer` global), `embedding`, `output_layer`, `cross_entropy` outside it; None for an
+    op of no module the ranges name."""
+    unit = next((u for prefix, u in _UNITS if name == prefix or name.startswith(prefix + ".")), None)
+    if unit in ("attention", "mlp"):
+        return None if layer is None else f"layer_{layer}/{unit}"
+    return unit
+
+
+def first_layers(graph: Graph) -> dict[tuple[int, int], int]:
+    """(stage, chunk) → the global number of its first transformer layer: Megatron numbers the layers along the
+    model chunks in the order chunk × pp + stage."""
+    c = graph.config
+    out, offset = {}, 0
+    for chunk in range(c.vp):
+        for stage in range(c.pp):
+            out[(stage, chunk)] = offset
+            offset += graph.segment(stage, chunk).layers
+    return out
 
 
 def rank_trace(prediction: "Prediction", rank: int, iterations: int = 2) -> dict:
@@ -272,15 +337,20 @@ def rank_trace(prediction: "Prediction", rank: int, iterations: int = 2) -> dict
     w = _Writer(graph, rank, c.precision)
     period = tl.iteration_us
     origin = 1000.0
+    first = first_layers(graph)
     for it in range(iterations):
         t0 = origin + it * period
         for task in tl.tasks[stage]:
             seg = graph.segment(stage, task.chunk)
             t = t0 + task.start + task.work.other
-            for use in _expand(seg.fwd if task.kind == "F" else seg.bwd):
+            for use, layer in _expand(seg.fwd if task.kind == "F" else seg.bwd, backward=task.kind != "F"):
                 d = float(dur[use.spec])
-                w.op(use, "fwd" if task.kind == "F" or use.recompute else "bwd", t, d)
+                forward = task.kind == "F" or use.recompute
+                w.annotate(layer_unit(use.name, None if layer is None else first[(stage, task.chunk)] + layer)
+                           if forward else None)
+                w.op(use, "fwd" if forward else "bwd", t, d)
                 t += d
+            w.annotate(None)
             if task.send and graph.p2p is not None:
                 w.op(OpUse("p2p.send", graph.p2p, group="pp"), "comm", t, task.send)
         tail = tl.tails[stage]
@@ -297,7 +367,7 @@ def rank_trace(prediction: "Prediction", rank: int, iterations: int = 2) -> dict
                 t += d
         step = {"External id": 0}
         w.events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{it + 1}", "pid": PID,
-                         "tid": TID, "ts": t0 - 5.0, "dur": period, "args": dict(step)})
+                         "tid": TID, "ts": t0 - LAUNCH_US - 2.0, "dur": period, "args": dict(step)})
         w.events.append({"ph": "X", "cat": "gpu_user_annotation", "name": f"ProfilerStep#{it + 1}", "pid": 0,
                          "tid": 7, "ts": t0, "dur": period, "args": dict(step)})
     w.events.sort(key=lambda e: e["ts"])

@@ -255,6 +255,11 @@ def test_validate_refit_reports_error_before_and_after(run, diff, tmp_path):
     assert refit["before"]["predicted_s"] == pytest.approx(doc["iteration_time_s"]["predicted"])
     assert refit["before"]["real_s"] == refit["after"]["real_s"] == doc["iteration_time_s"]["real"]
     assert refit["samples_added"] > 0 and refit["models"] == str(models)
+    # the run's samples, counted in the store: all new here (a refit after `capture` ingested them: 0 new, as the
+    # getting-started test reads)
+    assert refit["run_samples"] == refit["samples_added"] <= refit["store_samples"]
+    after = json.loads(cli("validate", run["out"], "--models", models, "--json").stdout)
+    assert not any("no models of" in w for w in after["warnings"])  # the refit made models of the run's hardware
     # --models naming a folder that holds no models yet: "before" is the bundled models', the refit writes there
     fresh = tmp_path / "fresh-models"
     again = json.loads(cli("validate", run["out"], "--models", fresh, "--refit", "--store", tmp_path / "store-f",
@@ -361,3 +366,83 @@ def test_pipeline_stages_are_aligned_stage_by_stage(pp_run):
     for side in ("real_s", "predicted_s"):
         assert sum(s[side] for s in report["by_stage"]) == pytest.approx(
             2 * sum(r[side] for r in report["by_primitive"]))
+
+
+def _annotated_kernel_time(path: Path, step: int = 1) -> dict[str, float]:
+    """Per CPU `user_annotation` range of one profiled step (a layer), the time of the kernels launched by the cpu_ops
+    inside it, read straight from the trace JSON (External id links a cpu_op to its kernel)."""
+    events = _raw(path)["traceEvents"]
+    window = next(e for e in events if e.get("name") == f"ProfilerStep#{step}" and e.get("cat") == "user_annotation")
+    inside = lambda e, outer: outer["ts"] <= e["ts"] and e["ts"] + e["dur"] <= outer["ts"] + outer["dur"]  # noqa: E731
+    ranges = [e for e in events if e.get("cat") == "user_annotation" and not e["name"].startswith("ProfilerStep#")
+              and inside(e, window)]
+    kernels = {e["args"]["External id"]: e["dur"] for e in events if e.get("cat") == "kernel"}
+    out: dict[str, float] = {}
+    for op in (e for e in events if e.get("cat") == "cpu_op" and inside(e, window)):
+        holder = [r for r in ranges if inside(op, r)]
+        if holder and op["args"]["External id"] in kernels:
+            name = min(holder, key=lambda r: r["dur"])["name"]
+            out[name] = out.get(name, 0.0) + kernels[op["args"]["External id"]]
+    return out
+
+
+def test_validate_page_draws_the_predicted_timeline_layers_and_traces(run, tmp_path):
+    """The validate page: the predicted lane holds the predicted trace's kernels of one iteration (counted in its
+    JSON), the page links that trace, and per-layer predicted times are the kernels inside the layer ranges."""
+    page = tmp_path / "validate.html"
+    doc = json.loads(cli("validate", run["out"], "--models", run["models"], "--json", "--html", page).stdout)
+    traces = doc["predicted_traces"]
+    assert [Path(p).name for p in traces] == ["rank-0.json.gz"] and Path(traces[0]).parent == tmp_path / \
+        "validate-predicted"
+    raw = _raw(Path(traces[0]))["traceEvents"]
+    step = next(e for e in raw if e.get("name") == "ProfilerStep#1" and e.get("cat") == "gpu_user_annotation")
+    kernels = [e for e in raw if e.get("cat") == "kernel" and step["ts"] <= e["ts"] < step["ts"] + step["dur"]]
+    dom = _dump_dom(page, tmp_path / "profile")
+    lane = re.search(r'<svg[^>]*id="timeline-predicted".*?</svg>', dom, re.S).group(0)
+    assert lane.count('<rect class="ev"') == len(kernels) > 0
+    assert re.search(r'<h2 id="predicted-traces">', dom)
+    assert re.findall(r'<a href="([^"]+)"', dom) == ["validate-predicted/rank-0.json.gz"]
+    # per layer: each row's predicted time is what the predicted trace's kernels inside that range take
+    expected = _annotated_kernel_time(Path(traces[0]))
+    layers = {r["layer"]: r["predicted_s"] for r in doc["by_layer"] if r["predicted_s"] > 0}
+    assert set(layers) == set(expected) >= {"embedding", "layer_0/attention", "layer_0/mlp", "layer_1/attention",
+                                            "layer_1/mlp", "output_layer", "cross_entropy"}
+    for name, seconds in layers.items():
+        assert seconds == pytest.approx(expected[name] / 1e6, rel=1e-6), name
+    # the real run names the same ranges (the reference trainer's record_function): every one has a prediction
+    real = {r["layer"] for r in doc["by_layer"] if r["real_s"] > 0 and not r["layer"].startswith("Optimizer")}
+    assert real == set(layers)
+
+
+def test_validate_without_models_of_the_hardware_says_so_in_one_line(run, tmp_path):
+    """The run's models hold the A100 only: validate names the missing CPU models and the commands that make them,
+    first among the warnings, one line on stderr; models trained on the run's hardware give no such line."""
+    done = cli("validate", run["out"], "--models", run["models"])
+    hardware = run["manifest"]["hardware"]
+    lines = [line for line in done.stderr.splitlines() if f"no models of {hardware}" in line]
+    assert len(lines) == 1 and "tracekit sample --device cpu" in lines[0] and "--refit" in lines[0]
+    doc = json.loads(cli("validate", run["out"], "--models", run["models"], "--json").stdout)
+    assert doc["warnings"][0].startswith(f"no models of {hardware} in {run['models']}")
+
+
+def test_validate_pipeline_run_predicts_every_layer_the_run_names(pp_run, run, tmp_path):
+    """PP=2: the predicted traces number the layers globally along the stages, as the run's ranges do."""
+    doc = json.loads(cli("validate", pp_run["out"], "--models", run["models"], "--json", "--trace-out",
+                         tmp_path / "pred").stdout)
+    assert sorted(Path(p).name for p in doc["predicted_traces"]) == ["rank-0.json.gz", "rank-1.json.gz"]
+    # the model's ranges; the schedule's own (pipeline/send_forward_recv_backward, Optimizer.step) are not layers
+    real = {r["layer"] for r in doc["by_layer"] if r["real_s"] > 0 and not r["layer"].startswith(("Optimizer",
+                                                                                                   "pipeline/"))}
+    predicted = {r["layer"] for r in doc["by_layer"] if r["predicted_s"] > 0}
+    assert real == predicted and {"layer_0/attention", "layer_1/mlp"} <= predicted
+
+
+def _dump_dom(page: Path, profile: Path) -> str:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "headless Chromium is required (Debian package `chromium`; .ci/run installs it)"
+    done = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--no-first-run", f"--user-data-dir={profile}", "--dump-dom",
+         page.resolve().as_uri()], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout

@@ -191,16 +191,19 @@ def test_a_multi_rank_run_prints_a_summary_and_skips_non_trace_json(tmp_path):
 
 
 def test_parallel_ingest_gives_what_one_process_gives(tmp_path):
-    """A run's ranks parsed by 2 processes write the same samples, reports and matched collectives as one process
-    (the DLRM ranks bundled in traces/, forced parallel whatever their size)."""
+    """Two runs' traces (the DLRM ranks and the 2-rank DDP file bundled in traces/) parsed and written by 2 worker
+    processes give the same samples, reports (in the same order) and matched collectives as one process; the
+    workers are forked (they start with everything imported) where this process runs no other thread, and spawned
+    otherwise (forced here whatever the files' size)."""
     from extractors.kineto import ingest_paths
     from tracekit.core.store import SampleStore
 
-    run = Path(__file__).resolve().parent.parent / "traces" / "kineto" / "dlrm_8rank"
+    run = Path(__file__).resolve().parent.parent / "traces" / "kineto"
     results, frames = [], []
     for jobs in (1, 2):
         store = SampleStore(tmp_path / f"jobs{jobs}")
-        results.append(ingest_paths([str(run)], store, jobs=jobs, parallel_min_bytes=0))
+        results.append(ingest_paths([str(run / "dlrm_8rank"), str(run / "nccl_parser_config_nccl_data.json.gz")],
+                                    store, jobs=jobs, parallel_min_bytes=0))
         frames.append(store.read().sort_values(["source", "rank", "kernel", "duration_us"]).reset_index(drop=True))
     assert results[0].traces == results[1].traces and results[0].errors == results[1].errors
     assert results[0].matched_collectives == results[1].matched_collectives > 0

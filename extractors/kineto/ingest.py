@@ -4,9 +4,10 @@ from __future__ import annotations
 import glob
 import os
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -16,6 +17,7 @@ from tracekit.core.samples import COLUMNS, FEATURE_COLUMNS
 
 from .collectives import match_collectives
 from .load import NotATraceError, is_trace_name
+from .parallel import SPAWN_MIN_BYTES, ordered_map, worker_pool
 from .trace import KinetoTrace, read_trace
 
 
@@ -214,11 +216,6 @@ def unlaunched_report(ev) -> dict:
     return {"from_twins": twins, "without_op": int((ev["op"].isna().to_numpy() & compute).sum())}
 
 
-#: A run's traces are parsed in parallel processes only when they are this large together: below it, starting the
-#: workers (each imports pandas) costs more than it saves.
-PARALLEL_MIN_BYTES = 32 << 20
-
-
 def _load(path: Path) -> tuple[Path, KinetoTrace | None, str | None, dict | None]:
     """(path, trace, source id, error entry) of one file; never raises for a bad file."""
     try:
@@ -233,39 +230,35 @@ def _load(path: Path) -> tuple[Path, KinetoTrace | None, str | None, dict | None
         return path, None, None, {"path": str(path), "error": f"could not be read ({type(exc).__name__}: {exc})"}
 
 
-def _load_all(files: list[Path], jobs: int, parallel_min_bytes: int, ray=None):
-    """Each file's `_load`, in order: in this process, over `jobs` processes for a large multi-file run, or as one
-    Ray task per file when `ray` (an initialized ray module) is given."""
-    if ray is not None:
-        task = ray.remote(_load)
-        for ref in [task.remote(path) for path in files]:
-            path, trace, source_id, error = ray.get(ref)
-            if trace is not None:  # Ray hands back read-only arrays of its object store; matching writes to them
-                trace.device_events = trace.device_events.copy(deep=True)
-            yield path, trace, source_id, error
-        return
-    size = sum(f.stat().st_size for f in files if f.is_file())
-    if jobs <= 1 or len(files) < 2 or size < parallel_min_bytes:
-        yield from map(_load, files)
-        return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+def _ray_loads(files: list[Path], ray) -> Iterator[tuple[Path, KinetoTrace | None, str | None, dict | None]]:
+    """Each file's `_load` as one Ray task (`ray`: an initialized ray module), in order."""
+    task = ray.remote(_load)
+    for ref in [task.remote(path) for path in files]:
+        path, trace, source_id, error = ray.get(ref)
+        if trace is not None:  # Ray hands back read-only arrays of its object store; matching writes to them
+            trace.device_events = trace.device_events.copy(deep=True)
+        yield path, trace, source_id, error
 
-    # spawn: the caller may hold threads (a thread pool, OpenMP) that a fork would copy mid-lock
-    with ProcessPoolExecutor(max_workers=min(jobs, len(files)),
-                             mp_context=multiprocessing.get_context("spawn")) as pool:
-        yield from pool.map(_load, files)
+
+def _commit(job: tuple) -> int:
+    """Write one trace's samples to the store at `root` (a worker's side of `SampleStore.add`): rows written."""
+    from tracekit.core.store import SampleStore
+
+    root, source_id, samples, meta = job
+    return SampleStore(root).add(source_id, samples, meta)
 
 
 def ingest_paths(paths, store, progress: Callable | None = None, jobs: int | None = None,
-                 parallel_min_bytes: int = PARALLEL_MIN_BYTES, executor: str = "local",
+                 parallel_min_bytes: int = SPAWN_MIN_BYTES, executor: str = "local",
                  ray_address: str | None = None, ray_options: dict | None = None) -> IngestResult:
     """Ingest trace files/directories/globs into `store` (a SampleStore). Never raises for a bad input file:
-    each failure becomes an entry of `errors` ({"path", "error"}) and the store is left unchanged for it. A run's
-    files are parsed by `jobs` processes (default: every core) when they are large enough to pay for it, or, with
-    `executor="ray"`, as one Ray task per file (`tracekit.core.ray_runtime.connect(ray_address, **ray_options)`:
-    a local Ray on demand, or a cluster whose nodes see the files at the same paths). Either way the parsed traces
-    come back to this process, which matches collectives and commits each trace's samples to the store."""
+    each failure becomes an entry of `errors` ({"path", "error"}) and the store is left unchanged for it. With
+    several files, they are parsed and their samples written by `jobs` worker processes (default: every core;
+    `parallel.worker_pool`: forked where that is safe, else spawned for files of `parallel_min_bytes` or more
+    together), or, with `executor="ray"`, parsed as one Ray task per file
+    (`tracekit.core.ray_runtime.connect(ray_address, **ray_options)`: a local Ray on demand, or a cluster whose
+    nodes see the files at the same paths). Either way this process matches each run's collectives, and the
+    result is what one process gives, in the same order."""
     if executor not in ("local", "ray"):
         raise ConfigError(f"executor must be local or ray, not {executor!r}")
     ray = None
@@ -275,30 +268,49 @@ def ingest_paths(paths, store, progress: Callable | None = None, jobs: int | Non
         ray = connect(ray_address, **(ray_options or {}))
     runs, path_errors, scanned = find_runs(paths)
     result = IngestResult(errors=[{"path": e.path, "error": e.reason} for e in path_errors])
-    total = sum(len(r) for r in runs)
+    files = [f for run in runs for f in run]
     jobs = jobs or os.cpu_count() or 1
     done = 0
-    for files in runs:
-        loaded = []
-        for path, trace, source_id, error in _load_all(files, jobs, parallel_min_bytes, ray):
-            if error is None:
-                loaded.append((trace, source_id))
-            elif error.pop("not_a_trace", False) and path in scanned:  # a run folder's config.json, results, ...
-                result.skipped.append({"path": str(path), "reason": error["error"]})
-            else:
-                result.errors.append(error)
-            done += 1
-            if progress:
-                progress(done, total, path)
-        for members in rank_sets([t for t, _ in loaded]):
-            report = match_collectives([t.device_events for t in members])
-            result.matched_collectives += report.matched
-        for trace, source_id in loaded:
-            samples = trace_samples(trace, source_id)
-            meta = {"path": trace.path.name, "format": "kineto", "hardware": trace.hardware, "rank": trace.rank,
-                    "world_size": trace.world_size, "kernels": trace.kernels}
-            written = store.add(source_id, samples, meta)
-            result.traces.append(trace_report(trace, written))
-            comm = trace.device_events[trace.device_events["category"] == "communication"]
-            result.collective_bytes.append({k: float(v) for k, v in comm.groupby("primitive")["bytes"].sum().items()})
+    pool_of = nullcontext(None) if ray is not None else worker_pool(jobs, files, parallel_min_bytes)
+    with pool_of as pool:
+        loads = _ray_loads(files, ray) if ray is not None else ordered_map(_load, files, pool)
+        for run in runs:
+            loaded = []
+            for _ in run:
+                path, trace, source_id, error = next(loads)
+                if error is None:
+                    loaded.append((trace, source_id))
+                elif error.pop("not_a_trace", False) and path in scanned:  # a run folder's config.json, results
+                    result.skipped.append({"path": str(path), "reason": error["error"]})
+                else:
+                    result.errors.append(error)
+                done += 1
+                if progress:
+                    progress(done, len(files), path)
+            for members in rank_sets([t for t, _ in loaded]):
+                report = match_collectives([t.device_events for t in members])
+                result.matched_collectives += report.matched
+            _commit_run(loaded, store, pool, result)
     return result
+
+
+def _commit_run(loaded: list, store, pool, result: IngestResult) -> None:
+    """The samples of a run's parsed (and matched) traces into the store — by the pool's workers when there is one
+    and the store is a folder they can open — and each trace's report into `result`."""
+    root = getattr(store, "root", None)
+    # a generator: the pool submits each trace's job as soon as its samples are built
+    jobs = ((root, source_id, trace_samples(trace, source_id),
+             {"path": trace.path.name, "format": "kineto", "hardware": trace.hardware, "rank": trace.rank,
+              "world_size": trace.world_size, "kernels": trace.kernels}) for trace, source_id in loaded)
+    if pool is not None and root is not None:
+        written = pool.map(_commit, jobs)  # all submitted; the reports below are built while the workers write
+    else:
+        written = iter([store.add(source_id, samples, meta) for _, source_id, samples, meta in jobs])
+    reports = []
+    for trace, _ in loaded:
+        reports.append(trace_report(trace, 0))
+        comm = trace.device_events[trace.device_events["category"] == "communication"]
+        result.collective_bytes.append({k: float(v) for k, v in comm.groupby("primitive")["bytes"].sum().items()})
+    for report, rows in zip(reports, written):
+        report["samples_written"] = int(rows)
+        result.traces.append(report)

@@ -45,6 +45,7 @@ def diff(
 
 def print_report(report: dict[str, Any]) -> None:
     """Rich tables of a diff document (`tracekit.report.diff_text.diff_document`) for people."""
+    from rich.markup import escape
     from rich.table import Table
 
     it = report["iteration_time_s"]
@@ -55,8 +56,8 @@ def print_report(report: dict[str, Any]) -> None:
         + f"), predicted {seconds(it['predicted'])}, error {signed_seconds(it['error'])} "
           f"({percent(it.get('rel_error'), signed=True)})"
     )
-    for warning in report.get("warnings", []):
-        err_console.print(f"[yellow]warning:[/] {warning}")
+    for warning in report.get("warnings", []):  # one line each, however wide the terminal
+        err_console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     for title, rows, key in (("per primitive", report["by_primitive"], "primitive"),
                              ("per pass", report.get("by_pass", []), "pass"),
                              ("per stage", report["by_stage"], "stage")):

@@ -30,9 +30,9 @@ def ingest(
                                       help="Trace files, directories of rank traces, or globs."),
     store: Optional[Path] = typer.Option(None, "--store",
                                          help="Sample store directory (default $TRACEKIT_HOME or ./.tracekit)."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Processes that parse a run's traces "
-                                                                       "(default: every core; runs under 32 MB are "
-                                                                       "parsed in this process)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Processes that parse the traces and "
+                                                                       "write their samples, with several files "
+                                                                       "(default: every core)."),
     executor: Executor = executor_option(),
     ray_address: Optional[str] = ray_address_option("its nodes must see the traces at the same paths"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="With several traces: each rank's table of "
@@ -47,11 +47,16 @@ def ingest(
         fail("--jobs sets the local processes; with --executor ray, Ray decides (give one of them)")
     with user_errors():
         sample_store = SampleStore(store)
-        with progress(quiet=as_json) as bar:
+        bar = progress(quiet=as_json)
+        # redrawn on each file, not by rich's refresh thread: a process running no other thread forks its parsing
+        # workers (extractors.kineto.parallel), which start at once with everything imported
+        bar.live.auto_refresh = False
+        with bar:
             task = bar.add_task("ingesting", total=None)
 
             def advance(done: int, total: int, path) -> None:
-                bar.update(task, completed=done, total=total, description=f"ingesting {Path(path).name}")
+                bar.update(task, completed=done, total=total, description=f"ingesting {Path(path).name}",
+                           refresh=True)
 
             result = ingest_paths(paths, sample_store, progress=advance, jobs=jobs, executor=executor.value,
                                   ray_address=ray_address)

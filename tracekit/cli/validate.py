@@ -17,6 +17,11 @@ def validate(
     models: Optional[Path] = typer.Option(None, "--models", help="Model folder (default: the current models)."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     html: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML report here."),
+    trace_out: Optional[Path] = typer.Option(None, "--trace-out", help="Keep the prediction's Kineto traces (one "
+                                                                       "per pipeline stage, for Perfetto or "
+                                                                       "`tracekit diff`) in this folder (default "
+                                                                       "with --html: beside the page, "
+                                                                       "<page>-predicted/)."),
     rank: Optional[int] = typer.Option(None, "--rank", help="Rank whose timelines the HTML shows."),
     refit: bool = typer.Option(False, "--refit", help="Ingest the run into the store, retrain on the whole store "
                                                      "(into --models DIR, else <store>/models), and report the "
@@ -60,14 +65,17 @@ def validate(
         from tracekit.validate import validate_run
 
         assert run_dir is not None  # exactly one of RUN_DIR and --published was given
+        if trace_out is None and html is not None:
+            trace_out = html.with_name(f"{html.stem}-predicted")
         with working("validating", quiet=json_out) as step:
             result = validate_run(run_dir, models=model_set, models_path=models, refit=refit, store=store, rank=rank,
-                                  progress=step)
+                                  trace_dir=trace_out, progress=step)
         say_assumed(result["cluster_note"], quiet=json_out)
         report = result["report"]
+        extra = {key: result[key] for key in ("refit", "predicted_traces", "unprofiled") if result.get(key)}
         if html:
-            write_html(html, report, title=f"tracekit validate: {run_dir}")
-        document = {**diff_document(report), **({"refit": result["refit"]} if result.get("refit") else {})}
+            write_html(html, report, title=f"tracekit validate: {run_dir}", extra=extra)
+        document = {**diff_document(report), **extra}
         if result["cluster_note"]:
             document["cluster_note"] = result["cluster_note"]
         if json_out:
@@ -78,6 +86,10 @@ def validate(
         print_report(document)
         if result.get("refit"):
             _print_refit(result["refit"])
+        if result.get("unprofiled"):
+            _print_unprofiled(result["unprofiled"])
+        if result.get("predicted_traces"):
+            console.print(f"predicted traces (Perfetto, `tracekit diff`): {trace_out}/", soft_wrap=True)
         if html:
             console.print(f"HTML report written to {html}")
 
@@ -126,10 +138,19 @@ def _published_table(path: Path, result: dict[str, Any]) -> None:
                   f"p90 APE {result['p90_ape']:.1%} over {len(result['rows'])} rows")
 
 
+def _print_unprofiled(measured: dict[str, Any]) -> None:
+    after = (f" (after the refit: predicted {measured['after_predicted_s']:.4f} s, "
+             f"{measured['after_rel_error']:+.1%})" if "after_rel_error" in measured else "")
+    console.print(f"without the profiler (the profiled steps carry its overhead): the run's log gives "
+                  f"{measured['real_s']:.4f} s per iteration (median of {measured['iterations']}), predicted "
+                  f"{measured['predicted_s']:.4f} s: {measured['rel_error']:+.1%}{after}", soft_wrap=True)
+
+
 def _print_refit(refit: dict[str, Any]) -> None:
     before, after = refit["before"], refit["after"]
     console.print(
-        f"refit on {refit['samples_added']} new samples: iteration-time error {before['rel_error']:+.1%} → "
+        f"refit on {refit['store_samples']:,} samples ({refit['run_samples']:,} of this run, "
+        f"{refit['samples_added']:,} of them new): iteration-time error {before['rel_error']:+.1%} → "
         f"{after['rel_error']:+.1%} (predicted {before['predicted_s']:.4f} s → {after['predicted_s']:.4f} s, "
-        f"real {after['real_s']:.4f} s)"
+        f"real {after['real_s']:.4f} s)", soft_wrap=True
     )

@@ -87,13 +87,14 @@ def diff_sides(predicted: Side, real: Side, rank: int | None = None,
 
     real_ops = mean_over_ranks([real.ranks[r].ops for r in ranks])
     pred_ops = mean_over_ranks([predicted.ranks[r].ops for r in ranks])
+    pred_layers = mean_over_ranks([_layer_ops(predicted.ranks[r]) for r in ranks])
     iteration = iteration_time(predicted, real)
     cells = stage_cells(predicted, real, ranks)
     report = DiffReport(
         iteration_time_s=iteration,
         by_primitive=compare(real_ops, pred_ops, ["primitive"], real, ranks),
         by_pass=compare(real_ops, pred_ops, ["pass"]),
-        by_layer=compare(real_ops[real_ops["layer"] != ""], pred_ops[pred_ops["layer"] != ""], ["layer"])
+        by_layer=compare(real_ops[real_ops["layer"] != ""], pred_layers[pred_layers["layer"] != ""], ["layer"])
         if (real_ops["layer"] != "").any() else [],
         by_stage=by_stage(cells, predicted, real, ranks),
         breakdown=_breakdowns(predicted, real, ranks),
@@ -108,6 +109,11 @@ def diff_sides(predicted: Side, real: Side, rank: int | None = None,
                    "predicted": predicted.ranks[chosen].timeline},
     )
     return report
+
+
+def _layer_ops(summary: RankSummary) -> pd.DataFrame:
+    """A rank's ops per layer: its own, or, for a prediction dict's rank, those of its stage's predicted trace."""
+    return summary.layer_ops if summary.layer_ops is not None else summary.ops
 
 
 def _trace_totals(side: Side) -> dict[str, dict[str, float]]:

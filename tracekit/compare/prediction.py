@@ -1,5 +1,7 @@
 """A prediction dict (`predictor.predict.Prediction.to_dict()`, or a `tracekit predict --json` document) as one
-side of a comparison: the same `Side` as traces give, per stage instead of per rank.
+side of a comparison: the same `Side` as traces give, per stage instead of per rank. The dict holds no timeline and
+no layers: given the prediction's own traces (`predict --trace-out`, summarized by `sides.summarize_traces`), each
+rank takes its stage's timeline and time per layer from them, its numbers still from the dict.
 """
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ from .checks import CONFIG_KEYS, GROUP_DEGREES
 from .sides import RankSummary, Side, empty_ops
 
 
-def summarize_prediction(prediction: dict[str, Any], ranks: Iterable[int], ranks_per_stage: int) -> Side:
+def summarize_prediction(prediction: dict[str, Any], ranks: Iterable[int], ranks_per_stage: int,
+                         traces: Side | None = None) -> Side:
     """A prediction dict as a Side whose ranks are the given real ranks (every rank of a stage gets that stage's
-    predicted operators; the prediction is per stage, not per rank)."""
+    predicted operators; the prediction is per stage, not per rank). `traces`: the prediction's own traces as a
+    Side, whose ranks lend their stage's timeline and per-layer times."""
     if "iteration_time_s" not in prediction:
         raise InputError("prediction", "not a tracekit prediction (no iteration_time_s)")
     config = prediction.get("config") or {}
@@ -27,6 +31,9 @@ def summarize_prediction(prediction: dict[str, Any], ranks: Iterable[int], ranks
         ops = ops_by_stage.get(stage, ops_by_stage.get(None, empty_ops()))
         totals = ops.groupby("primitive", as_index=False).agg(time_us=("time_us", "sum"), count=("count", "sum"))
         out[rank] = RankSummary(rank, stage, [0], [iteration_us], [], ops, totals, totals, None)
+        drawn = _stage_rank(traces, stage)
+        if drawn is not None:
+            out[rank].timeline, out[rank].layer_ops = drawn.timeline, drawn.ops
     groups = {}
     for desc, degree in GROUP_DEGREES.items():
         value = config.get(CONFIG_KEYS[degree])
@@ -39,6 +46,13 @@ def summarize_prediction(prediction: dict[str, Any], ranks: Iterable[int], ranks
         side.breakdown_override = {k: float(v) for k, v in breakdown.items() if isinstance(v, (int, float))}
         side.breakdown_source = "prediction"
     return side
+
+
+def _stage_rank(traces: Side | None, stage: int) -> RankSummary | None:
+    """The first rank of `stage` in the prediction's traces (one trace per stage), or None."""
+    if traces is None:
+        return None
+    return next((r for _, r in sorted(traces.ranks.items()) if r.stage == stage), None)
 
 
 def _prediction_ops(prediction: dict[str, Any]) -> dict[int | None, pd.DataFrame]:

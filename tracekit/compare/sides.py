@@ -40,6 +40,8 @@ class RankSummary:
     breakdown: IterationBreakdown | None
     timeline: list[dict] = field(default_factory=list)  # first kept iteration's events (for the report)
     source_rank: int | None = None  # the rank whose trace this is, when it stands in for a rank of its stage
+    #: a prediction dict's side: its stage's ops per layer, read from the prediction's own traces (the dict has none)
+    layer_ops: pd.DataFrame | None = None
 
 
 @dataclass

@@ -1,13 +1,39 @@
-"""Shared types and services every part of tracekit uses: errors, hardware ids, sample schema, store, configs."""
-from .cluster import PRESETS, Cluster, infer_cluster, load_cluster, preset
-from .config import TrainingConfig
-from .errors import ConfigError, InputError, ModelError, StoreError, TracekitError
-from .hardware import HardwareSpec, cpu_hardware_id, hardware_spec, normalize_hardware
-from .samples import COLUMNS, FEATURE_COLUMNS, PASSES, PRIMITIVES, SCHEMA
-from .store import SampleStore, default_store
+"""Shared types and services every part of tracekit uses: errors, hardware ids, sample schema, store, configs.
+
+The names below are imported from their modules when first used (PEP 562), so that importing one light module of
+this package (`tracekit.core.errors`, as every command does) does not import pyarrow, YAML and the datasheet table.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .cluster import PRESETS, Cluster, infer_cluster, load_cluster, preset
+    from .config import TrainingConfig
+    from .errors import ConfigError, InputError, ModelError, StoreError, TracekitError
+    from .hardware import HardwareSpec, cpu_hardware_id, hardware_spec, normalize_hardware
+    from .samples import COLUMNS, FEATURE_COLUMNS, PASSES, PRIMITIVES, SCHEMA
+    from .store import SampleStore, default_store
+
+_MODULE_OF = {
+    **dict.fromkeys(("PRESETS", "Cluster", "infer_cluster", "load_cluster", "preset"), "cluster"),
+    "TrainingConfig": "config",
+    **dict.fromkeys(("ConfigError", "InputError", "ModelError", "StoreError", "TracekitError"), "errors"),
+    **dict.fromkeys(("HardwareSpec", "cpu_hardware_id", "hardware_spec", "normalize_hardware"), "hardware"),
+    **dict.fromkeys(("COLUMNS", "FEATURE_COLUMNS", "PASSES", "PRIMITIVES", "SCHEMA"), "samples"),
+    **dict.fromkeys(("SampleStore", "default_store"), "store"),
+}
 
 __all__ = [
     "COLUMNS", "FEATURE_COLUMNS", "PASSES", "PRESETS", "PRIMITIVES", "SCHEMA", "Cluster", "ConfigError", "HardwareSpec",
     "InputError", "ModelError", "SampleStore", "StoreError", "TracekitError", "TrainingConfig", "cpu_hardware_id",
     "default_store", "hardware_spec", "infer_cluster", "load_cluster", "normalize_hardware", "preset",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)

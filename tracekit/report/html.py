@@ -4,7 +4,9 @@
 Charts (each an `<svg>` with a stable id, so tests and users can find them):
 `timeline-real` / `timeline-predicted` (one rank's iteration, one lane per stream, same time scale),
 `chart-primitives` (per-primitive bars, `rect.bar-real` / `rect.bar-predicted`), `chart-stages` (per-stage relative
-error, `rect.bar-stage`), `chart-breakdown` (stacked iteration breakdown of each side, `rect.bar-part`).
+error, `rect.bar-stage`), `chart-breakdown` (stacked iteration breakdown of each side, `rect.bar-part`). A validate
+report adds `#refit` (the error before and after retraining) and `#predicted-traces` (the prediction's Kineto
+traces, linked relative to the page, for Perfetto).
 """
 from __future__ import annotations
 
@@ -40,14 +42,29 @@ svg text{font:11px system-ui,sans-serif}.warn{color:#a60}
 """
 
 
-def write_html(path: str | Path, report: DiffReport, title: str = "tracekit diff") -> None:
-    """Write the self-contained page of a DiffReport to `path` (atomically: all of it or nothing)."""
-    atomic_write_text(path, render_html(diff_document(report), report.timelines, title=title))
+def write_html(path: str | Path, report: DiffReport, title: str = "tracekit diff",
+               extra: dict[str, Any] | None = None) -> None:
+    """Write the self-contained page of a DiffReport to `path` (atomically: all of it or nothing). `extra`: what
+    validate adds to the document ("refit": the refit's result, "predicted_traces": paths of the prediction's
+    traces), shown in sections of their own."""
+    document = {**diff_document(report), **(extra or {})}
+    if document.get("predicted_traces"):
+        document["predicted_traces"] = [_relative(p, Path(path).parent) for p in document["predicted_traces"]]
+    atomic_write_text(path, render_html(document, report.timelines, title=title))
+
+
+def _relative(target: str, folder: Path) -> str:
+    """`target` relative to `folder` where it lies below it (a link that survives moving both), else absolute."""
+    try:
+        return Path(target).resolve().relative_to(folder.resolve()).as_posix()
+    except ValueError:
+        return Path(target).resolve().as_posix()
 
 
 def render_html(report: dict[str, Any], timelines: dict[str, Any] | None = None, title: str = "tracekit diff") -> str:
-    """The page for `report` (DiffReport.to_dict()); `timelines` = {"rank", "real": [...], "predicted": [...]}
-    with events {"ts", "dur", "lane", "name", "category"} (µs from the iteration start)."""
+    """The page for `report` (DiffReport.to_dict(), with validate's "refit" and "predicted_traces" where given);
+    `timelines` = {"rank", "real": [...], "predicted": [...]} with events {"ts", "dur", "lane", "name",
+    "category"} (µs from the iteration start)."""
     it = report.get("iteration_time_s", {})
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
@@ -57,6 +74,12 @@ def render_html(report: dict[str, Any], timelines: dict[str, Any] | None = None,
     ]
     for warning in report.get("warnings", []):
         parts.append(f"<p class='warn'>⚠ {escape(str(warning))}</p>")
+    if report.get("unprofiled"):
+        parts.append(_unprofiled(report["unprofiled"]))
+    if report.get("refit"):
+        parts.append(_refit(report["refit"]))
+    if report.get("predicted_traces"):
+        parts.append(_predicted_traces(report["predicted_traces"]))
     if timelines:
         parts.append(_timelines(timelines))
     parts += [
@@ -97,6 +120,37 @@ def _summary(report: dict, it: dict) -> str:
     inputs = report.get("inputs", {})
     src = "".join(f"<br>{escape(k)}: <code>{escape(str(v))}</code>" for k, v in inputs.items())
     return f"<p class='summary'>{''.join(items)}{src}</p>"
+
+
+def _refit(refit: dict) -> str:
+    """The refit's result: the store it trained on, the models it wrote, the iteration time before and after."""
+    rows = [{"prediction": label, "predicted_s": refit[key]["predicted_s"], "real_s": refit[key]["real_s"],
+             "error_s": refit[key]["error_s"], "rel_error": refit[key]["rel_error"]}
+            for key, label in (("before", "before the refit"), ("after", "after the refit"))]
+    samples = (f"{count(refit.get('store_samples'))} samples in <code>{escape(str(refit.get('store')))}</code>, "
+               f"{count(refit.get('run_samples'))} of them this run's ({count(refit.get('samples_added'))} new)"
+               if refit.get("store_samples") is not None else f"{count(refit.get('samples_added'))} new samples")
+    return (f"<h2 id='refit'>Refit</h2><p>retrained {count(refit.get('models_trained'))} models on {samples}, "
+            f"written to <code>{escape(str(refit.get('models')))}</code>. The tables below are the prediction "
+            f"before the refit.</p>"
+            + _table(rows, ["prediction", "predicted_s", "real_s", "error_s", "rel_error"]))
+
+
+def _unprofiled(measured: dict) -> str:
+    """The prediction against the run's iterations without the profiler (its log's times)."""
+    after = (f"; after the refit {seconds(measured['after_predicted_s'])} "
+             f"({_fmt_pct(measured['after_rel_error'])})" if "after_rel_error" in measured else "")
+    return (f"<p id='unprofiled'>Without the profiler (the profiled steps above carry its overhead), the run's log "
+            f"gives <b>{seconds(measured['real_s'])}</b> per iteration (median of {count(measured['iterations'])}): "
+            f"predicted {seconds(measured['predicted_s'])}, <b>{_fmt_pct(measured['rel_error'])}</b>{after}.</p>")
+
+
+def _predicted_traces(paths: list[str]) -> str:
+    """Links to the prediction's Kineto traces (relative to the page), and how to open them."""
+    items = "".join(f"<li><a href='{escape(p)}'>{escape(p)}</a></li>" for p in paths)
+    return (f"<h2 id='predicted-traces'>Predicted traces</h2><p>Kineto traces of the predicted timeline, one per "
+            f"pipeline stage: open them in Perfetto (ui.perfetto.dev, “Open trace file”), HTA, or "
+            f"<code>tracekit diff</code>.</p><ul>{items}</ul>")
 
 
 def _timelines(timelines: dict) -> str:

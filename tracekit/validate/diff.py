@@ -42,10 +42,13 @@ def diff_paths(predicted: str | Path, real: Iterable[str | Path], rank: int | No
 
 def diff_inputs(predicted: dict[str, Any] | list[KinetoTrace], real_traces: list[KinetoTrace],
                 rank: int | None = None, config: TrainingConfig | None = None, use_hta: bool = True,
-                predicted_source: str = "prediction") -> DiffReport:
+                predicted_source: str = "prediction", predicted_traces: list[KinetoTrace] | None = None
+                ) -> DiffReport:
     """DiffReport of a prediction dict or parsed predicted traces against parsed real traces. `config`: the run's
     TrainingConfig when known (validate passes the manifest's); it maps ranks to pipeline stages and is checked
-    against both sides (else the prediction's own configuration is used)."""
+    against both sides (else the prediction's own configuration is used). `predicted_traces`: with a prediction
+    dict, the traces written of it (`predictor.trace_out`): the report's predicted timeline and per-layer times come
+    from them, every other number from the dict."""
     config_dict = config.to_dict() if config is not None else None
     if isinstance(predicted, dict):
         if config_dict is None:
@@ -67,7 +70,9 @@ def diff_inputs(predicted: dict[str, Any] | list[KinetoTrace], real_traces: list
     real_side = summarize_traces(real_traces, "real", pp=pp, ranks_per_stage=per_stage, process_groups=real_groups)
     per_stage = per_stage or max(int(real_side.world_size or len(real_traces)) // pp, 1)
     if isinstance(predicted, dict):
-        predicted_side = summarize_prediction(predicted, real_side.ranks, per_stage)
+        drawn = None if not predicted_traces else summarize_traces(
+            predicted_traces, "predicted", pp=pp, ranks_per_stage=per_stage, drop_warmup=False)
+        predicted_side = summarize_prediction(predicted, real_side.ranks, per_stage, drawn)
     else:
         predicted_side = summarize_traces(predicted, "predicted", pp=pp, ranks_per_stage=per_stage,
                                           drop_warmup=False, process_groups=process_groups(predicted))

@@ -2,20 +2,29 @@
 prediction with the run's traces, and optionally refit — ingest the run, retrain on the whole store, predict again
 and report the error before and after.
 
+The prediction's own traces (`predictor.trace_out`, one per pipeline stage) are written too — into `trace_dir`, or a
+temporary folder when none is given — and read back for the report's predicted timeline and per-layer times. A
+model set without models of the run's hardware is named in the report's first warning, with the commands that
+make them.
+
 Raises InputError for a folder that is not a (successful) capture run, ModelError when retraining fails (the old
 models stay), ConfigError from the prediction or the diff.
 """
 from __future__ import annotations
 
 import dataclasses
+import statistics
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from extractors.kineto import ingest_paths
 from predictor import ModelSet, predict_iteration as predict, train_models
+from predictor.trace_out import write_traces
 from tracekit.capture.manifest import MANIFEST_NAME, Manifest
 from tracekit.core.cluster import Cluster, default_cluster
 from tracekit.core.errors import InputError, ModelError
+from tracekit.core.hashing import file_digest
 from tracekit.core.store import SampleStore
 
 from .diff import diff_inputs
@@ -28,10 +37,13 @@ if TYPE_CHECKING:
 
 def validate_run(run_dir: str | Path, models: ModelSet | None = None, models_path: str | Path | None = None,
                  refit: bool = False, store: str | Path | None = None, rank: int | None = None,
-                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                 trace_dir: str | Path | None = None, progress: Callable[[str], None] | None = None
+                 ) -> dict[str, Any]:
     """Predict a `tracekit capture` run's configuration on its hardware and diff it with the run's traces.
-    Returns {"report": DiffReport, "prediction": dict, "refit": {...} | None, "cluster_note": what was assumed of
-    the cluster ('' when nothing)}. With `refit`, the run is ingested into `store`, models are retrained from the
+    Returns {"report": DiffReport, "prediction": dict, "predicted_traces": [paths] | None, "unprofiled": {...} |
+    None, "refit": {...} | None, "cluster_note": what was assumed of the cluster ('' when nothing)}. `trace_dir`:
+    where the prediction's traces are kept (Perfetto, `tracekit diff`); without it they are read back from a
+    temporary folder and not kept. With `refit`, the run is ingested into `store`, models are retrained from the
     whole store into `models_path` (default `<store>/models`; a folder that holds no models yet is created, and
     "before" is the bundled models'), and the run is predicted again: "refit" has the error before and after.
     `progress(step)` hears of each step as it starts."""
@@ -56,12 +68,57 @@ def validate_run(run_dir: str | Path, models: ModelSet | None = None, models_pat
         fresh = refit and models_path is not None and not (Path(models_path) / "index.json").is_file()
         models = ModelSet.load(None if fresh else models_path)
     step("predicting and diffing")
-    prediction = predict(config, cluster, models).to_dict()
-    report = diff_inputs(prediction, traces, rank=rank, config=config, predicted_source=f"{run_dir} (predicted)")
-    result: dict[str, Any] = {"report": report, "prediction": prediction, "refit": None, "cluster_note": note}
+    predicted = predict(config, cluster, models)
+    prediction = predicted.to_dict()
+    with tempfile.TemporaryDirectory(prefix="tracekit-validate-") as scratch:
+        written = write_traces(predicted, trace_dir if trace_dir is not None else scratch)
+        report = diff_inputs(prediction, traces, rank=rank, config=config, predicted_source=f"{run_dir} (predicted)",
+                             predicted_traces=read_traces(written))
+    missing = missing_models(models, manifest.hardware, models_path, refit)
+    if missing:
+        report.warnings.insert(0, missing)
+    result: dict[str, Any] = {"report": report, "prediction": prediction, "refit": None, "cluster_note": note,
+                              "predicted_traces": [str(p) for p in written] if trace_dir is not None else None,
+                              "unprofiled": unprofiled(manifest, predicted.iteration_time_s)}
     if refit:
         result["refit"] = _refit(paths, config, cluster, report, store, models_path, step)
+        if result["unprofiled"] is not None:
+            after = result["refit"]["after"]["predicted_s"]
+            real = result["unprofiled"]["real_s"]
+            result["unprofiled"].update(after_predicted_s=after, after_rel_error=(after - real) / real)
     return result
+
+
+def unprofiled(manifest: Manifest, predicted_s: float) -> dict[str, Any] | None:
+    """The prediction against the run's iterations that ran without the profiler (its log's times; the first
+    iteration, warm-up, left out, as `tracekit calibrate` does): the profiled steps the diff compares carry the
+    profiler's own overhead, which on a CPU run is large. None with fewer than 3 such iterations."""
+    times = manifest.unprofiled_iteration_times_ms()
+    if times and manifest.iterations and manifest.iterations[0] not in manifest.profiled_iterations:
+        times = times[1:]
+    if len(times) < 3:
+        return None
+    real = statistics.median(times) / 1e3
+    return {"real_s": real, "iterations": len(times), "predicted_s": predicted_s,
+            "rel_error": (predicted_s - real) / real}
+
+
+def missing_models(models: ModelSet, hardware: str, models_path: str | Path | None, refit: bool = False
+                   ) -> str | None:
+    """One line when `models` holds no model of `hardware`: what the prediction then is, and the commands that make
+    the models (or, with `refit`, that the refit makes them); None when it holds some."""
+    if hardware in models.hardware_ids():
+        return None
+    where = models_path if models_path is not None and (Path(models_path) / "index.json").is_file() else \
+        "the bundled models"
+    device = "cpu" if hardware.startswith("cpu") else "cuda"
+    if refit:
+        return (f"no models of {hardware} in {where}: the prediction before the refit is a roofline guess, not a "
+                f"trained model; the refit trains them on the store (`tracekit sample --device {device} --store S` "
+                f"adds micro-benchmarks of this hardware to it)")
+    return (f"no models of {hardware} in {where}: the prediction is a roofline guess, not a trained model; make "
+            f"them with `tracekit sample --device {device} --store S` then `tracekit train --store S --models-out M` "
+            f"and validate with `--models M`, or retrain on this run with `--refit`")
 
 
 def run_cluster(manifest: Manifest, config: TrainingConfig) -> tuple[Cluster, str]:
@@ -86,6 +143,10 @@ def _refit(paths: list[Path], config: TrainingConfig, cluster: Cluster, before: 
         first = ingested.errors[0]
         raise InputError(first["path"], f"cannot ingest for --refit: {first['error']}")
     added = sum(int(t["samples_written"]) for t in ingested.traces)
+    sources = sample_store.sources()
+    run_ids = {file_digest(p) for p in paths}
+    run_samples = sum(int(meta.get("rows", 0)) for key, meta in sources.items() if key in run_ids)
+    store_samples = sum(int(meta.get("rows", 0)) for meta in sources.values())
     out = Path(models_path) if models_path is not None else sample_store.root / "models"
     try:
         step("retraining on the whole store")
@@ -105,6 +166,7 @@ def _refit(paths: list[Path], config: TrainingConfig, cluster: Cluster, before: 
         return {"predicted_s": predicted_s, "real_s": real_s, "error_s": predicted_s - real_s,
                 "rel_error": (predicted_s - real_s) / real_s}
 
-    return {"samples_added": added, "store": str(sample_store.root), "models": str(out), "models_trained":
+    return {"samples_added": added, "run_samples": run_samples, "store_samples": store_samples,
+            "store": str(sample_store.root), "models": str(out), "models_trained":
             len(trained), "before": errors(before.iteration_time_s["predicted"]),
             "after": errors(float(after_prediction.iteration_time_s))}
