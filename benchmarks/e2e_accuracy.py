@@ -27,8 +27,19 @@ stack, whose three scales are fitted on these rows — so the figure is leave-on
 predicted with the scales fitted on the other sizes (`--fit-composer` refits on every row and writes the profile);
 printed per model size × GPU count.
 
-Run: .venv/bin/python benchmarks/e2e_accuracy.py [--models DIR] [--fit-stack] [--fit-composer] [--peers]
-     [--only megatron|llm-foundry]
+Megatron-core (`--only megatron-core`): Megatron-LM's own CI runs (megatron_ci_golden: 301 runs of small GPT and
+MoE models on DGX A100, DGX H100 and GB200, with their exact launch lines) and NVIDIA's Megatron-Bridge performance
+tables (megatron_bridge_perf: Llama 3, DeepSeek-V3, Qwen3, GPT-OSS on H100, B200 and GB200). The `megatron-core`
+stack's host constants (host_op_us, microbatch_overhead_us, tensor_op_us) and its host CPU scales (one per host
+CPU class besides DGX A100's EPYC: DGX H100's Xeon, Grace) are fitted on the CI rows only: the CI figure is 5-fold
+cross-validated by test case (the rows of one test case — its runs on several GPUs and containers — in one fold,
+predicted with the constants fitted on the other folds); the Bridge rows, a different set never fitted on, are
+predicted with the profile's constants (megatron-bridge takes megatron-core's), as `predict --batch` does.
+`--fit-core` refits on every CI row and writes tracekit/data/stacks/megatron-core.json. Printed per model family ×
+GPU × precision, with the signed bias.
+
+Run: .venv/bin/python benchmarks/e2e_accuracy.py [--models DIR] [--fit-stack] [--fit-composer] [--fit-core]
+     [--peers] [--only megatron|llm-foundry|megatron-core]
 """
 from __future__ import annotations
 
@@ -44,11 +55,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from predictor import batch as B  # noqa: E402
-from predictor.calibration import NONE  # noqa: E402
-from predictor.calibration_fit import fit_prepared, held_out_times_s, iteration_times_s  # noqa: E402
+from predictor.calibration import NONE, host_scaled  # noqa: E402
+from predictor.calibration_fit import (  # noqa: E402
+    fit_prepared,
+    fit_with_hosts,
+    held_out_times_s,
+    iteration_times_s,
+)
 from predictor.models import ModelSet  # noqa: E402
 from predictor.predict import prepare_many  # noqa: E402
-from predictor.stack import stack_path, stacks  # noqa: E402
+from predictor.stack import host_class, stack_path, stacks  # noqa: E402
 from tracekit.core.atomic import atomic_write_json  # noqa: E402
 
 E2E = ROOT.parent / "shared" / "corpus" / "e2e"
@@ -265,6 +281,166 @@ def write_composer(cal, rows: int, cv_mape: float, sizes: int) -> None:
     print(f"wrote {path}")
 
 
+# -- Megatron-core: Megatron-LM's CI runs and Megatron-Bridge's performance tables -----------------------------------
+CI = "megatron_ci_golden.csv"
+CI_GOAL = "≤ 20%"
+BRIDGE = "megatron_bridge_perf.csv"
+BRIDGE_GOAL = "≤ 12%"
+CORE = "megatron-core"
+#: The megatron-core stack's host constants (per graph op, per micro-batch call, per parameter tensor a
+#: per-parameter pass visits) and the host CPU its runs' scales are relative to (DGX A100's).
+CORE_PARAMS = ("host_op_us", "microbatch_overhead_us", "tensor_op_us")
+CORE_REFERENCE_HOST = "amd-zen2"
+
+
+def load_rows(models, file: str):
+    """(rows, prepared graphs, measured s, rows not predicted) of a corpus file, parsed as `predict --batch` does."""
+    _, cells = B.read_rows(E2E / file)
+    rows = [B.parse_row(c, i + 2, None, None) for i, c in enumerate(cells)]
+    failed = [r for r in rows if r.error]
+    good = [r for r in rows if not r.error]
+    prepared = prepare_many([r.config for r in good], [r.cluster for r in good], models)
+    failed += [r for r, p in zip(good, prepared) if isinstance(p, Exception)]
+    for r, p in zip(good, prepared):
+        if isinstance(p, Exception):
+            r.error = str(p)
+    keep = [i for i, p in enumerate(prepared) if not isinstance(p, Exception)]
+    good, prepared = [good[i] for i in keep], [prepared[i] for i in keep]
+    return good, prepared, np.array([float(r.cells["iteration_time_s"]) for r in good]), failed
+
+
+def fit_core(prepared, measured: np.ndarray, hosts: list[str]):
+    """(calibration on the reference host, {host class: scale}) fitted on CI rows."""
+    cal, scales, _ = fit_with_hosts(prepared, measured, hosts, CORE_PARAMS, CORE_REFERENCE_HOST, rounds=5)
+    return cal, scales
+
+
+def host_of(row) -> str:
+    return host_class(row.cluster.hardware) or CORE_REFERENCE_HOST
+
+
+def test_case(row) -> str:
+    """A CI row's test case: the directory of its golden-values file (`row_ref`)."""
+    return row.cells["row_ref"].split("/")[0]
+
+
+def case_folds(rows, folds: int = FOLDS) -> np.ndarray:
+    """Fold of each row: its test case's, the cases dealt to `folds` folds in a seeded random order."""
+    cases = sorted({test_case(r) for r in rows})
+    order = np.random.default_rng(0).permutation(len(cases))
+    fold_of = {case: int(order[i]) % folds for i, case in enumerate(cases)}
+    return np.array([fold_of[test_case(r)] for r in rows])
+
+
+def groups_table(rows, predicted: np.ndarray, measured: np.ndarray, key, title: str, worst: int) -> None:
+    """MAPE and signed bias per group (`key(row)` → tuple of strings), and the worst rows."""
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(key(r), []).append(i)
+    print(f"  {title:<52} {'rows':>5} {'MAPE %':>8} {'bias %':>8}")
+    for k in sorted(groups):
+        idx = groups[k]
+        rel = (predicted[idx] - measured[idx]) / measured[idx]
+        print(f"  {' × '.join(k):<52} {len(idx):>5} {100 * np.abs(rel).mean():>8.2f} {100 * rel.mean():>+8.2f}")
+    err = np.abs(predicted - measured) / measured
+    print(f"  worst {worst} rows:")
+    for i in np.argsort(-err)[:worst]:
+        r, c = rows[i], rows[i].config
+        print(f"    line {r.line}: {r.cells.get('model_name', '')} on {c.world_size} × {r.cells['hardware_gpu']} "
+              f"tp{c.tp} pp{c.pp} dp{c.dp} ep{c.moe.ep if c.moe else 1}: measured {measured[i]:.4g} s, predicted "
+              f"{predicted[i]:.4g} s ({100 * (predicted[i] - measured[i]) / measured[i]:+.1f}%)")
+
+
+def _family_gpu_precision(r) -> tuple[str, ...]:
+    return (r.cells.get("model_family") or "?", r.cells["hardware_gpu"], r.config.precision)
+
+
+def _model_gpu_precision(r) -> tuple[str, ...]:
+    return (r.cells.get("model_name") or "?", r.cells["hardware_gpu"], r.config.precision)
+
+
+def _not_predicted(failed) -> None:
+    for r in failed:
+        print(f"  not predicted: line {r.line}: {r.error}")
+
+
+def megatron_ci(models, worst: int, refit: bool) -> tuple:
+    """The CI rows with the megatron-core constants fitted by test-case 5-fold cross-validation (module docstring)."""
+    rows, prepared, measured, failed = load_rows(models, CI)
+    hosts = [host_of(r) for r in rows]
+    folds = case_folds(rows)
+    held_out = np.empty(len(rows))
+    print(f"\n== megatron ci golden ({CI}): {len(rows)} rows predicted, {len(failed)} not; {len(set(folds))} folds "
+          f"over {len({test_case(r) for r in rows})} test cases; stacks {sorted({r.stack.name for r in rows})}, "
+          f"clusters {sorted({r.cluster.name for r in rows})}, models {sorted({p[0].hardware for p in prepared})}")
+    _not_predicted(failed)
+    for k in sorted(set(folds)):
+        train, test = np.flatnonzero(folds != k), np.flatnonzero(folds == k)
+        cal, scales = fit_core([prepared[i] for i in train], measured[train], [hosts[i] for i in train])
+        print(f"  fold {k}: {', '.join(f'{p} {getattr(cal, p):.1f}' for p in CORE_PARAMS)}; host scales "
+              f"{', '.join(f'{h} {v:.2f}' for h, v in scales.items())}")
+        for i in test:
+            held_out[i] = iteration_times_s([prepared[i]], host_scaled(cal, scales.get(hosts[i], 1.0)))[0]
+    cv = stats(held_out, measured)
+    shipped = stats(times_with_row_stacks(rows, prepared), measured)
+    bare = stats(iteration_times_s(prepared, NONE), measured)[0]
+    label = "megatron-core constants, 5-fold CV by test case"
+    print(f"  {label}: MAPE {cv[0]:.2f}% (median {cv[1]:.2f}%, p90 {cv[2]:.2f}%); goal {CI_GOAL}")
+    print(f"  shipped megatron-core constants (fitted on every CI row): MAPE {shipped[0]:.2f}%")
+    print(f"  without stack constants: MAPE {bare:.2f}%")
+    groups_table(rows, held_out, measured, _family_gpu_precision, "family × GPU × precision (CV)", worst)
+    if refit:
+        cal, scales = fit_core(prepared, measured, hosts)
+        write_core(cal, scales, len(rows), len({test_case(r) for r in rows}), cv[0] / 100)
+    return ("megatron ci golden", len(rows), len(failed), label, *cv, bare, CI_GOAL, [])
+
+
+def megatron_bridge(models, worst: int) -> tuple:
+    """The Megatron-Bridge rows with the shipped profile's constants (fitted on CI rows only)."""
+    rows, prepared, measured, failed = load_rows(models, BRIDGE)
+    print(f"\n== megatron bridge perf ({BRIDGE}): {len(rows)} rows predicted, {len(failed)} not; stacks "
+          f"{sorted({r.stack.name for r in rows})}, clusters {sorted({r.cluster.name for r in rows})}, models "
+          f"{sorted({p[0].hardware for p in prepared})}")
+    _not_predicted(failed)
+    predicted = times_with_row_stacks(rows, prepared)
+    figure = stats(predicted, measured)
+    bare = stats(iteration_times_s(prepared, NONE), measured)[0]
+    label = "megatron-core constants fitted on CI rows only"
+    print(f"  {label}: MAPE {figure[0]:.2f}% (median {figure[1]:.2f}%, p90 {figure[2]:.2f}%); goal {BRIDGE_GOAL}")
+    print(f"  without stack constants: MAPE {bare:.2f}%")
+    groups_table(rows, predicted, measured, _model_gpu_precision, "model × GPU × precision", worst)
+    return ("megatron bridge perf", len(rows), len(failed), label, *figure, bare, BRIDGE_GOAL, [])
+
+
+def write_core(cal, scales: dict[str, float], rows: int, cases: int, cv_mape: float) -> None:
+    import json
+
+    path = stack_path(CORE)
+    doc = json.loads(path.read_text())
+    doc["constants"] = {k: round(getattr(cal, k), 3) for k in CORE_PARAMS}
+    doc["host_scale"] = {h: round(v, 4) for h, v in sorted(scales.items())}
+    doc["fit"] = {
+        "data": f"shared corpus e2e/{CI} ({rows} rows, {cases} test cases; Megatron-LM's CI functional-test runs on "
+                "DGX A100, DGX H100 and GB200)",
+        "method": "Gauss–Newton on relative error of predicted vs measured iteration time, the constants on DGX "
+                  "A100's host CPU and one scale of them per other host CPU (predictor.calibration_fit."
+                  "fit_with_hosts)",
+        "params": list(CORE_PARAMS),
+        "reference_host": CORE_REFERENCE_HOST,
+        f"mape_{FOLDS}fold_cv_by_test_case": round(cv_mape, 4),
+        "scored_on": [f"e2e/{BRIDGE} (through megatron-bridge; never fitted on)"],
+        "by": "benchmarks/e2e_accuracy.py --fit-core",
+    }
+    doc["description"] = ("Megatron-core (2024+) with Transformer Engine: flash/fused attention kernels, "
+                          "interleaved-schedule P2P overlapped (Megatron's default), gradient-reduce, parameter-gather "
+                          "and TP overlap off unless the configuration turns them on (Megatron's own defaults). Host "
+                          "constants fitted on Megatron-LM's CI runs: host time per operator, per micro-batch call "
+                          "and per parameter tensor of the per-parameter passes, scaled per host CPU.")
+    atomic_write_json(path, doc)
+    stacks.cache_clear()
+    print(f"wrote {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=None, help="model directory (default: bundled)")
@@ -272,8 +448,10 @@ def main() -> None:
                         help=f"refit {FIT_STACK}'s host constants on {FIT_SET} and write its profile first")
     parser.add_argument("--fit-composer", action="store_true",
                         help=f"refit the {COMPOSER} stack's constants on every llm-foundry row and write its profile")
-    parser.add_argument("--only", choices=("megatron", "llm-foundry"), default=None,
-                        help="run one part only (default: both)")
+    parser.add_argument("--fit-core", action="store_true",
+                        help=f"refit the {CORE} stack's host constants on every CI row and write its profile")
+    parser.add_argument("--only", choices=("megatron", "llm-foundry", "megatron-core"), default=None,
+                        help="run one part only (default: all)")
     parser.add_argument("--worst", type=int, default=5)
     parser.add_argument("--peers", action="store_true", help="also run the peer predictors on the same rows")
     parser.add_argument("--ett-stride", type=int, default=10,
@@ -282,7 +460,7 @@ def main() -> None:
     models = ModelSet.load(args.models)
     print(f"models: {models.path} ({', '.join(models.hardware_ids())})")
     summary = []
-    for name, (file, goal) in (SETS.items() if args.only != "llm-foundry" else ()):
+    for name, (file, goal) in (SETS.items() if args.only in (None, "megatron") else ()):
         t0 = time.perf_counter()
         rows, prepared, measured, failed = load(models, name)
         seconds = time.perf_counter() - t0
@@ -310,8 +488,11 @@ def main() -> None:
             figure = "not run" if peer_mape is None else f"MAPE {peer_mape:.2f}% on {n} rows"
             print(f"  peer {peer}: {figure}{' (' + note + ')' if note else ''}")
         summary.append((name, len(rows), len(failed), label, mape, median, p90, bare_mape, goal, peers))
-    if args.only != "megatron":
+    if args.only in (None, "llm-foundry"):
         summary.append(llmfoundry(models, args.worst, args.fit_composer))
+    if args.only in (None, "megatron-core"):
+        summary.append(megatron_ci(models, args.worst, args.fit_core))
+        summary.append(megatron_bridge(models, args.worst))
     print(f"\n{'set':<20} {'rows':>5} {'failed':>6} {'MAPE %':>7} {'median %':>8} {'p90 %':>6} "
           f"{'no stack constants %':>20}  goal   (figure)")
     for name, n, bad, label, mape, median, p90, bare, goal, _ in summary:

@@ -28,6 +28,7 @@ CONSTANTS = {
     "host_op_us": "host time per compute op: a layer pass's compute takes ≥ this × its compute ops",
     "op_overhead_us": "+ per compute op: framework time between operators that no device hides (eager CPU runs)",
     "iteration_overhead_us": "+ per iteration",
+    "tensor_op_us": "host time per parameter tensor a per-parameter pass visits (predictor.framework_costs)",
 }
 
 
@@ -42,6 +43,7 @@ class Calibration:
     host_op_us: float = 0.0
     op_overhead_us: float = 0.0
     iteration_overhead_us: float = 0.0
+    tensor_op_us: float = 0.0
     description: str = ""
     fit: dict[str, Any] = field(default_factory=dict)  # how it was obtained (data, rows, error before/after)
 
@@ -58,6 +60,15 @@ class Calibration:
 
 
 NONE = Calibration()
+#: The constants that are host time, which the host CPU's speed scales (a stack profile's `host_scale`).
+HOST_CONSTANTS = ("host_op_us", "op_overhead_us", "microbatch_overhead_us", "iteration_overhead_us", "tensor_op_us")
+
+
+def host_scaled(cal: Calibration, scale: float) -> Calibration:
+    """`cal` with its host constants (HOST_CONSTANTS) times `scale`: the same stack on a faster or slower host CPU."""
+    if scale == 1.0:
+        return cal
+    return cal.with_values(**{k: getattr(cal, k) * scale for k in HOST_CONSTANTS})
 
 
 def available() -> list[str]:

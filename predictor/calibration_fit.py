@@ -17,15 +17,17 @@ import numpy as np
 
 from tracekit.core.errors import ConfigError
 
-from .calibration import CONSTANTS, NONE, Calibration
+from .calibration import CONSTANTS, NONE, Calibration, host_scaled
 from .predict import prepare_many
 from .stage_work import simulate_graph
 
 #: Lower bounds (scales stay positive, overheads non-negative) and finite-difference steps of each constant.
 LOWER = {"compute_scale": 0.2, "memory_scale": 0.2, "comm_scale": 0.2, "attention_scale": 0.2,
-         "microbatch_overhead_us": 0.0, "host_op_us": 0.0, "op_overhead_us": 0.0, "iteration_overhead_us": 0.0}
+         "microbatch_overhead_us": 0.0, "host_op_us": 0.0, "op_overhead_us": 0.0, "iteration_overhead_us": 0.0,
+         "tensor_op_us": 0.0}
 STEP = {"compute_scale": 0.05, "memory_scale": 0.05, "comm_scale": 0.05, "attention_scale": 0.05,
-        "microbatch_overhead_us": 50.0, "host_op_us": 5.0, "op_overhead_us": 5.0, "iteration_overhead_us": 500.0}
+        "microbatch_overhead_us": 50.0, "host_op_us": 5.0, "op_overhead_us": 5.0, "iteration_overhead_us": 500.0,
+        "tensor_op_us": 2.0}
 #: Starting host costs per op (µs): the host floor is a max(), its derivative is zero until it binds.
 HOST_STARTS = (0.0, 40.0, 80.0, 120.0)
 #: Coarse values per constant for `search=True` (few constants): the best grid points start Gauss–Newton. GPU
@@ -33,7 +35,8 @@ HOST_STARTS = (0.0, 40.0, 80.0, 120.0)
 GRID = {"compute_scale": (0.5, 1.0, 2.0, 4.0), "memory_scale": (0.5, 1.0, 2.0, 4.0), "comm_scale": (0.5, 1.0, 2.0, 4.0),
         "attention_scale": (0.5, 1.0, 2.0, 4.0),
         "microbatch_overhead_us": (0.0, 500.0, 2000.0, 5000.0), "host_op_us": (0.0, 40.0, 120.0, 300.0, 600.0),
-        "op_overhead_us": (0.0, 20.0, 60.0, 150.0, 400.0), "iteration_overhead_us": (0.0, 2000.0, 10000.0, 50000.0)}
+        "op_overhead_us": (0.0, 20.0, 60.0, 150.0, 400.0), "iteration_overhead_us": (0.0, 2000.0, 10000.0, 50000.0),
+        "tensor_op_us": (0.0, 10.0, 30.0, 100.0)}
 GRID_STARTS = 3
 #: Step halvings tried per Gauss–Newton round before taking the smallest step anyway (the best round is kept).
 HALVINGS = 6
@@ -86,27 +89,36 @@ def fit_prepared(prepared: Sequence, measured_s: Sequence[float] | np.ndarray, p
     else:
         starts = [np.array([host if p == "host_op_us" else getattr(base, p) for p in params], dtype=float)
                   for host in (HOST_STARTS if "host_op_us" in params else (base.host_op_us,))]
-    fits = [_gauss_newton(prepared, measured, list(params), theta, rounds, regularization, base, loss)
-            for theta in starts]
-    return min(fits, key=lambda fitted: min(fitted[1]))  # the first of the lowest
-
-
-def _gauss_newton(prepared, measured: np.ndarray, params: list[str], theta: np.ndarray, rounds: int,
-                  regularization: float, base: Calibration, loss: str) -> tuple[Calibration, list[float]]:
-    """Gauss–Newton on relative error; the simulated time is piecewise linear in every constant. Returns the
-    calibration of the round with the lowest MAPE and the MAPE of every round."""
-    identity = np.array([getattr(NONE, p) for p in params])
-    lower = np.array([LOWER[p] for p in params])
-    steps = np.array([STEP[p] for p in params])
 
     def at(values: np.ndarray) -> Calibration:
         return base.with_values(**dict(zip(params, map(float, values))))
 
+    def times(values: np.ndarray) -> np.ndarray:
+        return iteration_times_s(prepared, at(values))
+
+    identity = np.array([getattr(NONE, p) for p in params])
+    fits = [_gauss_newton(times, measured, theta, identity, _bounds(params), rounds, regularization, loss)
+            for theta in starts]
+    best, history = min(fits, key=lambda fitted: min(fitted[1]))  # the first of the lowest
+    return at(best), history
+
+
+def _bounds(params: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(lower bounds, finite-difference steps) of `params`."""
+    return np.array([LOWER[p] for p in params]), np.array([STEP[p] for p in params])
+
+
+def _gauss_newton(times: Callable[[np.ndarray], np.ndarray], measured: np.ndarray, theta: np.ndarray,
+                  identity: np.ndarray, bounds: tuple[np.ndarray, np.ndarray], rounds: int, regularization: float,
+                  loss: str) -> tuple[np.ndarray, list[float]]:
+    """Gauss–Newton on relative error of `times(theta)` (the simulated time is piecewise linear in every constant).
+    Returns the parameters of the round with the lowest MAPE and the MAPE of every round."""
+    lower, steps = bounds
     history: list[float] = []
     best_mape: float | None = None
     best_theta = theta.copy()
     for _ in range(rounds + 1):
-        now = iteration_times_s(prepared, at(theta))
+        now = times(theta)
         history.append(_mape(now, measured))
         if best_mape is None or history[-1] < best_mape:
             best_mape, best_theta = history[-1], theta.copy()
@@ -116,7 +128,7 @@ def _gauss_newton(prepared, measured: np.ndarray, params: list[str], theta: np.n
         for j in range(len(theta)):
             bumped = theta.copy()
             bumped[j] += steps[j]
-            jac[:, j] = (iteration_times_s(prepared, at(bumped)) - now) / steps[j] / measured
+            jac[:, j] = (times(bumped) - now) / steps[j] / measured
         resid = (measured - now) / measured
         weight = 1 / np.sqrt(np.maximum(np.abs(resid), 0.01)) if loss == "mape" else np.ones_like(resid)
         lhs, rhs = jac * weight[:, None], resid * weight
@@ -127,11 +139,49 @@ def _gauss_newton(prepared, measured: np.ndarray, params: list[str], theta: np.n
         delta, *_ = np.linalg.lstsq(lhs, rhs, rcond=None)
         for _ in range(HALVINGS):  # damped: halve a step that makes the error worse
             trial = np.maximum(theta + delta, lower)
-            if _mape(iteration_times_s(prepared, at(trial)), measured) <= history[-1]:
+            if _mape(times(trial), measured) <= history[-1]:
                 break
             delta = delta / 2
         theta = trial
-    return at(best_theta), history
+    return best_theta, history
+
+
+#: Bounds and step of a host class's scale.
+HOST_SCALE_LOWER, HOST_SCALE_STEP = 0.2, 0.02
+
+
+def fit_with_hosts(prepared: Sequence, measured_s: Sequence[float] | np.ndarray, hosts: Sequence[str],
+                   params: Sequence[str], reference: str, rounds: int = 5, loss: str = "mape"
+                   ) -> tuple[Calibration, dict[str, float], list[float]]:
+    """Fit `params` (on the `reference` host CPU) and one scale of the host constants per other host CPU of the runs
+    (`hosts[i]`: run i's host class) to measured iteration times, as `fit_prepared` does from each of HOST_STARTS.
+    Returns (calibration on the reference host, {host class: scale} with the reference at 1, MAPE by round)."""
+    unknown = [p for p in params if p not in CONSTANTS]
+    if unknown or not params:
+        raise ConfigError(f"unknown calibration constants {unknown} (known: {', '.join(CONSTANTS)})")
+    measured = np.asarray(measured_s, dtype=float)
+    hosts = list(hosts)
+    others = sorted({h for h in hosts if h != reference})
+    row_host = np.array([0 if h == reference else 1 + others.index(h) for h in hosts])
+    n = len(params)
+
+    def times(values: np.ndarray) -> np.ndarray:
+        base = NONE.with_values(**dict(zip(params, map(float, values[:n]))))
+        scales = np.concatenate([[1.0], values[n:]])
+        cals = [host_scaled(base, float(v)) for v in scales]
+        return np.array([simulate_graph(g, est, cals[row_host[i]])[3].iteration_us / 1e6
+                         for i, (g, est, _, _) in enumerate(prepared)])
+
+    lower, steps = _bounds(params)
+    bounds = (np.concatenate([lower, np.full(len(others), HOST_SCALE_LOWER)]),
+              np.concatenate([steps, np.full(len(others), HOST_SCALE_STEP)]))
+    identity = np.concatenate([[getattr(NONE, p) for p in params], np.ones(len(others))])
+    starts = [np.concatenate([[host if p == "host_op_us" else getattr(NONE, p) for p in params], np.ones(len(others))])
+              for host in (HOST_STARTS if "host_op_us" in params else (0.0,))]
+    fits = [_gauss_newton(times, measured, theta, identity, bounds, rounds, 0.0, loss) for theta in starts]
+    best, history = min(fits, key=lambda fitted: min(fitted[1]))
+    cal = NONE.with_values(**dict(zip(params, map(float, best[:n]))))
+    return cal, {reference: 1.0, **{h: float(v) for h, v in zip(others, best[n:])}}, history
 
 
 def held_out_times_s(prepared: Sequence, measured: np.ndarray, folds: np.ndarray,

@@ -53,12 +53,14 @@ from tracekit.core.cluster import Cluster
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError, PlausibilityError
 from tracekit.core.hardware import hardware_spec
+from tracekit.core.megatron_arguments import unmodelled_warning
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES
 
 from . import tables
 from .calibration import NONE, Calibration
 from .estimates import Estimates, estimate_rows, resolve_hardware
 from .flops import throughput
+from .framework_costs import cluster_for
 from .graph import Graph, build_graph
 from .memory import config_memory
 from .plausibility import check as plausibility
@@ -194,6 +196,7 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
     row_of: dict[tuple, int] = {}
     spec_rows: list[np.ndarray] = []
     for config, cluster in zip(configs, clusters):
+        cluster = cluster_for(config, cluster)  # NCCL as the run's settings leave it (deterministic mode: Ring)
         try:
             hardware, note = resolve_hardware(cluster.hardware, available, compute)
             notes = [note] if note else []
@@ -274,6 +277,9 @@ def _prediction(graph: Graph, est: Estimates, cluster: Cluster, notes: list[str]
     memory, mem_warnings = config_memory(c, cluster.hardware)  # the GPU the job runs on, not the models' sibling
     counts = tables.instance_counts(graph)
     warnings = mem_warnings + list(notes or [])  # a configuration that does not fit: that first
+    unmodelled = unmodelled_warning(c.extra)
+    if unmodelled:
+        warnings.append(unmodelled)
     fallbacks = tables.fallbacks(graph, est, dur, counts)
     if fallbacks:
         share = sum(f["time_s"] for f in fallbacks) / max(seconds, 1e-12)

@@ -6,7 +6,8 @@
   moe_token_dispatcher_type=flex, ...`): `name=value` pairs whose name is a setting in `NOTE_SETTINGS` are read
   (a column that states the setting wins); `force-balance` routing; `sliding window N`; MTP stated per row
   (`w/o MTP` in the model name or the notes turns the recipe's MTP layer off); a token-drop run without a stated
-  capacity factor takes Megatron-Bridge's factor 1.0.
+  capacity factor takes Megatron-Bridge's factor 1.0; the launch environment's variables of `ENV_SETTINGS`
+  (`NCCL_ALGO=Ring`).
 Every value read this way is named in the row's `prediction_notes`.
 """
 from __future__ import annotations
@@ -38,6 +39,9 @@ NOTE_SETTINGS = {
     "use_megatron_fsdp": "use_megatron_fsdp",
     "cpu_offloading_num_layers": "cpu_offloading_num_layers",
 }
+#: The launch environment's variables a row's notes may state (`run settings: ... NCCL_ALGO=Ring ...`).
+ENV_SETTINGS = {"NCCL_ALGO": "nccl_algo"}
+_ENV = re.compile(r"\b(" + "|".join(ENV_SETTINGS) + r")=([^\s,;|()]+)")
 _PAIR = re.compile(r"\b(pp_layout)=(\S+)|\b([a-z][a-z0-9_]*)=(\[[^\]]*\]|\"[^\"]*\"|'[^']*'|[^\s,;|()]+)")
 
 
@@ -61,6 +65,9 @@ def note_settings(cells: dict[str, str], stated: set[str]) -> tuple[dict[str, An
         target = NOTE_SETTINGS.get(key)
         if target and target not in stated and target not in out:
             out[target] = _value(raw)
+    for env, raw in _ENV.findall(notes_text):
+        if ENV_SETTINGS[env] not in stated:
+            out.setdefault(ENV_SETTINGS[env], raw)
     if re.search(r"force[- ]balanc", notes_text, re.I) and "moe_router_force_load_balancing" not in stated:
         out["moe_router_force_load_balancing"] = True
     window = re.search(r"sliding window (\d+)", notes_text, re.I)

@@ -8,6 +8,11 @@ compute operator, per micro-batch call, per iteration). Constants are fitted on 
 another (the profile's `fit` says which); a profile may take its constants from a sibling stack
 (`constants_from`) when it has no measurements of its own.
 
+Host constants are host time, and a host CPU runs them faster or slower: a profile's `host_scale` multiplies them
+per host CPU class (`tracekit/data/host_cpus.json`: the CPU of each GPU's usual node, DGX A100's EPYC, DGX H100's
+and B200's Xeons, Grace), fitted with the constants; a class it does not name keeps the constants as fitted (its
+reference class, scale 1).
+
 `select_stack(text)` picks the profile a row names (the e2e `framework` column, a version string, `--stack`);
 `stack_of_arguments(args)` the one a Megatron log's arguments block shows (Megatron-DeepSpeed prints `deepspeed`,
 Megatron-core `transformer_impl`); the default for inputs that say nothing is `megatron-core`, today's Megatron.
@@ -24,9 +29,10 @@ from typing import Any
 
 from tracekit.core.errors import ConfigError, did_you_mean
 
-from .calibration import CONSTANTS, Calibration
+from .calibration import CONSTANTS, Calibration, host_scaled
 
-STACK_DIR = Path(__file__).resolve().parent.parent / "tracekit" / "data" / "stacks"
+DATA = Path(__file__).resolve().parent.parent / "tracekit" / "data"
+STACK_DIR = DATA / "stacks"
 DEFAULT = "megatron-core"
 #: Configuration keys a profile may set (TrainingConfig fields); anything the input states wins over them.
 CONFIG_KEYS = ("attention", "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p_comm", "tp_comm_overlap",
@@ -42,12 +48,34 @@ class Stack:
     config: dict[str, Any] = field(default_factory=dict)
     constants: dict[str, float] = field(default_factory=dict)
     fit: dict[str, Any] = field(default_factory=dict)
+    host_scale: dict[str, float] = field(default_factory=dict)  # host CPU class → × the host constants
 
     def calibration(self, hardware: str = "") -> Calibration:
-        """The stack's host constants as a calibration named after the stack (none on a CPU)."""
+        """The stack's host constants as a calibration named after the stack (none on a CPU), scaled for the host
+        CPU of `hardware`'s usual node."""
         constants = {} if hardware.startswith("cpu-") else self.constants
-        return Calibration(name=f"stack:{self.name}", description=self.description, fit=self.fit,
-                           **{k: float(v) for k, v in constants.items()})
+        cal = Calibration(name=f"stack:{self.name}", description=self.description, fit=self.fit,
+                          **{k: float(v) for k, v in constants.items()})
+        return host_scaled(cal, self.host_scale.get(host_class(hardware) or "", 1.0))
+
+
+@lru_cache(maxsize=1)
+def _host_table() -> tuple[dict[str, str], list[tuple[str, str]]]:
+    doc = json.loads((DATA / "host_cpus.json").read_text())
+    return doc["classes"], [(row["match"], row["host"]) for row in doc["hardware"]]
+
+
+def host_cpus() -> dict[str, str]:
+    """Host CPU class → what it is (with its source)."""
+    return dict(_host_table()[0])
+
+
+def host_class(hardware: str) -> str | None:
+    """The host CPU class of a hardware id's usual node (`tracekit/data/host_cpus.json`), None when not known."""
+    for pattern, host in _host_table()[1]:
+        if re.search(pattern, hardware):
+            return host
+    return None
 
 
 def stack_path(name: str) -> Path:
@@ -67,16 +95,22 @@ def stacks() -> dict[str, Stack]:
         if unknown:
             raise ConfigError(f"{stack_path(name)}: unknown config key(s) {sorted(unknown)}")
         constants = dict(doc.get("constants", {}))
+        host_scale = dict(doc.get("host_scale", {}))
         source = doc.get("constants_from")
         fit = dict(doc.get("fit", {}))
         if source:
             constants = dict(raw[source].get("constants", {}))
+            host_scale = dict(raw[source].get("host_scale", {}))
             fit = {"constants_from": source, **raw[source].get("fit", {})}
         bad = set(constants) - set(CONSTANTS)
         if bad:
             raise ConfigError(f"{stack_path(name)}: unknown constant(s) {sorted(bad)}")
+        hosts = set(host_scale) - set(host_cpus())
+        if hosts:
+            raise ConfigError(f"{stack_path(name)}: unknown host CPU class(es) {sorted(hosts)} "
+                              f"(tracekit/data/host_cpus.json: {', '.join(host_cpus())})")
         out[name] = Stack(name, doc.get("description", ""), tuple(doc.get("match", ())), doc.get("config", {}),
-                          constants, fit)
+                          constants, fit, host_scale)
     return out
 
 

@@ -1,6 +1,8 @@
 """The schedule simulation's inputs of one prepared graph: each pipeline segment's forward and backward work for
 one micro-batch (compute, blocking communication, other), and per stage the gradient-sync buckets, the embedding
-sync, the optimizer step and the parameter gather.
+sync, the optimizer step and the parameter gather. Megatron-core's own costs (`predictor.framework_costs`): what
+CUDA graphs capture costs no host time per op; the per-parameter passes and timers the run asks for add to the
+backward (per micro-batch) and to the optimizer step (per iteration).
 
     simulation_inputs(graph, est, cal) -> (calibrated µs per spec, (fwd, bwd, micro-batches, options))
     simulate_graph(graph, est, cal) -> (calibrated µs per spec, fwd, bwd, Timeline): one graph on its own (what
@@ -8,13 +10,15 @@ sync, the optimizer step and the parameter gather.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import fsdp
 from .estimates import calibrated_durations
+from .framework_costs import Capture, PassCosts, capture, pass_costs
 from .schedule import Work, simulate_many
 
 if TYPE_CHECKING:
@@ -51,21 +55,28 @@ class _Block:
     other_comm: float = 0.0
     tp_cover: float = 0.0
     ep_cover: float = 0.0
+    regions: set[int] = field(default_factory=set)  # CUDA-graph regions its captured ops belong to
     fsdp: float = 0.0
 
 
 def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: float = 0.0,
-          hiding: Hiding | None = None) -> Work:
+          hiding: Hiding | None = None, graphs: Capture | None = None, passes: tuple[float, float, float] = (0, 0, 0)
+          ) -> Work:
     """One micro-batch of a segment's forward or backward. Each layer block (the layers of one kind, `OpUse.block`,
     `count` of them) is summed once and multiplied by its count. A layer pass's compute lasts at least the host time
     to issue its compute operators (`host_op_us` each: a launch-bound layer waits on the CPU); the excess, and the
     framework time per compute operator no device hides (sampled: `framework_us`, plus the calibration's
     `op_overhead_us`), count as `other`. Blocking collectives add to it, except those `hiding` lets run beside the
-    pass's compute: a layer pass then exposes only their time beyond the compute that covers them."""
+    pass's compute: a layer pass then exposes only their time beyond the compute that covers them. Ops a CUDA graph
+    captures (`graphs`) cost no host time; each captured region of a layer costs one host op (its launch); a graph of
+    the full iteration takes the per-call overhead too. `passes`: (device µs, host µs beyond it, fixed µs) of the
+    per-parameter passes and timers of this call (`predictor.framework_costs`)."""
     compute = comm = root_fsdp = 0.0
     other_ops = 0
     blocks: dict[tuple[str, int], _Block] = {}
     hide = hiding or Hiding()
+    cap = graphs or Capture()
+    full, per_layer_graphs = cap.full, cap.whole_layer or bool(cap.regions)
     for op in ops:
         t = float(dur[op.spec])
         if op.per_layer:
@@ -80,7 +91,11 @@ def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: flo
                 blk.other_comm += t
             else:
                 blk.compute += t
-                blk.ops += 1
+                region = cap.region(op) if per_layer_graphs else None
+                if region is not None:
+                    blk.regions.add(region)
+                elif not full:
+                    blk.ops += 1
                 if hide.tp_cover is not None and hide.tp_cover[op.spec]:
                     blk.tp_cover += t
                 if hide.ep_cover is not None and hide.ep_cover[op.spec]:
@@ -91,18 +106,19 @@ def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: flo
             comm += op.count * t
         else:
             compute += op.count * t
-            other_ops += op.count
-    other = cal.microbatch_overhead_us + (framework_us + cal.op_overhead_us) * other_ops
+            other_ops += 0 if full else op.count
+    other = (0.0 if full else cal.microbatch_overhead_us) + (framework_us + cal.op_overhead_us) * other_ops
     for (_, count), blk in blocks.items():
         tp = max(0.0, blk.tp - blk.tp_cover) if hide.tp_cover is not None else blk.tp
         ep = max(0.0, blk.ep - (blk.compute if hide.ep_all else blk.ep_cover))
         compute += blk.compute * count
         comm += (tp + ep + blk.other_comm) * count
-        other += (max(0.0, cal.host_op_us * blk.ops - blk.compute)
+        other += (max(0.0, cal.host_op_us * (blk.ops + len(blk.regions)) - blk.compute)
                   + (framework_us + cal.op_overhead_us) * blk.ops) * count
     comm += fsdp.exposed_us([(blk.fsdp, blk.compute, count) for (_, count), blk in blocks.items()], root_fsdp,
                             hide.fsdp_overlap)
-    return Work(compute, comm, other)
+    device, host, fixed = passes
+    return Work(compute + device, comm, other + host + fixed)
 
 
 def hiding_of(graph: Graph) -> Hiding:
@@ -129,15 +145,17 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
     pp, vp = c.pp, c.vp
     dur = calibrated_durations(graph, est, cal)
     hiding = hiding_of(graph)
-    fwd = [[_work(graph.segment(s, k).fwd, dur, cal, est.framework_us.get("fwd", 0.0), hiding) for k in range(vp)]
-           for s in range(pp)]
-    bwd = [[_work(graph.segment(s, k).bwd, dur, cal, est.framework_us.get("bwd", 0.0), hiding) for k in range(vp)]
-           for s in range(pp)]
+    graphs, passes = capture(c), _passes(graph)
+    call = passes.call_fixed_us
+    fwd = [[_work(graph.segment(s, k).fwd, dur, cal, est.framework_us.get("fwd", 0.0), hiding, graphs,
+                  (0.0, 0.0, call)) for k in range(vp)] for s in range(pp)]
+    bwd = [[_work(graph.segment(s, k).bwd, dur, cal, est.framework_us.get("bwd", 0.0), hiding, graphs,
+                  (*passes.backward_us(s, k, cal.tensor_op_us), call)) for k in range(vp)] for s in range(pp)]
     buckets = [[float(dur[o.spec]) for o in graph.grad_sync[s] if o.group in ("dpcp", "edp", *fsdp.GROUPS)]
                for s in range(pp)]
     embd = [float(sum(dur[o.spec] for o in graph.grad_sync[s] if o.group == "embd")) for s in range(pp)]
     optimizer = [float(dur[graph.optimizer[s].spec]) + float(sum(dur[o.spec] for o in graph.casts.get(s, [])))
-                 for s in range(pp)]
+                 + passes.iteration_us(s, cal.tensor_op_us) for s in range(pp)]
     gather = [float(sum(dur[o.spec] for o in graph.param_gather[s])) for s in range(pp)]
     options = dict(
         p2p_us=float(dur[graph.p2p]) if graph.p2p is not None else 0.0,
@@ -147,6 +165,20 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
         microbatch_group=c.microbatch_group,
     )
     return dur, (fwd, bwd, c.num_microbatches, options)
+
+
+_PASSES: dict[int, tuple[weakref.ref, PassCosts]] = {}
+
+
+def _passes(graph: Graph) -> PassCosts:
+    """`framework_costs.pass_costs` of a graph, once per graph (calibration fitting simulates a graph many times)."""
+    held = _PASSES.get(id(graph))
+    if held is not None and held[0]() is graph:
+        return held[1]
+    costs = pass_costs(graph)
+    key = id(graph)
+    _PASSES[key] = (weakref.ref(graph, lambda _: _PASSES.pop(key, None)), costs)
+    return costs
 
 
 def simulate_graph(graph: Graph, est: Estimates, cal: Calibration

@@ -226,10 +226,16 @@ def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, 
             clusters.add(result.cluster.name)
             stacks.add(r.complete()[2].name)
     write_rows(out, header, output)
+    from tracekit.core.megatron_arguments import unmodelled_flags
+
+    unmodelled: dict[str, int] = {}  # flag → rows that set it (each row's warnings column names its own)
+    for r in rows:
+        for flag in unmodelled_flags(r.config.extra) if r.config is not None else ():
+            unmodelled[flag] = unmodelled.get(flag, 0) + 1
     summary = {"input": str(path), "output": str(out), "rows": len(rows), "predicted": len(rows) - len(failures),
                "failed": [{"line": line, "error": msg} for line, msg in failures], "hardware_used": sorted(used),
                "clusters": sorted(clusters), "stacks": sorted(stacks),
-               "calibration": cal.name if cal else "stack profiles"}
+               "calibration": cal.name if cal else "stack profiles", "unmodelled_flags": unmodelled}
     if as_json:
         print_json(summary)
     else:
@@ -237,6 +243,11 @@ def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, 
                       f"(hardware models: {', '.join(sorted(used)) or 'none'}; clusters: "
                       f"{', '.join(sorted(clusters)) or 'none'}; stacks: {', '.join(sorted(stacks)) or 'none'}"
                       f"{'; calibration: ' + cal.name if cal else ''})")
+        if unmodelled:
+            err_console.print("warning: flags that change the iteration time but are not modelled, set by rows "
+                              "(see each row's warnings): " + ", ".join(f"{flag} ({n})" for flag, n in
+                                                                        unmodelled.items()), markup=False,
+                              soft_wrap=True)
         for line, msg in failures:
             err_console.print(f"error: {path}: line {line}: {msg}", markup=False, soft_wrap=True)
     if failures:

@@ -15,6 +15,7 @@ from . import (
     moe as moe_settings,
     pipeline_layout,
     precision as precision_recipes,
+    runtime as runtime_settings,
     sharding as sharding_settings,
 )
 from .attention import AttentionSettings
@@ -23,6 +24,7 @@ from .megatron_arguments import dest_form, is_switch, refuse_unknown
 from .moe import MoESettings
 from .pipeline_layout import LayoutSettings
 from .precision import LowPrecisionSettings
+from .runtime import RuntimeSettings
 from .sharding import ShardingSettings
 
 ARGS_BEGIN = re.compile(r"-{3,}\s*arguments\s*-{3,}")
@@ -49,6 +51,7 @@ ALIASES = {
     "num_virtual_stages_per_pipeline_rank": "virtual_pipeline_model_parallel_size",
     "microbatch_group_size_per_virtual_pipeline_stage": "microbatch_group_size_per_vp_stage",
     **moe_settings.ALIASES,
+    **runtime_settings.ALIASES,
 }
 
 #: Settings kept in a section of their own (a module each, holding their rules): section name → (type, fields).
@@ -57,6 +60,7 @@ SECTIONS: dict[str, tuple[type, tuple[str, ...]]] = {
     "attn": (AttentionSettings, attention_settings.FIELDS),
     "layout": (LayoutSettings, pipeline_layout.FIELDS),
     "lowp": (LowPrecisionSettings, precision_recipes.LOWP_FIELDS),
+    "run": (RuntimeSettings, runtime_settings.FIELDS),
     "sharding": (ShardingSettings, sharding_settings.FIELDS),
 }
 _SECTION_OF = {name: section for section, (_, names) in SECTIONS.items() for name in names}
@@ -154,6 +158,7 @@ class TrainingConfig:
     attn: AttentionSettings | None = None  # MLA, sliding windows, fp8 attention (tracekit.core.attention)
     layout: LayoutSettings | None = None  # uneven pipelines, layouts, MTP (tracekit.core.pipeline_layout)
     lowp: LowPrecisionSettings | None = None  # bf16 first/last layers (tracekit.core.precision)
+    run: RuntimeSettings | None = None  # CUDA graphs, determinism, logging passes, timers (tracekit.core.runtime)
     sharding: ShardingSettings | None = None  # FSDP, HSDP, ZeRO (tracekit.core.sharding); None: Megatron's DDP
     extra: dict[str, Any] = field(default_factory=dict)  # arguments tracekit does not model, kept verbatim
 
@@ -305,7 +310,7 @@ class TrainingConfig:
                               f"{self.global_batch_size} / micro_batch_size·dp) is beyond what tracekit simulates (at "
                               f"most {LIMITS['microbatches']:,} per stage); is it a typo?")
         pipeline_layout.check_microbatch_groups(self)
-        for section in (self.moe, self.attn, self.sharding):
+        for section in (self.moe, self.attn, self.sharding, self.run):
             if section is not None:
                 section.validate(self)
         if cp > 1 and self.seq_length % (2 * cp):
@@ -618,6 +623,8 @@ def _sections(values: dict[str, Any], sections: dict[str, dict[str, Any]]) -> No
     for name in ("layout", "lowp"):
         if any(v not in (None, False) for v in sections.get(name, {}).values()):
             values[name] = _build(SECTIONS[name][0], sections[name])
+    if runtime_settings.stated(sections.get("run", {})):
+        values["run"] = _build(RuntimeSettings, sections["run"])
     if sections.get("sharding"):  # stated sharding settings other than Megatron's defaults (plain DDP)
         sharding = _build(ShardingSettings, sections["sharding"])
         if sharding != ShardingSettings():

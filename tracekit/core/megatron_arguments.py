@@ -5,20 +5,92 @@
 A setting is known when it is one of those (flag or destination form; `--no-x` read as `x`) or a name tracekit reads
 itself. Flags of newer Megatron versions are not in the list: a user passes them with `--allow-unknown`, which turns
 the refusal into a warning.
+
+Every flag has a class for the iteration time (`tracekit/data/megatron_flag_classes.json`, kept by people across
+regenerations): `modelled` (tracekit reads the setting), `no_effect` (optimiser values, data, checkpointing, logging
+at intervals, other model families) or `time_unmodelled` (it changes the time and tracekit does not model it);
+`unmodelled_flags` names the flags of the last class a configuration sets to other than Megatron's default, for the
+one warning line `predict` prints.
 """
 from __future__ import annotations
 
 import json
 from functools import lru_cache
 from importlib import resources
+from typing import Any
 
 from .errors import ConfigError, did_you_mean
+
+CLASSES = ("modelled", "no_effect", "time_unmodelled")
 
 
 @lru_cache(maxsize=1)
 def _table() -> tuple[str, dict[str, dict]]:
     document = json.loads(resources.files("tracekit").joinpath("data/megatron_flags.json").read_text())
     return document["source"], document["flags"]
+
+
+@lru_cache(maxsize=1)
+def flag_classes() -> dict[str, str]:
+    """Each flag's class for the iteration time (module docstring)."""
+    document = json.loads(resources.files("tracekit").joinpath("data/megatron_flag_classes.json").read_text())
+    return dict(document["classes"])
+
+
+@lru_cache(maxsize=1)
+def _flags_of_setting() -> dict[str, list[str]]:
+    """Setting name (dest form) → the flags that set it (`--x`, `--no-x`, the flag of an argparse dest)."""
+    out: dict[str, list[str]] = {}
+    for flag, entry in _table()[1].items():
+        names = {dest_form(flag), str(entry["dest"]).lower()}
+        if flag.startswith("--no-"):
+            names.add(dest_form(flag[5:]))
+        for name in names:
+            out.setdefault(name, []).append(flag)
+    return out
+
+
+def _same(value: Any, default: Any) -> bool:
+    """Whether a setting's value (a parsed cell, flag value or YAML value) is Megatron's default."""
+    if isinstance(default, bool) or isinstance(value, bool):
+        text = str(value).strip().lower()
+        return str(default).lower() == ("true" if text in ("true", "1", "yes") else "false")
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        try:
+            return float(value) == float(default)
+        except (TypeError, ValueError):
+            return False
+    if isinstance(default, list):
+        items = value if isinstance(value, (list, tuple)) else str(value).strip("[]").replace(",", " ").split()
+        return [str(v) for v in items] == [str(v) for v in default]
+    return str(value) == str(default)
+
+
+def unmodelled_flags(settings: dict[str, Any]) -> list[str]:
+    """The `time_unmodelled` flags that `settings` (setting name → value: a configuration's `extra`) set to other
+    than Megatron's default, as a person writes them (`--no-bias-gelu-fusion`), in order."""
+    classes, table = flag_classes(), _table()[1]
+    out: list[str] = []
+    for key, value in settings.items():
+        flags = _flags_of_setting().get(dest_form(key), [])
+        if not flags:
+            continue
+        negative = [f for f in flags if f.startswith("--no-") and dest_form(f[5:]) == dest_form(key)]
+        flag = negative[0] if negative and value is False else flags[0]
+        if "default" in table[flag] and _same(value, table[flag]["default"]):
+            continue
+        if classes.get(flag) == "time_unmodelled" and flag not in out:
+            out.append(flag)
+    return out
+
+
+def unmodelled_warning(settings: dict[str, Any]) -> str | None:
+    """The one warning line naming the `time_unmodelled` flags `settings` set (`unmodelled_flags`), or None."""
+    flags = unmodelled_flags(settings)
+    if not flags:
+        return None
+    return (f"{len(flags)} flag(s) change the iteration time but are not modelled (the prediction runs as without "
+            f"them): {' '.join(flags)}")
 
 
 def source() -> str:

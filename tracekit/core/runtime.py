@@ -1,0 +1,153 @@
+"""What Megatron-core does around the model that costs time: CUDA graphs, deterministic mode, the per-iteration
+logging passes, timers, gradient-accumulation fusion, gradient clipping. Settings by Megatron's argument names
+(the vendored snapshot's `megatron/training/arguments.py`, `megatron/core/transformer/transformer_config.py`,
+`megatron/training/determinism.py`); `predictor.framework_costs` turns them into time.
+
+- CUDA graphs: `cuda_graph_impl` none | local | transformer_engine | full_iteration. `local` and
+  `transformer_engine` capture per-layer graphs whose coverage `cuda_graph_modules` names (attn, mlp, moe,
+  moe_router, moe_preprocess; empty or `full`: the whole layer); `full_iteration` captures the whole forward-backward
+  (not the optimizer step). The older spellings are read as Megatron migrates them: `--enable-cuda-graph` is
+  `local`, `--external-cuda-graph` is `transformer_engine`, `--cuda-graph-scope` is `--cuda-graph-modules` (its
+  value `full_iteration` is `--cuda-graph-impl full_iteration`).
+- `deterministic_mode`: Megatron sets NCCL_ALGO=Ring (no NVLS or SHARP in-network reduction) unless the launch sets
+  another accepted NCCL_ALGO (`nccl_algo`, the launch environment's NCCL_ALGO).
+- `log_params_norm`: an L2 norm over every parameter each iteration, all-reduced, read on the host;
+  `log_num_zeros_in_grad`: a count of the zeros of every gradient each iteration, all-reduced, read on the host;
+  `clip_grad` (Megatron's default 1.0; 0 turns it off): the gradient norm and clipping each iteration.
+- `gradient_accumulation_fusion` (Megatron's default on; `--no-gradient-accumulation-fusion`): off, each weight
+  gradient goes to a buffer of its own and is then added to the fp32 main gradient, per micro-batch.
+- `timing_log_level` (0–2) with `barrier_with_level_1_timing` (Megatron's `barrier_with_L1_time`, default on): level
+  ≥ 1 times the optimizer's and gradient sync's phases, each timer a device synchronisation (and a barrier at
+  level 1 when asked), level 2 every micro-batch's forward, backward and P2P calls too.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError, did_you_mean
+
+IMPLS = ("none", "local", "transformer_engine", "full_iteration")
+MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
+#: NCCL_ALGO tokens that keep in-network reduction (NVLS on NVSwitch, CollNet = SHARP) available.
+_IN_NETWORK = ("nvls", "collnet", "collnetdirect", "collnetchain")
+
+
+def _words(value: Any) -> tuple[str, ...] | None:
+    """A list setting from a flag's values, a CSV cell (`[attn, moe_router]`, `attn,mlp`) or a YAML list."""
+    if value is None:
+        return None
+    items = value if isinstance(value, (list, tuple)) else str(value).strip("[]").replace(",", " ").split()
+    return tuple(str(v).strip().strip("'\"") for v in items if str(v).strip().strip("'\""))
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    cuda_graph_impl: str | None = None
+    cuda_graph_modules: tuple[str, ...] | None = None
+    cuda_graph_scope: tuple[str, ...] | None = None  # deprecated spelling of cuda_graph_modules
+    enable_cuda_graph: bool | None = None  # deprecated: cuda_graph_impl local
+    external_cuda_graph: bool | None = None  # deprecated: cuda_graph_impl transformer_engine
+    deterministic_mode: bool | None = None
+    nccl_algo: str | None = None  # the launch environment's NCCL_ALGO
+    log_params_norm: bool | None = None
+    log_num_zeros_in_grad: bool | None = None
+    gradient_accumulation_fusion: bool | None = None
+    timing_log_level: int | None = None
+    barrier_with_level_1_timing: bool | None = None
+    clip_grad: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("cuda_graph_modules", "cuda_graph_scope"):
+            object.__setattr__(self, name, _words(getattr(self, name)))
+        impl = self.cuda_graph_impl
+        if impl is not None:
+            impl = str(impl).strip().lower()
+            if impl not in IMPLS:
+                raise ConfigError(f"cuda_graph_impl must be one of {', '.join(IMPLS)}, not {impl!r}"
+                                  f"{did_you_mean(impl, IMPLS)}")
+            object.__setattr__(self, "cuda_graph_impl", impl)
+        unknown = [m for m in self._stated_modules() if m not in MODULES + ("full", "full_iteration")]
+        if unknown:
+            raise ConfigError(f"cuda_graph_modules: unknown module {unknown[0]!r}{did_you_mean(unknown[0], MODULES)} "
+                              f"(Megatron's are {', '.join(MODULES)}, or none for the whole layer)")
+        if self.timing_log_level is not None and self.timing_log_level not in (0, 1, 2):
+            raise ConfigError(f"timing_log_level must be 0, 1 or 2, not {self.timing_log_level}")
+        if self.clip_grad is not None and self.clip_grad < 0:
+            raise ConfigError(f"clip_grad must be ≥ 0, not {self.clip_grad}")
+
+    def _stated_modules(self) -> tuple[str, ...]:
+        return (self.cuda_graph_modules or ()) + (self.cuda_graph_scope or ())
+
+    # -- as Megatron resolves them ------------------------------------------------------------------------------
+    @property
+    def graph_impl(self) -> str:
+        """The CUDA graph implementation Megatron runs (the deprecated flags and scope migrated)."""
+        if self.enable_cuda_graph:
+            return "local"
+        if self.external_cuda_graph:
+            return "transformer_engine"
+        if "full_iteration" in (self.cuda_graph_scope or ()) + (self.cuda_graph_modules or ()):
+            return "full_iteration"
+        return self.cuda_graph_impl or "none"
+
+    @property
+    def graph_modules(self) -> frozenset[str]:
+        """The modules a per-layer graph captures; empty: the whole layer."""
+        return frozenset(m for m in self._stated_modules() if m not in ("full", "full_iteration"))
+
+    @property
+    def accumulation_fused(self) -> bool:
+        return self.gradient_accumulation_fusion is not False
+
+    @property
+    def clip(self) -> float:
+        return 1.0 if self.clip_grad is None else float(self.clip_grad)
+
+    @property
+    def timing_level(self) -> int:
+        return int(self.timing_log_level or 0)
+
+    @property
+    def level_1_barriers(self) -> bool:
+        return self.barrier_with_level_1_timing is not False
+
+    @property
+    def in_network_reduction(self) -> bool:
+        """Whether NCCL may use NVLS / SHARP reduction: not under deterministic mode (NCCL_ALGO=Ring unless the
+        launch names another algorithm), nor when NCCL_ALGO names algorithms without them."""
+        if self.nccl_algo:
+            tokens = [t.strip().lower() for t in str(self.nccl_algo).split(",") if t.strip()]
+            if any(t.startswith("^") for t in tokens):  # an exclusion list: the rest stays available
+                return not any(t.lstrip("^") == "nvls" for t in tokens)
+            return any(t in _IN_NETWORK for t in tokens)
+        return not self.deterministic_mode
+
+    def validate(self, config) -> None:
+        """ConfigError naming the first way Megatron would refuse these settings with `config` (a TrainingConfig)."""
+        if (self.enable_cuda_graph or self.external_cuda_graph) and self.cuda_graph_impl not in (None, "none"):
+            raise ConfigError("Megatron refuses --enable-cuda-graph or --external-cuda-graph with --cuda-graph-impl")
+        if self.enable_cuda_graph and self.external_cuda_graph:
+            raise ConfigError("Megatron refuses --enable-cuda-graph together with --external-cuda-graph")
+        if self.graph_impl == "full_iteration" and self.graph_modules:
+            raise ConfigError("Megatron refuses --cuda-graph-modules with --cuda-graph-impl full_iteration (it "
+                              f"captures the whole iteration), got {', '.join(sorted(self.graph_modules))}")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        for name in ("cuda_graph_modules", "cuda_graph_scope"):
+            if data[name] is not None:
+                data[name] = list(data[name])
+        return data
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(RuntimeSettings))
+#: Megatron's argparse destination for a flag whose dest differs from its name.
+ALIASES = {"barrier_with_l1_time": "barrier_with_level_1_timing"}
+
+
+def stated(settings: dict[str, Any]) -> bool:
+    """Whether a configuration states any of these settings (then the section exists; `False` is a statement too:
+    `--no-gradient-accumulation-fusion`)."""
+    return any(v is not None for v in settings.values())
