@@ -44,6 +44,7 @@ Run: .venv/bin/python benchmarks/e2e_accuracy.py [--models DIR] [--fit-stack] [-
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
 import time
@@ -55,7 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from predictor import batch as B  # noqa: E402
-from predictor.calibration import NONE, host_scaled  # noqa: E402
+from predictor.calibration import NONE, device_scaled, host_scaled  # noqa: E402
 from predictor.calibration_fit import (  # noqa: E402
     fit_prepared,
     fit_with_hosts,
@@ -66,6 +67,7 @@ from predictor.models import ModelSet  # noqa: E402
 from predictor.predict import prepare_many  # noqa: E402
 from predictor.stack import host_class, stack_path, stacks  # noqa: E402
 from tracekit.core.atomic import atomic_write_json  # noqa: E402
+from tracekit.core.hardware import architecture  # noqa: E402
 
 E2E = ROOT.parent / "shared" / "corpus" / "e2e"
 SETS = {
@@ -395,21 +397,106 @@ def megatron_ci(models, worst: int, refit: bool) -> tuple:
     return ("megatron ci golden", len(rows), len(failed), label, *cv, bare, CI_GOAL, [])
 
 
-def megatron_bridge(models, worst: int) -> tuple:
-    """The Megatron-Bridge rows with the shipped profile's constants (fitted on CI rows only)."""
+def bridge_model(row) -> str:
+    """The model a Bridge row trains (its variants — w/ or w/o MTP, token-drop — are the same model)."""
+    return (row.cells.get("model_name") or "?").split(" (")[0]
+
+
+def arch_of(row) -> str:
+    return architecture(row.cluster.hardware) or "?"
+
+
+def undeviced(row) -> object:
+    """A row's stack calibration without the profile's device scale (what the device fit multiplies)."""
+    stack = row.stack
+    return dataclasses.replace(stack, device_scale={}).calibration(row.cluster.hardware)
+
+
+def fit_devices(prepared, measured: np.ndarray, rows, archs: list[str]) -> dict[str, float]:
+    """One tensor-core scale per GPU architecture (`Stack.device_scale`), from the dense models' rows, whose time the
+    tensor-core ops dominate (an MoE row's error has other causes: routing, dispatch, host time): for each
+    architecture, the scale whose predictions of its dense rows have the least mean absolute relative error
+    (golden-section search on [0.5, 3]); an architecture without dense rows keeps 1."""
+    out = {}
+    for arch in sorted(set(archs)):
+        idx = [i for i, a in enumerate(archs) if a == arch and rows[i].config.moe is None]
+        if not idx:
+            continue
+        bases = [undeviced(rows[i]) for i in idx]
+
+        def mape(scale: float, idx=idx, bases=bases) -> float:
+            t = np.array([iteration_times_s([prepared[i]], device_scaled(b, scale))[0] for i, b in zip(idx, bases)])
+            return float(np.mean(np.abs(t - measured[idx]) / measured[idx]))
+
+        lo, hi = 0.5, 3.0
+        golden = (np.sqrt(5) - 1) / 2
+        a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
+        fa, fb = mape(a), mape(b)
+        for _ in range(24):
+            if fa < fb:
+                hi, b, fb = b, a, fa
+                a = hi - golden * (hi - lo)
+                fa = mape(a)
+            else:
+                lo, a, fa = a, b, fb
+                b = lo + golden * (hi - lo)
+                fb = mape(b)
+        out[arch] = round((lo + hi) / 2, 3)
+    return out
+
+
+def megatron_bridge(models, worst: int, refit: bool = False) -> tuple:
+    """The Megatron-Bridge rows: host constants fitted on CI rows only; the per-architecture device scales of the
+    shipped profile, and here leave-one-model-out (each model's rows predicted with scales fitted on the others)."""
     rows, prepared, measured, failed = load_rows(models, BRIDGE)
     print(f"\n== megatron bridge perf ({BRIDGE}): {len(rows)} rows predicted, {len(failed)} not; stacks "
           f"{sorted({r.stack.name for r in rows})}, clusters {sorted({r.cluster.name for r in rows})}, models "
           f"{sorted({p[0].hardware for p in prepared})}")
     _not_predicted(failed)
-    predicted = times_with_row_stacks(rows, prepared)
-    figure = stats(predicted, measured)
+    archs = [arch_of(r) for r in rows]
+    names = np.array([bridge_model(r) for r in rows])
+    held_out = np.empty(len(rows))
+    for name in sorted(set(names)):
+        train, test = np.flatnonzero(names != name), np.flatnonzero(names == name)
+        scales = fit_devices([prepared[i] for i in train], measured[train], [rows[i] for i in train],
+                             [archs[i] for i in train])
+        print(f"  without {name}: device scales {scales}")
+        for i in test:
+            held_out[i] = iteration_times_s([prepared[i]], device_scaled(undeviced(rows[i]),
+                                                                         scales.get(archs[i], 1.0)))[0]
+    figure = stats(held_out, measured)
+    shipped = stats(times_with_row_stacks(rows, prepared), measured)
+    ci_only = stats(np.array([iteration_times_s([p], undeviced(r))[0] for r, p in zip(rows, prepared)]), measured)
     bare = stats(iteration_times_s(prepared, NONE), measured)[0]
-    label = "megatron-core constants fitted on CI rows only"
+    label = "host constants fitted on CI, device scales leave-one-model-out"
     print(f"  {label}: MAPE {figure[0]:.2f}% (median {figure[1]:.2f}%, p90 {figure[2]:.2f}%); goal {BRIDGE_GOAL}")
+    print(f"  shipped profile (device scales fitted on every Bridge row): MAPE {shipped[0]:.2f}%")
+    print(f"  host constants fitted on CI only, no device scale: MAPE {ci_only[0]:.2f}%")
     print(f"  without stack constants: MAPE {bare:.2f}%")
-    groups_table(rows, predicted, measured, _model_gpu_precision, "model × GPU × precision", worst)
+    groups_table(rows, held_out, measured, _model_gpu_precision, "model × GPU × precision (leave-one-model-out)",
+                 worst)
+    if refit:
+        write_devices(fit_devices(prepared, measured, rows, archs), len(rows), figure[0] / 100)
     return ("megatron bridge perf", len(rows), len(failed), label, *figure, bare, BRIDGE_GOAL, [])
+
+
+def write_devices(scales: dict[str, float], rows: int, lomo_mape: float) -> None:
+    import json
+
+    path = stack_path(CORE)
+    doc = json.loads(path.read_text())
+    doc["device_scale"] = dict(sorted(scales.items()))
+    doc["device_fit"] = {
+        "data": f"shared corpus e2e/{BRIDGE} ({rows} rows: Llama 3 8B/70B, DeepSeek-V3, Qwen3-30B-A3B, GPT-OSS-120B on "
+                "H100, B200 and GB200), with the host constants fitted on the CI rows",
+        "method": "per GPU architecture, the scale of the tensor-core ops (GEMM, bmm, attention) minimising the mean "
+                  "absolute relative error of that architecture's dense-model rows (golden-section search)",
+        "mape_leave_one_model_out": round(lomo_mape, 4),
+        "by": "benchmarks/e2e_accuracy.py --fit-devices",
+    }
+    atomic_write_json(path, doc)
+    stacks.cache_clear()
+    print(f"wrote {path}")
 
 
 def write_core(cal, scales: dict[str, float], rows: int, cases: int, cv_mape: float) -> None:
@@ -435,7 +522,9 @@ def write_core(cal, scales: dict[str, float], rows: int, cases: int, cv_mape: fl
                           "interleaved-schedule P2P overlapped (Megatron's default), gradient-reduce, parameter-gather "
                           "and TP overlap off unless the configuration turns them on (Megatron's own defaults). Host "
                           "constants fitted on Megatron-LM's CI runs: host time per operator, per micro-batch call "
-                          "and per parameter tensor of the per-parameter passes, scaled per host CPU.")
+                          "and per parameter tensor of the per-parameter passes, scaled per host CPU; tensor-core "
+                          "ops scaled per GPU architecture (device_scale, fitted on the Megatron-Bridge rows' dense "
+                          "models).")
     atomic_write_json(path, doc)
     stacks.cache_clear()
     print(f"wrote {path}")
@@ -450,6 +539,8 @@ def main() -> None:
                         help=f"refit the {COMPOSER} stack's constants on every llm-foundry row and write its profile")
     parser.add_argument("--fit-core", action="store_true",
                         help=f"refit the {CORE} stack's host constants on every CI row and write its profile")
+    parser.add_argument("--fit-devices", action="store_true",
+                        help=f"refit the {CORE} stack's device scales on every Bridge row and write its profile")
     parser.add_argument("--only", choices=("megatron", "llm-foundry", "megatron-core"), default=None,
                         help="run one part only (default: all)")
     parser.add_argument("--worst", type=int, default=5)
@@ -492,7 +583,7 @@ def main() -> None:
         summary.append(llmfoundry(models, args.worst, args.fit_composer))
     if args.only in (None, "megatron-core"):
         summary.append(megatron_ci(models, args.worst, args.fit_core))
-        summary.append(megatron_bridge(models, args.worst))
+        summary.append(megatron_bridge(models, args.worst, args.fit_devices))
     print(f"\n{'set':<20} {'rows':>5} {'failed':>6} {'MAPE %':>7} {'median %':>8} {'p90 %':>6} "
           f"{'no stack constants %':>20}  goal   (figure)")
     for name, n, bad, label, mape, median, p90, bare, goal, _ in summary:

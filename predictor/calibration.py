@@ -64,6 +64,14 @@ NONE = Calibration()
 HOST_CONSTANTS = ("host_op_us", "op_overhead_us", "microbatch_overhead_us", "iteration_overhead_us", "tensor_op_us")
 
 
+def device_scaled(cal: Calibration, scale: float) -> Calibration:
+    """`cal` with its tensor-core scale times `scale`: what a GPU architecture's tensor-core kernels take in sustained
+    training beyond the rates its operator models give (isolated micro-benchmarks, other GPUs' efficiencies)."""
+    if scale == 1.0:
+        return cal
+    return cal.with_values(compute_scale=cal.compute_scale * scale)
+
+
 def host_scaled(cal: Calibration, scale: float) -> Calibration:
     """`cal` with its host constants (HOST_CONSTANTS) times `scale`: the same stack on a faster or slower host CPU."""
     if scale == 1.0:

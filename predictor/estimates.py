@@ -154,11 +154,12 @@ def _collectives(frame, row_clusters: list, idx: np.ndarray, models, duration: n
         rows = frame.iloc[members]
         own: list[int] = []
         anchored: list[int] = []
+        as_sampled = _as_sampled(cluster)
         for i in members:
             hardware, primitive = str(frame.at[i, "hardware"]), str(frame.at[i, "primitive"])
             if hardware.startswith("cpu-"):
                 own.append(i)
-            elif path[i] == "model" and models.sampled_cluster(hardware) == cluster.name \
+            elif path[i] == "model" and as_sampled and models.sampled_cluster(hardware) == cluster.name \
                     and topology[i] in models.sampled_topologies(hardware, primitive):
                 (own if not oor[i] else anchored).append(i)
         physics, _ = collective_us(rows, cluster)
@@ -177,6 +178,15 @@ def _collectives(frame, row_clusters: list, idx: np.ndarray, models, duration: n
             at_edge, _ = collective_us(edge, cluster)
             for j, i in enumerate(anchored):
                 duration[i] = by_row[i] * learned[j] / at_edge[j]
+
+
+def _as_sampled(cluster: Cluster) -> bool:
+    """Whether NCCL runs on `cluster` as on the preset of its name (where a model set's collectives were sampled):
+    not when the run rules out the preset's in-network reduction (deterministic mode's NCCL_ALGO=Ring)."""
+    from tracekit.core.cluster import PRESETS
+
+    named = PRESETS.get(cluster.name)
+    return named is None or named.in_network_reduction == cluster.in_network_reduction
 
 
 def calibrated_durations(graph: Graph, est: Estimates, cal: Calibration) -> np.ndarray:

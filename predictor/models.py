@@ -135,6 +135,28 @@ def _unsized(model: TrainedModel, rows: pd.DataFrame) -> np.ndarray:
     return out
 
 
+#: The shape features of a table's grid a row may exceed and still be answered at the grid's edge.
+_GRID_FEATURES = frozenset(("m", "n", "k", "batch"))
+
+
+def _above_grid(model: TrainedModel, rows: pd.DataFrame) -> np.ndarray:
+    """Rows of a GEMM-like primitive that lie beyond the model's grid only upwards: every grid feature at least its
+    smallest trained value and one above its largest (below the grid, launch floors the table never saw decide)."""
+    ranges = {k: v for k, v in model.meta["ranges"].items() if k in _GRID_FEATURES}
+    if model.primitive not in ROLE_PRIMITIVES or not ranges:
+        return np.zeros(len(rows), dtype=bool)
+    above = np.zeros(len(rows), dtype=bool)
+    inside = np.ones(len(rows), dtype=bool)
+    for name, (lo, hi) in ranges.items():
+        values = pd.to_numeric(rows[name], errors="coerce").to_numpy(dtype="float64") if name in rows.columns \
+            else np.ones(len(rows))
+        values = np.nan_to_num(values, nan=1.0)
+        tol = 1e-6 * max(abs(lo), abs(hi), 1.0)
+        inside &= values >= lo - tol
+        above |= values > hi + tol
+    return inside & above
+
+
 def _at_most_peak(frame: pd.DataFrame, duration: np.ndarray) -> None:
     """No GEMM/bmm estimate on a datasheet GPU is faster than the dense peak of its dtype (in place)."""
     rows = np.flatnonzero(frame["primitive"].isin(ROLE_PRIMITIVES).to_numpy())
@@ -351,13 +373,34 @@ class ModelSet:
             sub_physics = (physics[0].iloc[rows], physics[1][rows])
             before = duration[rows].copy()
             self._run(by_id[mid], frame.iloc[rows], rows, duration, oor, sub_physics)
-            if not by_id[mid].meta.get("extrapolates", True):  # a table's model answers inside its table only
-                outside = oor[rows] | _unsized(by_id[mid], frame.iloc[rows])
+            if not by_id[mid].meta.get("extrapolates", True):  # a table's model answers inside its table,
+                outside = oor[rows] | _unsized(by_id[mid], frame.iloc[rows])  # and above it at its edge's efficiency
+                above = outside & _above_grid(by_id[mid], frame.iloc[rows])
+                if above.any():
+                    duration[rows[above]] = self._at_edge(by_id[mid], frame.iloc[rows[above]])
+                    oor[rows[above]] = True
+                outside &= ~above
                 duration[rows[outside]], oor[rows[outside]] = before[outside], True
                 rows = rows[~outside]
             path[rows] = tag
             done[rows] = True
         return done
+
+    def _at_edge(self, model: TrainedModel, sub: pd.DataFrame) -> np.ndarray:
+        """A table model's answer for rows above its grid: the efficiency (time over roofline) of the row clamped to
+        the grid's largest shapes, at the row's own roofline. A GEMM's efficiency rises with its size and levels off
+        well inside a 4096-edge grid, so the edge's efficiency is what the GPU itself reaches on larger shapes (a
+        transfer from other GPUs would carry their efficiency instead: an A100 reaches a larger share of its
+        datasheet peak than a Blackwell part)."""
+        edge = sub.copy()
+        for name in _GRID_FEATURES.intersection(model.meta["ranges"]):
+            lo, hi = model.meta["ranges"][name]
+            values = pd.to_numeric(edge[name], errors="coerce").to_numpy(dtype="float64")
+            edge[name] = np.clip(np.nan_to_num(values, nan=1.0), lo, hi)
+        clamped = np.empty(len(edge))
+        ignored = np.ones(len(edge), dtype=bool)
+        self._run(model, edge, np.arange(len(edge)), clamped, ignored, physics_table(edge))
+        return clamped * np.asarray(estimate_us(sub)) / np.asarray(estimate_us(edge))
 
     @staticmethod
     def _run(model: TrainedModel, sub: pd.DataFrame, rows: np.ndarray, duration: np.ndarray, oor: np.ndarray,

@@ -38,6 +38,7 @@ class OpUse:
     flops: float = 0.0  # per instance (forward work for fwd rows, 2× forward for bwd rows)
     recompute: bool = False  # forward work replayed during backward
     block: str = ""  # the layer block (kind of layer) a per-layer op belongs to
+    launch: bool = True  # launched by a call of its own (a recipe's casts run inside their linear's call: False)
 
     @property
     def stream(self) -> str:
@@ -165,7 +166,10 @@ class OpBuilder:
         r = self.recipe
         moved = numel * (2.0 + r.copies * r.out_bytes + (2.0 if r.amax_pass else 0.0))
         scaled = moved / (2.0 * self.bytes)  # the elementwise rows move 2 · dtype bytes per element
-        return self.compute(name, "elementwise", "quantize", 0.0, per_layer, rows=scaled, width=1, numel=scaled)
+        fwd, bwd = self.compute(name, "elementwise", "quantize", 0.0, per_layer, rows=scaled, width=1, numel=scaled)
+        for op in (fwd, *parts(bwd)):
+            op.launch = False  # Transformer Engine casts inside the linear's own call
+        return fwd, bwd
 
     def norm(self, name: str, per_layer: bool = True, rows: float | None = None, width: float | None = None
              ) -> tuple[OpUse, Backward]:

@@ -13,6 +13,13 @@ per host CPU class (`tracekit/data/host_cpus.json`: the CPU of each GPU's usual 
 and B200's Xeons, Grace), fitted with the constants; a class it does not name keeps the constants as fitted (its
 reference class, scale 1).
 
+A GPU architecture's tensor-core kernels may run slower in sustained training than the operator models give them
+(isolated micro-benchmarks at boost clocks, efficiencies transferred from other GPUs): a profile's `device_scale`
+multiplies the tensor-core ops (the calibration's compute scale) per architecture (`tracekit.core.hardware.
+architecture`: hopper, blackwell, ...), fitted on measured runs of that architecture (the megatron-core profile's on
+the Megatron-Bridge rows' dense models, reported leave-one-model-out). It is a property of the GPU, not of the
+stack: a profile without scales of its own takes the megatron-core profile's.
+
 `select_stack(text)` picks the profile a row names (the e2e `framework` column, a version string, `--stack`);
 `stack_of_arguments(args)` the one a Megatron log's arguments block shows (Megatron-DeepSpeed prints `deepspeed`,
 Megatron-core `transformer_impl`); the default for inputs that say nothing is `megatron-core`, today's Megatron.
@@ -28,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.core.errors import ConfigError, did_you_mean
+from tracekit.core.hardware import ARCHITECTURES, architecture
 
-from .calibration import CONSTANTS, Calibration, host_scaled
+from .calibration import CONSTANTS, Calibration, device_scaled, host_scaled
 
 DATA = Path(__file__).resolve().parent.parent / "tracekit" / "data"
 STACK_DIR = DATA / "stacks"
@@ -49,13 +57,16 @@ class Stack:
     constants: dict[str, float] = field(default_factory=dict)
     fit: dict[str, Any] = field(default_factory=dict)
     host_scale: dict[str, float] = field(default_factory=dict)  # host CPU class → × the host constants
+    device_scale: dict[str, float] = field(default_factory=dict)  # GPU architecture → × the tensor-core ops
 
     def calibration(self, hardware: str = "") -> Calibration:
         """The stack's host constants as a calibration named after the stack (none on a CPU), scaled for the host
-        CPU of `hardware`'s usual node."""
+        CPU of `hardware`'s usual node and for its GPU architecture (`device_scale`)."""
         constants = {} if hardware.startswith("cpu-") else self.constants
         cal = Calibration(name=f"stack:{self.name}", description=self.description, fit=self.fit,
                           **{k: float(v) for k, v in constants.items()})
+        devices = self.device_scale or (stacks()[DEFAULT].device_scale if DEFAULT in stacks() else {})
+        cal = device_scaled(cal, devices.get(architecture(hardware) or "", 1.0))
         return host_scaled(cal, self.host_scale.get(host_class(hardware) or "", 1.0))
 
 
@@ -96,11 +107,13 @@ def stacks() -> dict[str, Stack]:
             raise ConfigError(f"{stack_path(name)}: unknown config key(s) {sorted(unknown)}")
         constants = dict(doc.get("constants", {}))
         host_scale = dict(doc.get("host_scale", {}))
+        device_scale = dict(doc.get("device_scale", {}))
         source = doc.get("constants_from")
         fit = dict(doc.get("fit", {}))
         if source:
             constants = dict(raw[source].get("constants", {}))
             host_scale = dict(raw[source].get("host_scale", {}))
+            device_scale = dict(raw[source].get("device_scale", {}))
             fit = {"constants_from": source, **raw[source].get("fit", {})}
         bad = set(constants) - set(CONSTANTS)
         if bad:
@@ -109,8 +122,12 @@ def stacks() -> dict[str, Stack]:
         if hosts:
             raise ConfigError(f"{stack_path(name)}: unknown host CPU class(es) {sorted(hosts)} "
                               f"(tracekit/data/host_cpus.json: {', '.join(host_cpus())})")
+        archs = set(device_scale) - set(ARCHITECTURES.values())
+        if archs:
+            raise ConfigError(f"{stack_path(name)}: unknown GPU architecture(s) {sorted(archs)} "
+                              f"(known: {', '.join(sorted(set(ARCHITECTURES.values())))})")
         out[name] = Stack(name, doc.get("description", ""), tuple(doc.get("match", ())), doc.get("config", {}),
-                          constants, fit, host_scale)
+                          constants, fit, host_scale, device_scale)
     return out
 
 

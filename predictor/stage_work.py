@@ -94,7 +94,7 @@ def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: flo
                 region = cap.region(op) if per_layer_graphs else None
                 if region is not None:
                     blk.regions.add(region)
-                elif not full:
+                elif not full and op.launch:
                     blk.ops += 1
                 if hide.tp_cover is not None and hide.tp_cover[op.spec]:
                     blk.tp_cover += t
@@ -106,7 +106,7 @@ def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: flo
             comm += op.count * t
         else:
             compute += op.count * t
-            other_ops += 0 if full else op.count
+            other_ops += 0 if full or not op.launch else op.count
     other = (0.0 if full else cal.microbatch_overhead_us) + (framework_us + cal.op_overhead_us) * other_ops
     for (_, count), blk in blocks.items():
         tp = max(0.0, blk.tp - blk.tp_cover) if hide.tp_cover is not None else blk.tp

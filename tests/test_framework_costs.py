@@ -257,8 +257,10 @@ def test_a_stacks_host_scale_multiplies_its_host_constants_only():
     scale = core.host_scale.get("intel-golden-cove", 1.0)
     for key in HOST_CONSTANTS:
         assert getattr(h100, key) == pytest.approx(getattr(a100, key) * scale)
-    for key in ("compute_scale", "memory_scale", "comm_scale"):
+    for key in ("memory_scale", "comm_scale"):
         assert getattr(h100, key) == getattr(a100, key)
+    # the compute scale differs by the GPU architecture's device scale only
+    assert h100.compute_scale == pytest.approx(a100.compute_scale * core.device_scale.get("hopper", 1.0))
     assert get_stack("megatron-bridge").host_scale == core.host_scale  # constants_from carries the scales
     assert core.calibration("cpu-x").host_op_us == 0.0
 
@@ -285,3 +287,22 @@ def test_the_host_fit_recovers_planted_constants_and_a_host_scale(models):
     assert cal.host_op_us == pytest.approx(150.0, rel=0.05)
     assert cal.microbatch_overhead_us == pytest.approx(2000.0, rel=0.1)
     assert scales["intel-golden-cove"] == pytest.approx(0.7, rel=0.05) and scales["amd-zen2"] == 1.0
+
+
+def test_device_scales_are_per_gpu_architecture_and_every_stack_takes_them():
+    """The tensor-core scale follows the GPU's architecture (a GB200 is a Blackwell like a B200), not its stack; a
+    CPU and an architecture the profile does not name keep 1."""
+    from predictor.stack import get_stack
+    from tracekit.core.hardware import architecture
+
+    assert architecture("GB200-186GB") == architecture("B200-180GB") == architecture("B300-288GB") == "blackwell"
+    assert architecture("H200-141GB") == "hopper" and architecture("cpu-amd-epyc") is None
+    core = get_stack("megatron-core")
+    assert core.device_scale, "the megatron-core profile ships fitted device scales"
+    for stack in ("megatron-core", "megatron-bridge", "torchtitan", "composer"):
+        own = get_stack(stack).calibration("A100-SXM4-80GB").compute_scale  # the stack's own scale (ampere: none)
+        for hw in ("B200-180GB", "GB200-186GB", "H100-80GB-HBM3"):
+            cal = get_stack(stack).calibration(hw)
+            assert cal.compute_scale == pytest.approx(own * core.device_scale.get(architecture(hw), 1.0))
+    assert get_stack("megatron-core").calibration("A100-SXM4-80GB").compute_scale == 1.0
+    assert get_stack("megatron-core").calibration("cpu-amd-epyc").compute_scale == 1.0

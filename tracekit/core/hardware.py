@@ -160,6 +160,17 @@ def hardware_spec(hardware: str) -> HardwareSpec | None:
     return None
 
 
+#: The architecture of each die: what a part's sustained efficiency under training load is a property of.
+ARCHITECTURES = {"GV100": "volta", "GA100": "ampere", "GH100": "hopper", "GB100": "blackwell", "GB110": "blackwell",
+                 "gfx90a": "cdna2", "gfx942": "cdna3", "gfx950": "cdna4"}
+
+
+def architecture(hardware: str) -> str | None:
+    """The GPU architecture of a hardware id (`hopper`, `blackwell`, ...), None for a CPU or an unknown part."""
+    spec = hardware_spec(hardware)
+    return ARCHITECTURES.get(spec.die) if spec is not None else None
+
+
 def gpu_family(hardware: str) -> str:
     """The GPU family of a hardware id, whose parts share operator models (scaled by their datasheet peaks): the
     model name before the memory size (`A100` for every A100), a Grace-Blackwell superchip's GPU as its Blackwell
