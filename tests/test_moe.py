@@ -165,3 +165,20 @@ def test_uneven_pipeline_layouts_hold_every_layer_once():
     first_last = model(num_layers=10, pipeline_model_parallel_size=4, decoder_first_pipeline_num_layers=1,
                        decoder_last_pipeline_num_layers=3, world_size=4)
     assert [len(p[0].layers) for p in chunks(first_last)] == [1, 3, 3, 3]
+
+
+def test_layout_settings_change_the_pipeline_they_should():
+    """A lighter first stage (fewer layers beside the embedding) moves the busiest stage's work; a layout string
+    and the first/last counts that give the same split predict the same time."""
+    from predictor.models import ModelSet
+    from predictor.predict import predict
+    from tracekit.core.cluster import preset
+
+    models, cluster = ModelSet.load(), preset("dgx-h100")
+    base = dict(num_layers=8, pipeline_model_parallel_size=2, world_size=2, global_batch_size=16)
+    even = predict(model(**base), cluster, models)
+    uneven = predict(model(**base, decoder_first_pipeline_num_layers=2), cluster, models)
+    same = predict(model(**base, pipeline_model_parallel_layout="Ett|t*6L"), cluster, models)
+    assert uneven.iteration_time_s != even.iteration_time_s
+    assert same.iteration_time_s == pytest.approx(uneven.iteration_time_s)
+    assert [s["chunks"][0]["layers"] for s in uneven.per_stage] == [2, 6]

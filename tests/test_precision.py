@@ -95,3 +95,25 @@ def test_fp8_parameter_gather_halves_the_gather_bytes():
     b0 = sum(plain.specs[o.spec]["bytes"] for o in plain.param_gather[0])
     b1 = sum(fp8.specs[o.spec]["bytes"] for o in fp8.param_gather[0])
     assert b1 == pytest.approx(b0 / 2)
+
+
+def test_recipes_change_the_prediction_in_the_right_direction():
+    """Lower-precision GEMMs are faster, keeping layers in bf16 slower, current scaling's extra amax pass slower
+    than delayed scaling; the same model in bf16 is the reference."""
+    from predictor.models import ModelSet
+    from predictor.predict import predict
+    from tracekit.core.cluster import preset
+
+    models = ModelSet.load()
+
+    def time(precision: str, hardware: str = "B200-180GB", **kw) -> float:
+        c = model(precision, hidden_size=4096, num_attention_heads=32, seq_length=4096, global_batch_size=16,
+                  world_size=8, **kw)
+        cluster = preset("dgx-b200" if hardware.startswith("B200") else "dgx-h100", hardware)
+        return predict(c, cluster, models).iteration_time_s
+
+    bf16 = time("bf16")
+    assert time("mxfp8") < bf16 and time("nvfp4") < time("mxfp8")
+    assert time("fp8") < time("fp8", first_last_layers_bf16=True) < bf16
+    assert time("fp8") < time("fp8-cs")
+    assert time("fp8", "H100-80GB-HBM3") < time("bf16", "H100-80GB-HBM3")
