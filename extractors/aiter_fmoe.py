@@ -29,7 +29,7 @@ from tracekit.core.hardware import SPECS, normalize_hardware
 from tracekit.core.hashing import file_digest
 
 from . import files
-from .tables import TableRead, above_peak, refuse, repeated
+from .tables import TableRead, above_peak, numbers, read_table, refuse, repeated
 
 COLUMNS = ("cu_num", "token", "model_dim", "inter_dim", "expert", "topk", "act_type", "q_type", "use_g1u1", "us1",
            "us2", "kernelName1", "kernelName2")
@@ -44,26 +44,9 @@ def list_files(root: str | Path) -> list[Path]:
 def read_file(path: str | Path, hardware: str | None = None, source: str | None = None) -> TableRead:
     """Samples of one aiter tuned-fMoE file (two per row, see the module docstring)."""
     path = Path(path)
-    try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (OSError, pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise InputError(path, f"unreadable CSV ({str(exc).splitlines()[0]})") from exc
-    frame.columns = [c.strip() for c in frame.columns]
-    missing = [c for c in COLUMNS if c not in frame.columns]
-    if missing:
-        raise InputError(path, f"not an aiter tuned-fMoE file: missing column(s) {missing}")
-    if frame.empty:
-        raise InputError(path, "no rows")
-    c = {}
-    for col in ("cu_num", "token", "model_dim", "inter_dim", "expert", "topk", "use_g1u1", "us1", "us2"):
-        values = pd.to_numeric(frame[col].str.strip(), errors="coerce")
-        positive = col not in ("use_g1u1", "us2")  # us2 is 0 for one-stage rows
-        bad = values.isna() | ~np.isfinite(values) | ((values <= 0) if positive else (values < 0))
-        if bad.any():
-            row = int(np.flatnonzero(bad.to_numpy())[0])
-            raise InputError(path, f"line {row + 2}: column {col!r} has {frame[col].iloc[row]!r}, "
-                                   f"expected a {'positive ' if positive else ''}number")
-        c[col] = values.to_numpy(dtype="float64")
+    frame = read_table(path, COLUMNS, "an aiter tuned-fMoE file")
+    c = numbers(frame, path, ("cu_num", "token", "model_dim", "inter_dim", "expert", "topk", "use_g1u1", "us1", "us2"),
+                zero_ok=("use_g1u1", "us2"))  # us2 is 0 for one-stage rows
     if hardware:
         hw = normalize_hardware(hardware)
     else:

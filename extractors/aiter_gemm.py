@@ -27,7 +27,7 @@ from tracekit.core.hardware import hardware_spec, normalize_hardware
 from tracekit.core.hashing import file_digest
 
 from . import files
-from .tables import TableRead, above_peak, refuse, repeated
+from .tables import TableRead, above_peak, numbers, read_table, refuse, repeated
 
 #: gfx ISA → (hardware id, note). The CU count must match the datasheet part's.
 PARTS = {
@@ -70,11 +70,7 @@ def read_file(path: str | Path, hardware: str | None = None, source: str | None 
     """Samples of one aiter tuned-GEMM file, every row validated (InputError names the file and line of a malformed
     one); rows of parts without a datasheet entry and rows above the part's dense peak are refused by name."""
     path = Path(path)
-    try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (OSError, pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise InputError(path, f"unreadable CSV ({str(exc).splitlines()[0]})") from exc
-    frame.columns = [c.strip() for c in frame.columns]
+    frame = read_table(path, (), "an aiter tuned-GEMM file")
     if all(c in frame.columns for c in BF16):
         layout = "bf16"
     elif all(c in frame.columns for c in BLOCKSCALE):
@@ -82,17 +78,7 @@ def read_file(path: str | Path, hardware: str | None = None, source: str | None 
     else:
         raise InputError(path, f"not an aiter tuned-GEMM file: needs the columns {list(BLOCKSCALE)} "
                                f"(block-scaled fp8) or {list(BF16)} (bf16)")
-    if frame.empty:
-        raise InputError(path, "no rows")
-    c = {}
-    for col in ("cu_num", "M", "N", "K", "us"):
-        values = pd.to_numeric(frame[col].str.strip(), errors="coerce")
-        bad = values.isna() | ~np.isfinite(values) | (values <= 0)
-        if bad.any():
-            row = int(np.flatnonzero(bad.to_numpy())[0])
-            raise InputError(path, f"line {row + 2}: column {col!r} has {frame[col].iloc[row]!r}, "
-                                   "expected a positive number")
-        c[col] = values.to_numpy(dtype="float64")
+    c = numbers(frame, path, ("cu_num", "M", "N", "K", "us"))
     gfx = frame["gfx"].str.strip()
     if layout == "bf16":
         unknown = ~frame["dtype"].str.strip().isin(list(TORCH_DTYPES))

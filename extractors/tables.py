@@ -19,10 +19,12 @@ A row is refused when
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from tracekit.core.errors import InputError
 from tracekit.core.hardware import hardware_spec
 
 #: The GEMM dtypes below bf16 a table's rows can carry (their peaks: `dense_peak_tflops`).
@@ -41,16 +43,44 @@ class TableRead:
     facts: dict = field(default_factory=dict)
 
 
+def read_table(path: Path, columns: tuple[str, ...], what: str) -> pd.DataFrame:
+    """A table's cells as strings (column names stripped); InputError naming the file when it is unreadable, lacks
+    one of `columns` (it is then not a `what`) or has no rows."""
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (OSError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise InputError(path, f"unreadable CSV ({str(exc).splitlines()[0]})") from exc
+    frame.columns = [c.strip() for c in frame.columns]
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise InputError(path, f"not {what}: missing column(s) {missing}")
+    if frame.empty:
+        raise InputError(path, "no rows")
+    return frame
+
+
+def numbers(frame: pd.DataFrame, path: Path, columns: tuple[str, ...], zero_ok: tuple[str, ...] = ()
+            ) -> dict[str, np.ndarray]:
+    """The columns as positive numbers (non-negative for `zero_ok`); InputError naming the file and line of the first
+    cell that is not."""
+    out = {}
+    for col in columns:
+        values = pd.to_numeric(frame[col].str.strip(), errors="coerce")
+        positive = col not in zero_ok
+        bad = values.isna() | ~np.isfinite(values) | ((values <= 0) if positive else (values < 0))
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            raise InputError(path, f"line {row + 2}: column {col!r} has {frame[col].iloc[row]!r}, "
+                                   f"expected a {'positive ' if positive else ''}number")
+        out[col] = values.to_numpy(dtype="float64")
+    return out
+
+
 def dense_peak_tflops(hardware: str, dtype: str) -> float:
     """Dense tensor-core peak (TFLOP/s) of a part for a GEMM dtype; `tf32` (what XLA's default precision runs an f32
-    dot in on NVIDIA and CDNA 3 parts) at half the fp16 peak, as on every datasheet that lists it (A100 156/312,
-    H100 495/989, B200 1125/2250, MI300X 654/1307); 0 where unknown."""
+    dot in on NVIDIA and CDNA 3 parts) among them; 0 where unknown."""
     spec = hardware_spec(hardware)
-    if spec is None:
-        return 0.0
-    if dtype == "tf32":
-        return spec.peak_tflops_fp16 / 2.0
-    return spec.peak_tflops(dtype)
+    return 0.0 if spec is None else spec.peak_tflops(dtype)
 
 
 def refuse(refused: list[dict], lines: np.ndarray | list, names: list[str], reason: str) -> None:

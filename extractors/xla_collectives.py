@@ -29,7 +29,7 @@ from tracekit.core.hardware import normalize_hardware
 from tracekit.core.hashing import file_digest
 
 from . import files
-from .tables import NOT_STATED, TableRead, exact_ns, refuse, repeated
+from .tables import NOT_STATED, TableRead, exact_ns, numbers, read_table, refuse, repeated
 from .xla_gemm import ARCH, _origin
 
 COLUMNS = ("arch_key", "collective", "num_replica_groups", "replica_group_size", "message_elements", "dtype",
@@ -50,31 +50,15 @@ def read_file(path: str | Path, hardware: str | None = None, source: str | None 
     """Samples of one XLA collective table (see the module docstring), every row validated; rows failing the
     integrity check are refused by name."""
     path = Path(path)
-    try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (OSError, pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise InputError(path, f"unreadable CSV ({str(exc).splitlines()[0]})") from exc
-    frame.columns = [c.strip() for c in frame.columns]
-    missing = [c for c in COLUMNS if c not in frame.columns]
-    if missing:
-        raise InputError(path, f"not an XLA collective table: missing column(s) {missing}")
-    if frame.empty:
-        raise InputError(path, "no rows")
+    frame = read_table(path, COLUMNS, "an XLA collective table")
     archs = sorted(set(frame["arch_key"].str.strip()))
     if len(archs) != 1:
         raise InputError(path, f"one device per file expected, found arch keys {archs}")
     if hardware is None and archs[0] not in ARCH:
         raise InputError(path, f"unknown arch key {archs[0]!r} (known: {', '.join(ARCH)}); give --hardware")
     hw = normalize_hardware(hardware) if hardware else ARCH[archs[0]][0]
-    numbers = {}
-    for col in ("num_replica_groups", "replica_group_size", "message_elements", "network_throughput_bytes_per_sec"):
-        values = pd.to_numeric(frame[col].str.strip(), errors="coerce")
-        bad = values.isna() | ~np.isfinite(values) | (values <= 0)
-        if bad.any():
-            row = int(np.flatnonzero(bad.to_numpy())[0])
-            raise InputError(path, f"line {row + 2}: column {col!r} has {frame[col].iloc[row]!r}, "
-                                   "expected a positive number")
-        numbers[col] = values.to_numpy(dtype="float64")
+    cols = numbers(frame, path, ("num_replica_groups", "replica_group_size", "message_elements",
+                                 "network_throughput_bytes_per_sec"))
     kind = frame["collective"].str.strip()
     element = frame["dtype"].str.strip().str.upper()
     for values, known, what in ((kind, KINDS, "collective"), (element, ELEMENT_BYTES, "element type")):
@@ -82,16 +66,16 @@ def read_file(path: str | Path, hardware: str | None = None, source: str | None 
         if unknown.any():
             row = int(np.flatnonzero(unknown.to_numpy())[0])
             raise InputError(path, f"line {row + 2}: unknown {what} {values.iloc[row]!r} (known: {', '.join(known)})")
-    n = numbers["replica_group_size"]
-    groups = numbers["num_replica_groups"]
+    n = cols["replica_group_size"]
+    groups = cols["num_replica_groups"]
     primitive = kind.map(KINDS).to_numpy()
     size = element.map(ELEMENT_BYTES).to_numpy(dtype="float64")
-    result = numbers["message_elements"] * size
+    result = cols["message_elements"] * size
     whole = np.where(primitive == "reduce_scatter", result * n, result)  # XLA's T: the whole buffer
-    t_ns, exact = exact_ns(whole, numbers["network_throughput_bytes_per_sec"])
+    t_ns, exact = exact_ns(whole, cols["network_throughput_bytes_per_sec"])
     lines = np.arange(len(frame)) + 2
     names = [f"{path.name} line {line}: {k} {int(e)} elements, {int(g)} group(s) of {int(s)}"
-             for line, k, e, g, s in zip(lines, kind, numbers["message_elements"], groups, n)]
+             for line, k, e, g, s in zip(lines, kind, cols["message_elements"], groups, n)]
     bad = np.zeros(len(frame), dtype=bool)
     refused: list[dict] = []
 
@@ -102,7 +86,7 @@ def read_file(path: str | Path, hardware: str | None = None, source: str | None 
 
     take(~exact, "checksum: the throughput does not give back an integer number of nanoseconds on the whole buffer "
                  "(a mistyped digit)")
-    take(repeated(pd.DataFrame({"k": kind, "g": groups, "n": n, "e": numbers["message_elements"]}),
+    take(repeated(pd.DataFrame({"k": kind, "g": groups, "n": n, "e": cols["message_elements"]}),
                   ["k", "g", "n", "e"]),
          "the same collective, groups and size are listed again later in the file (the later entry is kept)")
     keep = ~bad

@@ -31,7 +31,7 @@ from tracekit.core.hardware import normalize_hardware
 from tracekit.core.hashing import file_digest
 
 from . import files
-from .tables import NOT_STATED, TableRead, above_peak, exact_ns, implausible_lowp, refuse, repeated
+from .tables import NOT_STATED, TableRead, above_peak, exact_ns, implausible_lowp, numbers, read_table, refuse, repeated
 
 COLUMNS = ("arch_key", "b", "m", "n", "k", "lhs_dtype", "rhs_dtype", "out_dtype", "dtype_key", "flops_per_s")
 #: XLA device keys → hardware id, and what the table does not say about the part.
@@ -50,33 +50,11 @@ def list_files(root: str | Path) -> list[Path]:
     return files.list_files(root, lambda p: p.suffix.lower() == ".csv")
 
 
-def _numbers(frame: pd.DataFrame, path: Path, columns: tuple[str, ...]) -> dict[str, np.ndarray]:
-    out = {}
-    for col in columns:
-        values = pd.to_numeric(frame[col].str.strip(), errors="coerce")
-        bad = values.isna() | ~np.isfinite(values) | (values <= 0)
-        if bad.any():
-            row = int(np.flatnonzero(bad.to_numpy())[0])
-            raise InputError(path, f"line {row + 2}: column {col!r} has {frame[col].iloc[row]!r}, "
-                                   "expected a positive number")
-        out[col] = values.to_numpy(dtype="float64")
-    return out
-
-
 def read_file(path: str | Path, hardware: str | None = None, source: str | None = None) -> TableRead:
     """Samples of one XLA GEMM table, every row validated (InputError names the file and line of a malformed one);
     suspect rows are refused by name (`TableRead.refused`). `hardware` overrides the part the arch key names."""
     path = Path(path)
-    try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (OSError, pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise InputError(path, f"unreadable CSV ({str(exc).splitlines()[0]})") from exc
-    frame.columns = [c.strip() for c in frame.columns]
-    missing = [c for c in COLUMNS if c not in frame.columns]
-    if missing:
-        raise InputError(path, f"not an XLA GEMM table: missing column(s) {missing}")
-    if frame.empty:
-        raise InputError(path, "no rows")
+    frame = read_table(path, COLUMNS, "an XLA GEMM table")
     archs = sorted(set(frame["arch_key"].str.strip()))
     if len(archs) != 1:
         raise InputError(path, f"one device per file expected, found arch keys {archs}")
@@ -84,7 +62,7 @@ def read_file(path: str | Path, hardware: str | None = None, source: str | None 
         raise InputError(path, f"unknown arch key {archs[0]!r} (known: {', '.join(ARCH)}); give --hardware")
     part, part_note = ARCH.get(archs[0], ("", ""))
     hw = normalize_hardware(hardware) if hardware else part
-    c = _numbers(frame, path, ("b", "m", "n", "k", "flops_per_s"))
+    c = numbers(frame, path, ("b", "m", "n", "k", "flops_per_s"))
     for col in ("lhs_dtype", "rhs_dtype"):
         unknown = ~frame[col].str.strip().isin(list(DTYPES))
         if unknown.any():

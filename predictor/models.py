@@ -158,7 +158,8 @@ def _above_grid(model: TrainedModel, rows: pd.DataFrame) -> np.ndarray:
 
 
 def _at_most_peak(frame: pd.DataFrame, duration: np.ndarray) -> None:
-    """No GEMM/bmm estimate on a datasheet GPU is faster than the dense peak of its dtype (in place)."""
+    """No GEMM/bmm estimate on a datasheet GPU is faster than the fastest its dtype runs (in place): the dtype's dense
+    peak, TF32's for fp32 (`HardwareSpec.gemm_ceiling_tflops`)."""
     rows = np.flatnonzero(frame["primitive"].isin(ROLE_PRIMITIVES).to_numpy())
     if not len(rows):
         return
@@ -171,7 +172,7 @@ def _at_most_peak(frame: pd.DataFrame, duration: np.ndarray) -> None:
         spec = hardware_spec(hw)
         if spec is None or hw.startswith("cpu-") or dt not in PEAK_KIND:
             continue
-        peak = spec.peak_tflops(str(dt)) * 1e12
+        peak = spec.gemm_ceiling_tflops(str(dt)) * 1e12
         if peak > 0:
             at = (hardware == hw) & (dtype == dt)
             duration[rows[at]] = np.fmax(duration[rows[at]], flops[at] / peak * 1e6)

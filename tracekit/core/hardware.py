@@ -87,15 +87,24 @@ class HardwareSpec:
             return 0.0
         if dtype == "nvfp4" and self.die.startswith("gfx"):
             return 0.0
-        return {"fp32": self.peak_tflops_fp32, "fp16": self.peak_tflops_fp16, "fp8": self.peak_tflops_fp8,
-                "fp4": self.peak_tflops_fp4}[kind]
+        return {"fp32": self.peak_tflops_fp32, "tf32": self.peak_tflops_fp16 / 2.0, "fp16": self.peak_tflops_fp16,
+                "fp8": self.peak_tflops_fp8, "fp4": self.peak_tflops_fp4}[kind]
+
+    def gemm_ceiling_tflops(self, dtype: str) -> float:
+        """The fastest a GEMM of the input dtype can run on the part: its dtype's dense peak, except that an fp32
+        GEMM may run on the TF32 tensor cores (PyTorch's `allow_tf32`, on by default for matmuls before 1.12, and
+        cuBLAS's TF32 math mode), so its ceiling is the higher of the fp32 and TF32 peaks."""
+        if dtype == "fp32":
+            return max(self.peak_tflops("fp32"), self.peak_tflops("tf32"))
+        return self.peak_tflops(dtype)
 
 
 #: Which datasheet peak serves a GEMM of each input dtype: per-tensor fp8 (delayed or current scaling), blockwise
 #: fp8 (1×128 / 128×128 scales) and MXFP8 (32-element blocks) run on the fp8 tensor cores; NVFP4 (16-element blocks)
-#: and MXFP4 on the fp4 ones; fp32 is the vector peak.
-PEAK_KIND = {"fp32": "fp32", "fp16": "fp16", "bf16": "fp16", "fp8": "fp8", "fp8_block": "fp8", "mxfp8": "fp8",
-             "nvfp4": "fp4", "mxfp4": "fp4"}
+#: and MXFP4 on the fp4 ones; fp32 is the vector peak; TF32 runs at half the fp16 peak, as on every datasheet that
+#: lists it (A100 156/312, H100 495/989, B200 1125/2250, MI300X 654/1307).
+PEAK_KIND = {"fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "bf16": "fp16", "fp8": "fp8", "fp8_block": "fp8",
+             "mxfp8": "fp8", "nvfp4": "fp4", "mxfp4": "fp4"}
 
 
 DATASHEETS = Path(__file__).resolve().parent.parent / "data" / "hardware.json"
