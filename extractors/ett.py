@@ -21,6 +21,7 @@ from tracekit.core.hardware import normalize_hardware
 from tracekit.core.hashing import file_digest
 
 from . import files
+from .tables import numbers
 
 VOCAB = 50257
 _NAME = re.compile(r"^(?P<gpu>[^_]+)_(?P<op>.+)_(?P<dtype>fp16|bf16|fp32)(?:_(?P<nodes>\d+)_(?P<gpn>\d+))?\.csv$")
@@ -137,19 +138,6 @@ def list_files(root: str | Path) -> list[Path]:
     return files.list_files(root, lambda p: p.suffix.lower() == ".csv" and not is_fit_summary(p))
 
 
-def _numeric(frame: pd.DataFrame, path: Path, columns: list[str], positive: bool) -> dict[str, np.ndarray]:
-    out = {}
-    for col in columns:
-        values = pd.to_numeric(frame[col].str.strip(), errors="coerce")
-        bad = values.isna() | ~np.isfinite(values) | ((values <= 0) if positive else (values < 0))
-        if bad.any():
-            row = int(np.flatnonzero(bad.to_numpy())[0])
-            raise InputError(path, f"line {row + 2}: column {col!r} has {frame[col].iloc[row]!r}, "
-                                   f"expected a {'positive ' if positive else ''}number")
-        out[col] = values.to_numpy(dtype="float64")
-    return out
-
-
 def read_file(path: str | Path, source: str | None = None) -> pd.DataFrame:
     """All samples of one sample file, every row validated (InputError names the file and line otherwise)."""
     path = Path(path)
@@ -172,7 +160,7 @@ def read_file(path: str | Path, source: str | None = None) -> pd.DataFrame:
         missing = [c for c in (*NCCL_COLUMNS, "dur(us)") if c not in frame.columns]
         if missing:
             raise InputError(path, f"missing column(s) {missing} for NCCL samples")
-        c = _numeric(frame, path, [*NCCL_COLUMNS, "dur(us)"], positive=True)
+        c = numbers(frame, path, [*NCCL_COLUMNS, "dur(us)"])
         if match["nodes"] and (np.any(c["nodes"] != int(match["nodes"])) or
                                np.any(c["GPUsPerNode"] != int(match["gpn"]))):
             row = int(np.flatnonzero((c["nodes"] != int(match["nodes"])) |
@@ -193,7 +181,7 @@ def read_file(path: str | Path, source: str | None = None) -> pd.DataFrame:
     missing = [col for col in (*inputs, *(d for _, d in durations)) if col not in frame.columns]
     if missing:
         raise InputError(path, f"missing column(s) {missing} for operator {op!r}")
-    c = _numeric(frame, path, list(inputs) + [d for _, d in durations], positive=True)
+    c = numbers(frame, path, list(inputs) + [d for _, d in durations])
     shapes = pd.DataFrame(_shapes(op, c))
     parts = [shapes.assign(primitive=primitive, **{"pass": name}, duration_us=c[col],
                            role="whole" if name == "bwd" else None) for name, col in durations]

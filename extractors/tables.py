@@ -18,6 +18,7 @@ A row is refused when
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,7 +60,7 @@ def read_table(path: Path, columns: tuple[str, ...], what: str) -> pd.DataFrame:
     return frame
 
 
-def numbers(frame: pd.DataFrame, path: Path, columns: tuple[str, ...], zero_ok: tuple[str, ...] = ()
+def numbers(frame: pd.DataFrame, path: Path, columns: Sequence[str], zero_ok: tuple[str, ...] = ()
             ) -> dict[str, np.ndarray]:
     """The columns as positive numbers (non-negative for `zero_ok`); InputError naming the file and line of the first
     cell that is not."""

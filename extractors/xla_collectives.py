@@ -30,7 +30,7 @@ from tracekit.core.hashing import file_digest
 
 from . import files
 from .tables import NOT_STATED, TableRead, exact_ns, numbers, read_table, refuse, repeated
-from .xla_gemm import ARCH, _origin
+from .xla_gemm import ARCH, _origin, arch_key
 
 COLUMNS = ("arch_key", "collective", "num_replica_groups", "replica_group_size", "message_elements", "dtype",
            "network_throughput_bytes_per_sec")
@@ -51,12 +51,8 @@ def read_file(path: str | Path, hardware: str | None = None, source: str | None 
     integrity check are refused by name."""
     path = Path(path)
     frame = read_table(path, COLUMNS, "an XLA collective table")
-    archs = sorted(set(frame["arch_key"].str.strip()))
-    if len(archs) != 1:
-        raise InputError(path, f"one device per file expected, found arch keys {archs}")
-    if hardware is None and archs[0] not in ARCH:
-        raise InputError(path, f"unknown arch key {archs[0]!r} (known: {', '.join(ARCH)}); give --hardware")
-    hw = normalize_hardware(hardware) if hardware else ARCH[archs[0]][0]
+    arch = arch_key(frame, path, hardware)
+    hw = normalize_hardware(hardware) if hardware else ARCH[arch][0]
     cols = numbers(frame, path, ("num_replica_groups", "replica_group_size", "message_elements",
                                  "network_throughput_bytes_per_sec"))
     kind = frame["collective"].str.strip()
@@ -99,8 +95,8 @@ def read_file(path: str | Path, hardware: str | None = None, source: str | None 
         "duration_us": t_ns[keep] / 1000.0, "kernel": f"{NOT_STATED} (XLA collective through NCCL)",
         "source": source or file_digest(path), "source_path": path.name,
     })
-    facts = {"format": "xla-collectives", "arch_key": archs[0], "hardware": hw,
-             "hardware_note": ARCH.get(archs[0], ("", ""))[1] if not hardware else f"--hardware {hardware}",
+    facts = {"format": "xla-collectives", "arch_key": arch, "hardware": hw,
+             "hardware_note": ARCH.get(arch, ("", ""))[1] if not hardware else f"--hardware {hardware}",
              "origin": _origin(frame), "unknown": list(UNKNOWN),
              "devices": int(np.max(groups * n)),
              "bytes_note": "XLA's throughput is defined on the whole buffer (reduce-scatter: the input, n x the "

@@ -50,17 +50,23 @@ def list_files(root: str | Path) -> list[Path]:
     return files.list_files(root, lambda p: p.suffix.lower() == ".csv")
 
 
-def read_file(path: str | Path, hardware: str | None = None, source: str | None = None) -> TableRead:
-    """Samples of one XLA GEMM table, every row validated (InputError names the file and line of a malformed one);
-    suspect rows are refused by name (`TableRead.refused`). `hardware` overrides the part the arch key names."""
-    path = Path(path)
-    frame = read_table(path, COLUMNS, "an XLA GEMM table")
+def arch_key(frame: pd.DataFrame, path: Path, hardware: str | None) -> str:
+    """The one arch key of an XLA table (InputError for several, or an unknown one without `hardware`)."""
     archs = sorted(set(frame["arch_key"].str.strip()))
     if len(archs) != 1:
         raise InputError(path, f"one device per file expected, found arch keys {archs}")
     if hardware is None and archs[0] not in ARCH:
         raise InputError(path, f"unknown arch key {archs[0]!r} (known: {', '.join(ARCH)}); give --hardware")
-    part, part_note = ARCH.get(archs[0], ("", ""))
+    return archs[0]
+
+
+def read_file(path: str | Path, hardware: str | None = None, source: str | None = None) -> TableRead:
+    """Samples of one XLA GEMM table, every row validated (InputError names the file and line of a malformed one);
+    suspect rows are refused by name (`TableRead.refused`). `hardware` overrides the part the arch key names."""
+    path = Path(path)
+    frame = read_table(path, COLUMNS, "an XLA GEMM table")
+    arch = arch_key(frame, path, hardware)
+    part, part_note = ARCH.get(arch, ("", ""))
     hw = normalize_hardware(hardware) if hardware else part
     c = numbers(frame, path, ("b", "m", "n", "k", "flops_per_s"))
     for col in ("lhs_dtype", "rhs_dtype"):
@@ -110,8 +116,8 @@ def read_file(path: str | Path, hardware: str | None = None, source: str | None 
         "kernel": f"{NOT_STATED} (XLA dot)", "source": source or file_digest(path), "source_path": path.name,
     })
     facts = {
-        "format": "xla-gemm", "arch_key": archs[0], "hardware": hw,
-        "hardware_note": part_note if not hardware else f"--hardware {hardware} (arch key {archs[0]})",
+        "format": "xla-gemm", "arch_key": arch, "hardware": hw,
+        "hardware_note": part_note if not hardware else f"--hardware {hardware} (arch key {arch})",
         "origin": _origin(frame), "unknown": list(UNKNOWN),
         "dtype_note": "f32 dots imported as tf32 (XLA's default f32 precision runs TF32/xf32 tensor-core math)",
     }
