@@ -4,6 +4,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -38,3 +39,15 @@ def ray_local():
     connect(num_cpus=2, object_store_memory=80 * 1024 * 1024)
     yield ray
     ray.shutdown()
+
+
+def dump_dom(page: Path, profile: Path) -> str:
+    """The DOM headless Chromium renders for an HTML page (scripts run), with its profile in `profile`."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "headless Chromium is required (Debian package `chromium`; .ci/run installs it)"
+    done = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--no-first-run", f"--user-data-dir={profile}", "--dump-dom",
+         page.resolve().as_uri()], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SAMPLES
+from tests.conftest import SAMPLES, dump_dom
 from tracekit.reference.launch import launch_argv
 
 TRACEKIT = [sys.executable, "-c", "from tracekit.cli import main; main()"]
@@ -397,7 +397,7 @@ def test_validate_page_draws_the_predicted_timeline_layers_and_traces(run, tmp_p
     raw = _raw(Path(traces[0]))["traceEvents"]
     step = next(e for e in raw if e.get("name") == "ProfilerStep#1" and e.get("cat") == "gpu_user_annotation")
     kernels = [e for e in raw if e.get("cat") == "kernel" and step["ts"] <= e["ts"] < step["ts"] + step["dur"]]
-    dom = _dump_dom(page, tmp_path / "profile")
+    dom = dump_dom(page, tmp_path / "profile")
     lane = re.search(r'<svg[^>]*id="timeline-predicted".*?</svg>', dom, re.S).group(0)
     assert lane.count('<rect class="ev"') == len(kernels) > 0
     assert re.search(r'<h2 id="predicted-traces">', dom)
@@ -435,14 +435,3 @@ def test_validate_pipeline_run_predicts_every_layer_the_run_names(pp_run, run, t
                                                                                                    "pipeline/"))}
     predicted = {r["layer"] for r in doc["by_layer"] if r["predicted_s"] > 0}
     assert real == predicted and {"layer_0/attention", "layer_1/mlp"} <= predicted
-
-
-def _dump_dom(page: Path, profile: Path) -> str:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert chromium, "headless Chromium is required (Debian package `chromium`; .ci/run installs it)"
-    done = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--no-first-run", f"--user-data-dir={profile}", "--dump-dom",
-         page.resolve().as_uri()], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout

@@ -5,28 +5,15 @@ from __future__ import annotations
 import gzip
 import json
 import re
-import shutil
-import subprocess
 
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import KINETO
+from tests.conftest import KINETO, dump_dom
 from tracekit.cli import app
 
 DLRM = KINETO / "param" / "dlrm_8rank"
 RANK = 3
-
-
-def _dump_dom(page, profile) -> str:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert chromium, "headless Chromium is required (Debian package `chromium`; .ci/run installs it)"
-    done = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--no-first-run", f"--user-data-dir={profile}", "--dump-dom",
-         page.resolve().as_uri()], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +22,7 @@ def rendered(tmp_path_factory):
     page = base / "report.html"
     out = CliRunner().invoke(app, ["diff", str(DLRM), str(DLRM), "--rank", str(RANK), "--html", str(page), "--json"])
     assert out.exit_code == 0, out.stderr
-    return json.loads(out.stdout), page.read_text(), _dump_dom(page, base / "profile")
+    return json.loads(out.stdout), page.read_text(), dump_dom(page, base / "profile")
 
 
 def test_charts_and_tables_are_on_the_rendered_page(rendered):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .errors import ConfigError, InputError, did_you_mean
 from .hardware import hardware_spec, normalize_hardware
+from .yaml_file import read_yaml
 
 FABRICS = ("nvswitch", "nvlink", "pcie", "xgmi", "none")
 REDUCTIONS = ("none", "nvls", "sharp", "nvls+sharp")
@@ -151,15 +152,8 @@ def preset(name: str, hardware: str | None = None, gpus_per_node: int | None = N
 
 def load_cluster(path: str | Path, hardware: str | None = None, gpus_per_node: int | None = None) -> Cluster:
     """A cluster file (YAML/JSON mapping with Cluster's keys; `preset: NAME` starts from a preset)."""
-    import yaml
-
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise InputError(path, f"cannot read ({exc.strerror or exc})") from exc
-    except yaml.YAMLError as exc:
-        raise InputError(path, f"not valid YAML/JSON ({exc})") from exc
+    data = read_yaml(path, "YAML/JSON")
     if not isinstance(data, dict):
         raise InputError(path, "a cluster file is a mapping (hardware, gpus_per_node, fabric, intra_node_gbs, ...)")
     allowed = {f.name for f in dataclasses.fields(Cluster)} | {"preset"}

@@ -29,6 +29,7 @@ from typing import Any
 
 from .errors import ConfigError, InputError, did_you_mean
 from .torchtitan_job import COMPILE_NOTE, Job
+from .yaml_file import read_yaml
 
 #: Top-level keys of llm-foundry's train config (and Composer's Trainer arguments it passes through).
 TOP = ("model", "tokenizer", "optimizer", "scheduler", "train_loader", "eval_loader", "eval_loaders", "icl_tasks",
@@ -122,14 +123,7 @@ def read_composer(path: str | Path, world_size: int | None = None, gpus_per_node
     shard group (one node)."""
     path = Path(path)
     if data is None:
-        import yaml
-
-        try:
-            data = yaml.safe_load(path.read_text())
-        except OSError as exc:
-            raise InputError(path, f"cannot read ({exc.strerror or exc})") from exc
-        except yaml.YAMLError as exc:
-            raise InputError(path, f"not valid YAML ({exc})") from exc
+        data = read_yaml(path)
     if not isinstance(data, dict):
         raise InputError(path, "a Composer training YAML is a mapping")
     try:

@@ -4,11 +4,10 @@ JSON mapping of Megatron argument names is neither (`read_job` gives None: `Trai
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from .composer_job import is_composer, read_composer
-from .errors import InputError
 from .torchtitan_job import Job, read_torchtitan
+from .yaml_file import read_yaml
 
 
 def read_job(path: str | Path, world_size: int | None = None, gpus_per_node: int | None = None) -> Job | None:
@@ -20,20 +19,7 @@ def read_job(path: str | Path, world_size: int | None = None, gpus_per_node: int
         return read_torchtitan(path, world_size)
     if path.suffix.lower() not in (".yaml", ".yml"):
         return None
-    data = _yaml(path)
+    data = read_yaml(path)
     if not is_composer(data):
         return None
     return read_composer(path, world_size, gpus_per_node, data)
-
-
-def _yaml(path: Path) -> Any:
-    import yaml
-
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(path, f"cannot read ({exc.strerror or exc})") from exc
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InputError(path, f"not valid YAML ({exc})") from exc
