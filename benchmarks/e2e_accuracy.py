@@ -593,7 +593,8 @@ def main() -> None:
     parser.add_argument("--worst", type=int, default=5)
     parser.add_argument("--peers", action="store_true", help="also run the peer predictors on the same rows")
     parser.add_argument("--ett-stride", type=int, default=10,
-                        help="estimate-train-time predicts every Nth row of sets larger than 100 rows (default 10)")
+                        help="estimate-train-time predicts every Nth row of the Megatron sets larger than 100 rows "
+                             "(default 10); the Megatron-core sets give it every row (it refuses all but ~133 at once)")
     args = parser.parse_args()
     models = ModelSet.load(args.models)
     print(f"models: {models.path} ({', '.join(models.hardware_ids())})")
