@@ -20,7 +20,12 @@ Peers, in the same run (`--peers`, after `bash benchmarks/peers/setup.sh`): the 
 (estimate-train-time, trained on the same corpus samples) and llm-analysis (an analytical model from PyPI), each in
 its own virtualenv, on the same rows with the same facts (benchmarks/peers/README.md says what each can express).
 estimate-train-time takes 2–3 s a row, so it runs on every row of the two small sets and on every
-`--ett-stride`-th row of the 727.
+`--ett-stride`-th row of the 727. On the Megatron-core sets (`--only megatron-core --peers`) both peers are given
+every row, with the facts those rows add (GQA, MoE, MLA, context parallelism, the GPU's datasheet figures, the
+precision recipe): llm-analysis predicts each (its compute-only model, MoE and GQA as its config takes them);
+estimate-train-time refuses at once what it cannot express (any GPU but A100, MoE, context parallelism, fp8), which
+leaves the dense A100 CI rows. Beside each peer's MAPE is tracekit's on the same rows (the set's headline figure:
+cross-validated on CI, leave-one-model-out on Bridge).
 
 llm-foundry (MosaicML's MPT runs, Composer + FSDP; `--only llm-foundry`): every row predicted with the `composer`
 stack, whose three scales are fitted on these rows — so the figure is leave-one-model-size-out: each MPT size
@@ -67,7 +72,7 @@ from predictor.models import ModelSet  # noqa: E402
 from predictor.predict import prepare_many  # noqa: E402
 from predictor.stack import host_class, stack_path, stacks  # noqa: E402
 from tracekit.core.atomic import atomic_write_json  # noqa: E402
-from tracekit.core.hardware import architecture  # noqa: E402
+from tracekit.core.hardware import architecture, hardware_spec  # noqa: E402
 
 E2E = ROOT.parent / "shared" / "corpus" / "e2e"
 SETS = {
@@ -127,48 +132,83 @@ def shapes(rows, predicted: np.ndarray, measured: np.ndarray, worst: int) -> Non
 
 
 def peer_rows(rows) -> list[dict]:
-    """The facts of each row a peer predictor is given (the same tracekit uses)."""
+    """The facts of each row a peer predictor is given (the same tracekit uses; keys in benchmarks/peers/README.md):
+    the model, the parallel split (`dp` without context parallelism: num_gpus = tp·pp·cp·dp), GQA, MoE, MLA, the
+    GPU with its datasheet figures (tracekit/data/hardware.json) and the precision recipe."""
     out = []
     for i, r in enumerate(rows):
         c, cl = r.config, r.cluster
-        out.append({"id": i, "num_layers": c.num_layers, "hidden_size": c.hidden_size,
-                    "ffn_hidden_size": c.ffn_hidden_size, "num_attention_heads": c.num_attention_heads,
-                    "seq_length": c.seq_length, "vocab_size": c.vocab_size,
-                    "global_batch_size": c.global_batch_size, "micro_batch_size": c.micro_batch_size, "tp": c.tp,
-                    "pp": c.pp, "dp": c.dp, "num_gpus": c.world_size, "gpus_per_node": cl.gpus_per_node,
-                    "precision": c.precision, "recompute": c.recompute_granularity,
-                    "intra_node_gbs": cl.link_gbs(False), "inter_node_gbs": cl.link_gbs(True)})
+        spec = hardware_spec(cl.hardware)
+        moe = c.moe
+        row = {"id": i, "num_layers": c.num_layers, "hidden_size": c.hidden_size,
+               "ffn_hidden_size": c.ffn_hidden_size, "num_attention_heads": c.num_attention_heads,
+               "num_query_groups": c.num_query_groups, "kv_channels": c.kv_channels,
+               "seq_length": c.seq_length, "vocab_size": c.vocab_size,
+               "global_batch_size": c.global_batch_size, "micro_batch_size": c.micro_batch_size, "tp": c.tp,
+               "pp": c.pp, "dp": c.dp, "cp": c.cp, "num_gpus": c.world_size, "gpus_per_node": cl.gpus_per_node,
+               "precision": c.precision, "recompute": c.recompute_granularity,
+               "sequence_parallel": c.sequence_parallel, "attention": c.attention, "swiglu": c.swiglu,
+               "normalization": c.normalization,
+               "position_embedding_type": c.position_embedding_type,
+               "multi_latent_attention": bool(c.attn and c.attn.multi_latent_attention),
+               "intra_node_gbs": cl.link_gbs(False), "inter_node_gbs": cl.link_gbs(True), "gpu": cl.hardware}
+        if spec is not None:
+            row.update({"gpu_memory_gb": spec.memory_gb, "gpu_mem_bw_gbs": spec.mem_bw_gbs,
+                        "gpu_peak_tflops_fp16": spec.peak_tflops_fp16, "gpu_peak_tflops_fp8": spec.peak_tflops_fp8,
+                        "gpu_peak_tflops_fp4": spec.peak_tflops_fp4})
+        if moe is not None:
+            row.update({"num_experts": moe.num_experts, "moe_router_topk": moe.moe_router_topk,
+                        "moe_ffn_hidden_size": moe.ffn(c.ffn_hidden_size),
+                        "moe_shared_expert_intermediate_size": moe.moe_shared_expert_intermediate_size or 0,
+                        "expert_model_parallel_size": moe.ep,
+                        "expert_tensor_parallel_size": moe.etp(c.tp),
+                        "moe_layers": sum(moe.pattern(c.num_layers))})
+        out.append(row)
     return out
 
 
 def run_peers(rows, measured: np.ndarray, ours: np.ndarray, stride: int
-              ) -> list[tuple[str, int, float | None, str]]:
-    """(peer, rows predicted, MAPE % over them, note) per peer — the note gives tracekit's MAPE on the same rows
-    where the peer predicted a subset; a peer that is not set up says so."""
+              ) -> list[tuple[str, int, float | None, str, float | None]]:
+    """(peer, rows predicted, MAPE % over them, note, tracekit's MAPE % on the same rows) per peer; estimate-train-time
+    is given every `stride`-th row. The note counts the rows, and the rows the peer refused by reason; a peer that is
+    not set up says so."""
     from benchmarks.peers import client
 
     facts = peer_rows(rows)
-    out = []
+    out: list[tuple[str, int, float | None, str, float | None]] = []
     for name in client.PEERS:
         picked = facts if name != "estimate-train-time" else facts[::stride]
         try:
             answers = client.predict(name, picked, PEER_TIMEOUT_S)
         except client.PeerUnavailable as exc:
-            out.append((name, 0, None, str(exc)))
+            out.append((name, 0, None, str(exc), None))
             continue
         got = [(a["id"], a["iteration_time_s"]) for a in answers if a.get("iteration_time_s")]
+        refused: dict[str, int] = {}
+        for a in answers:
+            if not a.get("iteration_time_s"):
+                reason = re.sub(r"^[A-Za-z]*Error: ", "", a.get("error") or "no prediction").split(":")[0]
+                refused[reason] = refused.get(reason, 0) + 1
+        why = "; refused: " + ", ".join(f"{k} ({v})" for k, v in sorted(refused.items(), key=lambda kv: -kv[1]))
         if not got:
-            out.append((name, 0, None, "no row predicted: " + (answers[0].get("error") or "?" if answers else "?")))
+            out.append((name, 0, None, f"no row of {len(picked)} predicted{why if refused else ''}", None))
             continue
         ids = np.array([i for i, _ in got])
         predicted = np.array([t for _, t in got])
         err = np.abs(predicted - measured[ids]) / measured[ids]
+        same = 100 * float((np.abs(ours[ids] - measured[ids]) / measured[ids]).mean())
         note = ""
         if len(got) < len(facts):
-            same = np.abs(ours[ids] - measured[ids]) / measured[ids]
-            note = f"{len(got)} of {len(facts)} rows; tracekit on the same rows {100 * float(same.mean()):.2f}%"
-        out.append((name, len(got), 100 * float(err.mean()), note))
+            note = (f"{len(got)} of {len(facts)} rows{f' (every {stride}th given)' if len(picked) < len(facts) else ''}"
+                    f"; tracekit on the same rows {same:.2f}%{why if refused else ''}")
+        out.append((name, len(got), 100 * float(err.mean()), note, same))
     return out
+
+
+def print_peers(peers) -> None:
+    for peer, n, peer_mape, note, _ in peers:
+        figure = "no MAPE" if peer_mape is None else f"MAPE {peer_mape:.2f}% on {n} rows"
+        print(f"  peer {peer}: {figure}{' (' + note + ')' if note else ''}")
 
 
 def fit_stack(prepared, measured: np.ndarray):
@@ -366,8 +406,10 @@ def _not_predicted(failed) -> None:
         print(f"  not predicted: line {r.line}: {r.error}")
 
 
-def megatron_ci(models, worst: int, refit: bool) -> tuple:
-    """The CI rows with the megatron-core constants fitted by test-case 5-fold cross-validation (module docstring)."""
+def megatron_ci(models, worst: int, refit: bool, peer_stride: int | None = None) -> tuple:
+    """The CI rows with the megatron-core constants fitted by test-case 5-fold cross-validation (module docstring);
+    with `peer_stride` the peers too, on the same rows (estimate-train-time on every `peer_stride`-th), beside the
+    cross-validated figure."""
     rows, prepared, measured, failed = load_rows(models, CI)
     hosts = [host_of(r) for r in rows]
     folds = case_folds(rows)
@@ -394,7 +436,9 @@ def megatron_ci(models, worst: int, refit: bool) -> tuple:
     if refit:
         cal, scales = fit_core(prepared, measured, hosts)
         write_core(cal, scales, len(rows), len({test_case(r) for r in rows}), cv[0] / 100)
-    return ("megatron ci golden", len(rows), len(failed), label, *cv, bare, CI_GOAL, [])
+    peers = run_peers(rows, measured, held_out, peer_stride) if peer_stride else []
+    print_peers(peers)
+    return ("megatron ci golden", len(rows), len(failed), label, *cv, bare, CI_GOAL, peers)
 
 
 def bridge_model(row) -> str:
@@ -445,9 +489,10 @@ def fit_devices(prepared, measured: np.ndarray, rows, archs: list[str]) -> dict[
     return out
 
 
-def megatron_bridge(models, worst: int, refit: bool = False) -> tuple:
+def megatron_bridge(models, worst: int, refit: bool = False, peer_stride: int | None = None) -> tuple:
     """The Megatron-Bridge rows: host constants fitted on CI rows only; the per-architecture device scales of the
-    shipped profile, and here leave-one-model-out (each model's rows predicted with scales fitted on the others)."""
+    shipped profile, and here leave-one-model-out (each model's rows predicted with scales fitted on the others);
+    with `peer_stride` the peers too, beside the leave-one-model-out figure."""
     rows, prepared, measured, failed = load_rows(models, BRIDGE)
     print(f"\n== megatron bridge perf ({BRIDGE}): {len(rows)} rows predicted, {len(failed)} not; stacks "
           f"{sorted({r.stack.name for r in rows})}, clusters {sorted({r.cluster.name for r in rows})}, models "
@@ -477,7 +522,9 @@ def megatron_bridge(models, worst: int, refit: bool = False) -> tuple:
                  worst)
     if refit:
         write_devices(fit_devices(prepared, measured, rows, archs), len(rows), figure[0] / 100)
-    return ("megatron bridge perf", len(rows), len(failed), label, *figure, bare, BRIDGE_GOAL, [])
+    peers = run_peers(rows, measured, held_out, peer_stride) if peer_stride else []
+    print_peers(peers)
+    return ("megatron bridge perf", len(rows), len(failed), label, *figure, bare, BRIDGE_GOAL, peers)
 
 
 def write_devices(scales: dict[str, float], rows: int, lomo_mape: float) -> None:
@@ -546,7 +593,8 @@ def main() -> None:
     parser.add_argument("--worst", type=int, default=5)
     parser.add_argument("--peers", action="store_true", help="also run the peer predictors on the same rows")
     parser.add_argument("--ett-stride", type=int, default=10,
-                        help="estimate-train-time predicts every Nth row of sets larger than 100 rows (default 10)")
+                        help="estimate-train-time predicts every Nth row of the Megatron sets larger than 100 rows "
+                             "(default 10); the Megatron-core sets give it every row (it refuses all but ~133 at once)")
     args = parser.parse_args()
     models = ModelSet.load(args.models)
     print(f"models: {models.path} ({', '.join(models.hardware_ids())})")
@@ -575,25 +623,30 @@ def main() -> None:
         print(f"  without stack constants: MAPE {bare_mape:.2f}%")
         shapes(rows, predicted, measured, args.worst)
         peers = run_peers(rows, measured, predicted, args.ett_stride if len(rows) > 100 else 1) if args.peers else []
-        for peer, n, peer_mape, note in peers:
-            figure = "not run" if peer_mape is None else f"MAPE {peer_mape:.2f}% on {n} rows"
-            print(f"  peer {peer}: {figure}{' (' + note + ')' if note else ''}")
+        print_peers(peers)
         summary.append((name, len(rows), len(failed), label, mape, median, p90, bare_mape, goal, peers))
     if args.only in (None, "llm-foundry"):
         summary.append(llmfoundry(models, args.worst, args.fit_composer))
     if args.only in (None, "megatron-core"):
-        summary.append(megatron_ci(models, args.worst, args.fit_core))
-        summary.append(megatron_bridge(models, args.worst, args.fit_devices))
+        # estimate-train-time refuses every row but the dense A100 ones at once (benchmarks/peers/README.md): it is
+        # given every row of both sets
+        stride = 1 if args.peers else None
+        summary.append(megatron_ci(models, args.worst, args.fit_core, stride))
+        summary.append(megatron_bridge(models, args.worst, args.fit_devices, stride))
     print(f"\n{'set':<20} {'rows':>5} {'failed':>6} {'MAPE %':>7} {'median %':>8} {'p90 %':>6} "
           f"{'no stack constants %':>20}  goal   (figure)")
     for name, n, bad, label, mape, median, p90, bare, goal, _ in summary:
         print(f"{name:<20} {n:>5} {bad:>6} {mape:>7.2f} {median:>8.2f} {p90:>6.2f} {bare:>20.2f}  {goal:<6} ({label})")
     if args.peers:
-        print(f"\n{'set':<20} {'tracekit MAPE %':>15} " + " ".join(f"{p + ' MAPE % (rows)':>32}"
-                                                              for p, *_ in summary[0][9]))
+        names = next((tuple(p[0] for p in peers) for *_, peers in summary if peers), ())
+        print(f"\n{'set':<20} {'tracekit MAPE %':>15} " + " ".join(f"{p + ' MAPE % (rows; tracekit on them)':>44}"
+                                                              for p in names))
         for name, n, _, _, mape, *_, peers in summary:
-            cells = [f"{'—' if m is None else f'{m:.2f}'} ({k})" for _, k, m, _ in peers]
-            print(f"{name:<20} {mape:>15.2f} " + " ".join(f"{c:>32}" for c in cells))
+            if not peers:
+                continue
+            cells = [f"{'—' if m is None else f'{m:.2f}'} ({k}{'' if same is None else f'; {same:.2f}'})"
+                     for _, k, m, _, same in peers]
+            print(f"{name:<20} {mape:>15.2f} " + " ".join(f"{c:>44}" for c in cells))
 
 
 if __name__ == "__main__":

@@ -7,9 +7,10 @@
 A row is a dict with keys id, num_layers, hidden_size, ffn_hidden_size, num_attention_heads, seq_length,
 vocab_size, global_batch_size, micro_batch_size, tp, pp, dp, num_gpus, gpus_per_node, precision,
 recompute ("none"|"selective"|"full"), intra_node_gbs, inter_node_gbs (GB/s per GPU per direction); optional
-sequence_parallel (bool). The caller builds them. `predict` returns, in the same order, one dict per row:
-{"id", "iteration_time_s" (float or None), "error" (str or None), "notes" (str)}; a row the peer cannot predict
-carries an error instead of stopping the others.
+sequence_parallel (bool), and for Megatron-core rows cp, GQA, MoE, MLA, attention kind and the GPU's id and datasheet
+figures (keys in benchmarks/peers/README.md). The caller builds them. `predict` returns, in the same order, one
+dict per row: {"id", "iteration_time_s" (float or None), "error" (str or None), "notes" (str)}; a row the peer
+cannot predict carries an error instead of stopping the others.
 
 The peers are installed by `bash benchmarks/peers/setup.sh` under benchmarks/.peers/ (or $TRACEKIT_PEERS_DIR);
 nothing of theirs is imported into this process.

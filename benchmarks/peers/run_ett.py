@@ -16,8 +16,13 @@ memory. The config it gets:
   encoders = num_layers, comm_bucket = 1260000000 (the tool's documented default), fwd_syncs = bwd_syncs = 2
   encoder_function_list = layernorm, linear1, baddbmm, ScaledUpperTriangMaskedSoftmax, bmm, linear2, layernorm,
                           res_add, linear3, gelu, linear4, res_add   (Megatron's unfused attention with its fused
-                          causal masked softmax, GeLU MLP, LayerNorm; no RoPE, no flash attention)
-  function_list = those + embedding, linear_final, parallel_cross_entropy_128; layernorm_name = layernorm
+                          causal masked softmax, GeLU MLP, LayerNorm) for rows whose stack runs unfused attention
+                          (or name none); rows with flash/fused attention (`attention` = flash: Megatron-core with
+                          Transformer Engine) get the tool's flash_atten in place of baddbmm/softmax/bmm, rotary rows
+                          its RoPE after linear1, RMSNorm rows its RMSlayernorm (operators())
+  function_list = those + embedding, linear_final, parallel_cross_entropy_128; layernorm_name = the norm op
+Rows it cannot express at all (any GPU but A100, MoE, context parallelism, MLA, precision other than fp16/bf16)
+get an error before any regressor runs (Runner._expressible).
 """
 from __future__ import annotations
 
@@ -41,13 +46,28 @@ TOOL_VOCAB = 50257  # hard-coded in the tool's embedding / linear_final / cross-
 REQUIRED = ("id", "num_layers", "hidden_size", "num_attention_heads", "seq_length", "global_batch_size",
             "micro_batch_size", "tp", "pp", "dp")
 
-STATIC_NOTE = ("estimate-train-time @1ac4d5e44116 on Perlmutter A100-SXM4-80GB samples (4 GPUs/node); ops "
-               "layernorm/linear1/baddbmm/ScaledUpperTriangMaskedSoftmax/bmm/linear2/res_add/linear3/gelu/linear4 "
-               "per layer; not expressible (nearest option used): attention & hidden dropout, learned position "
+STATIC_NOTE = ("estimate-train-time @1ac4d5e44116 on Perlmutter A100-SXM4-80GB samples (4 GPUs/node); "
+               "not expressible (nearest option used): attention & hidden dropout, learned position "
                "embedding add, bias-GeLU and bias-dropout-add fusions (plain gelu/res_add), interconnect bandwidth "
                "(NCCL regressors are Perlmutter's), GPU memory variant; the tool always models full recompute "
                "(each layer's backward = bwd ops + its forward again) and, for dp>1, a ZeRO-1-style parameter "
                "all-gather + Adam step; schedule = (m-1+pp)*(max stage fwd + max stage bwd)")
+
+
+def operators(row: dict) -> tuple[list[str], list[str], str]:
+    """(function_list, encoder_function_list, layernorm_name) of the row's stack, from the tool's sampled ops:
+    Megatron's unfused attention (the first rows' stacks, and rows that name none), or flash attention
+    (`flash_atten`, as its example configurations use it) where the row's stack runs fused/flash kernels; `RoPE`
+    after linear1 for rotary rows; `RMSlayernorm` for RMSNorm rows."""
+    attention = str(row.get("attention") or "unfused")
+    rope = str(row.get("position_embedding_type") or "learned_absolute") == "rope"
+    norm = "RMSlayernorm" if str(row.get("normalization") or "LayerNorm") == "RMSNorm" else "layernorm"
+    if attention == "unfused" and not rope and norm == "layernorm":
+        return FUNCTION_LIST, ENCODER_OPS, "layernorm"
+    attn = ["flash_atten"] if attention == "flash" else ["baddbmm", "ScaledUpperTriangMaskedSoftmax", "bmm"]
+    encoder = [norm, "linear1", *(["RoPE"] if rope else []), *attn, "linear2", norm, "res_add", "linear3", "gelu",
+               "linear4", "res_add"]
+    return list(dict.fromkeys(["embedding", *encoder, "linear_final", "parallel_cross_entropy_128"])), encoder, norm
 
 
 def log(msg: str) -> None:
@@ -101,6 +121,26 @@ class Runner:
                 return f"{op} x{j}={float(v):g} not in [{float(lo[j]):g},{float(hi[j]):g}]"
         return None
 
+    @staticmethod
+    def _expressible(row: dict) -> None:
+        """ValueError naming what of the row the tool has no operator, sample or setting for (nearest-option
+        mismatches are notes instead, in `predict`)."""
+        gpu = str(row.get("gpu") or "")
+        if gpu and "A100" not in gpu.upper():
+            raise ValueError(f"GPU {gpu} not expressible: the tool's samples are Perlmutter's A100-SXM4-80GB only "
+                             "(it predicts from sampled kernel and NCCL timings of that GPU)")
+        precision = str(row.get("precision") or "fp16").lower()
+        if precision not in ("fp16", "bf16"):
+            raise ValueError(f"precision {precision} not expressible: the tool's operator samples are fp16")
+        if int(float(row.get("num_experts") or 1)) > 1:
+            raise ValueError("MoE not expressible: the tool's operators are a dense GPT layer's (no router, expert "
+                             "GEMMs or token dispatch)")
+        if int(float(row.get("cp") or 1)) > 1:
+            raise ValueError(f"context parallelism cp={row['cp']} not expressible: the tool's training_config has "
+                             "pp, tp, dp only")
+        if row.get("multi_latent_attention") in (True, "true", "True", 1):
+            raise ValueError("multi-latent attention not expressible: the tool's attention ops are MHA's")
+
     def predict(self, row: dict) -> tuple[float, str]:
         missing = [k for k in REQUIRED if k not in row]
         if missing:
@@ -108,6 +148,7 @@ class Runner:
         L, dim, H, seq = (_int(row, k) for k in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"))
         gbs, mbs, tp, pp, dp = (_int(row, k) for k in ("global_batch_size", "micro_batch_size", "tp", "pp", "dp"))
         gpn = _int(row, "gpus_per_node") if row.get("gpus_per_node") not in (None, "") else 8
+        self._expressible(row)
         n = row.get("num_gpus")
         if n not in (None, "") and int(float(n)) != tp * pp * dp:
             raise ValueError(f"num_gpus={n} != tp*pp*dp={tp * pp * dp}")
@@ -117,7 +158,9 @@ class Runner:
             raise ValueError(f"heads {H} not divisible by tp {tp} or hidden {dim} by heads")
         m = gbs // (mbs * dp)
         tc = [pp, tp, dp, mbs, H, seq, dim, m, gpn]
-        notes = [STATIC_NOTE, f"training_config={tc} encoders={L} comm_bucket={COMM_BUCKET}"]
+        functions, encoder_ops, norm = operators(row)
+        notes = [STATIC_NOTE, f"training_config={tc} encoders={L} comm_bucket={COMM_BUCKET}",
+                 "ops per layer " + "/".join(encoder_ops)]
 
         recompute = str(row.get("recompute") or "none").lower()
         if recompute != "full":
@@ -125,6 +168,14 @@ class Runner:
         precision = str(row.get("precision") or "fp16").lower()
         if precision != "fp16":
             notes.append(f"precision {precision} not expressible: tool's samples are fp16")
+        gpu = str(row.get("gpu") or "")
+        if gpu and gpu != "A100-SXM4-80GB":
+            notes.append(f"GPU {gpu} run as the samples' A100-SXM4-80GB (same die)")
+        kv = row.get("num_query_groups")
+        if kv not in (None, "") and int(float(kv)) != H:
+            notes.append(f"GQA ({int(float(kv))} query groups) not expressible: linear1 is the MHA QKV (3h)")
+        if row.get("swiglu") in (True, "true", "True", 1):
+            notes.append("SwiGLU not expressible: plain gelu MLP")
         V = row.get("vocab_size")
         if V not in (None, "") and int(float(V)) != TOOL_VOCAB:
             notes.append(f"vocab {int(float(V))} not expressible: tool fixes {TOOL_VOCAB} (padded to 128*tp)")
@@ -147,7 +198,7 @@ class Runner:
                          f"{math.ceil(head_params / COMM_BUCKET)} buckets of {COMM_BUCKET}")
 
         out_of_range = []
-        for op in dict.fromkeys(FUNCTION_LIST):
+        for op in dict.fromkeys(functions):
             feats = getattr(self.l2p, op)(getattr(self.e2l, op)(ec))
             msg = self._outside(op, feats)
             if msg:
@@ -166,7 +217,7 @@ class Runner:
             try:
                 with contextlib.redirect_stdout(buf):
                     us = P.get_operator_statistics(self.predictor, GPU, self.op_dir, self.nccl_dir, tc, COMM_BUCKET,
-                                                   parts, FUNCTION_LIST, ENCODER_OPS, "layernorm", 2, 2)
+                                                   parts, functions, encoder_ops, norm, 2, 2)
                 break
             except Exception:
                 # A regressor file left half-written by an interrupted earlier fit (the tool writes them without an
