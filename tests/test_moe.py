@@ -87,6 +87,8 @@ def test_flex_dispatch_across_nodes_sends_a_token_once_per_remote_node():
     net = {d: dispatch_tokens(d, 1.0, 256, ep, 8, nodes, r) * (ep - r) / ep for d in ("alltoall", "deepep")}
     assert net["deepep"] == pytest.approx(u) and net["deepep"] < net["alltoall"]
     assert dispatch_tokens("deepep", 1.0, 256, 8, 8, 1, 8) == pytest.approx(distinct_ranks(256, 8, 8))
+    # NCCL's EP backend is not known to forward inside the node: one copy per destination rank
+    assert dispatch_tokens("ncclep", 1.0, 256, ep, 8, nodes, r) == pytest.approx(distinct_ranks(256, ep, 8))
     # more nodes for the same EP: more remote nodes hit, never more than k
     assert remote_nodes(256, 64, 8, 8) > u and remote_nodes(256, 256, 8, 32) <= 8
 
