@@ -452,8 +452,8 @@ def arch_of(row) -> str:
 
 def undeviced(row) -> object:
     """A row's stack calibration without the profile's device scale (what the device fit multiplies)."""
-    stack = row.stack
-    return dataclasses.replace(stack, device_scale={}).calibration(row.cluster.hardware)
+    stack = row.stack  # an empty device_scale would take the default stack's: name the row's architecture at 1
+    return dataclasses.replace(stack, device_scale={arch_of(row): 1.0}).calibration(row.cluster.hardware)
 
 
 def fit_devices(prepared, measured: np.ndarray, rows, archs: list[str]) -> dict[str, float]:

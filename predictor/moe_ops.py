@@ -15,25 +15,15 @@ ranks holding E / EP local experts each split over ETP ranks, and the busiest ra
 Dispatch and combine, by dispatcher: `alltoall` sends each token copy to its expert's rank (an all-to-all of T · k ·
 h elements over the EP group, λ-weighted for the busiest rank); `allgather` gathers every token of the TP·EP group
 (an all-gather of T · h) and reduce-scatters the outputs; the flex dispatcher's fused kernels (`deepep`,
-`hybridep`) send a token once per destination rank rather than once per expert: an all-to-all of T · r · h, r the
-expected number of distinct ranks among a token's k experts, EP · (1 − C(E − E/EP, k) / C(E, k)) for uniform
-routing. Backward runs the same exchanges in reverse order, the experts' GEMMs twice (dgrad and wgrad).
+`hybridep`) send a token once per destination rank inside a node, once per destination node across nodes
+(predictor.ep_dispatch counts the copies). Backward runs the same exchanges in reverse order, the experts' GEMMs
+twice (dgrad and wgrad).
 """
 from __future__ import annotations
 
-from math import comb
-
+from .ep_dispatch import dispatch_tokens
 from .mlp_ops import dense_mlp
 from .ops import OpBuilder, Pair
-
-
-def distinct_ranks(experts: int, ep: int, topk: int) -> float:
-    """Expected number of distinct EP ranks among a token's top-k experts (uniform routing, E/EP experts a rank)."""
-    local = experts // ep
-    if local * ep != experts or topk > experts:
-        return float(min(topk, ep))
-    missing = comb(experts - local, topk) / comb(experts, topk)  # a given rank holds none of the k experts
-    return ep * (1.0 - missing)
 
 
 def moe_block(b: OpBuilder, lowp: bool) -> list[Pair]:
@@ -69,7 +59,8 @@ def moe_block(b: OpBuilder, lowp: bool) -> list[Pair]:
         combine.append((b.collective("mlp.token_dispatcher.reduce_scatter", "reduce_scatter", "tpep", shard),
                         b.collective("mlp.token_dispatcher.reduce_scatter.grad", "all_gather", "tpep", shard), "moe"))
     else:
-        sent = copies if dispatcher == "alltoall" else tokens * distinct_ranks(experts, ep, k)
+        place = b.groups["ep"]
+        sent = dispatch_tokens(dispatcher, tokens, experts, ep, k, place.nodes, place.ranks_per_node)
         nbytes = sent * load * h * act
         variant = "alltoall" if dispatcher == "alltoall" else dispatcher
         for name, where in (("dispatch", dispatch), ("combine", combine)):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from predictor.ep_dispatch import distinct_ranks
 from predictor.graph import build_graph
-from predictor.moe_ops import distinct_ranks
 from predictor.placement import placements
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
@@ -71,6 +71,50 @@ def test_flex_dispatch_sends_a_token_once_per_rank():
     assert distinct_ranks(8, 8, 1) == pytest.approx(1.0)
     assert distinct_ranks(8, 1, 2) == pytest.approx(1.0)  # every expert on one rank
     assert distinct_ranks(128, 8, 8) < 8 and distinct_ranks(256, 64, 8) < 8 and distinct_ranks(256, 256, 8) == 8
+
+
+def test_flex_dispatch_across_nodes_sends_a_token_once_per_remote_node():
+    """DeepEP/HybridEP across nodes: the network carries a token once per distinct remote node, never more than
+    once per remote rank (the per-rank count) nor once per expert (alltoall); within one node nothing changes."""
+    from predictor.ep_dispatch import dispatch_tokens, remote_nodes
+
+    # DeepSeek-V3: 256 experts top-8 over EP 32 on 4 nodes of 8
+    nodes, r, ep = 4, 8, 32
+    u = remote_nodes(256, ep, 8, nodes)
+    assert 0 < u < nodes - 1 and u < distinct_ranks(256, ep, 8) * (ep - r) / ep
+    assert remote_nodes(256, ep, 8, 1) == 0.0
+    assert remote_nodes(8, 8, 8, 2) == pytest.approx(1.0)  # top-k of every expert: the other node always
+    net = {d: dispatch_tokens(d, 1.0, 256, ep, 8, nodes, r) * (ep - r) / ep for d in ("alltoall", "deepep")}
+    assert net["deepep"] == pytest.approx(u) and net["deepep"] < net["alltoall"]
+    assert dispatch_tokens("deepep", 1.0, 256, 8, 8, 1, 8) == pytest.approx(distinct_ranks(256, 8, 8))
+    # NCCL's EP backend is not known to forward inside the node: one copy per destination rank
+    assert dispatch_tokens("ncclep", 1.0, 256, ep, 8, nodes, r) == pytest.approx(distinct_ranks(256, ep, 8))
+    # more nodes for the same EP: more remote nodes hit, never more than k
+    assert remote_nodes(256, 64, 8, 8) > u and remote_nodes(256, 256, 8, 32) <= 8
+
+
+def test_flex_dispatch_across_nodes_is_not_slower_than_alltoall():
+    """The same MoE run across 4 DGX H100 nodes: the flex dispatcher's exchanges (a token once per remote node)
+    take less time than alltoall's (once per expert) and than counting the token once per remote rank."""
+    from predictor.ep_dispatch import distinct_ranks as per_rank
+    from predictor.models import ModelSet
+    from predictor.predict import predict
+    from tracekit.core.cluster import preset
+
+    base = dict(num_experts=64, moe_router_topk=8, expert_model_parallel_size=32, world_size=32,
+                moe_grouped_gemm=True, global_batch_size=64)
+    models, cluster = ModelSet.load(), preset("dgx-h100")
+
+    def a2a(**kw):
+        p = predict(model(**{**base, **kw}), cluster, models)
+        return sum(op["time_s"] for op in p.operators if op["primitive"] == "all_to_all"), p.iteration_time_s
+
+    flex, alltoall = a2a(moe_token_dispatcher_type="flex"), a2a(moe_token_dispatcher_type="alltoall")
+    assert flex[0] < alltoall[0] and flex[1] <= alltoall[1]
+    g = build_graph(model(**base, moe_token_dispatcher_type="flex"), HW)
+    (spec,) = {o.spec for o in g.segments[0].fwd if o.name == "mlp.token_dispatcher.dispatch"}
+    tokens = 1024 * 2
+    assert g.specs[spec]["bytes"] * 24 / 32 < tokens * per_rank(64, 32, 8) * 24 / 32 * 1024 * 2
 
 
 def test_expert_groups_follow_megatrons_expert_rank_order():
