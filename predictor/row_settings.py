@@ -83,8 +83,8 @@ def note_settings(cells: dict[str, str], stated: set[str]) -> tuple[dict[str, An
         out.pop("moe_router_force_load_balancing", None)
     if "moe_flex_dispatcher_backend" in out and "moe_token_dispatcher_type" not in out | dict.fromkeys(stated):
         out["moe_token_dispatcher_type"] = "flex"  # a flex backend is named only for the flex dispatcher
-    if out.get("recompute_granularity") is None:
-        out.pop("recompute_granularity", None)
+    if "recompute_granularity" in out and out["recompute_granularity"] is None:  # stated off: no modules either
+        out.pop("recompute_granularity")
         out.pop("recompute_modules", None)
     read = [f"{k}={v}" for k, v in out.items()]
     return out, ([f"read from the row's notes: {', '.join(read)}"] if read else [])

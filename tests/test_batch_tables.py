@@ -3,6 +3,7 @@ text, the stack from the `framework` column and the cluster from `gpus_per_node`
 from __future__ import annotations
 
 import csv
+import dataclasses
 
 import pytest
 
@@ -169,3 +170,31 @@ def test_every_row_of_every_corpus_set_parses_or_names_its_contradiction():
                 refused.append((path.name, i + 2, parsed.error))
     assert [(name, line) for name, line, _ in refused] == [("megatron_bridge_perf.csv", 81)], refused
     assert "not divisible by expert_tensor_parallel_size·expert_model_parallel_size = 1·64" in refused[0][2]
+
+
+def test_a_rows_recompute_modules_are_read_with_the_granularity_its_column_states():
+    """Bridge rows say `selective` in activation_recompute and name the modules in their notes: both are read, and
+    recomputing the norms and the MoE activation (instead of core attention) lowers the activations kept."""
+    from predictor.memory import config_memory
+
+    path = CORPUS / "e2e" / "megatron_bridge_perf.csv"
+    with open(path, newline="") as fh:
+        cells = list(csv.DictReader(fh))
+    seen = 0
+    for i, row in enumerate(cells):
+        text = row["activation_recompute"]
+        if not text.startswith("selective (recompute_modules=["):
+            continue
+        stated = tuple(m.strip(" '\"") for m in text.split("[", 1)[1].split("]", 1)[0].split(","))
+        parsed = parse_row(row, i + 2, None, None)
+        assert parsed.error is None, parsed.error
+        c = parsed.config
+        assert (c.recompute_granularity, c.recompute_modules) == ("selective", stated), (i + 2, text)
+        seen += 1
+    assert seen >= 20
+    oss = next(i for i, r in enumerate(cells) if "OSS" in r["model_name"] and r["hardware_gpu"] == "B200-180GB"
+               and "moe_act" in r["activation_recompute"])
+    c = parse_row(cells[oss], oss + 2, None, None).config
+    kept = config_memory(c, "B200-180GB")[0]
+    none = config_memory(dataclasses.replace(c, recompute_granularity="none", recompute_modules=None), "B200-180GB")[0]
+    assert kept["activations"] < none["activations"] and kept["total"] <= 180  # the published run fit its GPU
