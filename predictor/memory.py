@@ -13,7 +13,9 @@ token (2-byte activations, 1-byte dropout masks):
 With SP every part is split over TP. Recompute drops what it replays: selective `core_attn` the scores (flash
 attention keeps none anyway), `moe_act`/`mlp`/`moe`/`shared_experts`/`layernorm`/`mla_up_proj` their parts; full
 recompute keeps only each layer's input (2·h per token, /t with SP) plus one layer's working set. 1F1B keeps
-min(pp − stage, m) micro-batches in flight on a stage (interleaved: × (1 + (pp − 1)/(pp·vp))).
+min(pp − stage, m) micro-batches in flight on a stage (interleaved: × (1 + (pp − 1)/(pp·vp))). Megatron's CPU
+offloading (`--cpu-offloading-num-layers N`, activations only, its default) keeps the first N layers' activations
+on the host: one such layer's stays on the GPU as a working set.
 Parameters: bf16/fp16 weights (2 bytes), gradients in the main-gradient dtype, Adam state (fp32 master, m, v:
 12 bytes, 8 in fp32 training), sharded over the data-parallel ranks with the distributed optimizer — dense
 parameters over dp·cp, expert parameters over the expert data-parallel ranks.
@@ -106,6 +108,7 @@ def config_memory(c: TrainingConfig, hardware: str) -> tuple[dict[str, float], l
     logits = c.seq_length // c.cp * c.micro_batch_size * c.padded_vocab_size / c.tp * 4  # fp32 logits for the loss
     layout = chunks(c)
     pattern = c.moe.pattern(c.num_layers) if c.moe else None
+    offloaded = int(c.extra.get("cpu_offloading_num_layers") or 0)  # Megatron's CPU offloading: activations on host
     cache: dict[tuple[bool, bool], float] = {}
     best: dict[str, float] | None = None
     for stage in range(c.pp):
@@ -124,8 +127,9 @@ def config_memory(c: TrainingConfig, hardware: str) -> tuple[dict[str, float], l
                 kind = (bool(pattern and pattern[layer]), bf16)  # what a layer's activations depend on
                 if kind not in cache:
                     cache[kind] = _layer_bytes(c, layer, not bf16)
-                acts += _input_bytes(c) if full else cache[kind]
-                if full:
+                on_host = not full and position < offloaded
+                acts += _input_bytes(c) if full else 0.0 if on_host else cache[kind]
+                if full or on_host:  # a recomputed layer's, or an offloaded one's copy on its way in or out
                     working = max(working, cache[kind])
             if part.mtp:
                 acts += part.mtp * _layer_bytes(c, c.num_layers - 1)

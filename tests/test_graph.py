@@ -156,3 +156,17 @@ def test_memory_follows_korthikanti_and_mixed_precision_adam():
     # full recompute keeps each layer's input (2·s·b·h bytes) plus one layer's working set
     assert full["activations"] == pytest.approx((L * 2 * s * b * h + s * b * h * (34 + 5 * a * s / h)
                                                  + s * b * V * 4) / 1e9)
+
+
+def test_cpu_offloading_keeps_the_offloaded_layers_activations_on_the_host():
+    from predictor.memory import config_memory
+
+    c = gpt(num_layers=4, hidden_size=1024, num_attention_heads=16, seq_length=1024, micro_batch_size=1,
+            attention="unfused")
+    s, b, h, a, L, V = 1024, 1, 1024, 16, 4, 50304
+    layer = s * b * h * (34 + 5 * a * s / h)  # Korthikanti, one layer
+    for n in (1, 3):
+        off = config_memory(TrainingConfig.from_mapping({**c.to_dict(), "cpu_offloading_num_layers": n},
+                                                        strict=False), "A100-SXM4-80GB")[0]
+        # the first n layers' activations on the host, one of them on its way in or out on the GPU
+        assert off["activations"] == pytest.approx(((L - n) * layer + layer + s * b * V * 4) / 1e9)
