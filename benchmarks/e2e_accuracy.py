@@ -215,11 +215,20 @@ def fit_stack(prepared, measured: np.ndarray):
     return fit_prepared(prepared, measured, FIT_PARAMS, rounds=5)[0]
 
 
-def write_stack(cal, measured_rows: int, cv_mape: float) -> None:
-    path = stack_path(FIT_STACK)
+def update_profile(name: str, fields: dict) -> None:
+    """Write `fields` into stack profile `name`'s JSON (its other keys kept), reload the profiles and say so."""
     import json
 
+    path = stack_path(name)
     doc = json.loads(path.read_text())
+    doc.update(fields)
+    atomic_write_json(path, doc)
+    stacks.cache_clear()
+    print(f"wrote {path}")
+
+
+def write_stack(cal, measured_rows: int, cv_mape: float) -> None:
+    doc: dict = {}
     doc["constants"] = {k: round(getattr(cal, k), 3) for k in FIT_PARAMS}
     doc["fit"] = {
         "data": f"shared corpus e2e/{SETS[FIT_SET][0]} ({measured_rows} rows; vTrain's measured Megatron-DeepSpeed "
@@ -231,9 +240,7 @@ def write_stack(cal, measured_rows: int, cv_mape: float) -> None:
                       "(through megatron-lm-2021)"],
         "by": "benchmarks/e2e_accuracy.py --fit-stack",
     }
-    atomic_write_json(path, doc)
-    stacks.cache_clear()
-    print(f"wrote {path}")
+    update_profile(FIT_STACK, doc)
 
 
 # -- llm-foundry: Composer + PyTorch FSDP (MosaicML's MPT benchmarks) ------------------------------------------------
@@ -305,10 +312,7 @@ def llmfoundry(models, worst: int, refit: bool) -> tuple:
 
 
 def write_composer(cal, rows: int, cv_mape: float, sizes: int) -> None:
-    import json
-
-    path = stack_path(COMPOSER)
-    doc = json.loads(path.read_text())
+    doc: dict = {}
     doc["constants"] = {k: round(getattr(cal, k), 4) for k in COMPOSER_PARAMS}
     doc["fit"] = {
         "data": f"shared corpus e2e/{LLMFOUNDRY} ({rows} rows; MosaicML's MPT 125M-70B benchmarks, Composer + FSDP "
@@ -318,9 +322,7 @@ def write_composer(cal, rows: int, cv_mape: float, sizes: int) -> None:
         f"mape_leave_one_model_size_out_{sizes}_sizes": round(cv_mape, 4),
         "by": "benchmarks/e2e_accuracy.py --fit-composer",
     }
-    atomic_write_json(path, doc)
-    stacks.cache_clear()
-    print(f"wrote {path}")
+    update_profile(COMPOSER, doc)
 
 
 # -- Megatron-core: Megatron-LM's CI runs and Megatron-Bridge's performance tables -----------------------------------
@@ -528,10 +530,7 @@ def megatron_bridge(models, worst: int, refit: bool = False, peer_stride: int | 
 
 
 def write_devices(scales: dict[str, float], rows: int, lomo_mape: float) -> None:
-    import json
-
-    path = stack_path(CORE)
-    doc = json.loads(path.read_text())
+    doc: dict = {}
     doc["device_scale"] = dict(sorted(scales.items()))
     doc["device_fit"] = {
         "data": f"shared corpus e2e/{BRIDGE} ({rows} rows: Llama 3 8B/70B, DeepSeek-V3, Qwen3-30B-A3B, GPT-OSS-120B on "
@@ -541,16 +540,11 @@ def write_devices(scales: dict[str, float], rows: int, lomo_mape: float) -> None
         "mape_leave_one_model_out": round(lomo_mape, 4),
         "by": "benchmarks/e2e_accuracy.py --fit-devices",
     }
-    atomic_write_json(path, doc)
-    stacks.cache_clear()
-    print(f"wrote {path}")
+    update_profile(CORE, doc)
 
 
 def write_core(cal, scales: dict[str, float], rows: int, cases: int, cv_mape: float) -> None:
-    import json
-
-    path = stack_path(CORE)
-    doc = json.loads(path.read_text())
+    doc: dict = {}
     doc["constants"] = {k: round(getattr(cal, k), 3) for k in CORE_PARAMS}
     doc["host_scale"] = {h: round(v, 4) for h, v in sorted(scales.items())}
     doc["fit"] = {
@@ -572,9 +566,7 @@ def write_core(cal, scales: dict[str, float], rows: int, cases: int, cv_mape: fl
                           "and per parameter tensor of the per-parameter passes, scaled per host CPU; tensor-core "
                           "ops scaled per GPU architecture (device_scale, fitted on the Megatron-Bridge rows' dense "
                           "models).")
-    atomic_write_json(path, doc)
-    stacks.cache_clear()
-    print(f"wrote {path}")
+    update_profile(CORE, doc)
 
 
 def main() -> None:
