@@ -36,6 +36,8 @@ class IngestResult:
         return {"traces": self.traces, "errors": self.errors, "skipped": self.skipped}
 
 
+#: Rows of samples per store commit at most (the traces of a run are committed together up to this many).
+COMMIT_ROWS = 250_000
 #: The manifest `tracekit capture` writes beside a run's traces (not a trace).
 CAPTURE_MANIFEST = "manifest.json"
 
@@ -240,14 +242,6 @@ def _ray_loads(files: list[Path], ray) -> Iterator[tuple[Path, KinetoTrace | Non
         yield path, trace, source_id, error
 
 
-def _commit(job: tuple) -> int:
-    """Write one trace's samples to the store at `root` (a worker's side of `SampleStore.add`): rows written."""
-    from tracekit.core.store import SampleStore
-
-    root, source_id, samples, meta = job
-    return SampleStore(root).add(source_id, samples, meta)
-
-
 def ingest_paths(paths, store, progress: Callable | None = None, jobs: int | None = None,
                  parallel_min_bytes: int = SPAWN_MIN_BYTES, executor: str = "local",
                  ray_address: str | None = None, ray_options: dict | None = None) -> IngestResult:
@@ -290,27 +284,29 @@ def ingest_paths(paths, store, progress: Callable | None = None, jobs: int | Non
             for members in rank_sets([t for t, _ in loaded]):
                 report = match_collectives([t.device_events for t in members])
                 result.matched_collectives += report.matched
-            _commit_run(loaded, store, pool, result)
+            _commit_run(loaded, store, result)
     return result
 
 
-def _commit_run(loaded: list, store, pool, result: IngestResult) -> None:
-    """The samples of a run's parsed (and matched) traces into the store — by the pool's workers when there is one
-    and the store is a folder they can open — and each trace's report into `result`."""
-    root = getattr(store, "root", None)
-    # a generator: the pool submits each trace's job as soon as its samples are built
-    jobs = ((root, source_id, trace_samples(trace, source_id),
-             {"path": trace.path.name, "format": "kineto", "hardware": trace.hardware, "rank": trace.rank,
-              "world_size": trace.world_size, "kernels": trace.kernels}) for trace, source_id in loaded)
-    if pool is not None and root is not None:
-        written = pool.map(_commit, jobs)  # all submitted; the reports below are built while the workers write
-    else:
-        written = iter([store.add(source_id, samples, meta) for _, source_id, samples, meta in jobs])
-    reports = []
-    for trace, _ in loaded:
-        reports.append(trace_report(trace, 0))
+def _commit_run(loaded: list, store, result: IngestResult) -> None:
+    """The samples of a run's parsed (and matched) traces into the store, in commits of all its traces (up to
+    `COMMIT_ROWS` rows each: one lock, one file per partition, one source-list write per commit), and each trace's
+    report into `result`."""
+    batch: list = []
+    written: list[int] = []
+    rows = 0
+    for trace, source_id in loaded:
+        samples = trace_samples(trace, source_id)
+        batch.append((source_id, samples, {"path": trace.path.name, "format": "kineto", "hardware": trace.hardware,
+                                           "rank": trace.rank, "world_size": trace.world_size,
+                                           "kernels": trace.kernels}))
+        rows += len(samples)
+        if rows >= COMMIT_ROWS:
+            written += store.add_many(batch)
+            batch, rows = [], 0
+    if batch:
+        written += store.add_many(batch)
+    for (trace, _), rows_written in zip(loaded, written):
+        result.traces.append(trace_report(trace, rows_written))
         comm = trace.device_events[trace.device_events["category"] == "communication"]
         result.collective_bytes.append({k: float(v) for k, v in comm.groupby("primitive")["bytes"].sum().items()})
-    for report, rows in zip(reports, written):
-        report["samples_written"] = int(rows)
-        result.traces.append(report)
