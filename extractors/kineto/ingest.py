@@ -87,7 +87,7 @@ def find_runs(paths) -> tuple[list, list, set]:
 
 def may_be_a_rank(trace: KinetoTrace) -> bool:
     """Whether the trace says it is one rank of several (and can so be matched with other ranks' traces)."""
-    return trace.rank is not None and bool(trace.world_size) and trace.world_size >= 2
+    return trace.rank is not None and trace.world_size is not None and trace.world_size >= 2
 
 
 def rank_sets(traces: list) -> list:
@@ -311,9 +311,9 @@ def ingest_paths(paths, store, progress: Callable | None = None, jobs: int | Non
             loaded = []
             for _ in run:
                 parsed = next(loads)
-                error = parsed.error
-                if error is None:
-                    loaded.append(parsed)
+                error = parsed.error or {}
+                if parsed.trace is not None and parsed.source_id is not None:
+                    loaded.append((parsed.trace, parsed.source_id, parsed))
                 elif error.pop("not_a_trace", False) and parsed.path in scanned:  # a run folder's config.json
                     result.skipped.append({"path": str(parsed.path), "reason": error["error"]})
                 else:
@@ -321,24 +321,23 @@ def ingest_paths(paths, store, progress: Callable | None = None, jobs: int | Non
                 done += 1
                 if progress:
                     progress(done, len(files), parsed.path)
-            for members in rank_sets([parsed.trace for parsed in loaded]):
+            for members in rank_sets([trace for trace, _, _ in loaded]):
                 report = match_collectives([t.device_events for t in members])
                 result.matched_collectives += report.matched
             _commit_run(loaded, store, result)
     return result
 
 
-def _commit_run(loaded: list[Parsed], store, result: IngestResult) -> None:
+def _commit_run(loaded: list[tuple[KinetoTrace, str, Parsed]], store, result: IngestResult) -> None:
     """The samples of a run's parsed (and matched) traces into the store, in commits of all its traces (up to
     `COMMIT_ROWS` rows each: one lock, one file per partition, one source-list write per commit), and each trace's
     report into `result`."""
     batch: list = []
     written: list[int] = []
     rows = 0
-    for parsed in loaded:
-        trace = parsed.trace
-        samples = parsed.samples if parsed.samples is not None else sample_table(trace, parsed.source_id)
-        batch.append((parsed.source_id, samples, {"path": trace.path.name, "format": "kineto",
+    for trace, source_id, parsed in loaded:
+        samples = parsed.samples if parsed.samples is not None else sample_table(trace, source_id)
+        batch.append((source_id, samples, {"path": trace.path.name, "format": "kineto",
                                                   "hardware": trace.hardware, "rank": trace.rank,
                                                   "world_size": trace.world_size, "kernels": trace.kernels}))
         rows += samples.num_rows
@@ -347,6 +346,6 @@ def _commit_run(loaded: list[Parsed], store, result: IngestResult) -> None:
             batch, rows = [], 0
     if batch:
         written += store.add_many(batch)
-    for parsed, rows_written in zip(loaded, written):
+    for (_, _, parsed), rows_written in zip(loaded, written):
         result.traces.append({**parsed.report, "samples_written": int(rows_written)})
         result.collective_bytes.append(parsed.collective_bytes)

@@ -10,6 +10,7 @@ add interrupted at any point (even killed) leaves the store readable and as it w
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -109,22 +111,24 @@ class SampleStore:
                 for index, (source_id, _, _) in enumerate(items)]
 
     def _stage(self, name: str, token: str, tables: list[pa.Table]) -> list[tuple[Path, Path]]:
-        """Write the rows of `tables` under temporary names, one file per (hardware, primitive) partition:
-        [(temporary path, final path)]."""
+        """Write the rows of `tables` under temporary names, one file per partition folder (hardware and primitive
+        as `_part` spells them), rows in their order: [(temporary path, final path)]."""
         if not tables:
             return []
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        codes, folders = _partition_codes(table)
+        order = np.argsort(codes, kind="stable")
+        starts = np.flatnonzero(np.r_[True, codes[order][1:] != codes[order][:-1]]).tolist() if len(codes) else []
+        table = table.take(order)
         staged: list[tuple[Path, Path]] = []
         try:
-            hardware_col, primitive_col = table.column("hardware"), table.column("primitive")
-            keys = pa.table({"h": hardware_col, "p": primitive_col}).group_by(["h", "p"]).aggregate([])
-            for hardware, primitive in sorted(zip(keys["h"].to_pylist(), keys["p"].to_pylist())):
-                folder = self.root / "samples" / f"hardware={_part(hardware)}" / f"primitive={_part(primitive)}"
+            for start, stop in zip(starts, starts[1:] + [len(order)]):
+                hardware, primitive = folders[int(codes[order[start]])]
+                folder = self.root / "samples" / f"hardware={hardware}" / f"primitive={primitive}"
                 folder.mkdir(parents=True, exist_ok=True)
                 tmp = folder / f".{name}.{token}.parquet.tmp"
-                rows_of_part = pc.and_(pc.equal(hardware_col, hardware), pc.equal(primitive_col, primitive))
                 staged.append((tmp, folder / f"{name}.parquet"))
-                pq.write_table(table.filter(rows_of_part), tmp)
+                pq.write_table(table.slice(start, stop - start), tmp)
         except BaseException:
             _unlink(staged)
             raise
@@ -156,6 +160,7 @@ class SampleStore:
         hardware_set = {_part(h) for h in ([hardware] if isinstance(hardware, str) else hardware or [])}
         primitive_set = {_part(p) for p in ([primitive] if isinstance(primitive, str) else primitive or [])}
         tables = []
+        batched: set = set()  # partitions holding a batch's file: their rows are put in source order, as files are
         base = self.root / "samples"
         for path in sorted(base.glob("hardware=*/primitive=*/*.parquet")) if base.exists() else []:
             hw = path.parent.parent.name.split("=", 1)[1]
@@ -170,10 +175,17 @@ class SampleStore:
                 raise StoreError(f"{path}: unreadable sample file ({exc})") from exc
             if path.stem not in known:  # a batch's file: only its recorded sources (a remove may have stopped midway)
                 table = table.filter(pc.is_in(table.column("source"), pa.array(sorted(known))))
-            tables.append(table)
+                batched.add(path.parent)
+            tables.append((path.parent, table))
         if not tables:
             return SCHEMA.empty_table().to_pandas()
-        return pa.concat_tables(tables).to_pandas()
+        parts = []
+        for folder, group in itertools.groupby(tables, key=lambda item: item[0]):
+            part = pa.concat_tables([table for _, table in group])
+            if folder in batched:  # the order of one file per source (sorted by name): by source, stable
+                part = part.take(pc.sort_indices(part, [("source", "ascending")]))
+            parts.append(part)
+        return pa.concat_tables(parts).to_pandas()
 
     def clear(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -190,3 +202,16 @@ def _source_table(source_id: str, rows) -> pa.Table:
 def _unlink(staged: list[tuple[Path, Path]]) -> None:
     for tmp, _ in staged:
         tmp.unlink(missing_ok=True)
+
+
+def _partition_codes(table: pa.Table) -> tuple[np.ndarray, list[tuple[str, str]]]:
+    """Each row's partition as a code, and the partitions ((hardware, primitive) folder names, sorted) they index."""
+    hardware = pc.dictionary_encode(table.column("hardware").combine_chunks())
+    primitive = pc.dictionary_encode(table.column("primitive").combine_chunks())
+    hw_names = [_part(v) for v in hardware.dictionary.to_pylist()]
+    prim_names = [_part(v) for v in primitive.dictionary.to_pylist()]
+    folders = sorted({(h, p) for h in hw_names for p in prim_names})
+    index = {folder: i for i, folder in enumerate(folders)}
+    grid = np.array([[index[(h, p)] for p in prim_names] for h in hw_names], dtype=np.int64).reshape(
+        len(hw_names), len(prim_names))
+    return grid[hardware.indices.to_numpy(), primitive.indices.to_numpy()], folders
