@@ -224,7 +224,8 @@ def small_folders(corpus: Path, repeats: int) -> None:
                 os.symlink(corpus / member, one_each / Path(member).name / Path(member).name)
             mb = sum(uncompressed_size(corpus / m) for m in members) / 1e6
             print(f"\nsmall traces: {name}, {len(members)} files, {mb:.1f} MB uncompressed JSON")
-            times: dict[str, list[float]] = {k: [] for k in ("tk", "hta", "tk-cmd", "hta-cmd", "tk-up", "hta-up")}
+            times: dict[str, list[float]] = {k: [] for k in ("tk", "hta", "tk-cmd", "hta-cmd", "tk-up", "hta-up",
+                                                                 "tk-cpu", "hta-cpu")}
             counts = {}
             with tempfile.TemporaryDirectory() as store:  # untimed: caches (bytecode, the OS's file cache) as in use
                 run_command([*tracekit_cli, "ingest", str(folder), "--store", store, "--json"])
@@ -236,6 +237,8 @@ def small_folders(corpus: Path, repeats: int) -> None:
                 counts = {"tracekit": (tk["ok"], tk["failed"]), "hta": (hta["ok"], hta["failed"])}
                 times["tk"].append(tk["seconds"])
                 times["hta"].append(hta["seconds"])
+                times["tk-cpu"].append(tk["cpu"])  # the processes' and their workers' CPU time: the work done,
+                times["hta-cpu"].append(hta["cpu"])  # less sensitive than wall time to other jobs on the cores
                 with tempfile.TemporaryDirectory() as store:
                     times["tk-cmd"].append(run_command([*tracekit_cli, "ingest", str(folder), "--store", store,
                                                         "--json"]))
@@ -245,6 +248,7 @@ def small_folders(corpus: Path, repeats: int) -> None:
             print(f"  ok/failed: tracekit {counts['tracekit'][0]}/{counts['tracekit'][1]}, "
                   f"HTA {counts['hta'][0]}/{counts['hta'][1]}")
             for label, tk_key, hta_key in (("in process (imports before the clock)", "tk", "hta"),
+                                           ("in process, CPU s (all processes)", "tk-cpu", "hta-cpu"),
                                            ("whole command (start-up included)", "tk-cmd", "hta-cmd"),
                                            ("start-up alone (interpreter, imports)", "tk-up", "hta-up")):
                 tk_t, hta_t = times[tk_key], times[hta_key]
