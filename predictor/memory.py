@@ -44,9 +44,13 @@ def _layer_bytes(c: TrainingConfig, layer: int, lowp: bool = True) -> float:
         modules.add("layernorm")
     heads = c.num_attention_heads
     s = c.seq_length // c.cp
-    scores = 0.0 if (c.attention == "flash" or "core_attn" in modules) else 5.0 * heads * s
+    # unfused attention keeps its softmax output (2 bytes a score) and, with attention dropout, the mask (1) and
+    # the dropped-out copy (2); dropout with p = 0 returns its input and keeps no mask (torch's `dropout`)
+    per_score = 2.0 + (3.0 if c.attention_dropout > 0 else 0.0)
+    scores = 0.0 if (c.attention == "flash" or "core_attn" in modules) else per_score * heads * s
     norms = 0.0 if "layernorm" in modules else 4.0 * h
-    replicated = norms + 2.0 * h * q + 2.0 * h  # the two norms' inputs, QKV's input, two dropout masks (1 byte each)
+    masks = 2.0 * h if c.hidden_dropout > 0 else 0.0  # the two hidden-dropout masks, 1 byte each
+    replicated = norms + 2.0 * h * q + masks  # the two norms' inputs, QKV's input, the dropout masks
     a = c.attn
     if a is not None and a.multi_latent_attention:
         up = 0.0 if "mla_up_proj" in modules else 2.0 * heads * (a.q_head_dim + a.qk_head_dim + a.v_head_dim)
@@ -88,14 +92,48 @@ def _input_bytes(c: TrainingConfig) -> float:
     return 2.0 * tokens * c.hidden_size / (c.tp if c.sequence_parallel else 1)
 
 
+#: Bytes per logit at the loss by cross-entropy implementation (`cross_entropy_fusion_impl` with
+#: `cross_entropy_loss_fusion`): Transformer Engine's works in place on the 2-byte logits; flash-attn's (llm-foundry's
+#: `fused_crossentropy`) keeps them and returns a 2-byte gradient; PyTorch's under autocast holds the 2-byte logits,
+#: their fp32 cast and the fp32 log-softmax it saves (its backward: that output, its fp32 gradient and the 2-byte
+#: one returned).
+LOSS_BYTES = {"te": 2.0, "flash_attn": 4.0, "torch": 10.0}
+
+
+def _loss_bytes(c: TrainingConfig) -> float:
+    """Bytes per logit at the loss on top of the last stage's activations. Megatron's vocab-parallel cross entropy
+    (unfused, or its `native` fusion) casts the logits to fp32 and keeps that copy as the softmax: its forward holds
+    the 2-byte logits beside the 4-byte copy, its backward the fp32 softmax beside the 2-byte gradient it returns (6
+    bytes either way). Other implementations: `LOSS_BYTES`."""
+    impl = c.extra.get("cross_entropy_fusion_impl") if c.extra.get("cross_entropy_loss_fusion") else None
+    return LOSS_BYTES.get(str(impl), 2.0 + 4.0)
+
+
+def _in_flight(c: TrainingConfig, stage: int) -> float:
+    """Micro-batches whose activations `stage` holds at its peak, as Megatron-core's schedules order them
+    (`get_pp_rank_microbatches`): the warm-up forwards plus the one before the first backward. 1F1B: pp − stage − 1
+    warm-up forwards; interleaved: (pp − stage − 1)·2 + (vp − 1)·g chunk forwards (g the micro-batch group, one more
+    with `overlap_moe_expert_parallel_comm`), or every one of the m·vp when that reaches them all — counted in
+    micro-batches of the whole stage (a chunk holds 1/vp of its layers)."""
+    m = c.num_microbatches
+    if c.pp == 1:
+        return 1.0
+    if c.vp == 1:
+        return float(min(c.pp - stage, m))
+    warmup = (c.pp - stage - 1) * 2 + (c.vp - 1) * c.microbatch_group
+    if c.moe is not None and c.moe.overlap_moe_expert_parallel_comm:
+        warmup += 1
+    return min(warmup + 1, m * c.vp) / c.vp
+
+
 def memory_per_gpu(graph: Graph) -> tuple[dict[str, float], list[str]]:
     """({weights, gradients, optimizer_state, activations, total} in GB for the fullest stage, warnings)."""
     return config_memory(graph.config, graph.hardware)
 
 
-def config_memory(c: TrainingConfig, hardware: str) -> tuple[dict[str, float], list[str]]:
-    """`memory_per_gpu` from the configuration alone, without its operator graph (a search prunes with it before
-    building graphs)."""
+def stage_memory(c: TrainingConfig) -> list[dict[str, float]]:
+    """{weights, gradients, optimizer_state, activations, total} in GB on a GPU of each pipeline stage, in stage
+    order (the last stage holds the loss)."""
     weight_bytes = 4 if c.precision == "fp32" else 2
     grad_bytes = c.grad_bytes
     state_bytes = 8 if c.precision == "fp32" else 12  # Adam m, v (+ fp32 master weights in mixed precision)
@@ -105,12 +143,12 @@ def config_memory(c: TrainingConfig, hardware: str) -> tuple[dict[str, float], l
     sharded = fsdp.sharding_of(c)
     if distributed and not sharded.per_unit:  # in instances: each shards over one instance's ranks
         dense_shard = sharded.optimizer_shard
-    logits = c.seq_length // c.cp * c.micro_batch_size * c.padded_vocab_size / c.tp * 4  # fp32 logits for the loss
+    logits = c.seq_length // c.cp * c.micro_batch_size * c.padded_vocab_size / c.tp * _loss_bytes(c)
     layout = chunks(c)
     pattern = c.moe.pattern(c.num_layers) if c.moe else None
     offloaded = int(c.extra.get("cpu_offloading_num_layers") or 0)  # Megatron's CPU offloading: activations on host
     cache: dict[tuple[bool, bool], float] = {}
-    best: dict[str, float] | None = None
+    rows: list[dict[str, float]] = []
     for stage in range(c.pp):
         dense = expert = 0
         acts = 0.0
@@ -133,15 +171,16 @@ def config_memory(c: TrainingConfig, hardware: str) -> tuple[dict[str, float], l
                     working = max(working, cache[kind])
             if part.mtp:
                 acts += part.mtp * _layer_bytes(c, c.num_layers - 1)
-        in_flight: float = min(c.pp - stage, c.num_microbatches)
-        if c.vp > 1:
-            in_flight *= 1 + (c.pp - 1) / (c.pp * c.vp)
+        in_flight = _in_flight(c, stage)
         has_loss = any(part.loss for part in layout[stage])
         activations = acts * in_flight + working + (logits if has_loss else 0.0)
         params = dense + expert
+        # fp16 with 2-byte gradients: Megatron's mixed-precision optimizer gives its fp32 main parameters (a shard of
+        # them with the distributed optimizer) fp32 copies of the gradients, kept until the next step's zero_grad
+        main_grads = (dense / dense_shard + expert / expert_shard) * 4 if grad_bytes == 2 else 0.0
         row = {
             "weights": params * weight_bytes / GB,
-            "gradients": params * grad_bytes / GB,
+            "gradients": (params * grad_bytes + main_grads) / GB,
             "optimizer_state": (dense / dense_shard + expert / expert_shard) * state_bytes / GB,
             "activations": activations / GB,
         }
@@ -151,9 +190,14 @@ def config_memory(c: TrainingConfig, hardware: str) -> tuple[dict[str, float], l
             parts = fsdp.memory_parts(c, dense, expert, expert_shard, layer_dense, len(stage_layers))
             row.update({k: v / GB for k, v in parts.items()})
         row["total"] = sum(row.values())
-        if best is None or row["total"] > best["total"]:
-            best = row
-    assert best is not None
+        rows.append(row)
+    return rows
+
+
+def config_memory(c: TrainingConfig, hardware: str) -> tuple[dict[str, float], list[str]]:
+    """`memory_per_gpu` from the configuration alone, without its operator graph (a search prunes with it before
+    building graphs): the fullest stage's row of `stage_memory`, and a warning when it exceeds the GPU's memory."""
+    best = max(stage_memory(c), key=lambda row: row["total"])
     warnings = []
     spec = hardware_spec(hardware)
     if spec is not None and best["total"] > spec.memory_gb:
