@@ -22,6 +22,8 @@ parameters over dp·cp, expert parameters over the expert data-parallel ranks.
 """
 from __future__ import annotations
 
+from itertools import accumulate
+
 from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import hardware_spec
 from tracekit.core.pipeline_layout import chunks
@@ -29,6 +31,7 @@ from tracekit.core.pipeline_layout import chunks
 from . import fsdp
 from .graph import Graph
 from .params import chunk_params, layer_params
+from .schedule import stage_order
 
 GB = 1e9
 
@@ -110,20 +113,17 @@ def _loss_bytes(c: TrainingConfig) -> float:
 
 
 def _in_flight(c: TrainingConfig, stage: int) -> float:
-    """Micro-batches whose activations `stage` holds at its peak, as Megatron-core's schedules order them
-    (`get_pp_rank_microbatches`): the warm-up forwards plus the one before the first backward. 1F1B: pp − stage − 1
-    warm-up forwards; interleaved: (pp − stage − 1)·2 + (vp − 1)·g chunk forwards (g the micro-batch group, one more
-    with `overlap_moe_expert_parallel_comm`), or every one of the m·vp when that reaches them all — counted in
+    """Micro-batches whose activations `stage` holds at its peak: the most forwards its schedule has run ahead of
+    their backwards (predictor.schedule.stage_order, Megatron-core's order: 1F1B min(pp − stage, m); interleaved,
+    (pp − stage − 1)·2 + (vp − 1)·g + 1 chunk forwards, one more with `overlap_moe_expert_parallel_comm`), in
     micro-batches of the whole stage (a chunk holds 1/vp of its layers)."""
-    m = c.num_microbatches
     if c.pp == 1:
         return 1.0
-    if c.vp == 1:
-        return float(min(c.pp - stage, m))
-    warmup = (c.pp - stage - 1) * 2 + (c.vp - 1) * c.microbatch_group
-    if c.moe is not None and c.moe.overlap_moe_expert_parallel_comm:
-        warmup += 1
-    return min(warmup + 1, m * c.vp) / c.vp
+    order = stage_order(stage, c.pp, c.vp, c.num_microbatches, c.microbatch_group)
+    ahead = max(accumulate(1 if kind == "F" else -1 for kind, _, _ in order))
+    if c.vp > 1 and c.moe is not None and c.moe.overlap_moe_expert_parallel_comm:
+        ahead = min(ahead + 1, c.num_microbatches * c.vp)
+    return ahead / c.vp
 
 
 def memory_per_gpu(graph: Graph) -> tuple[dict[str, float], list[str]]:
