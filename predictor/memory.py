@@ -139,8 +139,8 @@ def stage_memory(c: TrainingConfig) -> list[dict[str, float]]:
     state_bytes = 8 if c.precision == "fp32" else 12  # Adam m, v (+ fp32 master weights in mixed precision)
     distributed = c.use_distributed_optimizer
     dense_shard = c.dp * c.cp if distributed else 1
-    expert_shard = (c.moe.expert_dp(c.world_size, c.pp, c.tp) if c.moe else 1) if distributed else 1
     sharded = fsdp.sharding_of(c)
+    expert_shard = fsdp.expert_shard_size(c) if (distributed or sharded.fsdp) else 1
     if distributed and not sharded.per_unit:  # in instances: each shards over one instance's ranks
         dense_shard = sharded.optimizer_shard
     logits = c.seq_length // c.cp * c.micro_batch_size * c.padded_vocab_size / c.tp * _loss_bytes(c)
@@ -187,7 +187,8 @@ def stage_memory(c: TrainingConfig) -> list[dict[str, float]]:
         if sharded.per_unit:  # FSDP/ZeRO-2/3: shards plus the gathered units in flight (predictor.fsdp)
             stage_layers = [layer for part in layout[stage] for layer in part.layers]
             layer_dense = max((layer_params(c, layer)[0] for layer in stage_layers), default=0)
-            parts = fsdp.memory_parts(c, dense, expert, expert_shard, layer_dense, len(stage_layers))
+            layer_expert = max((layer_params(c, layer)[1] for layer in stage_layers), default=0)
+            parts = fsdp.memory_parts(c, dense, expert, expert_shard, layer_dense, len(stage_layers), layer_expert)
             row.update({k: v / GB for k, v in parts.items()})
         row["total"] = sum(row.values())
         rows.append(row)
