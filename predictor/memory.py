@@ -36,9 +36,11 @@ from .schedule import stage_order
 GB = 1e9
 
 
-def _layer_bytes(c: TrainingConfig, layer: int, lowp: bool = True) -> float:
+def _layer_bytes(c: TrainingConfig, layer: int, lowp: bool = True, host: frozenset[str] = frozenset()) -> float:
     """Bytes one layer keeps per micro-batch on one GPU (module docstring); `lowp`: its GEMM inputs are kept in the
-    precision recipe's format (Transformer Engine saves the quantised copy for the weight gradient)."""
+    precision recipe's format (Transformer Engine saves the quantised copy for the weight gradient); `host`: the
+    modules whose saved tensors fine-grained activation offloading keeps on the host instead (`offload_modules`:
+    what a module saves inside its offload group — its input, and core attention's unfused scores too)."""
     tokens = c.seq_length // c.cp * c.micro_batch_size
     t, h = c.tp, c.hidden_size
     q = c.recipe.out_bytes / 2.0 if (lowp and c.recipe.low_precision) else 1.0  # a GEMM input's bytes over bf16's
@@ -50,25 +52,31 @@ def _layer_bytes(c: TrainingConfig, layer: int, lowp: bool = True) -> float:
     # unfused attention keeps its softmax output (2 bytes a score) and, with attention dropout, the mask (1) and
     # the dropped-out copy (2); dropout with p = 0 returns its input and keeps no mask (torch's `dropout`)
     per_score = 2.0 + (3.0 if c.attention_dropout > 0 else 0.0)
-    scores = 0.0 if (c.attention == "flash" or "core_attn" in modules) else per_score * heads * s
-    norms = 0.0 if "layernorm" in modules else 4.0 * h
+    scores = 0.0 if (c.attention == "flash" or "core_attn" in modules | host) else per_score * heads * s
+    norms = 0.0 if "layernorm" in modules else 2.0 * h * (2 - len(host & {"attn_norm", "mlp_norm"}))
     masks = 2.0 * h if c.hidden_dropout > 0 else 0.0  # the two hidden-dropout masks, 1 byte each
-    replicated = norms + 2.0 * h * q + masks  # the two norms' inputs, QKV's input, the dropout masks
+    qkv_in = 0.0 if "qkv_linear" in host else 2.0 * h * q
+    replicated = norms + qkv_in + masks  # the two norms' inputs, QKV's input, the dropout masks
+    proj = 0.0 if "attn_proj" in host else 1.0  # the output projection's input
+    core = 0.0 if "core_attn" in host else 1.0  # what core attention saves: q, k, v (and unfused, its scores)
     a = c.attn
     if a is not None and a.multi_latent_attention:
         up = 0.0 if "mla_up_proj" in modules else 2.0 * heads * (a.q_head_dim + a.qk_head_dim + a.v_head_dim)
         replicated += 2.0 * ((a.q_lora_rank or 0) + a.kv_lora_rank) * q  # the up projections' inputs
-        split = up + 2.0 * heads * a.v_head_dim * q + scores
+        split = up * core + 2.0 * heads * a.v_head_dim * q * proj + scores
     else:
         d, groups = c.head_dim, c.num_query_groups
-        split = 2.0 * (heads + 2 * groups) * d + 2.0 * heads * d * q + scores
+        split = 2.0 * (heads + 2 * groups) * d * core + 2.0 * heads * d * q * proj + scores
     moe = c.moe
     extra = 0.0
     if moe is not None and moe.pattern(c.num_layers)[layer]:
         replicated += 2.0 * h  # the router's input
         f, etp = moe.ffn(c.ffn_hidden_size), moe.etp(t)
-        act = 0.0 if modules & {"moe_act", "moe"} else 2.0 * (2 * f if c.swiglu else f) / etp
-        per_copy = 2.0 * h * q + act + 2.0 * f * q / etp
+        act = 0.0 if modules & {"moe_act", "moe"} or host & {"moe_act", "fused_group_mlp"} else \
+            2.0 * (2 * f if c.swiglu else f) / etp
+        fc1_in = 0.0 if host & {"expert_fc1", "fused_group_mlp"} else 2.0 * h * q
+        fc2_in = 0.0 if "fused_group_mlp" in host else 2.0 * f * q / etp
+        per_copy = fc1_in + act + fc2_in
         if "moe" not in modules:
             routed_tokens = tokens / t if c.sequence_parallel else tokens
             extra = moe.moe_router_topk * moe.load_factor() * etp * per_copy * routed_tokens
@@ -81,6 +89,17 @@ def _layer_bytes(c: TrainingConfig, layer: int, lowp: bool = True) -> float:
     if c.sequence_parallel:
         return tokens * (replicated + split) / t + extra
     return tokens * (replicated + split / t) + extra
+
+
+def _offload_modules(c: TrainingConfig) -> tuple[str, ...]:
+    """The modules whose inputs Megatron's fine-grained activation offloading keeps on the host
+    (`--fine-grained-activation-offloading --offload-modules ...`; none without the first flag)."""
+    if not c.extra.get("fine_grained_activation_offloading"):
+        return ()
+    modules = c.extra.get("offload_modules") or ()
+    if isinstance(modules, str):
+        modules = modules.strip("[]").replace("'", "").replace(",", " ").split()
+    return tuple(str(m) for m in modules)
 
 
 def _mlp_bytes(c: TrainingConfig, ffn: int, q: float = 1.0) -> float:
@@ -147,7 +166,9 @@ def stage_memory(c: TrainingConfig) -> list[dict[str, float]]:
     layout = chunks(c)
     pattern = c.moe.pattern(c.num_layers) if c.moe else None
     offloaded = int(c.extra.get("cpu_offloading_num_layers") or 0)  # Megatron's CPU offloading: activations on host
+    host = frozenset(_offload_modules(c))  # fine-grained activation offloading: these modules' inputs on the host
     cache: dict[tuple[bool, bool], float] = {}
+    kept: dict[tuple[bool, bool], float] = {}
     rows: list[dict[str, float]] = []
     for stage in range(c.pp):
         dense = expert = 0
@@ -165,10 +186,13 @@ def stage_memory(c: TrainingConfig) -> list[dict[str, float]]:
                 kind = (bool(pattern and pattern[layer]), bf16)  # what a layer's activations depend on
                 if kind not in cache:
                     cache[kind] = _layer_bytes(c, layer, not bf16)
+                    kept[kind] = _layer_bytes(c, layer, not bf16, host) if host else cache[kind]
                 on_host = not full and position < offloaded
-                acts += _input_bytes(c) if full else 0.0 if on_host else cache[kind]
+                acts += _input_bytes(c) if full else 0.0 if on_host else kept[kind]
                 if full or on_host:  # a recomputed layer's, or an offloaded one's copy on its way in or out
                     working = max(working, cache[kind])
+                elif host:  # one layer's offloaded inputs on their way out or back in
+                    working = max(working, cache[kind] - kept[kind])
             if part.mtp:
                 acts += part.mtp * _layer_bytes(c, c.num_layers - 1)
         in_flight = _in_flight(c, stage)

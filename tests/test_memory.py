@@ -112,3 +112,20 @@ def test_a_bridge_rows_model_provider_sets_its_cross_entropy():
         assert c.hidden_dropout == 0.0 and c.attention_dropout == 0.0  # every Bridge provider here sets none
         seen.add(family)
     assert {"LLAMA", "DEEPS", "QWEN3", "GPT O"} <= seen
+
+
+def test_fine_grained_offloading_keeps_the_named_modules_saved_tensors_on_the_host():
+    """`--fine-grained-activation-offloading --offload-modules core_attn`: what core attention saves (q, k, v and,
+    unfused, its 2-byte softmax output) leaves the GPU for every layer but the one in transit."""
+    s, b, h, a, L = 1024, 1, 1024, 16, 6
+    d = h // a
+    base = dict(num_layers=L, hidden_size=h, num_attention_heads=a, seq_length=s, micro_batch_size=b,
+                attention="unfused", hidden_dropout=0.0, attention_dropout=0.0)
+    kept = TrainingConfig.from_mapping(base)
+    off = TrainingConfig.from_mapping({**base, "fine_grained_activation_offloading": True,
+                                       "offload_modules": ["core_attn"]})
+    per_layer = s * b * (2 * 3 * a * d + 2 * a * s)  # q, k, v and the scores, 2 bytes each
+    gap = stage_memory(kept)[-1]["activations"] - stage_memory(off)[-1]["activations"]
+    assert gap * GB == pytest.approx((L - 1) * per_layer)
+    unflagged = TrainingConfig.from_mapping({**base, "offload_modules": ["core_attn"]})  # the modules alone do not
+    assert stage_memory(unflagged)[-1]["activations"] == stage_memory(kept)[-1]["activations"]
