@@ -138,3 +138,20 @@ def test_a_launch_line_wins_over_the_provider():
         row = next(r for r in csv.DictReader(fh) if "OSS" in r["model_name"])
     parsed = parse_row({**row, "megatron_args": "--activation-func-clamp-value 10"}, 2, None, None)
     assert parsed.config is not None and parsed.config.act.activation_func_clamp_value == 10.0
+
+
+def test_gradients_stated_without_fp32_accumulation_are_kept_and_reduced_in_bf16():
+    """Megatron-Bridge's `grad_reduce_in_fp32=False` (GPT-OSS's recipes): half the gradient memory and half the bytes
+    each data-parallel reduce-scatter moves; unstated, bf16 keeps Megatron's fp32 main gradients."""
+    from predictor.memory import config_memory
+
+    fp32 = gpt_oss_like(world_size=8, data_parallel_size=8)
+    bf16 = gpt_oss_like(world_size=8, data_parallel_size=8, accumulate_allreduce_grads_in_fp32=False)
+    assert (fp32.grad_bytes, bf16.grad_bytes) == (4, 2)
+    assert config_memory(bf16, HW)[0]["gradients"] == pytest.approx(config_memory(fp32, HW)[0]["gradients"] / 2)
+
+    def reduced(c):
+        g = build_graph(c, HW)
+        return sum(s["bytes"] for s in g.specs if s["primitive"] == "reduce_scatter")
+
+    assert reduced(bf16) == pytest.approx(reduced(fp32) / 2)
