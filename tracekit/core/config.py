@@ -362,7 +362,7 @@ class TrainingConfig:
             _apply(key, value, values, extra, known)
         for raw_key, raw in (defaults or {}).items():
             key = setting_name(raw_key)
-            if key not in values and _scalar(raw) is not None:
+            if key not in values and key not in extra and _scalar(raw) is not None:
                 _apply(key, _scalar(raw), values, extra, known)
         missing = [n for n in ("num_layers", "hidden_size", "num_attention_heads", "seq_length") if n not in values]
         if missing:
