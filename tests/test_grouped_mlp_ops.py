@@ -141,9 +141,9 @@ def test_a_launch_line_wins_over_the_provider():
 
 
 def test_gradients_stated_without_fp32_accumulation_are_kept_and_reduced_in_bf16():
-    """Megatron-Bridge's `grad_reduce_in_fp32=False` (GPT-OSS's recipes): 2-byte gradient buffers (plus the fp32 copy
-    of its shard the distributed optimizer makes: less memory, not half) and half the bytes each data-parallel reduce-scatter
-    moves; unstated, bf16 keeps Megatron's fp32 main gradients."""
+    """Megatron-Bridge's `grad_reduce_in_fp32=False` (GPT-OSS's recipes): 2-byte gradient buffers (plus the fp32
+    copy of its shard the distributed optimizer makes: less memory, not half) and half the bytes each data-parallel
+    reduce-scatter moves; unstated, bf16 keeps Megatron's fp32 main gradients."""
     from predictor.memory import config_memory
 
     common = dict(world_size=8, data_parallel_size=8, use_distributed_optimizer=True)  # the recipes' optimizer
