@@ -6,8 +6,9 @@ Megatron's DDP keeps gradients in buckets of max(40M, 1M · ranks) elements: den
 data- and context-parallel ranks (`dpcp`), expert parameters over the expert data-parallel ranks (`edp`), each in
 buckets of their own: an all-reduce of the bucket, or with the distributed optimizer a reduce-scatter of it and, after
 the step, an all-gather of the updated parameters (1/ranks of the bucket each; fp8 parameters with
-`fp8_param_gather`). The optimizer step updates the stage's dense parameters / dpcp (sharded) plus its expert
-parameters / edp. Weights cast by the recipe (tracekit.core.precision) are cast once per iteration.
+`fp8_param_gather`; under FSDP/ZeRO-2+ the experts are sharded per unit instead, predictor.fsdp). The optimizer step
+updates the stage's dense parameters / dpcp (sharded) plus its expert parameters / edp. Weights cast by the recipe
+(tracekit.core.precision) are cast once per iteration.
 """
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def stage_sync(b: OpBuilder, stage: int, weight_cast_elements: float) -> StageSy
     else:
         _buckets(b, dense, "dpcp", "", sync)
         shard_dense = b.groups["dpcp"].size if c.use_distributed_optimizer else 1
-    _buckets(b, expert, "edp", "expert_", sync)
+    if not (sharding.per_unit and sharding.grads_sharded):  # FSDP/ZeRO-2+ shard the experts per unit too
+        _buckets(b, expert, "edp", "expert_", sync)
     tied = pp > 1 and not c.untie_embeddings_and_output_weights and stage in (0, pp - 1)
     if tied:  # word-embedding gradient shared by the first and last stage
         place = b.groups["p2p"]
@@ -77,7 +79,7 @@ def stage_sync(b: OpBuilder, stage: int, weight_cast_elements: float) -> StageSy
         sync.grad_sync.append(OpUse("embedding.grad_all_reduce", spec, group="embd"))
     kind = "firstStage" if stage == 0 else "lastStage" if stage == pp - 1 else "middleStage"
     layers = sum(len(part.layers) for part in _stage_chunks(c, stage))
-    shard_expert = b.groups["edp"].size if c.use_distributed_optimizer else 1
+    shard_expert = b.groups["edp"].size if (c.use_distributed_optimizer or sharding.fsdp) else 1
     params = -(-dense // shard_dense) + -(-expert // shard_expert)
     spec = b.spec("optimizer", "optimizer", f"{kind}_optimizer", None, None, layers=layers, width=c.hidden_size,
                   tp=c.tp, params=params)

@@ -16,6 +16,9 @@ parallel ranks, or with HSDP each replica's `dp·cp / replicas` of them):
 - FSDP's NO_SHARD: an all-reduce per unit and micro-batch.
 PyTorch FSDP2 also copies each unit's shards into the gather buffer and out of it, and the gradients into the
 reduce-scatter buffer (memory-bound copies on the compute stream). The optimizer steps over 1/N of the parameters.
+An MoE layer's experts are a unit of their own, sharded over the expert data-parallel ranks (the ranks holding the
+same experts: torchtitan's `fully_shard` of the experts on the data-parallel mesh without the EP dimension,
+Megatron-FSDP's and DeepSpeed's expert data-parallel group): the same collectives over that group, no HSDP replicas.
 
 Overlap: FSDP issues the next unit's all-gather while the current unit computes (FSDP2's prefetch, FSDP1's
 BACKWARD_PRE and the CPU running ahead), and the reduce-scatter of a unit beside the next unit's backward, on one
@@ -39,9 +42,9 @@ if TYPE_CHECKING:
 
     from .graph import Segment
 
-#: The groups of FSDP's collectives: the shard group and (HSDP) the replicas of one shard.
-SHARD, REPLICA = "fsdp", "fsdp_replica"
-GROUPS = (SHARD, REPLICA)
+#: The groups of FSDP's collectives: the shard group, (HSDP) the replicas of one shard, the experts' shard group.
+SHARD, REPLICA, EXPERT_SHARD = "fsdp", "fsdp_replica", "efsdp"
+GROUPS = (SHARD, REPLICA, EXPERT_SHARD)
 
 
 def gather_bytes(c: TrainingConfig) -> int:
@@ -66,14 +69,25 @@ def add_groups(b: OpBuilder, s: Sharding) -> None:
     world = c.world_size
     b.groups[SHARD] = group_placement(SHARD, s.shard_size, c.tp, b.gpn, world)
     b.groups[REPLICA] = group_placement(REPLICA, s.replicas, c.tp * s.shard_size, b.gpn, world)
+    if "edp" in b.groups:
+        b.groups[EXPERT_SHARD] = b.groups["edp"]
 
 
-def unit_ops(b: OpBuilder, s: Sharding, params: float, name: str, per_layer: bool, root: bool
-             ) -> tuple[list[OpUse], list[OpUse], list[OpUse]]:
+def expert_shard_size(c: TrainingConfig) -> int:
+    """Ranks an MoE layer's experts are sharded over: the expert data-parallel ranks."""
+    return c.moe.expert_dp(c.world_size, c.pp, c.tp) if c.moe is not None else 1
+
+
+def unit_ops(b: OpBuilder, s: Sharding, params: float, name: str, per_layer: bool, root: bool,
+             experts: bool = False) -> tuple[list[OpUse], list[OpUse], list[OpUse]]:
     """(forward ops before the unit, backward ops before it, backward ops after it) of one unit holding `params`
-    parameters on this GPU, per micro-batch (module docstring)."""
+    parameters on this GPU, per micro-batch (module docstring); `experts`: an MoE layer's experts, over their shard
+    group."""
     c = b.c
-    n = s.shard_size
+    group = EXPERT_SHARD if experts else SHARD
+    n = expert_shard_size(c) if experts else s.shard_size
+    if params <= 0:
+        return [], [], []
     before_fwd: list[OpUse] = []
     before_bwd: list[OpUse] = []
     after_bwd: list[OpUse] = []
@@ -85,7 +99,7 @@ def unit_ops(b: OpBuilder, s: Sharding, params: float, name: str, per_layer: boo
     if s.params_sharded:
         gathers = 1 if root else s.parameter_gathers_per_microbatch
         for i, where in enumerate((before_fwd, before_bwd)[:gathers]):
-            op = b.collective(f"{name}.fsdp.all_gather" + ("" if i == 0 else "_backward"), "all_gather", SHARD,
+            op = b.collective(f"{name}.fsdp.all_gather" + ("" if i == 0 else "_backward"), "all_gather", group,
                               params * gather_bytes(c) / n, per_layer)
             if op is None:
                 continue
@@ -98,14 +112,14 @@ def unit_ops(b: OpBuilder, s: Sharding, params: float, name: str, per_layer: boo
         if s.grads_sharded:
             if copies:
                 after_bwd.append(copy("reduce_scatter_copy_in", params))
-            op = b.collective(f"{name}.fsdp.reduce_scatter", "reduce_scatter", SHARD, params * reduce_bytes(c) / n,
+            op = b.collective(f"{name}.fsdp.reduce_scatter", "reduce_scatter", group, params * reduce_bytes(c) / n,
                               per_layer)
             if op is not None:
                 after_bwd.append(op)
-            across = b.collective(f"{name}.fsdp.replica_all_reduce", "all_reduce", REPLICA,
-                                  params * reduce_bytes(c) / n, per_layer)
+            across = None if experts else b.collective(f"{name}.fsdp.replica_all_reduce", "all_reduce", REPLICA,
+                                                       params * reduce_bytes(c) / n, per_layer)
         else:  # NO_SHARD: DDP by FSDP, an all-reduce per unit
-            across = b.collective(f"{name}.fsdp.all_reduce", "all_reduce", SHARD, params * reduce_bytes(c), per_layer)
+            across = b.collective(f"{name}.fsdp.all_reduce", "all_reduce", group, params * reduce_bytes(c), per_layer)
         if across is not None:
             after_bwd.append(across)
     return before_fwd, before_bwd, after_bwd
@@ -126,12 +140,12 @@ def insert_unit_ops(b: OpBuilder, segments: list[Segment]) -> None:
     layout = chunks(c)
     for seg in segments:
         part = layout[seg.stage][seg.chunk]
-        kinds: dict[bool, float] = {}
+        kinds: dict[bool, tuple[float, float]] = {}
         layers_total = 0.0
         for layer in part.layers:
-            dense, _ = layer_params(c, layer)
+            dense, expert = layer_params(c, layer)
             moe = bool(c.moe and c.moe.pattern(c.num_layers)[layer])
-            kinds.setdefault(moe, float(dense))
+            kinds.setdefault(moe, (float(dense), float(expert)))
             layers_total += dense
         dense_chunk, _ = chunk_params(c, seg.stage, seg.chunk)
         seg.fwd = _per_layer(b, s, seg.fwd, kinds, forward=True)
@@ -143,9 +157,10 @@ def insert_unit_ops(b: OpBuilder, segments: list[Segment]) -> None:
             seg.bwd = seg.bwd + after
 
 
-def _per_layer(b: OpBuilder, s: Sharding, ops: list[OpUse], kinds: dict[bool, float], forward: bool
+def _per_layer(b: OpBuilder, s: Sharding, ops: list[OpUse], kinds: dict[bool, tuple[float, float]], forward: bool
                ) -> list[OpUse]:
-    """`ops` with each run of one layer block's ops wrapped in its units' collectives."""
+    """`ops` with each run of one layer block's ops wrapped in its units' collectives (an MoE layer's: its dense
+    parameters' unit and its experts')."""
     out: list[OpUse] = []
     i = 0
     while i < len(ops):
@@ -157,10 +172,11 @@ def _per_layer(b: OpBuilder, s: Sharding, ops: list[OpUse], kinds: dict[bool, fl
         j = i
         while j < len(ops) and ops[j].per_layer and (ops[j].block, ops[j].count) == (op.block, op.count):
             j += 1
-        params = kinds.get(op.block.startswith("moe"), next(iter(kinds.values()), 0.0))
-        before_fwd, before_bwd, after_bwd = unit_ops(b, s, params, "layer", True, False)
-        pre = before_fwd if forward else before_bwd
-        post = [] if forward else after_bwd
+        dense, expert = kinds.get(op.block.startswith("moe"), next(iter(kinds.values()), (0.0, 0.0)))
+        before_fwd, before_bwd, after_bwd = unit_ops(b, s, dense, "layer", True, False)
+        e_fwd, e_bwd, e_after = unit_ops(b, s, expert, "layer.experts", True, False, experts=True)
+        pre = before_fwd + e_fwd if forward else before_bwd + e_bwd
+        post = [] if forward else after_bwd + e_after
         out.extend(_with(u, op.count, op.block) for u in pre)
         out.extend(ops[i:j])
         out.extend(_with(u, op.count, op.block) for u in post)
@@ -177,16 +193,23 @@ def stage_sync(b: OpBuilder, stage: int, dense: int, param_gather: list[OpUse], 
     s = sharding_of(c)
     if s.once_per_iteration(c.pp) and dense > 0:
         for index, part in enumerate(chunks(c)[stage]):
-            units = [(float(layer_params(c, layer)[0]), "layer") for layer in part.layers]
-            root = chunk_params(c, stage, index)[0] - sum(p for p, _ in units)
+            units = [(float(layer_params(c, layer)[0]), "layer", False) for layer in part.layers]
+            root = chunk_params(c, stage, index)[0] - sum(p for p, _, _ in units)
             if root > 0:
-                units.append((float(root), "root"))
-            for params, name in units:
-                fwd, _, after = unit_ops(b, s, params, name, False, True)
+                units.append((float(root), "root", False))
+            units.extend((float(layer_params(c, layer)[1]), "layer.experts", True) for layer in part.layers)
+            for params, name, experts in units:
+                fwd, _, after = unit_ops(b, s, params, name, False, True, experts)
                 param_gather.extend(o for o in fwd if o.group in GROUPS)
                 grad_sync.extend(o for o in after if o.group in GROUPS)
     elif s.grads_sharded and not s.params_sharded and dense > 0:
         op = b.bucket("optimizer.fsdp.param_all_gather", "all_gather", dense * gather_bytes(c) / s.shard_size, SHARD)
+        if op is not None:
+            param_gather.append(op)
+        expert = sum(chunk_params(c, stage, index)[1] for index in range(len(chunks(c)[stage])))
+        n = expert_shard_size(c)
+        op = b.bucket("optimizer.fsdp.expert_param_all_gather", "all_gather", expert * gather_bytes(c) / n,
+                      EXPERT_SHARD) if expert > 0 else None
         if op is not None:
             param_gather.append(op)
     return s.optimizer_shard
@@ -233,15 +256,16 @@ def exposed_us(blocks: list[tuple[float, float, int]], root_us: float, overlap: 
 
 
 def memory_parts(c: TrainingConfig, dense: int, expert: int, expert_shard: int, layer_dense: float,
-                 layers: int) -> dict[str, float]:
+                 layers: int, layer_expert: float = 0.0) -> dict[str, float]:
     """Bytes per GPU of a stage's parameters, gradients and optimizer state under per-unit sharding (`dense`,
-    `expert` parameters; `layer_dense`: one layer's dense parameters, `layers` the stage's layers):
+    `expert` parameters; `layer_dense`, `layer_expert`: one layer's, `layers` the stage's layers):
     - weights: the sharded parameters (fp32 masters with torch FSDP's mixed precision, the training dtype otherwise)
       plus the gathered units in flight (the unit computing and the one prefetched; every layer between forward and
       backward when units keep their parameters; the root);
     - gradients: the sharded gradients (whole ones without ZeRO-2) plus the unsharded gradients of the units in
       flight;
-    - optimizer state: Adam's m and v (and Megatron-FSDP's fp32 main parameters) over the optimizer's ranks."""
+    - optimizer state: Adam's m and v (and Megatron-FSDP's fp32 main parameters) over the optimizer's ranks.
+    Experts shard over the expert data-parallel ranks (`expert_shard`), dense parameters over the shard group."""
     s = sharding_of(c)
     n = s.shard_size
     torch_fsdp = s.implementation.startswith("torch-fsdp")
@@ -250,15 +274,15 @@ def memory_parts(c: TrainingConfig, dense: int, expert: int, expert_shard: int, 
     state = 8 if (torch_fsdp or c.precision == "fp32") else 12
     grad = 4 if torch_fsdp else c.grad_bytes
     root = max(0.0, dense - layer_dense * layers)
-    weights = (dense / n if s.params_sharded else dense) * store + expert * store
+    weights = ((dense / n + expert / expert_shard) if s.params_sharded else dense + expert) * store
     if s.params_sharded:
-        in_flight = layer_dense * (2 if s.reshard_after_forward else layers) + root
+        in_flight = (layer_dense + layer_expert) * (2 if s.reshard_after_forward else layers) + root
         weights += in_flight * compute
-    gradients = (dense / n if s.grads_sharded else dense) * grad + expert * grad
+    gradients = ((dense / n + expert / expert_shard) if s.grads_sharded else dense + expert) * grad
     if s.once_per_iteration(c.pp):  # pipelined: gradients accumulate unsharded until the last micro-batch
         gradients = (dense + expert) * grad
     elif s.grads_sharded:
-        gradients += 2 * layer_dense * reduce_bytes(c)
+        gradients += 2 * (layer_dense + layer_expert) * reduce_bytes(c)
     optimizer = dense / s.optimizer_shard * state + expert / expert_shard * state
     return {"weights": weights, "gradients": gradients, "optimizer_state": optimizer}
 

@@ -22,6 +22,8 @@ parameters over dp·cp, expert parameters over the expert data-parallel ranks.
 """
 from __future__ import annotations
 
+from itertools import accumulate
+
 from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import hardware_spec
 from tracekit.core.pipeline_layout import chunks
@@ -29,13 +31,16 @@ from tracekit.core.pipeline_layout import chunks
 from . import fsdp
 from .graph import Graph
 from .params import chunk_params, layer_params
+from .schedule import stage_order
 
 GB = 1e9
 
 
-def _layer_bytes(c: TrainingConfig, layer: int, lowp: bool = True) -> float:
+def _layer_bytes(c: TrainingConfig, layer: int, lowp: bool = True, host: frozenset[str] = frozenset()) -> float:
     """Bytes one layer keeps per micro-batch on one GPU (module docstring); `lowp`: its GEMM inputs are kept in the
-    precision recipe's format (Transformer Engine saves the quantised copy for the weight gradient)."""
+    precision recipe's format (Transformer Engine saves the quantised copy for the weight gradient); `host`: the
+    modules whose saved tensors fine-grained activation offloading keeps on the host instead (`offload_modules`:
+    what a module saves inside its offload group — its input, and core attention's unfused scores too)."""
     tokens = c.seq_length // c.cp * c.micro_batch_size
     t, h = c.tp, c.hidden_size
     q = c.recipe.out_bytes / 2.0 if (lowp and c.recipe.low_precision) else 1.0  # a GEMM input's bytes over bf16's
@@ -44,24 +49,34 @@ def _layer_bytes(c: TrainingConfig, layer: int, lowp: bool = True) -> float:
         modules.add("layernorm")
     heads = c.num_attention_heads
     s = c.seq_length // c.cp
-    scores = 0.0 if (c.attention == "flash" or "core_attn" in modules) else 5.0 * heads * s
-    norms = 0.0 if "layernorm" in modules else 4.0 * h
-    replicated = norms + 2.0 * h * q + 2.0 * h  # the two norms' inputs, QKV's input, two dropout masks (1 byte each)
+    # unfused attention keeps its softmax output (2 bytes a score) and, with attention dropout, the mask (1) and
+    # the dropped-out copy (2); dropout with p = 0 returns its input and keeps no mask (torch's `dropout`)
+    per_score = 2.0 + (3.0 if c.attention_dropout > 0 else 0.0)
+    scores = 0.0 if (c.attention == "flash" or "core_attn" in modules | host) else per_score * heads * s
+    norms = 0.0 if "layernorm" in modules else 2.0 * h * (2 - len(host & {"attn_norm", "mlp_norm"}))
+    masks = 2.0 * h if c.hidden_dropout > 0 else 0.0  # the two hidden-dropout masks, 1 byte each
+    qkv_in = 0.0 if "qkv_linear" in host else 2.0 * h * q
+    replicated = norms + qkv_in + masks  # the two norms' inputs, QKV's input, the dropout masks
+    proj = 0.0 if "attn_proj" in host else 1.0  # the output projection's input
+    core = 0.0 if "core_attn" in host else 1.0  # what core attention saves: q, k, v (and unfused, its scores)
     a = c.attn
     if a is not None and a.multi_latent_attention:
         up = 0.0 if "mla_up_proj" in modules else 2.0 * heads * (a.q_head_dim + a.qk_head_dim + a.v_head_dim)
         replicated += 2.0 * ((a.q_lora_rank or 0) + a.kv_lora_rank) * q  # the up projections' inputs
-        split = up + 2.0 * heads * a.v_head_dim * q + scores
+        split = up * core + 2.0 * heads * a.v_head_dim * q * proj + scores
     else:
         d, groups = c.head_dim, c.num_query_groups
-        split = 2.0 * (heads + 2 * groups) * d + 2.0 * heads * d * q + scores
+        split = 2.0 * (heads + 2 * groups) * d * core + 2.0 * heads * d * q * proj + scores
     moe = c.moe
     extra = 0.0
     if moe is not None and moe.pattern(c.num_layers)[layer]:
         replicated += 2.0 * h  # the router's input
         f, etp = moe.ffn(c.ffn_hidden_size), moe.etp(t)
-        act = 0.0 if modules & {"moe_act", "moe"} else 2.0 * (2 * f if c.swiglu else f) / etp
-        per_copy = 2.0 * h * q + act + 2.0 * f * q / etp
+        act = 0.0 if modules & {"moe_act", "moe"} or host & {"moe_act", "fused_group_mlp"} else \
+            2.0 * (2 * f if c.swiglu else f) / etp
+        fc1_in = 0.0 if host & {"expert_fc1", "fused_group_mlp"} else 2.0 * h * q
+        fc2_in = 0.0 if "fused_group_mlp" in host else 2.0 * f * q / etp
+        per_copy = fc1_in + act + fc2_in
         if "moe" not in modules:
             routed_tokens = tokens / t if c.sequence_parallel else tokens
             extra = moe.moe_router_topk * moe.load_factor() * etp * per_copy * routed_tokens
@@ -76,6 +91,17 @@ def _layer_bytes(c: TrainingConfig, layer: int, lowp: bool = True) -> float:
     return tokens * (replicated + split / t) + extra
 
 
+def _offload_modules(c: TrainingConfig) -> tuple[str, ...]:
+    """The modules whose inputs Megatron's fine-grained activation offloading keeps on the host
+    (`--fine-grained-activation-offloading --offload-modules ...`; none without the first flag)."""
+    if not c.extra.get("fine_grained_activation_offloading"):
+        return ()
+    modules = c.extra.get("offload_modules") or ()
+    if isinstance(modules, str):
+        modules = modules.strip("[]").replace("'", "").replace(",", " ").split()
+    return tuple(str(m) for m in modules)
+
+
 def _mlp_bytes(c: TrainingConfig, ffn: int, q: float = 1.0) -> float:
     """TP-split bytes per token of an MLP of width `ffn`: the activation's input and FC2's (a GEMM input: × q)."""
     f1 = 2 * ffn if c.swiglu else ffn
@@ -88,29 +114,62 @@ def _input_bytes(c: TrainingConfig) -> float:
     return 2.0 * tokens * c.hidden_size / (c.tp if c.sequence_parallel else 1)
 
 
+#: Bytes per logit at the loss by cross-entropy implementation (`cross_entropy_fusion_impl` with
+#: `cross_entropy_loss_fusion`): Transformer Engine's works in place on the 2-byte logits; flash-attn's (llm-foundry's
+#: `fused_crossentropy`) keeps them and returns a 2-byte gradient; PyTorch's under autocast holds the 2-byte logits,
+#: their fp32 cast and the fp32 log-softmax it saves (its backward: that output, its fp32 gradient and the 2-byte
+#: one returned).
+LOSS_BYTES = {"te": 2.0, "flash_attn": 4.0, "torch": 10.0}
+
+
+def _loss_bytes(c: TrainingConfig) -> float:
+    """Bytes per logit at the loss on top of the last stage's activations. Megatron's vocab-parallel cross entropy
+    (unfused, or its `native` fusion) casts the logits to fp32 and keeps that copy as the softmax: its forward holds
+    the 2-byte logits beside the 4-byte copy, its backward the fp32 softmax beside the 2-byte gradient it returns (6
+    bytes either way). Other implementations: `LOSS_BYTES`."""
+    impl = c.extra.get("cross_entropy_fusion_impl") if c.extra.get("cross_entropy_loss_fusion") else None
+    return LOSS_BYTES.get(str(impl), 2.0 + 4.0)
+
+
+def _in_flight(c: TrainingConfig, stage: int) -> float:
+    """Micro-batches whose activations `stage` holds at its peak: the most forwards its schedule has run ahead of
+    their backwards (predictor.schedule.stage_order, Megatron-core's order: 1F1B min(pp − stage, m); interleaved,
+    (pp − stage − 1)·2 + (vp − 1)·g + 1 chunk forwards, one more with `overlap_moe_expert_parallel_comm`), in
+    micro-batches of the whole stage (a chunk holds 1/vp of its layers)."""
+    if c.pp == 1:
+        return 1.0
+    order = stage_order(stage, c.pp, c.vp, c.num_microbatches, c.microbatch_group)
+    ahead = max(accumulate(1 if kind == "F" else -1 for kind, _, _ in order))
+    if c.vp > 1 and c.moe is not None and c.moe.overlap_moe_expert_parallel_comm:
+        ahead = min(ahead + 1, c.num_microbatches * c.vp)
+    return ahead / c.vp
+
+
 def memory_per_gpu(graph: Graph) -> tuple[dict[str, float], list[str]]:
     """({weights, gradients, optimizer_state, activations, total} in GB for the fullest stage, warnings)."""
     return config_memory(graph.config, graph.hardware)
 
 
-def config_memory(c: TrainingConfig, hardware: str) -> tuple[dict[str, float], list[str]]:
-    """`memory_per_gpu` from the configuration alone, without its operator graph (a search prunes with it before
-    building graphs)."""
+def stage_memory(c: TrainingConfig) -> list[dict[str, float]]:
+    """{weights, gradients, optimizer_state, activations, total} in GB on a GPU of each pipeline stage, in stage
+    order (the last stage holds the loss)."""
     weight_bytes = 4 if c.precision == "fp32" else 2
     grad_bytes = c.grad_bytes
     state_bytes = 8 if c.precision == "fp32" else 12  # Adam m, v (+ fp32 master weights in mixed precision)
     distributed = c.use_distributed_optimizer
     dense_shard = c.dp * c.cp if distributed else 1
-    expert_shard = (c.moe.expert_dp(c.world_size, c.pp, c.tp) if c.moe else 1) if distributed else 1
     sharded = fsdp.sharding_of(c)
+    expert_shard = fsdp.expert_shard_size(c) if (distributed or sharded.fsdp) else 1
     if distributed and not sharded.per_unit:  # in instances: each shards over one instance's ranks
         dense_shard = sharded.optimizer_shard
-    logits = c.seq_length // c.cp * c.micro_batch_size * c.padded_vocab_size / c.tp * 4  # fp32 logits for the loss
+    logits = c.seq_length // c.cp * c.micro_batch_size * c.padded_vocab_size / c.tp * _loss_bytes(c)
     layout = chunks(c)
     pattern = c.moe.pattern(c.num_layers) if c.moe else None
     offloaded = int(c.extra.get("cpu_offloading_num_layers") or 0)  # Megatron's CPU offloading: activations on host
+    host = frozenset(_offload_modules(c))  # fine-grained activation offloading: these modules' inputs on the host
     cache: dict[tuple[bool, bool], float] = {}
-    best: dict[str, float] | None = None
+    kept: dict[tuple[bool, bool], float] = {}
+    rows: list[dict[str, float]] = []
     for stage in range(c.pp):
         dense = expert = 0
         acts = 0.0
@@ -127,33 +186,43 @@ def config_memory(c: TrainingConfig, hardware: str) -> tuple[dict[str, float], l
                 kind = (bool(pattern and pattern[layer]), bf16)  # what a layer's activations depend on
                 if kind not in cache:
                     cache[kind] = _layer_bytes(c, layer, not bf16)
+                    kept[kind] = _layer_bytes(c, layer, not bf16, host) if host else cache[kind]
                 on_host = not full and position < offloaded
-                acts += _input_bytes(c) if full else 0.0 if on_host else cache[kind]
+                acts += _input_bytes(c) if full else 0.0 if on_host else kept[kind]
                 if full or on_host:  # a recomputed layer's, or an offloaded one's copy on its way in or out
                     working = max(working, cache[kind])
+                elif host:  # one layer's offloaded inputs on their way out or back in
+                    working = max(working, cache[kind] - kept[kind])
             if part.mtp:
                 acts += part.mtp * _layer_bytes(c, c.num_layers - 1)
-        in_flight: float = min(c.pp - stage, c.num_microbatches)
-        if c.vp > 1:
-            in_flight *= 1 + (c.pp - 1) / (c.pp * c.vp)
+        in_flight = _in_flight(c, stage)
         has_loss = any(part.loss for part in layout[stage])
         activations = acts * in_flight + working + (logits if has_loss else 0.0)
         params = dense + expert
+        # fp16 with 2-byte gradients: Megatron's mixed-precision optimizer gives its fp32 main parameters (a shard of
+        # them with the distributed optimizer) fp32 copies of the gradients, kept until the next step's zero_grad
+        main_grads = (dense / dense_shard + expert / expert_shard) * 4 if grad_bytes == 2 else 0.0
         row = {
             "weights": params * weight_bytes / GB,
-            "gradients": params * grad_bytes / GB,
+            "gradients": (params * grad_bytes + main_grads) / GB,
             "optimizer_state": (dense / dense_shard + expert / expert_shard) * state_bytes / GB,
             "activations": activations / GB,
         }
         if sharded.per_unit:  # FSDP/ZeRO-2/3: shards plus the gathered units in flight (predictor.fsdp)
             stage_layers = [layer for part in layout[stage] for layer in part.layers]
             layer_dense = max((layer_params(c, layer)[0] for layer in stage_layers), default=0)
-            parts = fsdp.memory_parts(c, dense, expert, expert_shard, layer_dense, len(stage_layers))
+            layer_expert = max((layer_params(c, layer)[1] for layer in stage_layers), default=0)
+            parts = fsdp.memory_parts(c, dense, expert, expert_shard, layer_dense, len(stage_layers), layer_expert)
             row.update({k: v / GB for k, v in parts.items()})
         row["total"] = sum(row.values())
-        if best is None or row["total"] > best["total"]:
-            best = row
-    assert best is not None
+        rows.append(row)
+    return rows
+
+
+def config_memory(c: TrainingConfig, hardware: str) -> tuple[dict[str, float], list[str]]:
+    """`memory_per_gpu` from the configuration alone, without its operator graph (a search prunes with it before
+    building graphs): the fullest stage's row of `stage_memory`, and a warning when it exceeds the GPU's memory."""
+    best = max(stage_memory(c), key=lambda row: row["total"])
     warnings = []
     spec = hardware_spec(hardware)
     if spec is not None and best["total"] > spec.memory_gb:

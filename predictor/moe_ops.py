@@ -22,6 +22,7 @@ twice (dgrad and wgrad).
 from __future__ import annotations
 
 from .ep_dispatch import dispatch_tokens
+from .grouped_mlp_ops import fc2_bias, glu_clamp
 from .mlp_ops import dense_mlp
 from .ops import OpBuilder, Pair
 
@@ -86,11 +87,14 @@ def moe_block(b: OpBuilder, lowp: bool) -> list[Pair]:
         variant = "grouped" if batch > 1 else "expert"
         pairs.extend(b.linear(f"mlp.experts.linear_fc1{suffix}", f"{variant}_fc1", per_expert, fc1_out, h, "moe", lowp,
                               batch=batch))
+        pairs.extend(glu_clamp(b, per_expert * batch, fc1_out))
         fwd, bwd = b.compute(f"mlp.experts.activation{suffix}", "activation", "swiglu" if c.swiglu else "gelu", 0.0,
                              True, rows=per_expert * batch, width=f_e, numel=per_expert * batch * f_e)
         pairs.append((fwd, bwd, "moe_act"))
         pairs.extend(b.linear(f"mlp.experts.linear_fc2{suffix}", f"{variant}_fc2", per_expert, h, f_e, "moe", lowp,
                               batch=batch))
+    if moe.moe_grouped_gemm:  # TEGroupedMLP (predictor.grouped_mlp_ops)
+        pairs.extend(fc2_bias(b, received))
     pairs.extend(combine)
     fwd, bwd = b.elementwise("mlp.token_dispatcher.unpermute", "moe_unpermute", copies * h, h)
     pairs.append((fwd, bwd, "moe"))

@@ -7,7 +7,8 @@
   (a column that states the setting wins); `force-balance` routing; `sliding window N`; MTP stated per row
   (`w/o MTP` in the model name or the notes turns the recipe's MTP layer off); a token-drop run without a stated
   capacity factor takes Megatron-Bridge's factor 1.0; the launch environment's variables of `ENV_SETTINGS`
-  (`NCCL_ALGO=Ring`).
+  (`NCCL_ALGO=Ring`); the architecture of the Megatron-Bridge model provider its `arch:` names
+  (predictor.bridge_providers).
 Every value read this way is named in the row's `prediction_notes`.
 """
 from __future__ import annotations
@@ -16,6 +17,8 @@ import re
 from typing import Any
 
 from tracekit.core.config import parse_megatron_argv
+
+from .bridge_providers import provider_settings
 
 #: Settings a row's notes may state, with the setting name tracekit reads them as.
 NOTE_SETTINGS = {
@@ -38,6 +41,8 @@ NOTE_SETTINGS = {
     "tp_comm_overlap": "tp_comm_overlap",
     "use_megatron_fsdp": "use_megatron_fsdp",
     "cpu_offloading_num_layers": "cpu_offloading_num_layers",
+    "use_transformer_engine_op_fuser": "use_transformer_engine_op_fuser",
+    "cutedsl_fused_grouped_mlp": "use_transformer_engine_op_fuser",  # Bridge runs the CuTe DSL kernel in TE's fuser
 }
 #: The launch environment's variables a row's notes may state (`run settings: ... NCCL_ALGO=Ring ...`).
 ENV_SETTINGS = {"NCCL_ALGO": "nccl_algo"}
@@ -87,7 +92,13 @@ def note_settings(cells: dict[str, str], stated: set[str]) -> tuple[dict[str, An
         out.pop("recompute_granularity")
         out.pop("recompute_modules", None)
     read = [f"{k}={v}" for k, v in out.items()]
-    return out, ([f"read from the row's notes: {', '.join(read)}"] if read else [])
+    notes = [f"read from the row's notes: {', '.join(read)}"] if read else []
+    provider, fixed = provider_settings(notes_text)
+    fixed = {k: v for k, v in fixed.items() if k not in stated and k not in out}
+    if fixed:
+        out.update(fixed)
+        notes.append(f"{provider} (Megatron-Bridge): {', '.join(f'{k}={v}' for k, v in fixed.items())}")
+    return out, notes
 
 
 def argument_settings(cells: dict[str, str]) -> dict[str, Any]:

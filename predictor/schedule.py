@@ -6,7 +6,8 @@ which synchronizes all stages) → iteration time and where it goes.
 
 Orders follow Megatron's `schedules.py`: 1F1B warm-up = min(pp − rank − 1, m) forwards, then one-forward-one-
 backward, then the cool-down backwards; interleaved warm-up = (pp − rank − 1)·2 + (vp − 1)·g virtual micro-batches
-(all of them when that reaches m·vp), the k-th forward taking the k-th entry of Megatron's schedule table: micro-batches
+(all of them when that reaches m·vp; Megatron-core's `get_pp_rank_microbatches` — older Megatron-LM also warmed up
+all of them whenever m = pp), the k-th forward taking the k-th entry of Megatron's schedule table: micro-batches
 in groups of g (`microbatch_group_size_per_vp_stage`, default pp), each group run chunk by chunk (the last group holds
 what is left); the k-th backward the same entry with the chunks in reverse.
 """
@@ -97,7 +98,7 @@ def stage_order(stage: int, pp: int, vp: int, m: int, group: int | None = None) 
     else:
         total = m * vp
         g = group or pp
-        warm = total if m == pp else min((pp - stage - 1) * 2 + (vp - 1) * g, total)
+        warm = min((pp - stage - 1) * 2 + (vp - 1) * g, total)
         table = schedule_table(m, vp, g)
         fwd = [("F", i, c) for i, c in table]
         bwd = [("B", i, vp - 1 - c) for i, c in table]

@@ -32,13 +32,13 @@ BASE_NS = 1_700_000_000_000_000_000
 PID, TID = 4242, 4242
 STREAMS = {"compute": 7, "tp": 20, "cp": 20, "ep": 22, "etp": 22, "tpep": 22, "dp": 24, "dpcp": 24, "edp": 24,
            "embd": 24, "pp": 28, "p2p": 28,
-           "fsdp": 24, "fsdp_replica": 24}
+           "fsdp": 24, "fsdp_replica": 24, "efsdp": 24}
 GROUP_DESC = {"tp": "TENSOR_MODEL_PARALLEL_GROUP", "cp": "CONTEXT_PARALLEL_GROUP", "dp": "DATA_PARALLEL_GROUP",
               "dpcp": "DATA_PARALLEL_GROUP_WITH_CP", "pp": "PIPELINE_MODEL_PARALLEL_GROUP",
               "p2p": "PIPELINE_MODEL_PARALLEL_GROUP", "embd": "EMBEDDING_GROUP", "ep": "EXPERT_MODEL_PARALLEL_GROUP",
               "etp": "EXPERT_TENSOR_PARALLEL_GROUP", "tpep": "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP",
               "edp": "EXPERT_DATA_PARALLEL_GROUP", "fsdp": "DATA_PARALLEL_SHARD_GROUP",
-              "fsdp_replica": "DATA_PARALLEL_REPLICATE_GROUP"}
+              "fsdp_replica": "DATA_PARALLEL_REPLICATE_GROUP", "efsdp": "EXPERT_DATA_PARALLEL_GROUP"}
 LAUNCH_US = 4.0  # CPU time of one launching op in the synthetic host timeline
 _NCCL = {"all_reduce": ("allreduce", "AllReduce_Sum_{dt}_RING_LL"), "all_gather": ("_allgather_base",
          "AllGather_RING_LL"), "reduce_scatter": ("_reduce_scatter_base", "ReduceScatter_Sum_{dt}_RING_LL"),

@@ -174,3 +174,48 @@ def test_the_distributed_optimizer_in_instances_reduces_inside_each_and_all_redu
     assert {graph.specs[o.spec]["group_size"] for o in graph.param_gather[0]} == {8}
     whole = config_memory(dataclasses.replace(c, sharding=None), "A100-SXM4-80GB")[0]["optimizer_state"]
     assert config_memory(c, "A100-SXM4-80GB")[0]["optimizer_state"] == pytest.approx(2 * whole, rel=1e-9)
+
+
+def _moe(dp: int, ep: int) -> TrainingConfig:
+    """`_config`'s GPT with every layer an MoE of 8 experts (top-2, FFN 1024 each, no bias) over EP `ep`, FSDP2."""
+    return TrainingConfig.from_mapping(dict(
+        num_layers=LAYERS, hidden_size=H, num_attention_heads=16, seq_length=1024, ffn_hidden_size=FFN,
+        vocab_size=VOCAB, make_vocab_size_divisible_by=1, micro_batch_size=1, global_batch_size=dp,
+        data_parallel_size=dp, precision="fp32", num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=1024,
+        expert_model_parallel_size=ep, sharded_data_parallel="torch-fsdp2")).validate()
+
+
+#: one MoE layer's experts on a rank: 8/ep experts of FC1 (H → 1024) and FC2 (1024 → H), with biases
+def _experts(ep: int) -> float:
+    return 8 / ep * (H * 1024 + 1024 + 1024 * H + H)
+
+
+@pytest.mark.parametrize("dp, ep", [(8, 2), (16, 4), (64, 8)])
+def test_an_moe_layers_experts_are_a_unit_sharded_over_the_expert_data_parallel_ranks(dp, ep):
+    """The ranks holding the same experts (dp / ep of them) shard them: one all-gather of 1/(dp/ep) of the layer's
+    experts before its forward, a reduce-scatter after its backward; no expert gradient buckets after the step."""
+    graph = build_graph(_moe(dp, ep), "A100-SXM4-80GB", 8)
+    seg = graph.segment(0, 0)
+    gathers = [op for op in seg.fwd if op.name == "layer.experts.fsdp.all_gather"]
+    scatters = [op for op in seg.bwd if op.name == "layer.experts.fsdp.reduce_scatter"]
+    assert len(gathers) == 1 and gathers[0].count == LAYERS and len(scatters) == 1
+    n = dp // ep
+    for op in gathers + scatters:
+        spec = graph.specs[op.spec]
+        assert spec["group_size"] == n
+        assert spec["bytes"] == pytest.approx(_experts(ep) * 4 / n)
+    assert not [o for o in graph.grad_sync[0] if o.group == "edp"]
+
+
+def test_expert_memory_falls_as_one_over_the_expert_data_parallel_ranks():
+    """At a fixed EP, doubling the data-parallel ranks halves the experts' sharded state (the fp32 parameters,
+    gradients and Adam m, v: 16 bytes a parameter), and the layers' own share as before."""
+    ep = 2
+    mem = {dp: config_memory(_moe(dp, ep), "A100-SXM4-80GB")[0] for dp in (8, 16)}
+    layers = LAYERS * _experts(ep)
+    dense = LAYERS * (LAYER - (H * FFN + FFN) - (FFN * H + H)) + VOCAB * H + 1024 * H + 2 * H + LAYERS * H * 8
+    total_a = (mem[8]["weights"] + mem[8]["gradients"] + mem[8]["optimizer_state"]) * 1e9
+    total_b = (mem[16]["weights"] + mem[16]["gradients"] + mem[16]["optimizer_state"]) * 1e9
+    # experts over dp/ep = 4 then 8 ranks, dense parameters over 8 then 16
+    expected = 16 * layers * (1 / 4 - 1 / 8) + 16 * dense * (1 / 8 - 1 / 16)
+    assert total_a - total_b == pytest.approx(expected, rel=1e-6)

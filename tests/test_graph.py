@@ -147,15 +147,17 @@ def test_memory_follows_korthikanti_and_mixed_precision_adam():
     params = 12 * L * h * h + 13 * L * h + V * h + s * h + 2 * h
     assert mem["weights"] == pytest.approx(params * 2 / 1e9)  # fp16 weights
     assert mem["optimizer_state"] == pytest.approx(params * 12 / 1e9)  # fp32 master + Adam m, v
-    # Korthikanti et al. 2022, no parallelism: s·b·h·(34 + 5·a·s/h) bytes per layer; plus fp32 logits s·b·V·4
-    acts = L * s * b * h * (34 + 5 * a * s / h) + s * b * V * 4
+    # Korthikanti et al. 2022, no parallelism: s·b·h·(34 + 5·a·s/h) bytes per layer (dropout 0.1); plus the loss's
+    # s·b·V·6: Megatron's cross entropy holds the bf16 logits beside their fp32 copy (its backward: the fp32 softmax
+    # beside the bf16 gradient)
+    acts = L * s * b * h * (34 + 5 * a * s / h) + s * b * V * 6
     assert mem["activations"] == pytest.approx(acts / 1e9)
     assert not warnings
     full = memory_per_gpu(build_graph(gpt(num_layers=4, recompute_granularity="full", micro_batch_size=1,
                                           attention="unfused"), "A100-SXM4-80GB", 8))[0]
     # full recompute keeps each layer's input (2·s·b·h bytes) plus one layer's working set
     assert full["activations"] == pytest.approx((L * 2 * s * b * h + s * b * h * (34 + 5 * a * s / h)
-                                                 + s * b * V * 4) / 1e9)
+                                                 + s * b * V * 6) / 1e9)
 
 
 def test_cpu_offloading_keeps_the_offloaded_layers_activations_on_the_host():
@@ -169,4 +171,4 @@ def test_cpu_offloading_keeps_the_offloaded_layers_activations_on_the_host():
         off = config_memory(TrainingConfig.from_mapping({**c.to_dict(), "cpu_offloading_num_layers": n},
                                                         strict=False), "A100-SXM4-80GB")[0]
         # the first n layers' activations on the host, one of them on its way in or out on the GPU
-        assert off["activations"] == pytest.approx(((L - n) * layer + layer + s * b * V * 4) / 1e9)
+        assert off["activations"] == pytest.approx(((L - n) * layer + layer + s * b * V * 6) / 1e9)

@@ -246,3 +246,24 @@ def test_ray_ingest_flags_and_missing_extra(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="pip install 'tracekit\\[ray\\]'"):
         ingest_paths([str(TRACES)], SampleStore(tmp_path / "s"), executor="ray")
     assert not (tmp_path / "s").exists()  # nothing written
+
+
+def test_a_folder_is_one_store_commit(tmp_path):
+    """The DLRM run's 8 ranks are written in one commit: one Parquet file per (hardware, primitive) partition holds
+    all of them; every rank's rows are there as its report says; a rank removed from the store is written again by
+    a re-ingest and the others are not."""
+    from extractors.kineto import ingest_paths
+
+    run = TRACES / "kineto" / "dlrm_8rank"
+    store = SampleStore(tmp_path / "s")
+    result = ingest_paths([str(run)], store, jobs=1)
+    files = sorted((tmp_path / "s" / "samples").rglob("*.parquet"))
+    assert len({p.stem for p in files}) == 1 and len(files) == len({p.parent for p in files})
+    written = {Path(t["path"]).name: t["samples_written"] for t in result.traces}
+    per_source = store.read().groupby("source_path").size().to_dict()
+    assert len(written) == 8 and per_source == written
+    dropped = next(sid for sid, meta in store.sources().items() if meta["rank"] == 3)
+    store.remove(dropped)
+    again = ingest_paths([str(run)], store, jobs=1)
+    assert sorted(t["samples_written"] for t in again.traces) == [0] * 7 + [written[store.sources()[dropped]["path"]]]
+    assert store.read().groupby("source_path").size().to_dict() == written

@@ -382,7 +382,9 @@ def test_every_estimate_grows_with_its_work_far_past_the_trained_ranges(models, 
                 assert len(values) == 4 and all(b > a for a, b in zip(values, values[1:])), (name, values)
 
 
-def test_gradients_in_fp32_double_the_data_parallel_traffic_and_memory(models):
+def test_gradients_in_fp32_double_the_data_parallel_traffic(models):
+    """fp32 gradients double what data parallelism moves; fp16 gradients take less memory only until the fp16
+    optimizer gives its fp32 main parameters fp32 copies of them (2 + 4 bytes a parameter against 4)."""
     from predictor.graph import build_graph
     from predictor.memory import memory_per_gpu
 
@@ -392,7 +394,7 @@ def test_gradients_in_fp32_double_the_data_parallel_traffic_and_memory(models):
                   for flag in (False, True))
     dp_bytes = [sum(g.specs[op.spec]["bytes"] for op in g.grad_sync[0]) for g in (fp16, fp32)]
     assert dp_bytes[1] == 2 * dp_bytes[0]
-    assert memory_per_gpu(fp32)[0]["gradients"] == pytest.approx(2 * memory_per_gpu(fp16)[0]["gradients"])
+    assert memory_per_gpu(fp16)[0]["gradients"] == pytest.approx(1.5 * memory_per_gpu(fp32)[0]["gradients"])
     assert TrainingConfig(**dict(base, precision="bf16")).grad_bytes == 4  # Megatron forces it with bf16
 
 

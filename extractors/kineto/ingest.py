@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
+import pyarrow as pa
 
 from tracekit.core.errors import ConfigError, InputError, TracekitError
 from tracekit.core.hashing import file_digest
-from tracekit.core.samples import COLUMNS, FEATURE_COLUMNS
+from tracekit.core.samples import COLUMNS, FEATURE_COLUMNS, SCHEMA
 
 from .collectives import match_collectives
 from .load import NotATraceError, is_trace_name
@@ -36,6 +37,8 @@ class IngestResult:
         return {"traces": self.traces, "errors": self.errors, "skipped": self.skipped}
 
 
+#: Rows of samples per store commit at most (the traces of a run are committed together up to this many).
+COMMIT_ROWS = 250_000
 #: The manifest `tracekit capture` writes beside a run's traces (not a trace).
 CAPTURE_MANIFEST = "manifest.json"
 
@@ -82,11 +85,16 @@ def find_runs(paths) -> tuple[list, list, set]:
     return out, errors, scanned
 
 
+def may_be_a_rank(trace: KinetoTrace) -> bool:
+    """Whether the trace says it is one rank of several (and can so be matched with other ranks' traces)."""
+    return trace.rank is not None and trace.world_size is not None and trace.world_size >= 2
+
+
 def rank_sets(traces: list) -> list:
     """Groups of traces that are ranks of one job: same hardware and world size > 1, one trace per rank."""
     groups: dict = {}
     for trace in traces:
-        if trace.rank is None or not trace.world_size or trace.world_size < 2:
+        if not may_be_a_rank(trace):
             continue
         groups.setdefault((trace.hardware, trace.world_size), []).append(trace)
     out = []
@@ -98,43 +106,52 @@ def rank_sets(traces: list) -> list:
 
 
 def trace_samples(trace: KinetoTrace, source_id: str):
+    """`sample_table` as a pandas DataFrame."""
+    return sample_table(trace, source_id).to_pandas()
+
+
+def sample_table(trace: KinetoTrace, source_id: str) -> pa.Table:
     """The trace's device events as rows of the sample schema (collectives carry their transfer time; gloo work of
     a synchronous call on a CPU run, what its caller waited: `tracekit sample` times a call so). Backward kernels
     linked to their forward op (extractors/kineto/backward.py) become one row per autograd node and role: the sum
-    of its kernels' times, the forward op as `variant`, the kernels' names joined by " + "."""
-    import pandas as pd
-
+    of its kernels' times, the forward op as `variant`, the kernels' names joined by " + ". Built column by column
+    from the event frame's arrays (no DataFrame in between: this runs once per trace of an ingest)."""
     ev = trace.device_events
     wait = ev["wait_us"].to_numpy(dtype=float)
     dur = ev["dur_us"].to_numpy(dtype=float)
     blocked = ev["blocked_us"].to_numpy(dtype=float)
     dur = np.where(np.isnan(blocked), dur, blocked)
     duration = np.where(np.isnan(wait), dur, dur - np.nan_to_num(wait))
-    iteration = ev["iteration"].to_numpy()
     node = ev["bwd_node"].to_numpy()
     kernel = ev["name"].to_numpy(dtype=object)
-    keep = slice(None)
+    keep = np.arange(len(ev))
     if np.any(node >= 0):
         keep, duration, kernel = per_role(node, ev["role"].to_numpy(dtype=object), duration, kernel)
-    frame = pd.DataFrame({
-        "hardware": trace.hardware,
-        "primitive": ev["primitive"].array[keep],
-        "pass": ev["pass"].array[keep],
-        "dtype": ev["dtype"].array[keep],
-        "variant": np.where(node >= 0, ev["fwd_op"].to_numpy(dtype=object), ev["op"].to_numpy(dtype=object))[keep],
-        "role": ev["role"].array[keep],
-        **{name: ev[name].to_numpy(dtype=float)[keep] for name in FEATURE_COLUMNS},
-        "duration_us": duration[keep],
-        "wait_us": wait[keep],
-        "process_group": ev["process_group"].to_numpy()[keep],
-        "stream": ev["stream"].to_numpy()[keep],
-        "rank": trace.rank,
-        "iteration": pd.array([int(x) if x >= 0 else None for x in iteration[keep].tolist()], dtype="Int64"),
-        "kernel": kernel[keep],
-        "source": source_id,
-        "source_path": trace.path.name,
-    })
-    return frame[list(COLUMNS)]
+    rows = len(keep)
+    iteration = ev["iteration"].to_numpy()[keep]
+    variant = np.where(node >= 0, ev["fwd_op"].to_numpy(dtype=object), ev["op"].to_numpy(dtype=object))[keep]
+
+    def text(values) -> pa.Array:
+        return pa.array(values, type=pa.string(), from_pandas=True)
+
+    columns = {
+        "hardware": pa.array([trace.hardware] * rows, type=pa.string()),
+        **{name: text(ev[name].array).take(keep) for name in ("primitive", "pass", "dtype")},
+        "variant": text(variant),
+        "role": text(ev["role"].array).take(keep),
+        **{name: pa.array(ev[name].to_numpy(dtype=float)[keep], type=pa.float64(), from_pandas=True)
+           for name in FEATURE_COLUMNS},
+        "duration_us": pa.array(duration[keep], type=pa.float64()),
+        "wait_us": pa.array(wait[keep], type=pa.float64(), from_pandas=True),
+        "process_group": text(ev["process_group"].array).take(keep),
+        "stream": pa.array(ev["stream"].to_numpy()[keep], type=pa.int64()),
+        "rank": pa.array([trace.rank] * rows, type=pa.int64()),
+        "iteration": pa.array(np.where(iteration >= 0, iteration, 0), type=pa.int64(), mask=~(iteration >= 0)),
+        "kernel": text(kernel[keep]),
+        "source": pa.array([source_id] * rows, type=pa.string()),
+        "source_path": pa.array([trace.path.name] * rows, type=pa.string()),
+    }
+    return pa.Table.from_arrays([columns[name] for name in COLUMNS], schema=SCHEMA)
 
 
 def per_role(node: np.ndarray, role: np.ndarray, duration: np.ndarray, kernel: np.ndarray):
@@ -216,36 +233,52 @@ def unlaunched_report(ev) -> dict:
     return {"from_twins": twins, "without_op": int((ev["op"].isna().to_numpy() & compute).sum())}
 
 
-def _load(path: Path) -> tuple[Path, KinetoTrace | None, str | None, dict | None]:
-    """(path, trace, source id, error entry) of one file; never raises for a bad file."""
+@dataclass
+class Parsed:
+    """One file as a worker hands it back: the trace or the error entry; its report (`samples_written` still 0) and
+    collective bytes; and, for a trace no other can be matched with (`may_be_a_rank` false), its samples already
+    built and its device events dropped (they are not needed again, and not sent back)."""
+
+    path: Path
+    trace: KinetoTrace | None = None
+    source_id: str | None = None
+    error: dict | None = None
+    report: dict = field(default_factory=dict)
+    collective_bytes: dict = field(default_factory=dict)
+    samples: pa.Table | None = None
+
+
+def _load(path: Path) -> Parsed:
+    """One file parsed, with what can be done before the collectives of its run are matched; never raises for a bad
+    file."""
     try:
-        return path, read_trace(path), file_digest(path), None
+        trace, source_id = read_trace(path), file_digest(path)
     except NotATraceError as exc:
-        return path, None, None, {"path": exc.path, "error": exc.reason, "not_a_trace": True}
+        return Parsed(path, error={"path": exc.path, "error": exc.reason, "not_a_trace": True})
     except InputError as exc:
-        return path, None, None, {"path": exc.path, "error": exc.reason}
+        return Parsed(path, error={"path": exc.path, "error": exc.reason})
     except TracekitError as exc:
-        return path, None, None, {"path": str(path), "error": str(exc)}
+        return Parsed(path, error={"path": str(path), "error": str(exc)})
     except (ValueError, KeyError, TypeError, IndexError, OverflowError) as exc:  # a trace we misread
-        return path, None, None, {"path": str(path), "error": f"could not be read ({type(exc).__name__}: {exc})"}
+        return Parsed(path, error={"path": str(path), "error": f"could not be read ({type(exc).__name__}: {exc})"})
+    ev = trace.device_events
+    comm = ev[ev["category"] == "communication"]
+    parsed = Parsed(path, trace, source_id, report=trace_report(trace, 0),
+                    collective_bytes={k: float(v) for k, v in comm.groupby("primitive")["bytes"].sum().items()})
+    if not may_be_a_rank(trace):
+        parsed.samples = sample_table(trace, source_id)
+        trace.device_events = ev.iloc[:0]
+    return parsed
 
 
-def _ray_loads(files: list[Path], ray) -> Iterator[tuple[Path, KinetoTrace | None, str | None, dict | None]]:
+def _ray_loads(files: list[Path], ray) -> Iterator[Parsed]:
     """Each file's `_load` as one Ray task (`ray`: an initialized ray module), in order."""
     task = ray.remote(_load)
     for ref in [task.remote(path) for path in files]:
-        path, trace, source_id, error = ray.get(ref)
-        if trace is not None:  # Ray hands back read-only arrays of its object store; matching writes to them
-            trace.device_events = trace.device_events.copy(deep=True)
-        yield path, trace, source_id, error
-
-
-def _commit(job: tuple) -> int:
-    """Write one trace's samples to the store at `root` (a worker's side of `SampleStore.add`): rows written."""
-    from tracekit.core.store import SampleStore
-
-    root, source_id, samples, meta = job
-    return SampleStore(root).add(source_id, samples, meta)
+        parsed = ray.get(ref)
+        if parsed.trace is not None:  # Ray hands back read-only arrays of its object store; matching writes to them
+            parsed.trace.device_events = parsed.trace.device_events.copy(deep=True)
+        yield parsed
 
 
 def ingest_paths(paths, store, progress: Callable | None = None, jobs: int | None = None,
@@ -277,40 +310,42 @@ def ingest_paths(paths, store, progress: Callable | None = None, jobs: int | Non
         for run in runs:
             loaded = []
             for _ in run:
-                path, trace, source_id, error = next(loads)
-                if error is None:
-                    loaded.append((trace, source_id))
-                elif error.pop("not_a_trace", False) and path in scanned:  # a run folder's config.json, results
-                    result.skipped.append({"path": str(path), "reason": error["error"]})
+                parsed = next(loads)
+                error = parsed.error or {}
+                if parsed.trace is not None and parsed.source_id is not None:
+                    loaded.append((parsed.trace, parsed.source_id, parsed))
+                elif error.pop("not_a_trace", False) and parsed.path in scanned:  # a run folder's config.json
+                    result.skipped.append({"path": str(parsed.path), "reason": error["error"]})
                 else:
                     result.errors.append(error)
                 done += 1
                 if progress:
-                    progress(done, len(files), path)
-            for members in rank_sets([t for t, _ in loaded]):
+                    progress(done, len(files), parsed.path)
+            for members in rank_sets([trace for trace, _, _ in loaded]):
                 report = match_collectives([t.device_events for t in members])
                 result.matched_collectives += report.matched
-            _commit_run(loaded, store, pool, result)
+            _commit_run(loaded, store, result)
     return result
 
 
-def _commit_run(loaded: list, store, pool, result: IngestResult) -> None:
-    """The samples of a run's parsed (and matched) traces into the store — by the pool's workers when there is one
-    and the store is a folder they can open — and each trace's report into `result`."""
-    root = getattr(store, "root", None)
-    # a generator: the pool submits each trace's job as soon as its samples are built
-    jobs = ((root, source_id, trace_samples(trace, source_id),
-             {"path": trace.path.name, "format": "kineto", "hardware": trace.hardware, "rank": trace.rank,
-              "world_size": trace.world_size, "kernels": trace.kernels}) for trace, source_id in loaded)
-    if pool is not None and root is not None:
-        written = pool.map(_commit, jobs)  # all submitted; the reports below are built while the workers write
-    else:
-        written = iter([store.add(source_id, samples, meta) for _, source_id, samples, meta in jobs])
-    reports = []
-    for trace, _ in loaded:
-        reports.append(trace_report(trace, 0))
-        comm = trace.device_events[trace.device_events["category"] == "communication"]
-        result.collective_bytes.append({k: float(v) for k, v in comm.groupby("primitive")["bytes"].sum().items()})
-    for report, rows in zip(reports, written):
-        report["samples_written"] = int(rows)
-        result.traces.append(report)
+def _commit_run(loaded: list[tuple[KinetoTrace, str, Parsed]], store, result: IngestResult) -> None:
+    """The samples of a run's parsed (and matched) traces into the store, in commits of all its traces (up to
+    `COMMIT_ROWS` rows each: one lock, one file per partition, one source-list write per commit), and each trace's
+    report into `result`."""
+    batch: list = []
+    written: list[int] = []
+    rows = 0
+    for trace, source_id, parsed in loaded:
+        samples = parsed.samples if parsed.samples is not None else sample_table(trace, source_id)
+        batch.append((source_id, samples, {"path": trace.path.name, "format": "kineto",
+                                                  "hardware": trace.hardware, "rank": trace.rank,
+                                                  "world_size": trace.world_size, "kernels": trace.kernels}))
+        rows += samples.num_rows
+        if rows >= COMMIT_ROWS:
+            written += store.add_many(batch)
+            batch, rows = [], 0
+    if batch:
+        written += store.add_many(batch)
+    for (_, _, parsed), rows_written in zip(loaded, written):
+        result.traces.append({**parsed.report, "samples_written": int(rows_written)})
+        result.collective_bytes.append(parsed.collective_bytes)

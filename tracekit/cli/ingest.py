@@ -30,9 +30,9 @@ def ingest(
                                       help="Trace files, directories of rank traces, or globs."),
     store: Optional[Path] = typer.Option(None, "--store",
                                          help="Sample store directory (default $TRACEKIT_HOME or ./.tracekit)."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Processes that parse the traces and "
-                                                                       "write their samples, with several files "
-                                                                       "(default: every core)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Processes that parse the traces, "
+                                                                       "this one and N-1 workers, with several "
+                                                                       "files (default: every core)."),
     executor: Executor = executor_option(),
     ray_address: Optional[str] = ray_address_option("its nodes must see the traces at the same paths"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="With several traces: each rank's table of "

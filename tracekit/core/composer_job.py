@@ -6,7 +6,8 @@ What such a YAML states, read as Composer runs it:
   `ffn_config.ffn_hidden_size`), `max_seq_len`, `vocab_size`, `no_bias`, `norm_type` (layernorm variants | rmsnorm),
   `learned_pos_emb`, `tie_word_embeddings`, `resid_pdrop`/`emb_pdrop`, `attn_config` (`attn_impl` flash | triton |
   torch, `kv_n_heads` with grouped-query attention, `rope`, `alibi`, `attn_pdrop`), `ffn_config.ffn_type` (mptmlp:
-  GeLU | mptglu: SwiGLU). Hugging Face models (`hf_causal_lm`) take their shapes from the Hub and are refused.
+  GeLU | mptglu: SwiGLU), `loss_fn` (fused_crossentropy: flash-attn's, the default | torch_crossentropy: what
+  the loss holds in memory). Hugging Face models (`hf_causal_lm`) take their shapes from the Hub and are refused.
 - `global_train_batch_size`, `device_train_microbatch_size` (a number; `auto` is refused: Composer picks it at run
   time), `precision` (amp_bf16 | amp_fp16 | amp_fp8 | fp32), `max_seq_len`.
 - `fsdp_config`: `sharding_strategy` (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD: shard inside a node,
@@ -70,6 +71,9 @@ STRATEGY = {"FULL_SHARD": ("optim_grads_params", True), "SHARD_GRAD_OP": ("optim
 PRECISION = {"amp_bf16": "amp_bf16", "amp_fp16": "amp_fp16", "amp_fp8": "amp_fp8", "fp32": "fp32"}
 _REF = re.compile(r"\$\{([^}]+)\}")
 
+
+#: llm-foundry's `model.loss_fn` → the cross-entropy implementation whose memory tracekit counts.
+LOSS_FNS = {"fused_crossentropy": "flash_attn", "torch_crossentropy": "torch"}
 
 def is_composer(data: Any) -> bool:
     """A mapping shaped like a Composer/llm-foundry training YAML (not a mapping of Megatron arguments)."""
@@ -182,6 +186,12 @@ def _settings(data: dict[str, Any], world_size: int | None, gpus_per_node: int |
     out["untie_embeddings_and_output_weights"] = not model.get("tie_word_embeddings", True)
     out["hidden_dropout"] = float(model.get("resid_pdrop", 0.0))
     out["attention_dropout"] = float(attn.get("attn_pdrop", 0.0))
+    loss = str(model.get("loss_fn", "fused_crossentropy"))
+    if loss not in LOSS_FNS:
+        raise ConfigError(f"model.loss_fn {loss!r}{did_you_mean(loss, LOSS_FNS)}: llm-foundry's are "
+                          f"{', '.join(LOSS_FNS)}")
+    out["cross_entropy_loss_fusion"] = True  # what the loss keeps at its peak (predictor.memory.LOSS_BYTES)
+    out["cross_entropy_fusion_impl"] = LOSS_FNS[loss]
     # -- batch and precision -----------------------------------------------------------------------------------
     if "global_train_batch_size" not in data:
         raise ConfigError("global_train_batch_size is missing")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from . import (
+    activation as activation_settings,
     attention as attention_settings,
     moe as moe_settings,
     pipeline_layout,
@@ -18,6 +19,7 @@ from . import (
     runtime as runtime_settings,
     sharding as sharding_settings,
 )
+from .activation import ActivationSettings
 from .attention import AttentionSettings
 from .errors import ConfigError, InputError, did_you_mean
 from .megatron_arguments import dest_form, is_switch, refuse_unknown
@@ -58,6 +60,7 @@ ALIASES = {
 SECTIONS: dict[str, tuple[type, tuple[str, ...]]] = {
     "moe": (MoESettings, moe_settings.FIELDS),
     "attn": (AttentionSettings, attention_settings.FIELDS),
+    "act": (ActivationSettings, activation_settings.FIELDS),
     "layout": (LayoutSettings, pipeline_layout.FIELDS),
     "lowp": (LowPrecisionSettings, precision_recipes.LOWP_FIELDS),
     "run": (RuntimeSettings, runtime_settings.FIELDS),
@@ -156,6 +159,7 @@ class TrainingConfig:
     train_iters: int | None = None
     moe: MoESettings | None = None  # mixture of experts (tracekit.core.moe); None: a dense model
     attn: AttentionSettings | None = None  # MLA, sliding windows, fp8 attention (tracekit.core.attention)
+    act: ActivationSettings | None = None  # the experts' clamped GLU, TE's op fuser (tracekit.core.activation)
     layout: LayoutSettings | None = None  # uneven pipelines, layouts, MTP (tracekit.core.pipeline_layout)
     lowp: LowPrecisionSettings | None = None  # bf16 first/last layers (tracekit.core.precision)
     run: RuntimeSettings | None = None  # CUDA graphs, determinism, logging passes, timers (tracekit.core.runtime)
@@ -263,7 +267,10 @@ class TrainingConfig:
     @property
     def grad_bytes(self) -> int:
         """Bytes per gradient element kept and reduced across data-parallel ranks (fp32 main gradients except with
-        fp16, Megatron's rule)."""
+        fp16, Megatron's rule; in the training dtype where a configuration states fp32 accumulation off: Megatron-
+        Bridge's `grad_reduce_in_fp32=False`, FSDP's 16-bit reduce dtype)."""
+        if self.accumulate_allreduce_grads_in_fp32 is False:
+            return self.dtype_bytes
         if self.precision != "fp16" or self.accumulate_allreduce_grads_in_fp32:
             return 4
         return 2
@@ -355,7 +362,7 @@ class TrainingConfig:
             _apply(key, value, values, extra, known)
         for raw_key, raw in (defaults or {}).items():
             key = setting_name(raw_key)
-            if key not in values and _scalar(raw) is not None:
+            if key not in values and key not in extra and _scalar(raw) is not None:
                 _apply(key, _scalar(raw), values, extra, known)
         missing = [n for n in ("num_layers", "hidden_size", "num_attention_heads", "seq_length") if n not in values]
         if missing:
@@ -623,6 +630,8 @@ def _sections(values: dict[str, Any], sections: dict[str, dict[str, Any]]) -> No
     for name in ("layout", "lowp"):
         if any(v not in (None, False) for v in sections.get(name, {}).values()):
             values[name] = _build(SECTIONS[name][0], sections[name])
+    if activation_settings.stated(sections.get("act", {})):
+        values["act"] = _build(ActivationSettings, sections["act"])
     if runtime_settings.stated(sections.get("run", {})):
         values["run"] = _build(RuntimeSettings, sections["run"])
     if sections.get("sharding"):  # stated sharding settings other than Megatron's defaults (plain DDP)

@@ -73,6 +73,8 @@ def to_table(rows: list[dict] | pa.Table | pd.DataFrame) -> pa.Table:
     import pandas as pd
 
     if isinstance(rows, pa.Table):
+        if rows.schema.equals(SCHEMA):  # already conformed (ingest builds its tables in the schema)
+            return rows
         frame = rows.to_pandas()
     elif isinstance(rows, pd.DataFrame):
         frame = rows

@@ -1,21 +1,25 @@
-"""The sample store: Parquet files partitioned by hardware and primitive, one file per source and partition.
+"""The sample store: Parquet files partitioned by hardware and primitive, one file per commit and partition (a commit
+adds one source, or several at once: `add_many`, how ingest writes a folder of traces).
 
 Appends are atomic and idempotent, also from many processes at once: a source (identified by its content hash) is
-added at most once. Its Parquet files are written under temporary names of this process, then — holding the
+added at most once. A commit's Parquet files are written under temporary names of this process, then — holding the
 store's lock (`filelock`, a file beside `sources.json`) — the source list is read again, the files renamed into
 place and the source recorded in `sources.json` in one step; a source another process recorded meanwhile is not
-written twice. Readers see only recorded sources, so an add interrupted at any point (even killed) leaves the store
-readable and as it was.
+written twice (the commit's other sources are written again without it). Readers see only recorded sources, so an
+add interrupted at any point (even killed) leaves the store readable and as it was.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
 import shutil
 import uuid
 from pathlib import Path
+from typing import Any, Iterable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -64,75 +68,150 @@ class SampleStore:
 
     def add(self, source_id: str, rows, meta: dict | None = None) -> int:
         """Add the samples of one source; returns rows written (0 when the source is already in the store)."""
-        sources = self.sources()
-        if source_id in sources:
-            return 0
-        table = to_table(rows)
-        bad = table.column("source").to_pylist()
-        if any(s != source_id for s in bad):
-            raise StoreError(f"samples of source {source_id} carry another source id")
-        staged: list[tuple[Path, Path]] = []
+        return self.add_many([(source_id, rows, meta)])[0]
+
+    def add_many(self, batch: Iterable[tuple[str, Any, dict | None]]) -> list[int]:
+        """Add the samples of several sources, (source id, rows, metadata) each, in one commit: one Parquet file per
+        partition for all of them (named for the source when there is one, else `batch-<token>`, recorded as each
+        source's `file`), one take of the lock, one write of the source list. Returns the rows written per item:
+        0 for a source already in the store, or earlier in the batch. All or nothing, like `add`."""
+        known = self.sources()
+        items = list(batch)
+        tables: dict[str, tuple[pa.Table, dict | None]] = {}
+        for source_id, rows, meta in items:
+            if source_id not in known and source_id not in tables:
+                tables[source_id] = (_source_table(source_id, rows), meta)
+        if not tables:
+            return [0] * len(items)
+        firsts = {source_id: index for index, (source_id, _, _) in reversed(list(enumerate(items)))}
         token = uuid.uuid4().hex[:12]  # temporary names of this add alone: concurrent adds never share one
+        name = next(iter(tables)) if len(tables) == 1 else f"batch-{token}"
+        staged: list[tuple[Path, Path]] = []
         try:
-            hardware_col, primitive_col = table.column("hardware"), table.column("primitive")
-            keys = pa.table({"h": hardware_col, "p": primitive_col}).group_by(["h", "p"]).aggregate([])
-            for hardware, primitive in sorted(zip(keys["h"].to_pylist(), keys["p"].to_pylist())):
-                folder = self.root / "samples" / f"hardware={_part(hardware)}" / f"primitive={_part(primitive)}"
-                folder.mkdir(parents=True, exist_ok=True)
-                final = folder / f"{source_id}.parquet"
-                tmp = folder / f".{source_id}.{token}.parquet.tmp"
-                rows_of_part = pc.and_(pc.equal(hardware_col, hardware), pc.equal(primitive_col, primitive))
-                pq.write_table(table.filter(rows_of_part), tmp)
-                staged.append((tmp, final))
+            staged = self._stage(name, token, [table for table, _ in tables.values()])
             with self._lock():
-                sources = self.sources()
-                if source_id in sources:  # another process added it while this one was writing
-                    for tmp, _ in staged:
-                        tmp.unlink(missing_ok=True)
-                    return 0
+                known = self.sources()
+                raced = [source_id for source_id in tables if source_id in known]
+                if raced:  # another process recorded some of them while this one was writing: restage the others
+                    _unlink(staged)
+                    tables = {k: v for k, v in tables.items() if k not in known}
+                    staged = self._stage(name, token, [table for table, _ in tables.values()])
+                if not tables:
+                    return [0] * len(items)
                 for tmp, final in staged:
                     os.replace(tmp, final)
-                sources[source_id] = {**(meta or {}), "rows": table.num_rows}
-                atomic_write_json(self._manifest_path, sources)
+                for source_id, (table, meta) in tables.items():
+                    known[source_id] = {**(meta or {}), "rows": table.num_rows,
+                                        **({"file": name} if name != source_id else {})}
+                atomic_write_json(self._manifest_path, known)
         except BaseException:
-            for tmp, _ in staged:
-                tmp.unlink(missing_ok=True)
+            _unlink(staged)
             raise
-        return table.num_rows
+        return [tables[source_id][0].num_rows if source_id in tables and firsts[source_id] == index else 0
+                for index, (source_id, _, _) in enumerate(items)]
+
+    def _stage(self, name: str, token: str, tables: list[pa.Table]) -> list[tuple[Path, Path]]:
+        """Write the rows of `tables` under temporary names, one file per partition folder (hardware and primitive
+        as `_part` spells them), rows in their order: [(temporary path, final path)]."""
+        if not tables:
+            return []
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        codes, folders = _partition_codes(table)
+        order = np.argsort(codes, kind="stable")
+        starts = np.flatnonzero(np.r_[True, codes[order][1:] != codes[order][:-1]]).tolist() if len(codes) else []
+        table = table.take(order)
+        staged: list[tuple[Path, Path]] = []
+        try:
+            for start, stop in zip(starts, starts[1:] + [len(order)]):
+                hardware, primitive = folders[int(codes[order[start]])]
+                folder = self.root / "samples" / f"hardware={hardware}" / f"primitive={primitive}"
+                folder.mkdir(parents=True, exist_ok=True)
+                tmp = folder / f".{name}.{token}.parquet.tmp"
+                staged.append((tmp, folder / f"{name}.parquet"))
+                pq.write_table(table.slice(start, stop - start), tmp)
+        except BaseException:
+            _unlink(staged)
+            raise
+        return staged
 
     def remove(self, source_id: str) -> None:
-        """Forget a source and delete its files."""
+        """Forget a source and delete its rows (its files; in a batch's files shared with other sources, its rows)."""
         with self._lock():
             sources = self.sources()
             if source_id not in sources:
                 return
-            del sources[source_id]
+            name = sources.pop(source_id).get("file", source_id)
             atomic_write_json(self._manifest_path, sources)
-            for path in (self.root / "samples").glob(f"*/*/{source_id}.parquet"):
-                path.unlink(missing_ok=True)
+            shared = any(meta.get("file") == name for meta in sources.values())
+            for path in (self.root / "samples").glob(f"*/*/{name}.parquet"):
+                if not shared:
+                    path.unlink(missing_ok=True)
+                    continue
+                table = pq.read_table(path, schema=SCHEMA)
+                tmp = path.with_name(f".{name}.{uuid.uuid4().hex[:12]}.parquet.tmp")
+                pq.write_table(table.filter(pc.not_equal(table.column("source"), source_id)), tmp)
+                os.replace(tmp, path)
 
     # -- reading ----------------------------------------------------------------------------------------------
     def read(self, hardware: str | list[str] | None = None, primitive: str | list[str] | None = None):
         """All recorded samples (optionally of some hardware ids / primitives) as a pandas DataFrame."""
         known = self.sources()
+        files = set(known) | {meta["file"] for meta in known.values() if "file" in meta}
         hardware_set = {_part(h) for h in ([hardware] if isinstance(hardware, str) else hardware or [])}
         primitive_set = {_part(p) for p in ([primitive] if isinstance(primitive, str) else primitive or [])}
         tables = []
+        batched: set = set()  # partitions holding a batch's file: their rows are put in source order, as files are
         base = self.root / "samples"
         for path in sorted(base.glob("hardware=*/primitive=*/*.parquet")) if base.exists() else []:
             hw = path.parent.parent.name.split("=", 1)[1]
             prim = path.parent.name.split("=", 1)[1]
-            if path.stem not in known or (hardware_set and hw not in hardware_set):
+            if path.stem not in files or (hardware_set and hw not in hardware_set):
                 continue
             if primitive_set and prim not in primitive_set:
                 continue
             try:
-                tables.append(pq.read_table(path, schema=SCHEMA))
+                table = pq.read_table(path, schema=SCHEMA)
             except (OSError, pa.ArrowInvalid) as exc:
                 raise StoreError(f"{path}: unreadable sample file ({exc})") from exc
+            if path.stem not in known:  # a batch's file: only its recorded sources (a remove may have stopped midway)
+                table = table.filter(pc.is_in(table.column("source"), pa.array(sorted(known))))
+                batched.add(path.parent)
+            tables.append((path.parent, table))
         if not tables:
             return SCHEMA.empty_table().to_pandas()
-        return pa.concat_tables(tables).to_pandas()
+        parts = []
+        for folder, group in itertools.groupby(tables, key=lambda item: item[0]):
+            part = pa.concat_tables([table for _, table in group])
+            if folder in batched:  # the order of one file per source (sorted by name): by source, stable
+                part = part.take(pc.sort_indices(part, [("source", "ascending")]))
+            parts.append(part)
+        return pa.concat_tables(parts).to_pandas()
 
     def clear(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _source_table(source_id: str, rows) -> pa.Table:
+    """The rows of one source as a table of the sample schema; every row must carry its source id."""
+    table = to_table(rows)
+    if table.num_rows and not pc.all(pc.fill_null(pc.equal(table.column("source"), source_id), False)).as_py():
+        raise StoreError(f"samples of source {source_id} carry another source id")
+    return table
+
+
+def _unlink(staged: list[tuple[Path, Path]]) -> None:
+    for tmp, _ in staged:
+        tmp.unlink(missing_ok=True)
+
+
+def _partition_codes(table: pa.Table) -> tuple[np.ndarray, list[tuple[str, str]]]:
+    """Each row's partition as a code, and the partitions ((hardware, primitive) folder names, sorted) they index."""
+    hardware = pc.dictionary_encode(table.column("hardware").combine_chunks())
+    primitive = pc.dictionary_encode(table.column("primitive").combine_chunks())
+    hw_names = [_part(v) for v in hardware.dictionary.to_pylist()]
+    prim_names = [_part(v) for v in primitive.dictionary.to_pylist()]
+    folders = sorted({(h, p) for h in hw_names for p in prim_names})
+    index = {folder: i for i, folder in enumerate(folders)}
+    grid = np.array([[index[(h, p)] for p in prim_names] for h in hw_names], dtype=np.int64).reshape(
+        len(hw_names), len(prim_names))
+    return grid[hardware.indices.to_numpy(), primitive.indices.to_numpy()], folders
