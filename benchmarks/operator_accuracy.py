@@ -23,6 +23,8 @@ the most similar GPU used as they are (what one gets by predicting an H100 as a 
 (b) the corpus's real kernels from ingest (TraceLens H100, B200, MI300X traces; kernels with shapes), which no
     bundled model was trained on, with the set without the published tables' GPUs (their own models: `--tables`).
 Usage: python benchmarks/operator_accuracy.py --transfer [--corpus ../shared/corpus] [--json out.json]  (~20 s)
+`--breakdown bmm,softmax` adds, per trace and shape, the H100 kernels of those primitives: measured and predicted
+median, the path that answered and whether `predictor.kernel_paths` took the shape as unaligned (#24).
 `--write-selection tracekit/data/transfer.json` writes, from (a) alone, which primitives take the transfer path.
 
 `--tables` scores the models trained on published performance tables (XLA's H100, B200 and MI300X GEMM tables,
@@ -227,6 +229,24 @@ def corpus_rows(corpus: Path) -> pd.DataFrame:
     return frame[~shapeless].reset_index(drop=True)
 
 
+def breakdown(rows: pd.DataFrame, models: ModelSet, hardware: str, primitives: tuple[str, ...]) -> pd.DataFrame:
+    """Per trace and shape of `hardware`'s kernels of `primitives`: kernels, dtype, measured and predicted median
+    (µs), signed error, the path that answered and whether `predictor.kernel_paths` took the shape as unaligned."""
+    from predictor import kernel_paths
+
+    part = rows[(rows["hardware"] == hardware) & rows["primitive"].isin(primitives)].reset_index(drop=True)
+    answer = models.predict(part)
+    shape = ["m", "n", "k", "batch", "rows", "width"]
+    part = part.assign(trace=part["source"].str.split("__").str[1], predicted=answer["duration_us"].to_numpy(),
+                       path=answer["path"].to_numpy(),
+                       unaligned=kernel_paths.unaligned_gemm(part) | kernel_paths.unaligned_softmax(part))
+    table = part.groupby(["primitive", "trace", "dtype", *shape, "path", "unaligned"], dropna=False).agg(
+        kernels=("duration_us", "size"), measured=("duration_us", "median"), predicted=("predicted", "median"))
+    table = table.reset_index()
+    table["error_%"] = (100 * (table["predicted"] / table["measured"] - 1)).round(1)
+    return table.assign(measured=table["measured"].round(1), predicted=table["predicted"].round(1))
+
+
 def transfer_main(args) -> None:
     start = time.perf_counter()
     models = ModelSet.load()
@@ -240,8 +260,8 @@ def transfer_main(args) -> None:
     without_tables = models
     for hw in TABLE_GPUS:  # the published tables' GPUs have models of their own: `--tables` scores those
         without_tables = without_tables.without(hw)
-    table = pd.concat([*logo, compare(corpus_rows(Path(args.corpus)), without_tables, "corpus traces")],
-                      ignore_index=True)
+    corpus = corpus_rows(Path(args.corpus))
+    table = pd.concat([*logo, compare(corpus, without_tables, "corpus traces")], ignore_index=True)
     pd.set_option("display.width", 220)
     shown = table.assign(**{c: (100 * table[c]).round(1) for c in ("transfer_all", "selected", "roofline", "as_is")},
                          ratio=table["ratio"].round(2))
@@ -258,6 +278,10 @@ def transfer_main(args) -> None:
         f"{p} {100 * v['selected']:.1f}% (≤ {100 * v['goal']:.0f}%: "
         f"{'met' if v['selected'] <= v['goal'] else 'not met'})"
         for p, v in goals.items()) + f" · {time.perf_counter() - start:.0f} s")
+    if args.breakdown:
+        print("\nH100 kernels of the corpus traces per trace and shape (median µs; unaligned: predictor.kernel_paths)")
+        print(breakdown(corpus, without_tables, "H100-80GB-HBM3", tuple(args.breakdown.split(","))).to_string(
+            index=False))
     if args.json:
         Path(args.json).write_text(json.dumps({"goals": goals, "rows": table.to_dict("records")}, indent=2))
 
@@ -269,6 +293,8 @@ def main() -> None:
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--transfer", action="store_true", help="measure the transfer path (see above) instead")
     parser.add_argument("--corpus", default=str(CORPUS), help="corpus folder (with kineto/tracelens)")
+    parser.add_argument("--breakdown", metavar="PRIMITIVES",
+                        help="with --transfer: the H100 kernels of these primitives (comma-separated) per shape")
     parser.add_argument("--write-selection", help="with --transfer: write the leave-one-GPU-out selection here")
     parser.add_argument("--tables", action="store_true", help="score the published tables' models (see above)")
     args = parser.parse_args()

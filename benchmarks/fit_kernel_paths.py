@@ -1,0 +1,88 @@
+"""Fit the scalar (`align1`) GEMM path's rate of `predictor.kernel_paths` on another GPU's traces.
+
+Data: the A100 GEMM kernels of the corpus's HTA traces (kineto/hta: trace_diff_control, timeline_analysis_sampled,
+trace_filter_sampled) that cuBLAS ran as CUTLASS `*_align1` tensor-core kernels, read with tracekit's own trace
+reader (shapes from the launching op), at least one wave of 128×128 tiles (tiles ≥ SMs: no wave-quantisation
+effect). No H100 kernel is used: `benchmarks/operator_accuracy.py --transfer` scores the constant on the H100
+kernels of the TraceLens traces.
+
+For each kernel: elements moved by a 128×128-tiled GEMM (`kernel_paths.scalar_gemm_elements`) / ((time − launch
+overhead) · SMs · clock); the constant is their median. Printed beside it: the same median and spread for the FLOP
+rate per SM per clock (the model not chosen: its spread is larger), so the choice is made on the fit data.
+
+Usage: python benchmarks/fit_kernel_paths.py [--corpus ../shared/corpus] [--write tracekit/data/kernel_paths.json]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from extractors.kineto import read_trace, trace_samples  # noqa: E402
+from predictor.kernel_paths import TILE, scalar_gemm_elements  # noqa: E402
+from predictor.roofline import KERNEL_OVERHEAD_US  # noqa: E402
+from tracekit.core.atomic import atomic_write_json  # noqa: E402
+from tracekit.core.hardware import hardware_spec  # noqa: E402
+
+TRACES = ("trace_diff_control_control.json.gz", "timeline_analysis_sampled_rank-0.json.gz",
+          "trace_filter_sampled_rank-1.json.gz")
+
+
+def kernels(corpus: Path) -> pd.DataFrame:
+    """The align1 tensor-core GEMM kernels with shapes, at least one wave of tiles, with their SMs × clock."""
+    frames = [trace_samples(read_trace(corpus / "kineto" / "hta" / name), name) for name in TRACES]
+    rows = pd.concat(frames, ignore_index=True)
+    rows = rows[(rows["primitive"] == "gemm") & rows["kernel"].str.contains("tensorop", na=False)
+                & rows["kernel"].str.contains("_align1", na=False) & rows["m"].notna()].reset_index(drop=True)
+    specs = {hw: hardware_spec(hw) for hw in rows["hardware"].unique()}
+    rows["sms"] = rows["hardware"].map(lambda hw: specs[hw].sms if specs[hw] else np.nan)
+    rows["clock_hz"] = rows["hardware"].map(lambda hw: specs[hw].clock_mhz * 1e6 if specs[hw] else np.nan)
+    m, n, k = (rows[c].to_numpy("float64") for c in ("m", "n", "k"))
+    batch = rows["batch"].fillna(1).to_numpy("float64")
+    tiles = batch * np.ceil(m / TILE) * np.ceil(n / TILE)
+    rows["elements"] = scalar_gemm_elements(m, n, k, batch)
+    rows["flops"] = 2 * batch * m * n * k
+    return rows[(tiles >= rows["sms"]) & rows["sms"].notna()].reset_index(drop=True)
+
+
+def spread(values: pd.Series) -> float:
+    """Median absolute percentage error of predicting every kernel by the median."""
+    return float(np.median(np.abs(values.median() / values - 1)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus", default=str(ROOT.parent / "shared" / "corpus"))
+    parser.add_argument("--write", help="write the constants here (tracekit/data/kernel_paths.json)")
+    args = parser.parse_args()
+    rows = kernels(Path(args.corpus))
+    busy_s = (rows["duration_us"] - np.minimum(KERNEL_OVERHEAD_US, rows["duration_us"] / 2)) * 1e-6
+    per_sm_clock = busy_s * rows["sms"] * rows["clock_hz"]
+    elements = rows["elements"] / per_sm_clock
+    flops = rows["flops"] / per_sm_clock
+    print(f"{len(rows)} align1 tensor-core GEMM kernels ({', '.join(sorted(rows['hardware'].unique()))}), "
+          f"≥ 1 wave of {TILE}×{TILE} tiles")
+    print(f"elements per SM per clock: median {elements.median():.3f}, "
+          f"spread (median APE) {100 * spread(elements):.1f}%")
+    print(f"FLOPs per SM per clock:    median {flops.median():.1f}, spread (median APE) {100 * spread(flops):.1f}%")
+    if args.write:
+        atomic_write_json(Path(args.write), {
+            "format": "tracekit-kernel-paths/1",
+            "command": "python benchmarks/fit_kernel_paths.py --write tracekit/data/kernel_paths.json",
+            "scalar_gemm_elements_per_sm_clock": round(float(elements.median()), 4),
+            "fit": {"kernels": int(len(rows)), "hardware": sorted(rows["hardware"].unique().tolist()),
+                    "traces": [f"kineto/hta/{name}" for name in TRACES],
+                    "spread_median_ape": round(spread(elements), 4),
+                    "flop_model_spread_median_ape": round(spread(flops), 4)},
+        })
+        print(f"wrote {args.write}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""Kernel paths an unaligned shape forces on NVIDIA GPUs, and what they cost (issue #24, item 5).
+
+The tables and samples the models learn from hold aligned shapes only (every XLA grid dimension is a multiple of
+256, every seed-paper dimension a multiple of 8). A shape whose rows are not a whole number of 16-byte vectors
+runs other kernels, which no model has seen:
+
+- GEMM / bmm in half precision with an odd k or n (the leading dimensions of A, B or C): a row of 2-byte elements
+  that is not a whole number of 4 bytes cannot be copied asynchronously at all (cp.async moves 4, 8 or 16 bytes;
+  TMA needs 16), so cuBLAS falls back to `align1` kernels (on Hopper the sm75 `s1688` kernels), which move every
+  element of A, B and C through the SM one scalar load or store at a time. (An even k or n that is not a multiple
+  of 8 still runs the sm80 cp.async kernels, `align2`/`align4`: on the H100 traces these are within the models'
+  error, e.g. BERT's 30522-wide head at 41 µs, and keep their estimate.) Their time
+  is the element traffic of a 128×128-tiled GEMM, b·(m·k·⌈n/128⌉ + n·k·⌈m/128⌉ + m·n), at a rate per SM per
+  clock that does not depend on the tensor cores: `scalar_gemm_elements_per_sm_clock` in
+  `tracekit/data/kernel_paths.json`, measured on the A100 `align1` GEMM kernels of the corpus's HTA traces (another
+  GPU's traces: no H100 kernel is used) by `python benchmarks/fit_kernel_paths.py`. On those kernels the element
+  traffic explains the time with a 21% median spread where the FLOP rate spreads 34%.
+- PyTorch's softmax forward over rows wider than 1024 keeps a row in shared memory only when its width is a
+  multiple of the 16-byte vector; otherwise it reads the row from global memory three times (max, sum, write) and
+  writes it once: 4 global passes instead of 2, so the aligned estimate's variable part doubles.
+
+`apply(frame, duration)` raises the estimates of such rows in place (never lowers one: an unaligned shape is never
+predicted faster than the aligned one). AMD parts and CPUs are left as they are (other libraries, other rules).
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from tracekit.core.errors import ModelError
+from tracekit.core.hardware import hardware_spec
+
+from .features import dtype_bytes
+from .roofline import KERNEL_OVERHEAD_US
+from .transfer import vendor
+
+CONSTANTS = Path(__file__).resolve().parent.parent / "tracekit" / "data" / "kernel_paths.json"
+#: Bytes of one vectorised load (LDG.128, TMA): a softmax row that is not a multiple stays out of shared memory.
+VECTOR_BYTES = 16
+#: The smallest asynchronous copy (cp.async): a GEMM leading dimension that is not a multiple takes the scalar path.
+ASYNC_COPY_BYTES = 4
+#: The tile whose element traffic the scalar GEMM path is charged with (the fit assumes the same).
+TILE = 128
+#: PyTorch's softmax forward takes the per-row warp kernel up to this width, the block kernel above it.
+WARP_SOFTMAX_MAX_WIDTH = 1024
+#: Global passes of the block softmax without (3 reads + 1 write) and with (1 read + 1 write) the row in shared memory.
+SOFTMAX_PASSES = (4, 2)
+SOFTMAX_VARIANTS = ("aten::_softmax", "aten::softmax", "softmax")
+HALF = ("fp16", "bf16", "float16", "bfloat16")
+
+
+@lru_cache(maxsize=1)
+def constants() -> dict:
+    """The fitted constants (`tracekit/data/kernel_paths.json`)."""
+    try:
+        data = json.loads(CONSTANTS.read_text())
+        float(data["scalar_gemm_elements_per_sm_clock"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelError(f"{CONSTANTS}: unreadable kernel-path constants ({exc})") from exc
+    return data
+
+
+def _num(frame: pd.DataFrame, name: str) -> np.ndarray:
+    if name not in frame.columns:
+        return np.full(len(frame), np.nan)
+    return pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+
+
+def _nvidia(hardware: np.ndarray) -> np.ndarray:
+    """Per row: an NVIDIA GPU of the datasheet table (with its SM count and clock)."""
+    out = np.zeros(len(hardware), dtype=bool)
+    for hw in set(hardware):
+        spec = hardware_spec(str(hw)) if not str(hw).startswith("cpu-") else None
+        if spec is not None and vendor(spec) == "nvidia" and spec.sms > 0 and spec.clock_mhz > 0:
+            out[hardware == hw] = True
+    return out
+
+
+def _sm_clock(hardware: np.ndarray) -> np.ndarray:
+    """SMs × clock (Hz) per row, NaN where unknown."""
+    out = np.full(len(hardware), np.nan)
+    for hw in set(hardware):
+        spec = hardware_spec(str(hw))
+        if spec is not None:
+            out[hardware == hw] = spec.sms * spec.clock_mhz * 1e6
+    return out
+
+
+def misaligned(elements: np.ndarray, size: np.ndarray, unit: int = VECTOR_BYTES) -> np.ndarray:
+    """A dimension whose rows are not a whole number of `unit` bytes (False where unknown)."""
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(elements) & (np.mod(elements * size, unit) != 0)
+
+
+def scalar_gemm_elements(m: np.ndarray, n: np.ndarray, k: np.ndarray, batch: np.ndarray) -> np.ndarray:
+    """Elements a 128×128-tiled GEMM moves through the SMs: A once per column of tiles, B once per row of tiles, C
+    once."""
+    b = np.where(np.isfinite(batch) & (batch > 0), batch, 1.0)
+    return b * (m * k * np.ceil(n / TILE) + n * k * np.ceil(m / TILE) + m * n)
+
+
+def unaligned_gemm(frame: pd.DataFrame) -> np.ndarray:
+    """Half-precision GEMM/bmm rows on NVIDIA GPUs whose k or n rows are not a whole number of 4 bytes (odd)."""
+    prim = frame["primitive"].astype("string").fillna("").to_numpy()
+    dtype = frame["dtype"].astype("string").fillna("").str.lower().to_numpy() if "dtype" in frame.columns \
+        else np.full(len(frame), "")
+    size = dtype_bytes(frame["dtype"] if "dtype" in frame.columns else None, len(frame))
+    rows = np.isin(prim, ("gemm", "bmm")) & np.isin(dtype, HALF)
+    m, n, k = _num(frame, "m"), _num(frame, "n"), _num(frame, "k")
+    rows &= (m > 1) & (n > 1)  # a matrix-vector product runs a GEMV kernel, not a tiled GEMM
+    rows &= misaligned(k, size, ASYNC_COPY_BYTES) | misaligned(n, size, ASYNC_COPY_BYTES)
+    if rows.any():
+        rows &= _nvidia(frame["hardware"].astype(str).to_numpy())
+    return rows
+
+
+def scalar_gemm_us(frame: pd.DataFrame) -> np.ndarray:
+    """Time (µs) of each row on the scalar (`align1`) GEMM path: launch overhead + element traffic at the fitted
+    rate per SM per clock (NaN where the shape or the GPU is unknown)."""
+    rate = float(constants()["scalar_gemm_elements_per_sm_clock"])
+    elements = scalar_gemm_elements(_num(frame, "m"), _num(frame, "n"), _num(frame, "k"), _num(frame, "batch"))
+    return KERNEL_OVERHEAD_US + elements / (rate * _sm_clock(frame["hardware"].astype(str).to_numpy())) * 1e6
+
+
+def unaligned_softmax(frame: pd.DataFrame) -> np.ndarray:
+    """PyTorch softmax forward rows on NVIDIA GPUs wider than the warp kernel's limit whose width is not a multiple
+    of the 16-byte vector (no shared-memory copy of the row)."""
+    prim = frame["primitive"].astype("string").fillna("").to_numpy()
+    pass_ = frame["pass"].astype("string").fillna("").to_numpy()
+    variant = frame["variant"].astype("string").fillna("softmax").to_numpy() if "variant" in frame.columns \
+        else np.full(len(frame), "softmax")
+    width = _num(frame, "width")
+    size = dtype_bytes(frame["dtype"] if "dtype" in frame.columns else None, len(frame))
+    rows = (prim == "softmax") & (pass_ == "fwd") & np.isin(variant, SOFTMAX_VARIANTS)
+    rows &= (width > WARP_SOFTMAX_MAX_WIDTH) & misaligned(width, size)
+    if rows.any():
+        rows &= _nvidia(frame["hardware"].astype(str).to_numpy())
+    return rows
+
+
+def apply(frame: pd.DataFrame, duration: np.ndarray) -> np.ndarray:
+    """Raise the aligned estimates `duration` (µs, per row of `frame`) of unaligned rows to their kernel path's
+    time, in place; returns which rows changed."""
+    changed = np.zeros(len(frame), dtype=bool)
+    gemm = np.flatnonzero(unaligned_gemm(frame))
+    if len(gemm):
+        scalar = scalar_gemm_us(frame.iloc[gemm])
+        raise_ = np.isfinite(scalar) & (scalar > duration[gemm])
+        duration[gemm[raise_]] = scalar[raise_]
+        changed[gemm[raise_]] = True
+    soft = np.flatnonzero(unaligned_softmax(frame) & np.isfinite(duration))
+    if len(soft):
+        fixed = np.minimum(KERNEL_OVERHEAD_US, duration[soft] / 2.0)
+        duration[soft] = fixed + (duration[soft] - fixed) * SOFTMAX_PASSES[0] / SOFTMAX_PASSES[1]
+        changed[soft] = True
+    return changed
