@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from tracekit.core.attention import AttentionSettings
 
+from .norm_rope_ops import rope_ops
 from .ops import OpBuilder, Pair
 
 
@@ -44,9 +45,7 @@ def attention_block(b: OpBuilder, window: int | None, lowp: bool) -> list[Pair]:
         kv_t = g_t
         rope_dim = d
     if c.position_embedding_type == "rope":
-        fwd, bwd = b.compute("self_attention.rotary", "elementwise", "RoPE", 0.0, True, rows=rows * a_t,
-                             width=rope_dim, heads=a_t, head_dim=rope_dim, numel=rows * a_t * rope_dim)
-        pairs.append((fwd, bwd, "attention"))
+        pairs.extend(rope_ops(b, rows, a_t, 1 if mla is not None else kv_t, rope_dim))
     s, cp, mb = b.s, c.cp, b.b
     if cp > 1:  # ring attention: (cp−1) K/V block exchanges forward, twice that backward (dK/dV too)
         kv = rows * kv_t * (qk_dim + v_dim) * b.bytes

@@ -15,9 +15,10 @@ From the providers' dataclass defaults in Megatron-Bridge (`src/megatron/bridge/
   the Llama 3 and DeepSeek-V3 providers fuse the cross entropy with Transformer Engine's implementation
   (`cross_entropy_loss_fusion`, `cross_entropy_fusion_impl=te`; GPTModelProvider's others keep the native one).
 
-All four also use RMSNorm and rotary positions (GPT-OSS: YaRN); those two are not applied here: the bundled
-operator models estimate Blackwell's RMSNorm at ~10× LayerNorm's time and its RoPE at ~0.4 TB/s (both through the
-transfer path), so applying them would move every Bridge row by that artefact rather than by the kernels' cost.
+All four use RMSNorm (Transformer Engine's fused kernel: the megatron-bridge stack's `fused_rmsnorm`) and rotary
+positions (GPT-OSS: YaRN, the same kernels on rescaled frequencies); Llama 3's provider fuses RoPE
+(`apply_rope_fusion=True`), the DeepSeek provider sets it False (MLA), the GPT-OSS and Qwen3-MoE providers leave
+Megatron's TransformerConfig default (False): the unfused element-wise chain (`predictor.norm_rope_ops`).
 
 A setting the row states itself (a column, a `name=value` of its notes, its launch line) wins.
 """
@@ -26,13 +27,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_COMMON = {"untie_embeddings_and_output_weights": True}
+_COMMON = {"untie_embeddings_and_output_weights": True, "normalization": "RMSNorm", "position_embedding_type": "rope"}
 _TE_LOSS = {"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "te"}
 #: Provider class (its name or the start of a subclass's name) → the settings it fixes.
 PROVIDERS: dict[str, dict[str, Any]] = {
     "GPTOSSProvider": {**_COMMON, "add_bias_linear": True, "activation_func_clamp_value": 7.0,
                        "accumulate_allreduce_grads_in_fp32": False},
-    "Llama3ModelProvider": {**_COMMON, **_TE_LOSS, "add_bias_linear": False},
+    "Llama3ModelProvider": {**_COMMON, **_TE_LOSS, "add_bias_linear": False, "apply_rope_fusion": True},
     "Qwen3MoEModelProvider": {**_COMMON, "add_bias_linear": False, "qk_layernorm": True},
     "DeepSeekModelProvider": {**_COMMON, "add_bias_linear": False},
     "DeepSeekV3ModelProvider": {**_COMMON, **_TE_LOSS, "add_bias_linear": False},

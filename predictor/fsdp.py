@@ -126,7 +126,7 @@ def unit_ops(b: OpBuilder, s: Sharding, params: float, name: str, per_layer: boo
 
 
 def _with(op: OpUse, count: int, block: str) -> OpUse:
-    return OpUse(op.name, op.spec, count, True, op.group, op.flops, False, block, op.launch)
+    return OpUse(op.name, op.spec, count, True, op.group, op.flops, False, block, op.launch, op.syncs)
 
 
 def insert_unit_ops(b: OpBuilder, segments: list[Segment]) -> None:

@@ -31,6 +31,8 @@ DEFAULT_GROUPS = {
 ALIASES = {
     "rmsnorm": "RMSlayernorm", "rmslayernorm": "RMSlayernorm", "layernorm": "layernorm",
     "rope": "RoPE", "rotary": "RoPE", "rotaryembedding": "RoPE",
+    # fused kernels answered by the kernel of at least their bytes (predictor.norm_rope_ops)
+    "rmsnormfused": "layernorm", "ropefused": "res_add",
     "resadd": "res_add", "residual": "res_add", "add": "res_add", "biasdropoutadd": "res_add",
     "scaleduppertriangmaskedsoftmax": "ScaledUpperTriangMaskedSoftmax", "causalsoftmax":
         "ScaledUpperTriangMaskedSoftmax", "fusedsoftmax": "ScaledUpperTriangMaskedSoftmax",

@@ -36,8 +36,9 @@ the paths below as if it were not there.
 - `lowp`: a GEMM in a dtype its GPU has no model for (fp8, fp8_block, MXFP8, NVFP4, MXFP4, fp32): the same row's
   bf16 answer (by any path above) at the speed-up of `predictor.lowp_gemm`, learned from the GPUs that measured
   both dtypes, bounded by the dtype's dense peak; `sources` says which curve and how the bf16 time was obtained.
-Whatever the path, an unaligned shape on an NVIDIA GPU (a half-precision GEMM with an odd k or n, a wide softmax
-row that is not a whole number of 16-byte vectors) is raised to the time of the kernel it forces
+No norm or element-wise estimate on a GPU of the datasheet table is faster than its bytes at the HBM bandwidth
+(`predictor.hbm_floor`). Whatever the path, an unaligned shape on an NVIDIA GPU (a half-precision GEMM with an odd k
+or n, a wide softmax row that is not a whole number of 16-byte vectors) is raised to the time of the kernel it forces
 (`predictor.kernel_paths`). No GEMM estimate on a GPU of the datasheet table is faster than the dense peak of its
 dtype, and a GEMM in a dtype the part has no tensor cores for (peak 0: MXFP8 on H100, NVFP4 on AMD parts) is a
 ConfigError naming both.
@@ -58,7 +59,7 @@ from tracekit.core.errors import ModelError
 from tracekit.core.hardware import PEAK_KIND, gpu_family, hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES, GEMM_ROLES
 
-from . import kernel_paths
+from . import hbm_floor, kernel_paths
 from .features import compute_work
 from .lowp_gemm import HIGH, LOW, bounded, peak_flops
 from .model_keys import (
@@ -345,6 +346,7 @@ class ModelSet:
         if n:
             kernel_paths.apply(frame, duration)  # unaligned shapes: the kernels they force (no model has seen them)
             _at_most_peak(frame, duration)
+            hbm_floor.apply(frame, duration)  # streaming kernels: never faster than their bytes at HBM bandwidth
         return pd.DataFrame({"duration_us": duration.astype("float64"), "path": path, "out_of_range": oor,
                              "sources": sources}, index=ops.index)
 

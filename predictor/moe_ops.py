@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from .ep_dispatch import dispatch_tokens
 from .grouped_mlp_ops import fc2_bias, glu_clamp
+from .host_syncs import mark_first_forward, token_count_syncs
 from .mlp_ops import dense_mlp
 from .ops import OpBuilder, Pair
 
@@ -85,9 +86,14 @@ def moe_block(b: OpBuilder, lowp: bool) -> list[Pair]:
     runs = [("", local)] if moe.moe_grouped_gemm else [(f".{e}", 1) for e in range(local)]
     for suffix, batch in runs:
         variant = "grouped" if batch > 1 else "expert"
-        pairs.extend(b.linear(f"mlp.experts.linear_fc1{suffix}", f"{variant}_fc1", per_expert, fc1_out, h, "moe", lowp,
-                              batch=batch))
-        pairs.extend(glu_clamp(b, per_expert * batch, fc1_out))
+        fc1 = b.linear(f"mlp.experts.linear_fc1{suffix}", f"{variant}_fc1", per_expert, fc1_out, h, "moe", lowp,
+                       batch=batch)
+        if not suffix or suffix == ".0":  # the token counts reach the host before the first expert's GEMM
+            mark_first_forward(fc1, token_count_syncs(moe))
+        pairs.extend(fc1)
+        clamp = glu_clamp(b, per_expert * batch, fc1_out)
+        mark_first_forward(clamp, 1)  # the quick-GELU GLU's torch.tensor(linear_offset) (predictor.host_syncs)
+        pairs.extend(clamp)
         fwd, bwd = b.compute(f"mlp.experts.activation{suffix}", "activation", "swiglu" if c.swiglu else "gelu", 0.0,
                              True, rows=per_expert * batch, width=f_e, numel=per_expert * batch * f_e)
         pairs.append((fwd, bwd, "moe_act"))

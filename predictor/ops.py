@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from tracekit.core.config import TrainingConfig
 
+from .norm_rope_ops import norm_variant
 from .placement import GroupPlacement, placements
 
 #: Streams of an op: compute ops and the blocking collectives that sit between them.
@@ -39,6 +40,7 @@ class OpUse:
     recompute: bool = False  # forward work replayed during backward
     block: str = ""  # the layer block (kind of layer) a per-layer op belongs to
     launch: bool = True  # launched by a call of its own (a recipe's casts run inside their linear's call: False)
+    syncs: int = 0  # device synchronisations its call makes on the host before issuing it (predictor.host_syncs)
 
     @property
     def stream(self) -> str:
@@ -173,7 +175,7 @@ class OpBuilder:
 
     def norm(self, name: str, per_layer: bool = True, rows: float | None = None, width: float | None = None
              ) -> tuple[OpUse, Backward]:
-        variant = "RMSlayernorm" if self.c.normalization == "RMSNorm" else "layernorm"
+        variant = norm_variant(self.c)
         rows = self.sp_tokens if rows is None else rows
         width = self.h if width is None else width
         return self.compute(name, "norm", variant, 0.0, per_layer, rows=rows, width=width, numel=rows * width)

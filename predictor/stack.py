@@ -45,8 +45,9 @@ DEFAULT = "megatron-core"
 #: Configuration keys a profile may set (TrainingConfig fields); anything the input states wins over them.
 CONFIG_KEYS = ("attention", "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p_comm", "tp_comm_overlap",
                "use_distributed_optimizer", "accumulate_allreduce_grads_in_fp32", "position_embedding_type",
-               "normalization", "swiglu", "moe_token_dispatcher_type", "moe_grouped_gemm", "moe_permute_fusion",
-               "hidden_dropout", "attention_dropout", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl")
+               "normalization", "apply_rope_fusion", "fused_rmsnorm", "swiglu", "moe_token_dispatcher_type",
+               "moe_grouped_gemm", "moe_permute_fusion", "hidden_dropout", "attention_dropout",
+               "cross_entropy_loss_fusion", "cross_entropy_fusion_impl")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import fsdp
 from .estimates import calibrated_durations
-from .framework_costs import Capture, PassCosts, capture, pass_costs
+from .framework_costs import SYNC_US, Capture, PassCosts, capture, pass_costs
 from .schedule import Work, simulate_many
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ class _Block:
     ep_cover: float = 0.0
     regions: set[int] = field(default_factory=set)  # CUDA-graph regions its captured ops belong to
     fsdp: float = 0.0
+    syncs: int = 0  # device synchronisations its host-issued ops make (predictor.host_syncs)
 
 
 def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: float = 0.0,
@@ -69,8 +70,10 @@ def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: flo
     `op_overhead_us`), count as `other`. Blocking collectives add to it, except those `hiding` lets run beside the
     pass's compute: a layer pass then exposes only their time beyond the compute that covers them. Ops a CUDA graph
     captures (`graphs`) cost no host time; each captured region of a layer costs one host op (its launch); a graph of
-    the full iteration takes the per-call overhead too. `passes`: (device µs, host µs beyond it, fixed µs) of the
-    per-parameter passes and timers of this call (`predictor.framework_costs`)."""
+    the full iteration takes the per-call overhead too. A device synchronisation of a host-issued op
+    (`predictor.host_syncs`) makes the device idle for the sync's return and the next op's issue (`SYNC_US` +
+    `host_op_us`) and costs the host `SYNC_US`: a layer pass lasts max(compute + idle, host). `passes`: (device µs,
+    host µs beyond it, fixed µs) of the per-parameter passes and timers of this call (`predictor.framework_costs`)."""
     compute = comm = root_fsdp = 0.0
     other_ops = 0
     blocks: dict[tuple[str, int], _Block] = {}
@@ -94,8 +97,9 @@ def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: flo
                 region = cap.region(op) if per_layer_graphs else None
                 if region is not None:
                     blk.regions.add(region)
-                elif not full and op.launch:
-                    blk.ops += 1
+                elif not full:
+                    blk.ops += 1 if op.launch else 0
+                    blk.syncs += op.syncs
                 if hide.tp_cover is not None and hide.tp_cover[op.spec]:
                     blk.tp_cover += t
                 if hide.ep_cover is not None and hide.ep_cover[op.spec]:
@@ -113,8 +117,9 @@ def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: flo
         ep = max(0.0, blk.ep - (blk.compute if hide.ep_all else blk.ep_cover))
         compute += blk.compute * count
         comm += (tp + ep + blk.other_comm) * count
-        other += (max(0.0, cal.host_op_us * (blk.ops + len(blk.regions)) - blk.compute)
-                  + (framework_us + cal.op_overhead_us) * blk.ops) * count
+        host = cal.host_op_us * (blk.ops + len(blk.regions)) + SYNC_US * blk.syncs
+        idle = (SYNC_US + cal.host_op_us) * blk.syncs  # the device waits for each sync's return and the next issue
+        other += (max(idle, host - blk.compute) + (framework_us + cal.op_overhead_us) * blk.ops) * count
     comm += fsdp.exposed_us([(blk.fsdp, blk.compute, count) for (_, count), blk in blocks.items()], root_fsdp,
                             hide.fsdp_overlap)
     device, host, fixed = passes

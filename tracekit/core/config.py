@@ -50,6 +50,7 @@ ALIASES = {
     "hidden": "hidden_size",
     "seq_len": "seq_length",
     "overlap_p2p_communication": "overlap_p2p_comm",  # Megatron's flag is --no-overlap-p2p-communication
+    "rope_fusion": "apply_rope_fusion",  # Megatron's flag is --no-rope-fusion
     "num_virtual_stages_per_pipeline_rank": "virtual_pipeline_model_parallel_size",
     "microbatch_group_size_per_virtual_pipeline_stage": "microbatch_group_size_per_vp_stage",
     **moe_settings.ALIASES,
@@ -152,6 +153,11 @@ class TrainingConfig:
     swiglu: bool = False
     attention: str = "flash"  # flash (flash/fused kernels) | unfused (baddbmm + masked softmax + bmm)
     position_embedding_type: str = "learned_absolute"  # learned_absolute | rope
+    #: RoPE as Transformer Engine's fused kernels (Megatron's `--no-rope-fusion` turns it off; its TransformerConfig
+    #: default is off, Megatron-LM's arguments' on); False: the unfused element-wise chain (predictor.norm_rope_ops)
+    apply_rope_fusion: bool = False
+    #: RMSNorm as one fused kernel (Transformer Engine's); False: an unfused module (GPT-NeoX's, the samples')
+    fused_rmsnorm: bool = False
     add_bias_linear: bool = True
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
