@@ -36,7 +36,7 @@ the paths below as if it were not there.
 - `lowp`: a GEMM in a dtype its GPU has no model for (fp8, fp8_block, MXFP8, NVFP4, MXFP4, fp32): the same row's
   bf16 answer (by any path above) at the speed-up of `predictor.lowp_gemm`, learned from the GPUs that measured
   both dtypes, bounded by the dtype's dense peak; `sources` says which curve and how the bf16 time was obtained.
-No norm or element-wise estimate on a GPU of the datasheet table is faster than its bytes at the HBM bandwidth
+No fused RoPE estimate on a GPU of the datasheet table is faster than its bytes at the HBM bandwidth
 (`predictor.hbm_floor`). Whatever the path, an unaligned shape on an NVIDIA GPU (a half-precision GEMM with an odd k
 or n, a wide softmax row that is not a whole number of 16-byte vectors) is raised to the time of the kernel it forces
 (`predictor.kernel_paths`). No GEMM estimate on a GPU of the datasheet table is faster than the dense peak of its
@@ -346,7 +346,7 @@ class ModelSet:
         if n:
             kernel_paths.apply(frame, duration)  # unaligned shapes: the kernels they force (no model has seen them)
             _at_most_peak(frame, duration)
-            hbm_floor.apply(frame, duration)  # streaming kernels: never faster than their bytes at HBM bandwidth
+            hbm_floor.apply(frame, duration)  # fused RoPE: never faster than its bytes at HBM bandwidth
         return pd.DataFrame({"duration_us": duration.astype("float64"), "path": path, "out_of_range": oor,
                              "sources": sources}, index=ops.index)
 
