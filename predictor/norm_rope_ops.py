@@ -49,11 +49,13 @@ def norm_variant(c: TrainingConfig) -> str:
 
 def rope_ops(b: OpBuilder, rows: float, q_heads: float, k_heads: float, rope_dim: float) -> list[Pair]:
     """The rotary embedding of one attention layer over `rows` tokens: `q_heads` query and `k_heads` key head slices
-    of `rope_dim` rotated dims. Unfused: the samples' RoPE chain (one row over the query heads, as they were timed
-    on q and k of as many heads); fused: one kernel for q and one for k (module docstring)."""
+    of `rope_dim` rotated dims. Unfused: the samples' RoPE chain, timed on a q and a k of as many heads each, at the
+    mean of the query and key heads (with GQA or MLA's shared rope key, k has fewer: the chain's element-wise kernels
+    move q's and k's elements); fused: one kernel for q and one for k (module docstring)."""
     if not b.c.apply_rope_fusion:
-        fwd, bwd = b.compute("self_attention.rotary", "elementwise", "RoPE", 0.0, True, rows=rows * q_heads,
-                             width=rope_dim, heads=q_heads, head_dim=rope_dim, numel=rows * q_heads * rope_dim)
+        heads = (q_heads + k_heads) / 2.0
+        fwd, bwd = b.compute("self_attention.rotary", "elementwise", "RoPE", 0.0, True, rows=rows * heads,
+                             width=rope_dim, heads=heads, head_dim=rope_dim, numel=rows * heads * rope_dim)
         return [(fwd, bwd, "attention")]
     pairs: list[Pair] = []
     for name, heads in (("rotary_q", q_heads), ("rotary_k", k_heads)):

@@ -100,6 +100,13 @@ def test_fused_rope_is_one_kernel_for_q_and_one_for_k_moving_their_elements_twic
     assert sum(3 * r["numel"] * r["count"] for r in rows) == pytest.approx(2 * 2 * (q + k))  # res_add: 3 per numel
 
 
+def test_unfused_rope_moves_the_elements_of_q_and_k_as_the_samples_timed_them():
+    """The samples time the chain on a q and a k of as many heads; with GQA (16 query, 4 key heads) the row stands
+    for the same elements, q's and k's."""
+    [row] = _ops(_llama(), "self_attention.rotary")
+    assert 2 * row["numel"] == pytest.approx(2048 * (16 + 4) * 64)
+
+
 def test_unfused_rope_and_rmsnorm_keep_the_sampled_kernels():
     c = _llama()
     assert {r["variant"] for r in _ops(c, "self_attention.rotary")} == {"RoPE"}
