@@ -6,26 +6,31 @@ one layer is one Inductor graph forward and one backward. Inductor leaves the ma
 extern kernels (cuBLAS `mm`/`addmm`, SDPA's flash/cuDNN kernels; on a CPU `aten::mm` and the CPU flash kernel), and
 fuses every chain of pointwise ops and reductions between two of them into one generated kernel: the norm reads `x`
 once and writes once; a residual add runs inside the norm that follows it (writing both the sum and the normalised
-sum); SwiGLU's silu·mul, RoPE, a dropout/bias/activation chain are one kernel each. The backward is fused likewise:
-a residual add's backward is the identity (no kernel; with a dropout mask or a bias gradient it is a kernel), the
-gradient sum it implies runs inside the norm backward at the block's input; the weight gradients of the norms (a reduction over tokens, across the rows the input gradient
-reduces) are one more kernel per layer, both norms' together. A compiled block never fuses with its neighbour:
-the residual add at a layer's end stays a kernel of its own.
+sum); SwiGLU's silu·mul, RoPE, a dropout/bias/activation chain are one kernel each. The backward is fused likewise.
+A residual add's backward is the identity (no kernel; with a dropout mask or a bias gradient it is a kernel), and
+the gradient sum it implies runs inside the norm backward at the block's input. The norms' weight gradients (a
+reduction over tokens, across the rows the input gradient reduces) are one more kernel per layer, both norms'
+together. A compiled block never fuses with its neighbour: the residual add at a layer's end stays a kernel.
 
-On the layer the graph builds (predictor.attention_ops, predictor.mlp_ops), that is: each run of consecutive
-memory-bound ops (norm, element-wise, activation, softmax) between two extern kernels (GEMM, attention, collective, a
-precision recipe's cast inside its linear) becomes one kernel forward and one backward; a run that is only a
-residual add without dropout or bias has no backward kernel, and one extra gradient read joins the layer's first run's backward. On a Llama
-layer: forward 5 kernels (norm · RoPE · add+norm · silu·mul · add), backward 5 (silu·mul · add+norm · RoPE · norm
-with the residual gradient · the norms' weight gradients), against the eager graph's 6 and 6. The count is checked
-against a compiled block captured on a CPU (tools/capture_compiled_block.py, tests/test_compile_fusion.py).
+On the layer the graph builds (predictor.attention_ops, predictor.mlp_ops) that is: each run of consecutive
+memory-bound ops (norm, element-wise, activation, softmax) between two extern kernels (GEMM, attention, collective,
+a precision recipe's cast inside its linear) becomes one kernel forward and one backward, each op reading its
+predecessor's output from registers; a run that is only a residual add without dropout or bias has no backward
+kernel, and one gradient read joins the layer's first run's backward instead. On a Llama layer: forward 5 kernels
+(norm · RoPE · add+norm · silu·mul · add), backward 5 (silu·mul · add+norm · RoPE · norm with the residual
+gradient · the norms' weight gradients), against the eager graph's 6 and 6. The forward count is the one a block
+compiled on a CPU shows (tools/capture_compiled_block.py, tests/test_compile_fusion.py); its backward has up to
+two more (the C++ backend's RoPE backward for q and k apart, a layout kernel before the CPU flash backward).
 
 Costs, without fitted constants: a fused kernel moves the bytes of its ops as the eager element-wise rows count them
 (predictor.features: read and write the main tensor, 2·numel·dtype bytes forward, 3 backward with the gradient),
-less one read of every intermediate a consumer in the same kernel now takes from registers; the weight-gradient
+less one read of every intermediate a consumer in the same kernel takes from registers; the weight-gradient
 kernel reads the output gradient and the input of each norm. Each is timed as the eager element-wise kernel at those
 bytes (an `elementwise` row of variant `inductor_fused`, answered by the residual-add model, its `numel` set so the
-row moves the kernel's bytes, as predictor.ops `quantize` does) and is one launch.
+row moves the kernel's bytes, as predictor.ops `quantize` does) and is one launch. The eager norm, RoPE and
+activation rows keep their own models, fitted on Megatron's kernels, several of them far from the memory bandwidth
+(an RMSNorm backward at ~100 GB/s on an A100): what compile gains is mostly those ops run at the bandwidth of a
+plain element-wise kernel.
 """
 from __future__ import annotations
 
