@@ -148,3 +148,17 @@ def test_compile_keeps_gemms_and_attention_and_never_adds_time_or_launches(hardw
                 if o.per_layer and g.specs[o.spec]["primitive"] in FUSED_PRIMITIVES}
     assert variants == {VARIANT, "fsdp_copy"}  # every memory-bound op of a layer is a generated kernel (FSDP's
     # copies into and out of its flat buffers run outside the compiled blocks)
+
+
+def test_a_composer_yaml_with_a_compile_config_is_read_as_compiled(tmp_path):
+    import yaml
+
+    from tracekit.core.composer_job import read_composer
+
+    data = yaml.safe_load((DATA / "jobs" / "mpt-7b.yaml").read_text())
+    assert "torch_compile" not in read_composer(DATA / "jobs" / "mpt-7b.yaml", world_size=8).settings
+    data["compile_config"] = {}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    job = read_composer(path, world_size=8)
+    assert job.settings["torch_compile"] is True and any("Inductor's fused kernels" in n for n in job.notes)

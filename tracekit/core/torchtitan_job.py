@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, InputError, did_you_mean
+from .megatron_arguments import list_words
 
 #: torchtitan's JobConfig, section → keys (2025 layout, with older spellings). Keys tracekit reads are in READ.
 SCHEMA: dict[str, tuple[str, ...]] = {
@@ -240,8 +241,7 @@ def _settings(data: dict[str, Any], world_size: int | None) -> Job:
         notes.append("context parallel: FSDP shards over dp_shard × cp in torchtitan; modelled over dp_shard, the "
                      "ring attention as ring P2P exchanges")
     compile_on = bool(get("compile", "enable", get("training", "compile", False)))
-    components = get("compile", "components", ["model", "loss"])
-    components = [c.strip() for c in components.split(",")] if isinstance(components, str) else list(components)
+    components = list_words(get("compile", "components", ["model", "loss"])) or ()
     unknown = [c for c in components if c not in ("model", "loss")]
     if unknown:
         raise ConfigError(f"compile.components {unknown[0]!r}{did_you_mean(str(unknown[0]), ('model', 'loss'))}: "
