@@ -571,9 +571,10 @@ def write_core(cal, scales: dict[str, float], rows: int, cases: int, cv_mape: fl
         "scored_on": [f"e2e/{BRIDGE} (through megatron-bridge; never fitted on)"],
         "by": "benchmarks/e2e_accuracy.py --fit-core",
     }
-    doc["description"] = ("Megatron-core (2024+) with Transformer Engine: flash/fused attention kernels, "
-                          "interleaved-schedule P2P overlapped (Megatron's default), gradient-reduce, parameter-gather "
-                          "and TP overlap off unless the configuration turns them on (Megatron's own defaults). Host "
+    doc["description"] = ("Megatron-core (2024+) with Transformer Engine: flash/fused attention kernels, TE's fused "
+                          "RMSNorm and (Megatron-LM's argument default) fused RoPE, interleaved-schedule P2P "
+                          "overlapped (Megatron's default), gradient-reduce, parameter-gather and TP overlap off "
+                          "unless the configuration turns them on (Megatron's own defaults). Host "
                           "constants fitted on Megatron-LM's CI runs: host time per operator, per micro-batch call "
                           "and per parameter tensor of the per-parameter passes, scaled per host CPU; tensor-core "
                           "ops scaled per GPU architecture (device_scale, fitted on the Megatron-Bridge rows' dense "
