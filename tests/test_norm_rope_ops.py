@@ -26,10 +26,6 @@ NORM_SHAPES = [(8192, 4096), (4096, 8192), (16384, 2880), (2048, 5120), (65536, 
 ROPE_SHAPES = [(8192 * 32, 128), (8192 * 8, 128), (8192 * 2, 128), (4096 * 64, 64)]
 
 
-def _rows(**cols) -> pd.DataFrame:
-    return pd.DataFrame(cols)
-
-
 def _norm_frame(variant: str) -> pd.DataFrame:
     rows = [dict(hardware=hw, primitive="norm", dtype="bf16", variant=variant, role=None, rows=r, width=w,
                  numel=r * w, **{"pass": p}) for hw in GPUS for p in ("fwd", "bwd") for r, w in NORM_SHAPES]
