@@ -27,19 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError, did_you_mean
+from .megatron_arguments import list_words
 
 IMPLS = ("none", "local", "transformer_engine", "full_iteration")
 MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
 #: NCCL_ALGO tokens that keep in-network reduction (NVLS on NVSwitch, CollNet = SHARP) available.
 _IN_NETWORK = ("nvls", "collnet", "collnetdirect", "collnetchain")
-
-
-def _words(value: Any) -> tuple[str, ...] | None:
-    """A list setting from a flag's values, a CSV cell (`[attn, moe_router]`, `attn,mlp`) or a YAML list."""
-    if value is None:
-        return None
-    items = value if isinstance(value, (list, tuple)) else str(value).strip("[]").replace(",", " ").split()
-    return tuple(str(v).strip().strip("'\"") for v in items if str(v).strip().strip("'\""))
 
 
 @dataclass(frozen=True)
@@ -60,7 +53,7 @@ class RuntimeSettings:
 
     def __post_init__(self) -> None:
         for name in ("cuda_graph_modules", "cuda_graph_scope"):
-            object.__setattr__(self, name, _words(getattr(self, name)))
+            object.__setattr__(self, name, list_words(getattr(self, name)))
         impl = self.cuda_graph_impl
         if impl is not None:
             impl = str(impl).strip().lower()
