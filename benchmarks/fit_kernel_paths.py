@@ -7,11 +7,13 @@ effect). No H100 kernel is used: `benchmarks/operator_accuracy.py --transfer` sc
 kernels of the TraceLens traces.
 
 The GPU-side kernel floor (`gpu_kernel_floor_us`): the shortest compute kernel (not a copy or a memset) of the same
-A100 traces; kernel durations in a trace are GPU-side, without the host's launch cost.
+A100 traces; kernel durations in a trace are GPU-side, without the host's launch cost. Printed beside it: the
+shortest GEMM kernel (not used: a GEMM keeps the 5 µs fixed time, see `predictor.kernel_paths`).
 
 For each kernel: elements moved by a 128×128-tiled GEMM (`kernel_paths.scalar_gemm_elements`) / ((time − the
-floor) · SMs · clock); the constant is their median. Printed beside it: the same median and spread for the FLOP
-rate per SM per clock (the model not chosen: its spread is larger), so the choice is made on the fit data.
+fixed time min(5 µs, time / 2)) · SMs · clock); the constant is their median. Printed beside it: the same median and
+spread for the FLOP rate per SM per clock (the model not chosen: its spread is larger), so the choice is made on the
+fit data.
 
 Usage: python benchmarks/fit_kernel_paths.py [--corpus ../shared/corpus] [--write tracekit/data/kernel_paths.json]
 """
@@ -29,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from extractors.kineto import read_trace, trace_samples  # noqa: E402
 from predictor.kernel_paths import TILE, scalar_gemm_elements  # noqa: E402
+from predictor.roofline import KERNEL_OVERHEAD_US  # noqa: E402
 from tracekit.core.atomic import atomic_write_json  # noqa: E402
 from tracekit.core.hardware import hardware_spec  # noqa: E402
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES  # noqa: E402
@@ -43,10 +46,13 @@ def trace_kernels(corpus: Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def kernel_floor(rows: pd.DataFrame) -> float:
-    """The shortest compute kernel (µs) of a GPU in the datasheet table: no copy, memset or collective."""
+def kernel_floor(rows: pd.DataFrame, primitives: tuple[str, ...] = ()) -> float:
+    """The shortest compute kernel (µs) of a GPU in the datasheet table: no copy, memset or collective; of
+    `primitives` only where given."""
     known = rows["hardware"].map(lambda hw: hardware_spec(str(hw)) is not None).astype(bool)
     compute = ~rows["primitive"].isin((*COLLECTIVE_PRIMITIVES, "memcpy", "memset")) & (rows["duration_us"] > 0)
+    if primitives:
+        compute &= rows["primitive"].isin(primitives)
     return float(rows.loc[compute & known, "duration_us"].min())
 
 
@@ -77,14 +83,16 @@ def main() -> None:
     args = parser.parse_args()
     every = trace_kernels(Path(args.corpus))
     floor = kernel_floor(every)
+    gemm_floor = kernel_floor(every, ("gemm", "bmm"))
     rows = kernels(every)
-    busy_s = (rows["duration_us"] - np.minimum(floor, rows["duration_us"] / 2)) * 1e-6
+    busy_s = (rows["duration_us"] - np.minimum(KERNEL_OVERHEAD_US, rows["duration_us"] / 2)) * 1e-6
     per_sm_clock = busy_s * rows["sms"] * rows["clock_hz"]
     elements = rows["elements"] / per_sm_clock
     flops = rows["flops"] / per_sm_clock
     print(f"{len(rows)} align1 tensor-core GEMM kernels ({', '.join(sorted(rows['hardware'].unique()))}), "
           f"≥ 1 wave of {TILE}×{TILE} tiles")
-    print(f"GPU-side kernel floor: {floor:.2f} µs (shortest compute kernel of {len(every)} kernels)")
+    print(f"GPU-side kernel floor: {floor:.2f} µs (shortest compute kernel of {len(every)} kernels), "
+          f"GEMM kernel floor {gemm_floor:.2f} µs")
     print(f"elements per SM per clock: median {elements.median():.3f}, "
           f"spread (median APE) {100 * spread(elements):.1f}%")
     print(f"FLOPs per SM per clock:    median {flops.median():.1f}, spread (median APE) {100 * spread(flops):.1f}%")

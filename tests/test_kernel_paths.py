@@ -110,15 +110,14 @@ def test_the_hopper_scalar_rate_is_the_ampere_rate_times_the_lane_ratio():
     # a time: the element traffic of the same shape takes (A100 SMs × clock × 64) / (H100 SMs × clock × 128)
     a100, h100 = hardware_spec("A100-SXM4-80GB"), hardware_spec(H100)
     shape = [(5185, 64, 5185, 16)]
-    floor = kernel_paths.gpu_floor_us()
+    floor = kernel_paths.KERNEL_OVERHEAD_US
     ta = kernel_paths.scalar_gemm_us(_bmm("A100-SXM4-80GB", shape))[0] - floor
     th = kernel_paths.scalar_gemm_us(_bmm(H100, shape))[0] - floor
     assert th / ta == pytest.approx((a100.sms * a100.clock_mhz * 64) / (h100.sms * h100.clock_mhz * 128), rel=0.01)
 
 
 def test_the_gpu_side_floor_is_a_kernel_not_a_launch():
-    floor = kernel_paths.gpu_floor_us()
-    assert 0.5 <= floor < kernel_paths.KERNEL_OVERHEAD_US  # a GPU-side kernel lasts about a µs or more
+    assert 0.5 <= kernel_paths.gpu_floor_us() < kernel_paths.KERNEL_OVERHEAD_US  # a GPU-side kernel: a µs or more
 
 
 @pytest.mark.parametrize("hardware", [H100, "B200-180GB", "A100-SXM4-80GB"])
@@ -129,23 +128,29 @@ def test_no_estimate_is_below_the_gpu_side_floor(hardware):
                       _softmax(hardware, [(1, 1), (60, 5), (8, 8)])], ignore_index=True)
     act = pd.DataFrame([{"hardware": hardware, "primitive": "activation", "pass": "fwd", "dtype": "bf16",
                          "variant": "aten::gelu", "numel": n} for n in (1, 8, 1024)])
-    t = models.predict(pd.concat([tiny, act], ignore_index=True))["duration_us"].to_numpy()
+    rows = pd.concat([tiny, act], ignore_index=True)
+    t = models.predict(rows)["duration_us"].to_numpy()
     assert (t >= floor - 1e-9).all()
+    gemm = rows["primitive"].isin(["gemm", "bmm"]).to_numpy()
+    assert (t[gemm] >= kernel_paths.KERNEL_OVERHEAD_US - 1e-9).all()  # a GEMM kernel keeps its fixed time
 
 
 def test_the_roofline_answers_lose_only_the_host_part_of_the_launch():
-    """Rows only the roofline answers (bmm below H100's table grid): the GPU-side estimate is the roofline less
-    (launch − floor), never below the floor."""
+    """Rows only the roofline answers: an activation on H100 is the roofline less (launch − floor), never below the
+    floor; a bmm below H100's table grid keeps the roofline (a GEMM kernel's fixed time)."""
     from predictor.roofline import estimate_us
 
     models = ModelSet.load()
-    rows = _bmm(H100, [(2, 2, 2, 1), (16, 16, 16, 2), (64, 64, 64, 1), (200, 200, 200, 1)])
-    out = models.predict(rows)
-    assert (out["path"] == "roofline").all()
-    roof = np.asarray(estimate_us(rows))
     floor = kernel_paths.gpu_floor_us()
-    assert out["duration_us"].to_numpy() == pytest.approx(np.maximum(floor, roof - (kernel_paths.KERNEL_OVERHEAD_US
-                                                                                    - floor)))
+    act = pd.DataFrame([{"hardware": H100, "primitive": "activation", "pass": "fwd", "dtype": "bf16",
+                         "variant": "aten::gelu", "numel": n} for n in (1, 4096, 1 << 20, 1 << 28)])
+    bmm = _bmm(H100, [(2, 2, 2, 1), (16, 16, 16, 2), (64, 64, 64, 1), (200, 200, 200, 1)])
+    for rows in (act, bmm):
+        out = models.predict(rows)
+        assert (out["path"] == "roofline").all()
+        roof = np.asarray(estimate_us(rows))
+        want = roof if rows is bmm else np.maximum(floor, roof - (kernel_paths.KERNEL_OVERHEAD_US - floor))
+        assert out["duration_us"].to_numpy() == pytest.approx(want)
 
 
 @pytest.mark.parametrize("hardware", [H100, "A100-SXM4-80GB", "B200-180GB"])
