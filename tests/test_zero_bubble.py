@@ -152,3 +152,20 @@ def test_split_backward_does_the_whole_backward_work(torchtitan_predictions):
             theirs = sorted(w.compute for row in twin.work[index] for w in row)
             assert ours == pytest.approx(theirs, rel=1e-9), (name, index)
         assert p.breakdown["compute"] > 0
+
+
+def test_predicted_trace_of_a_v_schedule_runs_one_kernel_at_a_time_within_the_iteration(torchtitan_predictions):
+    """Each rank's predicted trace (the V's second arm is another layout stage than Megatron's chunk) lays its
+    compute kernels one after another, inside one iteration."""
+    from predictor.trace_out import rank_trace
+
+    p = torchtitan_predictions["ZBVZeroBubble"]
+    c = p.config
+    for stage in range(c.pp):
+        rank = stage * c.tp * c.cp * c.dp
+        events = [e for e in rank_trace(p, rank, iterations=1)["traceEvents"]
+                  if e.get("ph") == "X" and e.get("cat") == "kernel" and "nccl" not in e["name"].lower()]
+        spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events)
+        assert spans
+        assert all(b[0] >= a[1] - 1e-6 for a, b in zip(spans, spans[1:]))
+        assert spans[-1][1] - spans[0][0] <= p.iteration_time_s * 1e6 + 1e-6
