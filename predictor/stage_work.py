@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tracekit.core.pipeline_layout import torch_schedule
+
 from . import fsdp
 from .estimates import calibrated_durations
 from .framework_costs import Capture, PassCosts, capture, pass_costs
@@ -161,7 +163,7 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
     optimizer = [float(dur[graph.optimizer[s].spec]) + float(sum(dur[o.spec] for o in graph.casts.get(s, [])))
                  + passes.iteration_us(s, cal.tensor_op_us) for s in range(pp)]
     gather = [float(sum(dur[o.spec] for o in graph.param_gather[s])) for s in range(pp)]
-    schedule = c.layout.torch_pipeline_schedule if c.layout else None
+    schedule = torch_schedule(c)
     extra: dict = {"pipeline_schedule": schedule} if schedule else {}
     if schedule in SPLIT_BACKWARD:  # the backward as its input part (bwd) and its weight part (wgrad)
         split, weight = split_backward(graph, dur)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from tracekit.core.atomic import atomic_write_bytes
 from tracekit.core.hardware import hardware_spec
+from tracekit.core.pipeline_layout import torch_schedule
 
 from .graph import Graph, OpUse
 from .placement import rank_coordinates, strides
@@ -340,7 +341,7 @@ def rank_trace(prediction: "Prediction", rank: int, iterations: int = 2) -> dict
     period = tl.iteration_us
     origin = 1000.0
     first = first_layers(graph)
-    schedule = c.layout.torch_pipeline_schedule if c.layout else None
+    schedule = torch_schedule(c)
     split = split_backward(graph, dur) if schedule in SPLIT_BACKWARD else None  # input / weight backward parts
     if split is not None:
         dur = split[0]

@@ -203,7 +203,7 @@ def _from_layout(text: str, pp: int, num_layers: int, mtp_layers: int) -> list[l
 def check_microbatch_groups(config) -> None:
     """ConfigError unless the interleaved schedule accepts the micro-batch count (module docstring)."""
     c = config
-    schedule = c.layout.torch_pipeline_schedule if c.layout else None
+    schedule = torch_schedule(c)
     if schedule is not None:
         check_schedule(schedule, c.pp, c.vp, c.num_microbatches)
         return
@@ -218,6 +218,13 @@ def check_microbatch_groups(config) -> None:
     if 0 < rest < c.pp:
         raise ConfigError(f"the interleaved schedule's last group of micro-batches holds {rest} (of {m} in groups "
                           f"of {group}): Megatron needs 0 or at least pp {c.pp}")
+
+
+def torch_schedule(config) -> str | None:
+    """The PyTorch schedule a configuration runs (`torch_pipeline_schedule`), None for Megatron's orders and without
+    a pipeline (torchtitan reads the schedule only when it pipelines: pp > 1)."""
+    schedule = config.layout.torch_pipeline_schedule if config.layout else None
+    return schedule if config.pp > 1 else None
 
 
 def check_schedule(schedule: str, pp: int, vp: int, m: int) -> None:
