@@ -169,3 +169,41 @@ def test_predicted_trace_of_a_v_schedule_runs_one_kernel_at_a_time_within_the_it
         assert spans
         assert all(b[0] >= a[1] - 1e-6 for a, b in zip(spans, spans[1:]))
         assert spans[-1][1] - spans[0][0] <= p.iteration_time_s * 1e6 + 1e-6
+
+
+def _zbv_config(tmp_path):
+    from tracekit.core.config import TrainingConfig
+    from tracekit.core.torchtitan_job import read_torchtitan
+
+    job = tmp_path / "zbv.toml"
+    job.write_text(TOML.format("ZBVZeroBubble"))
+    return TrainingConfig.from_mapping(read_torchtitan(job, world_size=8).settings).validate()
+
+
+@pytest.mark.parametrize("roles", [(), ("gemm",)])
+def test_weight_part_is_the_gemms_weight_gradients(tmp_path, roles):
+    """With the GEMM backward held per role, the weight part is exactly the wgrad rows: one forward's FLOPs per
+    GEMM, so the weight part's FLOPs equal the layer GEMMs' forward FLOPs. Held whole, each GEMM backward is split
+    in two halves. Either way the two parts add up to the whole backward for any operator durations."""
+    import numpy as np
+
+    from predictor.graph import build_graph
+    from predictor.stage_work import split_backward
+
+    graph = build_graph(_zbv_config(tmp_path), "H100-80GB-HBM3", 8, backward_roles=roles)
+    dur = np.random.default_rng(0).uniform(1.0, 10.0, len(graph.specs))
+    split, parts = split_backward(graph, dur)
+    for s in range(graph.config.pp):
+        for k in range(graph.config.vp):
+            seg = graph.segment(s, k)
+            inp, wgt = parts[s][k]
+            whole = sum(o.count * dur[o.spec] for o in seg.bwd)
+            assert sum(o.count * split[o.spec] for o in inp + wgt) == pytest.approx(whole, rel=1e-12)
+            gemm_fwd = sum(o.count * o.flops for o in seg.fwd if graph.specs[o.spec]["primitive"] == "gemm")
+            assert all(graph.specs[o.spec]["primitive"] == "gemm" for o in wgt)
+            if roles:
+                assert {graph.specs[o.spec]["role"] for o in wgt} <= {"wgrad", "bgrad"}
+                assert sum(o.count * o.flops for o in wgt) == pytest.approx(gemm_fwd, rel=1e-12)
+            else:  # each whole GEMM backward (2 forwards' FLOPs) in both parts at half its time
+                assert sum(o.count * o.flops for o in wgt) == pytest.approx(2 * gemm_fwd, rel=1e-12)
+                assert all(split[o.spec] == pytest.approx(dur[o.spec] / 2) for o in wgt)
