@@ -131,7 +131,7 @@ def match_collectives(tables: list[EventTable]) -> MatchReport:
             unmatched += len(group)
             continue
         transfer = min(entry[3] for entry in group)
-        for t_index, row, _, dur, _, _ in group:
-            tables[t_index].set("wait_us", row, dur - transfer)
+        for t_index, row, _, took, _, _ in group:
+            tables[t_index].set("wait_us", row, took - transfer)
         matched += 1
     return MatchReport(matched, unmatched, mismatched)

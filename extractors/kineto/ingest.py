@@ -216,7 +216,8 @@ def trace_report(trace: KinetoTrace, written: int) -> dict:
         "iterations": len(trace.iterations),
         "kernels": trace.kernels,
         "gpu_busy_us": round(busy_time(ev), 3),
-        "primitives": {name: {"count": rows, "time_us": round(time_us, 3)} for name, (rows, time_us) in by_prim.items()},
+        "primitives": {name: {"count": rows, "time_us": round(time_us, 3)}
+                       for name, (rows, time_us) in by_prim.items()},
         "unclassified_share": round(other / total, 6) if total > 0 else 0.0,
         "backward": backward_report(ev),
         "launch_not_recorded": unlaunched_report(ev),
@@ -238,7 +239,8 @@ def unlaunched_report(ev: EventTable) -> dict:
     opened): how many took their twins' op and shapes (twins.py), how many stay without an op (no shapes)."""
     compute = (ev["kind"] == "kernel") & (ev["category"] == "computation")
     twins = int((ev["op_from_twin"].astype(bool) & compute).sum())
-    return {"from_twins": twins, "without_op": int((np.equal(ev["op"], None) & compute).sum())}
+    no_op = np.fromiter((op is None for op in ev["op"]), dtype=bool, count=len(ev))
+    return {"from_twins": twins, "without_op": int((no_op & compute).sum())}
 
 
 @dataclass
