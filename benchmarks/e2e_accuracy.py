@@ -289,6 +289,7 @@ def llmfoundry(models, worst: int, refit: bool) -> tuple:
     print(f"  shipped composer constants (fitted on every row): MAPE {ship[0]:.2f}% (median {ship[1]:.2f}%, "
           f"p90 {ship[2]:.2f}%)")
     print(f"  without stack constants: MAPE {stats(bare, measured)[0]:.2f}%")
+    compiled_what_if(models, good, shipped, measured)
     groups: dict[tuple[str, int], list[int]] = {}
     for i, r in enumerate(good):
         groups.setdefault((r.cells["model_name"], r.config.world_size), []).append(i)
@@ -309,6 +310,17 @@ def llmfoundry(models, worst: int, refit: bool) -> tuple:
         write_composer(fit_composer(prepared, measured), len(good), cv[0] / 100, len(names))
     return ("llm-foundry", len(good), len(failed), "composer constants leave-one-model-size-out", *cv,
             stats(bare, measured)[0], LLMFOUNDRY_GOAL, [])
+
+
+def compiled_what_if(models, good: list, shipped: np.ndarray, measured: np.ndarray) -> None:
+    """The same rows as if each had compiled its blocks (`torch_compile`, predictor.compile_fusion; the rows state no
+    compile: MosaicML's benchmarks ran eager), with the shipped composer constants: what compile changes."""
+    rows = [B.parse_row(r.cells, r.line, None, None, {"torch_compile": True}) for r in good]
+    prepared = prepare_many([r.config for r in rows], [r.cluster for r in rows], models)
+    times = times_with_row_stacks(rows, prepared)
+    change = 100 * (times - shipped) / shipped
+    print(f"  as if compiled (torch_compile on every row, shipped constants): MAPE {stats(times, measured)[0]:.2f}%; "
+          f"predicted time {np.median(change):+.1f}% median ({change.min():+.1f}% to {change.max():+.1f}%)")
 
 
 def write_composer(cal, rows: int, cv_mape: float, sizes: int) -> None:

@@ -7,12 +7,16 @@ data- and context-parallel ranks (`dpcp`), expert parameters over the expert dat
 buckets of their own: an all-reduce of the bucket, or with the distributed optimizer a reduce-scatter of it and, after
 the step, an all-gather of the updated parameters (1/ranks of the bucket each; fp8 parameters with
 `fp8_param_gather`; under FSDP/ZeRO-2+ the experts are sharded per unit instead, predictor.fsdp). The optimizer step
-updates the stage's dense parameters / dpcp (sharded) plus its expert parameters / edp. Weights cast by the recipe
-(tracekit.core.precision) are cast once per iteration.
+updates the stage's dense parameters / dpcp (sharded) plus its expert parameters / edp; under torch FSDP2 they are
+DTensors, whose step is sampled of its own (`tracekit sample`: every op dispatched through DTensor; models without
+such samples answer with the plain step, what a GPU's kernels take while its host dispatches ahead). Weights cast by
+the recipe (tracekit.core.precision) are cast once per iteration.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from tracekit.core.samples import DTENSOR_SUFFIX
 
 from . import fsdp
 from .ops import OpBuilder, OpUse
@@ -81,8 +85,9 @@ def stage_sync(b: OpBuilder, stage: int, weight_cast_elements: float) -> StageSy
     layers = sum(len(part.layers) for part in _stage_chunks(c, stage))
     shard_expert = b.groups["edp"].size if (c.use_distributed_optimizer or sharding.fsdp) else 1
     params = -(-dense // shard_dense) + -(-expert // shard_expert)
-    spec = b.spec("optimizer", "optimizer", f"{kind}_optimizer", None, None, layers=layers, width=c.hidden_size,
-                  tp=c.tp, params=params)
+    dtensor = DTENSOR_SUFFIX if sharding.implementation == "torch-fsdp2" else ""  # FSDP2's parameters are DTensors
+    spec = b.spec("optimizer", "optimizer", f"{kind}_optimizer{dtensor}", None, None, layers=layers,
+                  width=c.hidden_size, tp=c.tp, params=params)
     sync.optimizer = OpUse("optimizer.step", spec)
     if weight_cast_elements:
         sync.casts.append(b.quantize("optimizer.quantize_weights", weight_cast_elements, per_layer=False)[0])

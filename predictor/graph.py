@@ -17,8 +17,9 @@ the same kind (dense or MoE, window, bf16 under a low-precision recipe, replayed
 repeated per layer (`OpUse.count`, `OpUse.block`). Forward and backward are mirrored: each op's backward in reverse
 order. Recompute `full` replays the layer's forward (with its collectives) before its backward (with
 `recompute_method block`, only the first `recompute_num_layers` layers of each chunk); `selective` replays the
-modules Megatron's `recompute_modules` names (default core attention). Per iteration and stage: the gradient sync
-and optimizer (predictor.data_parallel).
+modules Megatron's `recompute_modules` names (default core attention). A job that compiles its blocks
+(`torch_compile`) runs each layer's memory-bound ops as Inductor's fused kernels (predictor.compile_fusion). Per
+iteration and stage: the gradient sync and optimizer (predictor.data_parallel).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from tracekit.core.pipeline_layout import Chunk, chunks
 
 from . import fsdp
 from .attention_ops import attention_block
+from .compile_fusion import compiled, fuse_layer
 from .data_parallel import stage_sync
 from .embedding_ops import embedding, head, mtp_ends
 from .mlp_ops import mlp_block
@@ -125,6 +127,8 @@ class _Layers:
             b.weight_casts = []
             lowp = not kind.bf16
             pairs = attention_block(b, kind.window, lowp) + (moe_block(b, lowp) if kind.moe else mlp_block(b, lowp))
+            if compiled(b.c):  # torch.compile: the layer's memory-bound ops as Inductor's fused kernels
+                pairs = fuse_layer(b, pairs)
             forward = [_tagged(op, kind.name) for op, _, _ in pairs if op is not None]
             backward = [_tagged(part, kind.name) for _, op, _ in reversed(pairs) for part in parts(op)]
             replay = [OpUse(o.name, o.spec, 1, True, o.group, o.flops, True, kind.name, o.launch)

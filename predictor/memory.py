@@ -26,6 +26,7 @@ from itertools import accumulate
 
 from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import hardware_spec
+from tracekit.core.megatron_arguments import list_words
 from tracekit.core.pipeline_layout import chunks
 
 from . import fsdp
@@ -96,10 +97,7 @@ def _offload_modules(c: TrainingConfig) -> tuple[str, ...]:
     (`--fine-grained-activation-offloading --offload-modules ...`; none without the first flag)."""
     if not c.extra.get("fine_grained_activation_offloading"):
         return ()
-    modules = c.extra.get("offload_modules") or ()
-    if isinstance(modules, str):
-        modules = modules.strip("[]").replace("'", "").replace(",", " ").split()
-    return tuple(str(m) for m in modules)
+    return list_words(c.extra.get("offload_modules")) or ()
 
 
 def _mlp_bytes(c: TrainingConfig, ffn: int, q: float = 1.0) -> float:
@@ -199,8 +197,9 @@ def stage_memory(c: TrainingConfig) -> list[dict[str, float]]:
         has_loss = any(part.loss for part in layout[stage])
         activations = acts * in_flight + working + (logits if has_loss else 0.0)
         params = dense + expert
-        # fp16 with 2-byte gradients: Megatron's mixed-precision optimizer gives its fp32 main parameters (a shard of
-        # them with the distributed optimizer) fp32 copies of the gradients, kept until the next step's zero_grad
+        # 2-byte gradients (fp16, or bf16 reduced in bf16): Megatron's mixed-precision optimizer gives its fp32 main
+        # parameters (a shard of them with the distributed optimizer) fp32 copies of the gradients, kept until the
+        # next step's zero_grad
         main_grads = (dense / dense_shard + expert / expert_shard) * 4 if grad_bytes == 2 else 0.0
         row = {
             "weights": params * weight_bytes / GB,

@@ -56,7 +56,7 @@ import pandas as pd
 
 from tracekit.core.errors import ModelError
 from tracekit.core.hardware import PEAK_KIND, gpu_family, hardware_spec
-from tracekit.core.samples import COLLECTIVE_PRIMITIVES, GEMM_ROLES
+from tracekit.core.samples import COLLECTIVE_PRIMITIVES, DTENSOR_SUFFIX, GEMM_ROLES
 
 from . import kernel_paths
 from .features import compute_work
@@ -273,6 +273,8 @@ class ModelSet:
                 return None
         if isinstance(variant, str) and variant in groups:
             return groups[variant]
+        if isinstance(variant, str) and variant.endswith(DTENSOR_SUFFIX):  # no DTensor step sampled here: the plain
+            return self.resolve(hardware, primitive, pass_, variant[:-len(DTENSOR_SUFFIX)])  # step of its stage
         wanted = variant_key(variant)
         if wanted:
             for name, model in groups.items():

@@ -176,3 +176,15 @@ def test_a_megatron_log_from_a_newer_version_is_read_as_it_is():
     # a log is what a real run accepted: arguments tracekit has never heard of are not an error there
     log = LOG.replace("  bf16 ...", "  zebra_mode ...................................... 3\n  bf16 ...")
     assert TrainingConfig.from_megatron_log(log).extra["zebra_mode"] == 3
+
+
+@pytest.mark.parametrize("cell", ["['core_attn', \"mlp\"]", "[core_attn, mlp]", "core_attn,mlp", ["core_attn", "mlp"]])
+def test_a_list_setting_reads_the_same_however_it_is_written(cell):
+    """A CSV cell, a flag's values and a YAML list name the same modules: quotes, brackets and commas are
+    spelling, for recompute modules as for offloaded modules and CUDA-graph scopes."""
+    base = {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "seq_length": 128,
+            "global_batch_size": 8, "micro_batch_size": 1, "recompute_granularity": "selective"}
+    scope = [w.replace("core_attn", "attn") for w in cell] if isinstance(cell, list) else cell.replace("core_", "")
+    config = TrainingConfig.from_mapping({**base, "recompute_modules": cell, "cuda_graph_scope": scope})
+    assert config.recompute_modules == ("core_attn", "mlp")
+    assert config.run is not None and config.run.cuda_graph_scope == ("attn", "mlp")

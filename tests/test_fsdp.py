@@ -219,3 +219,22 @@ def test_expert_memory_falls_as_one_over_the_expert_data_parallel_ranks():
     # experts over dp/ep = 4 then 8 ranks, dense parameters over 8 then 16
     expected = 16 * layers * (1 / 4 - 1 / 8) + 16 * dense * (1 / 8 - 1 / 16)
     assert total_a - total_b == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("implementation, dtensor", [("torch-fsdp2", True), ("torch-fsdp1", False),
+                                                     ("deepspeed", False), ("megatron-fsdp", False)])
+def test_fsdp2_steps_its_dtensor_parameters_and_a_gpu_model_set_answers_with_the_plain_step(implementation, dtensor):
+    """FSDP2's sharded parameters are DTensors: its optimizer step is the DTensor variant of the stage's step (sampled
+    of its own on a CPU, where the host's dispatch is the time); the bundled GPU models hold no DTensor step and
+    answer with the plain step of the same stage and size, what the GPU's kernels take."""
+    from predictor.models import ModelSet
+    from tracekit.core.samples import DTENSOR_SUFFIX
+
+    c = _config(8, sharded_data_parallel=implementation, data_parallel_sharding_strategy="optim_grads_params")
+    graph = build_graph(c, "A100-SXM4-80GB", 8)
+    spec = graph.specs[graph.optimizer[0].spec]
+    assert spec["variant"] == "firstStage_optimizer" + (DTENSOR_SUFFIX if dtensor else "")
+    models = ModelSet.load()
+    plain = models.resolve("A100-SXM4-80GB", "optimizer", "optimizer", "firstStage_optimizer")
+    assert plain is not None and plain.group == "firstStage_optimizer"
+    assert models.resolve("A100-SXM4-80GB", "optimizer", "optimizer", "firstStage_optimizer" + DTENSOR_SUFFIX) is plain

@@ -121,3 +121,25 @@ def test_bad_requests_fail_with_one_line(tmp_path):
         done = _cli("sample", "--store", str(tmp_path / "s"), *args)
         assert done.returncode == 2 and done.stderr.startswith("error:") and done.stderr.count("\n") == 1, args
     assert not (tmp_path / "s").exists()
+
+
+def test_the_optimizer_step_is_sampled_over_plain_and_dtensor_parameters_of_each_stage():
+    """Each pipeline stage's Adam step is timed twice at the same sizes: over plain tensors (Megatron's DDP) and over
+    DTensor shards on a one-rank mesh (torch FSDP2), which makes and removes its own process group."""
+    import torch
+    import torch.distributed as dist
+
+    from tracekit.core.samples import DTENSOR_SUFFIX
+    from tracekit.sampling.compute import Timer, time_case
+    from tracekit.sampling.shapes import compute_cases, points
+
+    point = min(points("cpu"), key=lambda p: p.hidden * p.rows)
+    cases = compute_cases(point, {"optimizer"})
+    by_variant = {case.variant: case for case in cases}
+    for kind in ("firstStage", "middleStage", "lastStage"):
+        plain, dtensor = by_variant[f"{kind}_optimizer"], by_variant[f"{kind}_optimizer{DTENSOR_SUFFIX}"]
+        assert dtensor.features == plain.features
+    timer = Timer(torch.device("cpu"), warmup=1, repeats=1)
+    step = time_case(by_variant[f"middleStage_optimizer{DTENSOR_SUFFIX}"], "fp32", timer)
+    assert set(step) == {"optimizer"} and step["optimizer"] > 0
+    assert not dist.is_initialized()

@@ -14,7 +14,8 @@ What such a YAML states, read as Composer runs it:
   _HYBRID_SHARD_ZERO2, NO_SHARD), `mixed_precision` (DEFAULT: gradients reduced in fp32; PURE: in bf16),
   `activation_checkpointing` (whole blocks), `data_parallel_shard_degree` / `data_parallel_replicate_degree` or
   `device_mesh: [replicate, shard]` (HSDP). No `fsdp_config`: DDP.
-- `compile_config` (torch.compile).
+- `compile_config` (torch.compile: the blocks as Inductor's fused kernels, predictor.compile_fusion; FSDP's hooks
+  cut the graph at each wrapped block, so the blocks compile one by one as torchtitan's do).
 
 `${name}` / `${variables.name}` references are resolved as OmegaConf does for the plain cases. Every Composer and
 llm-foundry training key is known; those that do not change an iteration's time (data, logging, checkpoints,
@@ -205,7 +206,8 @@ def _settings(data: dict[str, Any], world_size: int | None, gpus_per_node: int |
         raise ConfigError(f"precision {precision!r}{did_you_mean(precision, PRECISION)}: Composer's are "
                           f"{', '.join(PRECISION)}")
     out["precision"] = PRECISION[precision]
-    if data.get("compile_config") is not None:
+    if data.get("compile_config") is not None:  # FSDP's hooks break the graph at each wrapped block
+        out["torch_compile"] = True
         notes.append(COMPILE_NOTE)
     if data.get("tp_config") or data.get("parallelism_config"):
         raise ConfigError("tp_config / parallelism_config: Composer's tensor parallelism is not read")

@@ -22,7 +22,7 @@ from . import (
 from .activation import ActivationSettings
 from .attention import AttentionSettings
 from .errors import ConfigError, InputError, did_you_mean
-from .megatron_arguments import dest_form, is_switch, refuse_unknown
+from .megatron_arguments import dest_form, is_switch, list_words, refuse_unknown
 from .moe import MoESettings
 from .pipeline_layout import LayoutSettings
 from .precision import LowPrecisionSettings
@@ -560,8 +560,7 @@ def _apply(key: str, value: Any, values: dict, extra: dict, known: set[str]) -> 
         values.setdefault("_lowp", {})[key] = value
         return
     if key == "recompute_modules":
-        values[key] = tuple(value) if isinstance(value, (list, tuple)) else tuple(str(value).strip("[]").replace(
-            "'", "").replace('"', "").replace(",", " ").split())
+        values[key] = list_words(value)
         return
     if key == "moe_first_k_dense":  # published tables: the first k layers dense, the rest MoE
         values["_first_k_dense"] = value

@@ -50,6 +50,15 @@ def _flags_of_setting() -> dict[str, list[str]]:
     return out
 
 
+def list_words(value: Any) -> tuple[str, ...] | None:
+    """A list setting's items, from a flag's values, a CSV cell (`[attn, moe_router]`, `['core_attn']`,
+    `attn,mlp`) or a YAML list; None stays None."""
+    if value is None:
+        return None
+    items = value if isinstance(value, (list, tuple)) else str(value).strip("[]").replace(",", " ").split()
+    return tuple(str(v).strip().strip("'\"") for v in items if str(v).strip().strip("'\""))
+
+
 def _same(value: Any, default: Any) -> bool:
     """Whether a setting's value (a parsed cell, flag value or YAML value) is Megatron's default."""
     if isinstance(default, bool) or isinstance(value, bool):
@@ -61,8 +70,7 @@ def _same(value: Any, default: Any) -> bool:
         except (TypeError, ValueError):
             return False
     if isinstance(default, list):
-        items = value if isinstance(value, (list, tuple)) else str(value).strip("[]").replace(",", " ").split()
-        return [str(v) for v in items] == [str(v) for v in default]
+        return list(list_words(value) or ()) == [str(v) for v in default]
     return str(value) == str(default)
 
 

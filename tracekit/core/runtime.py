@@ -19,6 +19,8 @@ logging passes, timers, gradient-accumulation fusion, gradient clipping. Setting
 - `timing_log_level` (0–2) with `barrier_with_level_1_timing` (Megatron's `barrier_with_L1_time`, default on): level
   ≥ 1 times the optimizer's and gradient sync's phases, each timer a device synchronisation (and a barrier at
   level 1 when asked), level 2 every micro-batch's forward, backward and P2P calls too.
+- `torch_compile` (not a Megatron flag: torchtitan's `[compile] enable`, Composer's `compile_config`): each
+  transformer block compiled by TorchInductor, its memory-bound ops run as fused kernels (`predictor.compile_fusion`).
 """
 from __future__ import annotations
 
@@ -27,19 +29,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError, did_you_mean
+from .megatron_arguments import list_words
 
 IMPLS = ("none", "local", "transformer_engine", "full_iteration")
 MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
 #: NCCL_ALGO tokens that keep in-network reduction (NVLS on NVSwitch, CollNet = SHARP) available.
 _IN_NETWORK = ("nvls", "collnet", "collnetdirect", "collnetchain")
-
-
-def _words(value: Any) -> tuple[str, ...] | None:
-    """A list setting from a flag's values, a CSV cell (`[attn, moe_router]`, `attn,mlp`) or a YAML list."""
-    if value is None:
-        return None
-    items = value if isinstance(value, (list, tuple)) else str(value).strip("[]").replace(",", " ").split()
-    return tuple(str(v).strip().strip("'\"") for v in items if str(v).strip().strip("'\""))
 
 
 @dataclass(frozen=True)
@@ -57,10 +52,11 @@ class RuntimeSettings:
     timing_log_level: int | None = None
     barrier_with_level_1_timing: bool | None = None
     clip_grad: float | None = None
+    torch_compile: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("cuda_graph_modules", "cuda_graph_scope"):
-            object.__setattr__(self, name, _words(getattr(self, name)))
+            object.__setattr__(self, name, list_words(getattr(self, name)))
         impl = self.cuda_graph_impl
         if impl is not None:
             impl = str(impl).strip().lower()
@@ -104,6 +100,10 @@ class RuntimeSettings:
     @property
     def clip(self) -> float:
         return 1.0 if self.clip_grad is None else float(self.clip_grad)
+
+    @property
+    def compiled(self) -> bool:
+        return bool(self.torch_compile)
 
     @property
     def timing_level(self) -> int:

@@ -20,6 +20,10 @@ COLLECTIVE_PRIMITIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_a
 HOST_PRIMITIVES = ("framework",)
 PRIMITIVES = COMPUTE_PRIMITIVES + MEMORY_PRIMITIVES + COLLECTIVE_PRIMITIVES + HOST_PRIMITIVES + ("other",)
 
+#: Suffix of an optimizer step's variant over DTensor parameters (torch FSDP2's sharded parameters: every op of the
+#: step dispatches through DTensor), beside the plain-tensor step of the same stage (`firstStage_optimizer`).
+DTENSOR_SUFFIX = "_dtensor"
+
 #: Passes, as stored: forward, backward, optimizer step, communication.
 PASSES = ("fwd", "bwd", "optimizer", "comm")
 

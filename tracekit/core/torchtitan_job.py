@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, InputError, did_you_mean
+from .megatron_arguments import list_words
 
 #: torchtitan's JobConfig, section → keys (2025 layout, with older spellings). Keys tracekit reads are in READ.
 SCHEMA: dict[str, tuple[str, ...]] = {
@@ -78,9 +79,10 @@ LLAMA3 = {
     "405B": (16384, 126, 128, 8, 1.2, 4096, 128256),
 }
 MODELS = {"llama3": LLAMA3}
-#: What tracekit says of torch.compile (its fusions are not modelled).
-COMPILE_NOTE = ("torch.compile: its fused kernels are not modelled; the layers are timed as eager kernels (fewer, "
-                "larger fused kernels run faster: an upper bound)")
+#: What tracekit says of torch.compile (predictor.compile_fusion).
+COMPILE_NOTE = ("torch.compile: each block's norms, residual adds, RoPE, activation and dropout chains timed as "
+                "Inductor's fused kernels (bytes moved, one launch each); GEMMs and attention as eager; the loss and "
+                "compiled-autograd effects not modelled")
 #: Schedules tracekit simulates: one stage per rank (1F1B; GPipe has 1F1B's bubble) or several (interleaved).
 SCHEDULES = {"1f1b": 1, "gpipe": 1, "interleaved1f1b": 2}
 #: Schedules torchtitan has that tracekit does not simulate.
@@ -239,8 +241,16 @@ def _settings(data: dict[str, Any], world_size: int | None) -> Job:
         notes.append("context parallel: FSDP shards over dp_shard × cp in torchtitan; modelled over dp_shard, the "
                      "ring attention as ring P2P exchanges")
     compile_on = bool(get("compile", "enable", get("training", "compile", False)))
-    if compile_on:
+    components = list_words(get("compile", "components", ["model", "loss"])) or ()
+    unknown = [c for c in components if c not in ("model", "loss")]
+    if unknown:
+        raise ConfigError(f"compile.components {unknown[0]!r}{did_you_mean(str(unknown[0]), ('model', 'loss'))}: "
+                          "torchtitan compiles the model and the loss")
+    if compile_on and "model" in components:  # per transformer block (torchtitan's apply_compile)
+        out["torch_compile"] = True
         notes.append(COMPILE_NOTE)
+    elif compile_on:
+        notes.append("torch.compile of the loss only: not modelled (the blocks run eager)")
     if get("parallelism", "enable_async_tensor_parallel", False) and tp > 1:
         if not compile_on:
             raise ConfigError("parallelism.enable_async_tensor_parallel needs torch.compile ([compile] enable), as "

@@ -33,15 +33,16 @@ SMALL_BYTES, SMALL_REPEATS = 256 * 1024, 3
 
 
 def run_collectives(cases: list[Case], ranks: int, device: str, dtype: str, warmup: int, repeats: int, rounds: int,
-                    deadline: float) -> Iterator[tuple[Case, float]]:
+                    seconds: float) -> Iterator[tuple[Case, float]]:
     """Yield (case, median µs of one pass) as the worker group times each case, in up to `rounds` passes over
-    `cases`; stops at `deadline` (time.time())."""
+    `cases`; stops `seconds` after the group is up (its processes' start-up, seconds on a loaded machine, is not
+    taken from the time the collectives have)."""
     if ranks < 2:
         raise ValueError("collectives need at least 2 ranks")
     with tempfile.TemporaryDirectory(prefix="tracekit-store-") as meet:  # a file store: no TCP port to race for
         spec = json.dumps({"cases": [[c.primitive, c.feature("bytes")] for c in cases], "device": device,
                            "dtype": dtype, "warmup": warmup, "repeats": repeats, "rounds": rounds,
-                           "deadline": deadline, "store": os.path.join(meet, "store")})
+                           "seconds": seconds, "store": os.path.join(meet, "store")})
         yield from _run_workers(cases, ranks, spec)
 
 
@@ -152,9 +153,10 @@ def _worker(spec: dict) -> None:
     flag = torch.zeros(1, device=device)
     gap = _busy(GAP_US[spec["device"]])
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    deadline = time.time() + spec["seconds"]
     for _ in range(spec["rounds"]):  # a pass cut by the deadline ends the sampling: no later pass re-times less
         for index, (primitive, nbytes) in enumerate(spec["cases"]):
-            flag.fill_(1.0 if time.time() > spec["deadline"] else 0.0)
+            flag.fill_(1.0 if time.time() > deadline else 0.0)
             dist.broadcast(flag, 0)  # rank 0's clock decides, so every rank stops at the same case
             if flag.item():
                 break

@@ -14,6 +14,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from tracekit.core.samples import DTENSOR_SUFFIX
+
 from .shapes import Case, Point, layer_cases
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -96,6 +98,8 @@ def time_case(case: Case, dtype_name: str, timer: Timer) -> dict[str, float]:
         logits = _leaf((int(f["rows"]), int(f["width"])), dtype, dev)
         target = torch.randint(0, int(f["width"]), (int(f["rows"]),), device=dev)
         fwd, bwd = timer.fwd_bwd([logits], lambda: F.cross_entropy(logits.float(), target, reduction="none"))
+    elif kind == "optimizer" and case.variant.endswith(DTENSOR_SUFFIX):
+        return {"optimizer": _dtensor_optimizer_step(_stage_shapes(f), timer)}
     elif kind == "optimizer":
         return {"optimizer": _optimizer_step(_stage_shapes(f), dtype, timer)}
     elif kind == "framework":
@@ -132,6 +136,25 @@ def _optimizer_step(shapes: list[tuple[int, ...]], dtype, timer: Timer) -> float
         return timer.once(optimizer.step)
     args = type("Args", (), {"lr": 1e-4, "adam_beta1": 0.9, "adam_beta2": 0.999, "weight_decay": 0.01})()
     return timer.once(MixedPrecisionAdam(tensors, args).step)
+
+
+def _dtensor_optimizer_step(shapes: list[tuple[int, ...]], timer: Timer) -> float:
+    """Adam over fp32 DTensor shards on a one-rank mesh, as torch FSDP2 steps its sharded parameters: fp32 whatever
+    the compute dtype (its mixed-precision policy casts a copy for compute), every op of the step dispatched through
+    DTensor (on a CPU, Adam's per-tensor loop: foreach is for CUDA tensors)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    dev = timer.device
+    with _single_process_group():
+        mesh = init_device_mesh(dev.type, (1,))
+        params = []
+        for shape in shapes:
+            param = torch.nn.Parameter(distribute_tensor(torch.randn(shape, device=dev), mesh, [Shard(0)]))
+            param.grad = distribute_tensor(torch.randn(shape, device=dev) * 1e-3, mesh, [Shard(0)])
+            params.append(param)
+        optimizer = torch.optim.Adam(params, lr=1e-4, weight_decay=0.01)
+        return timer.once(optimizer.step)
 
 
 def _framework_overhead(point: Point, dtype_name: str, timer: Timer) -> dict[str, float]:

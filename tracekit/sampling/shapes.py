@@ -10,6 +10,8 @@ import itertools
 import random
 from dataclasses import dataclass, field, replace
 
+from tracekit.core.samples import DTENSOR_SUFFIX
+
 #: Primitives `tracekit sample` can time.
 COMPUTE = ("gemm", "attention", "norm", "elementwise", "activation", "embedding", "cross_entropy", "optimizer",
            "framework")
@@ -112,7 +114,8 @@ def compute_cases(point: Point, primitives: set[str]) -> list[Case]:
         for kind, layers in (("firstStage", 1), ("middleStage", 2), ("lastStage", 1)):
             params = layers * layer + (v_t * h + p.seq * h if kind == "firstStage" else 0) + \
                 (2 * h if kind == "lastStage" else 0)
-            cases.append(_case("optimizer", f"{kind}_optimizer", layers=layers, width=h, tp=t, params=params))
+            for variant in (f"{kind}_optimizer", f"{kind}_optimizer{DTENSOR_SUFFIX}"):
+                cases.append(_case("optimizer", variant, layers=layers, width=h, tp=t, params=params))
     if "framework" in primitives and t == 1 and rows * h <= FRAMEWORK_MAX_ELEMENTS:
         cases.append(_case("framework", "reference_layer", rows=rows, width=h, numel=rows * h,
                            extra={"point": replace(point, vocab=0)}))  # a layer has no vocabulary
