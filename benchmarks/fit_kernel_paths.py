@@ -6,9 +6,14 @@ reader (shapes from the launching op), at least one wave of 128×128 tiles (tile
 effect). No H100 kernel is used: `benchmarks/operator_accuracy.py --transfer` scores the constant on the H100
 kernels of the TraceLens traces.
 
-For each kernel: elements moved by a 128×128-tiled GEMM (`kernel_paths.scalar_gemm_elements`) / ((time − launch
-overhead) · SMs · clock); the constant is their median. Printed beside it: the same median and spread for the FLOP
-rate per SM per clock (the model not chosen: its spread is larger), so the choice is made on the fit data.
+The GPU-side kernel floor (`gpu_kernel_floor_us`): the shortest compute kernel (not a copy or a memset) of the same
+A100 traces; kernel durations in a trace are GPU-side, without the host's launch cost. Printed beside it: the
+shortest GEMM kernel (not used: a GEMM keeps the 5 µs fixed time, see `predictor.kernel_paths`).
+
+For each kernel: elements moved by a 128×128-tiled GEMM (`kernel_paths.scalar_gemm_elements`) / ((time − the
+fixed time min(5 µs, time / 2)) · SMs · clock); the constant is their median. Printed beside it: the same median and
+spread for the FLOP rate per SM per clock (the model not chosen: its spread is larger), so the choice is made on the
+fit data.
 
 Usage: python benchmarks/fit_kernel_paths.py [--corpus ../shared/corpus] [--write tracekit/data/kernel_paths.json]
 """
@@ -29,15 +34,30 @@ from predictor.kernel_paths import TILE, scalar_gemm_elements  # noqa: E402
 from predictor.roofline import KERNEL_OVERHEAD_US  # noqa: E402
 from tracekit.core.atomic import atomic_write_json  # noqa: E402
 from tracekit.core.hardware import hardware_spec  # noqa: E402
+from tracekit.core.samples import COLLECTIVE_PRIMITIVES  # noqa: E402
 
 TRACES = ("trace_diff_control_control.json.gz", "timeline_analysis_sampled_rank-0.json.gz",
           "trace_filter_sampled_rank-1.json.gz")
 
 
-def kernels(corpus: Path) -> pd.DataFrame:
-    """The align1 tensor-core GEMM kernels with shapes, at least one wave of tiles, with their SMs × clock."""
+def trace_kernels(corpus: Path) -> pd.DataFrame:
+    """Every kernel of the A100 traces, as tracekit's trace reader reads them."""
     frames = [trace_samples(read_trace(corpus / "kineto" / "hta" / name), name) for name in TRACES]
-    rows = pd.concat(frames, ignore_index=True)
+    return pd.concat(frames, ignore_index=True)
+
+
+def kernel_floor(rows: pd.DataFrame, primitives: tuple[str, ...] = ()) -> float:
+    """The shortest compute kernel (µs) of a GPU in the datasheet table: no copy, memset or collective; of
+    `primitives` only where given."""
+    known = rows["hardware"].map(lambda hw: hardware_spec(str(hw)) is not None).astype(bool)
+    compute = ~rows["primitive"].isin((*COLLECTIVE_PRIMITIVES, "memcpy", "memset")) & (rows["duration_us"] > 0)
+    if primitives:
+        compute &= rows["primitive"].isin(primitives)
+    return float(rows.loc[compute & known, "duration_us"].min())
+
+
+def kernels(rows: pd.DataFrame) -> pd.DataFrame:
+    """The align1 tensor-core GEMM kernels with shapes, at least one wave of tiles, with their SMs × clock."""
     rows = rows[(rows["primitive"] == "gemm") & rows["kernel"].str.contains("tensorop", na=False)
                 & rows["kernel"].str.contains("_align1", na=False) & rows["m"].notna()].reset_index(drop=True)
     specs = {hw: hardware_spec(hw) for hw in rows["hardware"].unique()}
@@ -61,13 +81,18 @@ def main() -> None:
     parser.add_argument("--corpus", default=str(ROOT.parent / "shared" / "corpus"))
     parser.add_argument("--write", help="write the constants here (tracekit/data/kernel_paths.json)")
     args = parser.parse_args()
-    rows = kernels(Path(args.corpus))
+    every = trace_kernels(Path(args.corpus))
+    floor = kernel_floor(every)
+    gemm_floor = kernel_floor(every, ("gemm", "bmm"))
+    rows = kernels(every)
     busy_s = (rows["duration_us"] - np.minimum(KERNEL_OVERHEAD_US, rows["duration_us"] / 2)) * 1e-6
     per_sm_clock = busy_s * rows["sms"] * rows["clock_hz"]
     elements = rows["elements"] / per_sm_clock
     flops = rows["flops"] / per_sm_clock
     print(f"{len(rows)} align1 tensor-core GEMM kernels ({', '.join(sorted(rows['hardware'].unique()))}), "
           f"≥ 1 wave of {TILE}×{TILE} tiles")
+    print(f"GPU-side kernel floor: {floor:.2f} µs (shortest compute kernel of {len(every)} kernels), "
+          f"GEMM kernel floor {gemm_floor:.2f} µs")
     print(f"elements per SM per clock: median {elements.median():.3f}, "
           f"spread (median APE) {100 * spread(elements):.1f}%")
     print(f"FLOPs per SM per clock:    median {flops.median():.1f}, spread (median APE) {100 * spread(flops):.1f}%")
@@ -76,6 +101,7 @@ def main() -> None:
             "format": "tracekit-kernel-paths/1",
             "command": "python benchmarks/fit_kernel_paths.py --write tracekit/data/kernel_paths.json",
             "scalar_gemm_elements_per_sm_clock": round(float(elements.median()), 4),
+            "gpu_kernel_floor_us": round(floor, 3),
             "fit": {"kernels": int(len(rows)), "hardware": sorted(rows["hardware"].unique().tolist()),
                     "traces": [f"kineto/hta/{name}" for name in TRACES],
                     "spread_median_ape": round(spread(elements), 4),

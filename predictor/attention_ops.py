@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from tracekit.core.attention import AttentionSettings
 
-from .ops import OpBuilder, Pair
+from .ops import Backward, OpBuilder, OpUse, Pair
 
 
 def attention_block(b: OpBuilder, window: int | None, lowp: bool) -> list[Pair]:
@@ -70,19 +70,29 @@ def attention_block(b: OpBuilder, window: int | None, lowp: bool) -> list[Pair]:
                             "ScaledUpperTriangMaskedSoftmax", 0.0, True, batch=mb, heads=a_t, seq=s,
                             rows=mb * a_t * s, width=seq_kv, numel=mb * a_t * s * seq_kv, causal=causal)
         pairs.append((*scores, "core_attn"))
-        pairs.append((*softmax, "core_attn"))
+        pairs.append((*_inside(softmax), "core_attn"))
         if c.attention_dropout > 0:
             drop = b.compute("self_attention.core_attention.dropout", "elementwise", "dropout", 0.0, True,
                              rows=mb * a_t * s, width=seq_kv, numel=mb * a_t * s * seq_kv)
-            pairs.append((*drop, "core_attn"))
+            pairs.append((*_inside(drop), "core_attn"))
         context = b.compute("self_attention.core_attention.bmm", "bmm", "bmm", attn_flops / 2, True,
                             batch=mb * a_t, m=s, n=v_dim, k=seq_kv)
-        pairs.append((*context, "core_attn"))
+        pairs.append((*_inside(context), "core_attn"))
     pairs.extend(b.linear("self_attention.linear_proj", "linear2", rows, h, a_t * v_dim, "attention", lowp))
     pairs.extend(b.tp_out("self_attention.linear_proj", "attention"))
     fwd, bwd = b.residual("self_attention.bias_dropout_add")
     pairs.append((fwd, bwd, "attention"))
     return pairs
+
+
+def _inside(pair: tuple[OpUse, Backward]) -> tuple[OpUse, Backward]:
+    """An unfused core attention's later kernels, issued by the same module call as its first (Megatron's
+    DotProductAttention: baddbmm, fused masked softmax, dropout, bmm in one forward, their gradients in one autograd
+    pass): one host operator for the whole core attention, as for flash attention's one kernel."""
+    fwd, bwd = pair
+    for op in (fwd, *(bwd if isinstance(bwd, tuple) else (bwd,))):
+        op.launch = False
+    return fwd, bwd
 
 
 def _mla_projections(b: OpBuilder, a: AttentionSettings, lowp: bool) -> list[Pair]:

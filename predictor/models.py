@@ -36,7 +36,10 @@ the paths below as if it were not there.
 - `lowp`: a GEMM in a dtype its GPU has no model for (fp8, fp8_block, MXFP8, NVFP4, MXFP4, fp32): the same row's
   bf16 answer (by any path above) at the speed-up of `predictor.lowp_gemm`, learned from the GPUs that measured
   both dtypes, bounded by the dtype's dense peak; `sources` says which curve and how the bf16 time was obtained.
-Whatever the path, an unaligned shape on an NVIDIA GPU (a half-precision GEMM with an odd k or n, a wide softmax
+The roofline answers of an NVIDIA GPU are GPU-side kernel times: the host part of the roofline's 5 µs launch
+term is taken off, never below the shortest kernel of the corpus's A100 traces
+(`kernel_paths.gpu_side`; the schedule charges the launch on the host). Whatever the path, an unaligned shape on
+an NVIDIA GPU (a half-precision GEMM with an odd k or n, a wide softmax
 row that is not a whole number of 16-byte vectors) is raised to the time of the kernel it forces
 (`predictor.kernel_paths`). No GEMM estimate on a GPU of the datasheet table is faster than the dense peak of its
 dtype, and a GEMM in a dtype the part has no tensor cores for (peak 0: MXFP8 on H100, NVFP4 on AMD parts) is a
@@ -345,6 +348,7 @@ class ModelSet:
                 sources[lowp] = [f"{note}; bf16 by {p}" + (f" from {src}" if src else "")
                                  for note, p, src in zip(notes, half["path"], half["sources"])]
         if n:
+            kernel_paths.gpu_side(frame, duration, path)  # no host launch cost in a kernel's GPU-side time
             kernel_paths.apply(frame, duration)  # unaligned shapes: the kernels they force (no model has seen them)
             _at_most_peak(frame, duration)
         return pd.DataFrame({"duration_us": duration.astype("float64"), "path": path, "out_of_range": oor,

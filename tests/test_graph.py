@@ -172,3 +172,21 @@ def test_cpu_offloading_keeps_the_offloaded_layers_activations_on_the_host():
                                                         strict=False), "A100-SXM4-80GB")[0]
         # the first n layers' activations on the host, one of them on its way in or out on the GPU
         assert off["activations"] == pytest.approx(((L - n) * layer + layer + s * b * V * 6) / 1e9)
+
+
+def test_core_attention_is_one_host_operator_fused_or_not():
+    """Megatron's unfused DotProductAttention issues baddbmm, masked softmax, dropout and bmm from one module call
+    (their gradients from one autograd pass): the layer pays one host operator for core attention either way, and
+    Megatron-core's local layer spec (`--transformer-impl local`) is the unfused one."""
+    launched = {}
+    for attention in ("flash", "unfused"):
+        g = build_graph(gpt(attention=attention), "A100-SXM4-80GB", 8)
+        fwd, bwd = layer_ops(g.segments[0])
+        launched[attention] = [sum(o.launch for o in ops if "core_attention" in o.name) for ops in (fwd, bwd)]
+        kernels = [sum(1 for o in ops if "core_attention" in o.name) for ops in (fwd, bwd)]
+        assert kernels[0] == (1 if attention == "flash" else 4)  # baddbmm, softmax, dropout (p 0.1), bmm
+    assert launched == {"flash": [1, 1], "unfused": [1, 1]}
+    args = "--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --micro-batch-size 1"
+    local = TrainingConfig.from_megatron_args(args + " --global-batch-size 8 --transformer-impl local")
+    te = TrainingConfig.from_megatron_args(args + " --global-batch-size 8")
+    assert (local.attention, te.attention) == ("unfused", "flash")

@@ -88,3 +88,77 @@ def test_the_fitted_scalar_rate_is_physical():
     assert 0 < rate < 32  # at most one warp-wide load per SM per clock
     fit = kernel_paths.constants()["fit"]
     assert not any(hw.startswith("H100") for hw in fit["hardware"])  # never fitted on the kernels it is scored on
+
+
+# The FP32 lanes of one SM, as the architecture whitepapers state them (GA100: 64 FP32 cores per SM, A100
+# whitepaper 2020; GH100: 128 per SM, H100 whitepaper 2022, "2x faster clock-for-clock performance per SM").
+WHITEPAPER_FP32_LANES = {"A100-SXM4-80GB": 64, "A100-SXM4-40GB": 64, "H100-80GB-HBM3": 128, "GH200-120GB": 128,
+                         "H100-PCIE-80GB": 128}
+
+
+@pytest.mark.parametrize("hardware,lanes", sorted(WHITEPAPER_FP32_LANES.items()))
+def test_the_datasheet_table_gives_the_whitepapers_fp32_lanes_per_sm(hardware, lanes):
+    assert kernel_paths.fp32_lanes_per_sm(hardware) == pytest.approx(lanes, rel=0.01)
+
+
+def test_the_hopper_scalar_rate_is_the_ampere_rate_times_the_lane_ratio():
+    fitted = kernel_paths.constants()["scalar_gemm_elements_per_sm_clock"]
+    fit_hw = kernel_paths.constants()["fit"]["hardware"][0]
+    assert fit_hw.startswith("A100")
+    assert kernel_paths.scalar_rate(fit_hw) == pytest.approx(fitted)
+    assert kernel_paths.scalar_rate(H100) == pytest.approx(fitted * 128 / 64, rel=0.01)
+    # a time: the element traffic of the same shape takes (A100 SMs × clock × 64) / (H100 SMs × clock × 128)
+    a100, h100 = hardware_spec("A100-SXM4-80GB"), hardware_spec(H100)
+    shape = [(5185, 64, 5185, 16)]
+    floor = kernel_paths.KERNEL_OVERHEAD_US
+    ta = kernel_paths.scalar_gemm_us(_bmm("A100-SXM4-80GB", shape))[0] - floor
+    th = kernel_paths.scalar_gemm_us(_bmm(H100, shape))[0] - floor
+    assert th / ta == pytest.approx((a100.sms * a100.clock_mhz * 64) / (h100.sms * h100.clock_mhz * 128), rel=0.01)
+
+
+def test_the_gpu_side_floor_is_a_kernel_not_a_launch():
+    assert 0.5 <= kernel_paths.gpu_floor_us() < kernel_paths.KERNEL_OVERHEAD_US  # a GPU-side kernel: a µs or more
+
+
+@pytest.mark.parametrize("hardware", [H100, "B200-180GB", "A100-SXM4-80GB"])
+def test_no_estimate_is_below_the_gpu_side_floor(hardware):
+    models = ModelSet.load()
+    floor = kernel_paths.gpu_floor_us()
+    tiny = pd.concat([_bmm(hardware, [(1, 1, 1, 1), (5, 5, 64, 12), (5, 64, 5, 12), (8, 8, 8, 1)]),
+                      _softmax(hardware, [(1, 1), (60, 5), (8, 8)])], ignore_index=True)
+    act = pd.DataFrame([{"hardware": hardware, "primitive": "activation", "pass": "fwd", "dtype": "bf16",
+                         "variant": "aten::gelu", "numel": n} for n in (1, 8, 1024)])
+    rows = pd.concat([tiny, act], ignore_index=True)
+    t = models.predict(rows)["duration_us"].to_numpy()
+    assert (t >= floor - 1e-9).all()
+    gemm = rows["primitive"].isin(["gemm", "bmm"]).to_numpy()
+    assert (t[gemm] >= kernel_paths.KERNEL_OVERHEAD_US - 1e-9).all()  # a GEMM kernel keeps its fixed time
+
+
+def test_the_roofline_answers_lose_only_the_host_part_of_the_launch():
+    """Rows only the roofline answers: an activation on H100 is the roofline less (launch − floor), never below the
+    floor; a bmm below H100's table grid keeps the roofline (a GEMM kernel's fixed time)."""
+    from predictor.roofline import estimate_us
+
+    models = ModelSet.load()
+    floor = kernel_paths.gpu_floor_us()
+    act = pd.DataFrame([{"hardware": H100, "primitive": "activation", "pass": "fwd", "dtype": "bf16",
+                         "variant": "aten::gelu", "numel": n} for n in (1, 4096, 1 << 20, 1 << 28)])
+    bmm = _bmm(H100, [(2, 2, 2, 1), (16, 16, 16, 2), (64, 64, 64, 1), (200, 200, 200, 1)])
+    for rows in (act, bmm):
+        out = models.predict(rows)
+        assert (out["path"] == "roofline").all()
+        roof = np.asarray(estimate_us(rows))
+        want = roof if rows is bmm else np.maximum(floor, roof - (kernel_paths.KERNEL_OVERHEAD_US - floor))
+        assert out["duration_us"].to_numpy() == pytest.approx(want)
+
+
+@pytest.mark.parametrize("hardware", [H100, "A100-SXM4-80GB", "B200-180GB"])
+def test_a_bmm_estimate_never_beats_the_dense_peak(hardware):
+    models = ModelSet.load()
+    spec = hardware_spec(hardware)
+    shapes = [(4096, 4096, 4096, 64), (5185, 64, 5185, 16), (5, 5, 64, 12), (128, 128, 128, 1024), (1, 4096, 4096, 8)]
+    rows = _bmm(hardware, shapes)
+    t = models.predict(rows)["duration_us"].to_numpy() * 1e-6
+    flops = 2.0 * rows["m"] * rows["n"] * rows["k"] * rows["batch"]
+    assert (flops / t <= spec.peak_tflops_fp16 * 1e12).all()

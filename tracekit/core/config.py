@@ -580,9 +580,8 @@ def _apply(key: str, value: Any, values: dict, extra: dict, known: set[str]) -> 
     if key == "attention":
         values["attention"] = "unfused" if str(value).lower() in ("unfused", "local", "false", "none") else "flash"
         return
-    if key == "transformer_impl":
-        if str(value) == "transformer_engine":
-            values.setdefault("attention", "flash")
+    if key == "transformer_impl":  # Megatron-core's local layer spec runs core attention unfused (DotProductAttention)
+        values.setdefault("attention", "flash" if str(value) == "transformer_engine" else "unfused")
         extra[key] = value
         return
     if key == "disable_bias_linear":
