@@ -156,8 +156,6 @@ def cpu_time() -> float:
 def _preload(kind: str) -> None:
     """Import each tool's modules before the clock starts (interpreter/import time is not ingest time)."""
     if kind.startswith("tracekit"):
-        import pandas  # noqa: F401
-
         import extractors.kineto  # noqa: F401
         import tracekit.core.store  # noqa: F401
     elif kind.startswith("hta"):
@@ -199,10 +197,11 @@ def hta_command(folder: Path, one_job: bool) -> list[str]:
 
 
 #: Start-up alone, what every command of each tool spends before its first file: the interpreter and the imports
-#: (tracekit's CLI with typer's parameter parsing, the parser, pandas and pyarrow; HTA's TraceAnalysis).
+#: (tracekit's CLI with typer's parameter parsing, the parser, numpy and pyarrow, as `tracekit ingest` imports them;
+#: HTA's TraceAnalysis).
 STARTUP = {
-    "tracekit": [sys.executable, "-c", "from tracekit.cli import main; import typer._adapters, pandas, "
-                 "pyarrow.compute, extractors.kineto.ingest, tracekit.core.store"],
+    "tracekit": [sys.executable, "-c", "from tracekit.cli import main; import typer._adapters, pyarrow.compute, "
+                 "pyarrow.parquet, extractors.kineto.ingest, tracekit.core.store"],
     "hta": [sys.executable, "-c", "import logging, warnings; from hta.trace_analysis import TraceAnalysis"],
 }
 
@@ -316,6 +315,7 @@ def main() -> None:
     parser.add_argument("--skip-corpus", action="store_true", help="only the small-trace folders (and the big trace)")
     parser.add_argument("--repeats", type=int, default=5, help="repeats of the small-trace folders (default 5)")
     args = parser.parse_args()
+    print(f"command: python benchmarks/ingest.py {' '.join(sys.argv[1:])}")
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start")
     if not args.skip_corpus:
         whole_corpus(args.corpus)

@@ -64,8 +64,9 @@ from .framework_costs import cluster_for
 from .graph import Graph, build_graph
 from .memory import config_memory
 from .plausibility import check as plausibility
-from .schedule import Timeline, Work, simulate_many
+from .schedule import Timeline, Work
 from .stage_work import simulation_inputs
+from .zero_bubble import as_run, simulate_jobs
 
 BREAKDOWN = ("compute", "exposed_communication", "pipeline_bubble", "optimizer", "other")
 
@@ -255,15 +256,16 @@ def compose(graph: Graph, est: Estimates, cluster: Cluster, notes: list[str] | N
 def compose_many(prepared: Sequence[tuple], calibration: Calibration | None = None
                  ) -> list[Prediction | ConfigError | PlausibilityError]:
     """`compose` of many prepared graphs (graph, estimates, cluster, notes); those of one pipeline shape share
-    their schedule simulation's arrays (`schedule.simulate_many`). A graph that cannot be composed yields its
-    ConfigError in place, an impossible prediction (`predictor.plausibility`) its PlausibilityError."""
+    their schedule simulation's arrays (`schedule.simulate_many`; PyTorch's zero-bubble schedules are simulated one
+    by one: `zero_bubble.simulate`). A graph that cannot be composed yields its ConfigError in place, an impossible
+    prediction (`predictor.plausibility`) its PlausibilityError."""
     cal = calibration or NONE
     inputs = [simulation_inputs(graph, est, cal) for graph, est, _, _ in prepared]
-    timelines = simulate_many([job for _, job in inputs])
+    timelines = simulate_jobs([job for _, job in inputs])
     out: list[Prediction | ConfigError | PlausibilityError] = []
     for (graph, est, cluster, notes), (dur, job), timeline in zip(prepared, inputs, timelines):
         try:
-            out.append(_prediction(graph, est, cluster, notes, cal, dur, job[0], job[1], timeline))
+            out.append(_prediction(graph, est, cluster, notes, cal, dur, *as_run(*job), timeline))
         except (ConfigError, PlausibilityError) as exc:
             out.append(exc)
     return out

@@ -7,6 +7,9 @@ backward (per micro-batch) and to the optimizer step (per iteration).
     simulation_inputs(graph, est, cal) -> (calibrated µs per spec, (fwd, bwd, micro-batches, options))
     simulate_graph(graph, est, cal) -> (calibrated µs per spec, fwd, bwd, Timeline): one graph on its own (what
         calibration fitting repeats)
+
+With one of PyTorch's zero-bubble schedules (`torch_pipeline_schedule`, predictor.zero_bubble) the backward is split
+(`split_backward`): bwd holds the input part and the options a `wgrad` work per segment, the weight part.
 """
 from __future__ import annotations
 
@@ -16,10 +19,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tracekit.core.pipeline_layout import torch_schedule
+
 from . import fsdp
 from .estimates import calibrated_durations
 from .framework_costs import SYNC_US, Capture, PassCosts, capture, pass_costs
-from .schedule import Work, simulate_many
+from .schedule import Work
+from .zero_bubble import SPLIT_BACKWARD, simulate_jobs
 
 if TYPE_CHECKING:
     from .calibration import Calibration
@@ -162,14 +168,44 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
     optimizer = [float(dur[graph.optimizer[s].spec]) + float(sum(dur[o.spec] for o in graph.casts.get(s, [])))
                  + passes.iteration_us(s, cal.tensor_op_us) for s in range(pp)]
     gather = [float(sum(dur[o.spec] for o in graph.param_gather[s])) for s in range(pp)]
+    schedule = torch_schedule(c)
+    extra: dict = {"pipeline_schedule": schedule} if schedule else {}
+    if schedule in SPLIT_BACKWARD:  # the backward as its input part (bwd) and its weight part (wgrad)
+        split, weight = split_backward(graph, dur)
+        bwd = [[_work(input_ops, split, cal, est.framework_us.get("bwd", 0.0), hiding, graphs,
+                      (*passes.backward_us(s, k, cal.tensor_op_us), call)) for k, (input_ops, _) in enumerate(row)]
+               for s, row in enumerate(weight)]
+        extra["wgrad"] = [[_work(weight_ops, split, cal, est.framework_us.get("bwd", 0.0), hiding, graphs,
+                                 (0.0, 0.0, call)) for _, weight_ops in row] for row in weight]
     options = dict(
         p2p_us=float(dur[graph.p2p]) if graph.p2p is not None else 0.0,
         grad_buckets_us=buckets, overlap_grad=c.overlap_grad_reduce, embedding_sync_us=embd,
         optimizer_us=optimizer, param_gather_us=gather, overlap_param_gather=c.overlap_param_gather,
         iteration_overhead_us=cal.iteration_overhead_us, overlap_p2p=c.overlap_p2p_comm and vp > 1,
-        microbatch_group=c.microbatch_group,
+        microbatch_group=c.microbatch_group, **extra,
     )
     return dur, (fwd, bwd, c.num_microbatches, options)
+
+
+def split_backward(graph: Graph, dur: np.ndarray) -> tuple[np.ndarray, list[list[tuple[list[OpUse], list[OpUse]]]]]:
+    """Each segment's backward as (input part, weight part) and the durations to time them with, as PyTorch's
+    zero-bubble schedules split it (`stage_backward_input` / `stage_backward_weight`): the weight part holds the
+    GEMMs' `wgrad` and `bgrad` rows; a GEMM whose backward the models hold whole (no role) is in both parts at half
+    its duration (its dgrad and wgrad are one forward's FLOPs each); everything else (attention's batched GEMMs,
+    norms, elementwise ops, collectives, recompute) is the input part."""
+    whole = np.array([s["primitive"] == "gemm" and s["pass"] == "bwd" and s.get("role") is None
+                      for s in graph.specs])
+    weight_role = np.array([s["primitive"] == "gemm" and s.get("role") in ("wgrad", "bgrad") for s in graph.specs])
+    split = np.where(whole, 0.5 * dur, dur) if whole.any() else dur
+    out = []
+    for s in range(graph.config.pp):
+        row = []
+        for k in range(graph.config.vp):
+            ops = graph.segment(s, k).bwd
+            row.append(([o for o in ops if not weight_role[o.spec]],
+                        [o for o in ops if weight_role[o.spec] or (whole[o.spec] and not o.recompute)]))
+        out.append(row)
+    return split, out
 
 
 _PASSES: dict[int, tuple[weakref.ref, PassCosts]] = {}
@@ -191,4 +227,4 @@ def simulate_graph(graph: Graph, est: Estimates, cal: Calibration
     """Calibrated durations, per-segment work and the simulated timeline (the cheap part of `compose`, which
     calibration fitting repeats)."""
     dur, job = simulation_inputs(graph, est, cal)
-    return dur, job[0], job[1], simulate_many([job])[0]
+    return dur, job[0], job[1], simulate_jobs([job])[0]

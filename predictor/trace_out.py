@@ -21,9 +21,12 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from tracekit.core.atomic import atomic_write_bytes
 from tracekit.core.hardware import hardware_spec
+from tracekit.core.pipeline_layout import torch_schedule
 
 from .graph import Graph, OpUse
 from .placement import rank_coordinates, strides
+from .stage_work import split_backward
+from .zero_bubble import SPLIT_BACKWARD, segment_of
 
 if TYPE_CHECKING:
     from .predict import Prediction
@@ -338,15 +341,22 @@ def rank_trace(prediction: "Prediction", rank: int, iterations: int = 2) -> dict
     period = tl.iteration_us
     origin = 1000.0
     first = first_layers(graph)
+    schedule = torch_schedule(c)
+    split = split_backward(graph, dur) if schedule in SPLIT_BACKWARD else None  # input / weight backward parts
+    if split is not None:
+        dur = split[0]
     for it in range(iterations):
         t0 = origin + it * period
         for task in tl.tasks[stage]:
-            seg = graph.segment(stage, task.chunk)
+            where = segment_of(stage, task.chunk, c.pp, schedule)
+            seg = graph.segment(*where)
+            ops = seg.fwd if task.kind == "F" else seg.bwd if split is None or task.kind == "B" else \
+                split[1][where[0]][where[1]][task.kind == "W"]
             t = t0 + task.start + task.work.other
-            for use, layer in _expand(seg.fwd if task.kind == "F" else seg.bwd, backward=task.kind != "F"):
+            for use, layer in _expand(ops, backward=task.kind != "F"):
                 d = float(dur[use.spec])
                 forward = task.kind == "F" or use.recompute
-                w.annotate(layer_unit(use.name, None if layer is None else first[(stage, task.chunk)] + layer)
+                w.annotate(layer_unit(use.name, None if layer is None else first[where] + layer)
                            if forward else None)
                 w.op(use, "fwd" if forward else "bwd", t, d)
                 t += d

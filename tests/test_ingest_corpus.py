@@ -75,7 +75,7 @@ def test_dlrm_ranks_collectives_match(tmp_path):
         nccl = trace.device_events["name"].str.startswith("nccl")
         assert nccl.sum() == 8
         assert (trace.device_events.loc[nccl, "category"] == "communication").all()
-    report = match_collectives([t.device_events for t in traces])
+    report = match_collectives([t.events for t in traces])
     assert (report.matched, report.unmatched, report.mismatched_kind) == (8, 0, 0)
     comm = pd.concat([t.device_events[t.device_events["category"] == "communication"].assign(rank=t.rank)
                       for t in traces])

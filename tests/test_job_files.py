@@ -68,8 +68,12 @@ def test_torchtitan_needs_the_launch_world_size_when_the_shard_degree_is_left_to
     ("[trainig]\nseq_len = 2048\n", "did you mean 'training'"),
     ("[model]\nname = \"llama3\"\nflavor = \"8b\"\n", "did you mean '8B'"),
     ("[training]\nenable_cpu_offload = true\n", "CPU offload is not modelled"),
-    ("[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = \"ZBVZeroBubble\"\n",
-     "not simulated"),
+    ("[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = \"ZBVZeroBuble\"\n",
+     "did you mean 'ZBVZeroBubble'"),
+    ("[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = \"ZBVZeroBubble\"\n"
+     "[compile]\nenable = true\n", "ZBVZeroBubble with torch.compile: PyTorch refuses it"),
+    ("[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = \"ZBVZeroBubble\"\n"
+     "pipeline_parallel_layers_per_stage = 17\n", "exactly two stages per rank"),
 ])
 def test_torchtitan_misspelt_or_unmodelled_settings_are_refused(tmp_path, text, message):
     job = tmp_path / "job.toml"

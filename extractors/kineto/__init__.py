@@ -10,8 +10,9 @@ Public API (other parts of tracekit build on these names):
   ``unknown`` when the trace has no deviceProperties), ``rank`` / ``world_size`` (None when unknown),
   ``iterations`` (list of ``(step_number, start_us, end_us)`` from ``ProfilerStep#N``; empty if none), ``kernels``
   (events of category ``kernel`` in the file), ``size_bytes`` (uncompressed), ``base_time_ns``, ``is_cpu_run``,
-  and ``device_events`` (pandas DataFrame, columns ``EVENT_COLUMNS``), one row per GPU kernel / memcpy / memset
-  (on CPU runs: per timed top-level operator and gloo collective):
+  ``events`` (an ``EventTable``: the columns ``EVENT_COLUMNS`` as numpy arrays and lists, what ingest reads without
+  pandas) and ``device_events`` (the same as a pandas DataFrame, built on first use), one row per GPU kernel /
+  memcpy / memset (on CPU runs: per timed top-level operator and gloo collective):
 
   ``ts_us``, ``dur_us``  start and duration in µs on the trace's own clock (same clock as ``iterations``);
   ``stream``             CUDA/HIP stream (thread id on CPU runs);  ``name`` kernel name (op name on CPU runs);
@@ -44,7 +45,8 @@ Public API (other parts of tracekit build on these names):
   files matched for collectives; a large run's files parsed by `jobs` processes, every core by default) and globs
   into a SampleStore; ``IngestResult.as_json()`` is the ``--json`` document
   ``{"traces": [...], "errors": [{"path", "error"}]}``.
-- ``match_collectives(frames)`` splits matched collectives of one run's ranks into wait and transfer.
+- ``match_collectives(tables)`` splits matched collectives of one run's ranks (their ``events``) into wait and
+  transfer.
 - ``is_trace_name(path)``: whether a file name is one ingest picks up (``*.json``, ``*.json.gz``);
   ``CAPTURE_MANIFEST``: the name of a capture folder's own JSON, which is never a trace.
 - ``open_trace(path) -> TraceFile``: a trace file's redacted header (``device_properties``, ``distributed_info``
@@ -54,9 +56,10 @@ from .collectives import match_collectives
 from .columns import EVENT_COLUMNS
 from .ingest import CAPTURE_MANIFEST, IngestResult, find_runs, ingest_paths, trace_samples
 from .load import TraceFile, is_trace_name, open_trace
+from .table import EventTable
 from .trace import KinetoTrace, read_trace
 
 __all__ = [
-    "CAPTURE_MANIFEST", "EVENT_COLUMNS", "IngestResult", "KinetoTrace", "TraceFile", "find_runs", "ingest_paths",
-    "is_trace_name", "match_collectives", "open_trace", "read_trace", "trace_samples",
+    "CAPTURE_MANIFEST", "EVENT_COLUMNS", "EventTable", "IngestResult", "KinetoTrace", "TraceFile", "find_runs",
+    "ingest_paths", "is_trace_name", "match_collectives", "open_trace", "read_trace", "trace_samples",
 ]

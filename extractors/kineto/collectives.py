@@ -25,6 +25,7 @@ import orjson
 from .classify import collective_kind
 from .events import CommFields
 from .shapes import DTYPE_BYTES, dtype_name, tensor_bytes
+from .table import EventTable
 
 
 @dataclass
@@ -96,43 +97,41 @@ class MatchReport:
     mismatched_kind: int  # keys where ranks disagree on the kind or message size (left unmatched)
 
 
-def match_collectives(frames: list) -> MatchReport:
-    """Match the collectives of one run's ranks (device_events frames, edited in place: `wait_us`).
+def match_collectives(tables: list[EventTable]) -> MatchReport:
+    """Match the collectives of one run's ranks (their `KinetoTrace.events`, edited in place: `wait_us`).
 
-    Only frames with distinct ranks should be passed. A collective is matched when every rank that took part
-    (its group size, or all frames given when the size is unknown) has an entry with the same key, kind and
+    Only tables with distinct ranks should be passed. A collective is matched when every rank that took part
+    (its group size, or all tables given when the size is unknown) has an entry with the same key, kind and
     message size (the size check keeps traces without process-group names from pairing different groups);
-    collectives whose group has members outside the given frames stay unmatched.
+    collectives whose group has members outside the given tables stay unmatched. The key is the process group
+    (`default` when unnamed) and the collective's sequence number in it; one without a number is not matched.
     """
-    import pandas as pd
-
-    parts = []
-    for f_index, frame in enumerate(frames):
-        comm = frame[(frame["category"] == "communication") & (frame["primitive"] != "send_recv")]
-        if comm.empty:
+    groups: dict[tuple[str, int], list[tuple[int, int, str, float, float, float]]] = {}
+    for t_index, table in enumerate(tables):
+        comm = np.flatnonzero((table["category"] == "communication") & (table["primitive"] != "send_recv"))
+        if not len(comm):
             continue
-        parts.append(pd.DataFrame({
-            "frame": f_index, "row": comm.index, "pg": comm["process_group"].fillna("default").to_numpy(),
-            "seq": comm["comm_seq"].to_numpy(), "kind": comm["primitive"].to_numpy(), "dur": comm["dur_us"].to_numpy(),
-            "size": comm["group_size"].to_numpy(), "bytes": comm["bytes"].to_numpy(),
-        }))
-    if not parts:
-        return MatchReport(0, 0, 0)
-    allc = pd.concat(parts, ignore_index=True)
+        pg, seq, kind = table["process_group"][comm], table["comm_seq"][comm], table["primitive"][comm]
+        dur, size, nbytes = table["dur_us"][comm], table["group_size"][comm], table["bytes"][comm]
+        for j, row in enumerate(comm.tolist()):
+            if seq[j] is None:
+                continue
+            groups.setdefault(("default" if pg[j] is None else pg[j], seq[j]), []).append(
+                (t_index, row, kind[j], float(dur[j]), float(size[j]), float(nbytes[j])))
     matched = unmatched = mismatched = 0
-    n_frames = len(frames)
-    for _, group in allc.groupby(["pg", "seq"], sort=False):
-        expected = group["size"].iloc[0]
-        expected = int(expected) if pd.notna(expected) and expected > 0 else n_frames
-        if group["kind"].nunique() > 1 or group["bytes"].nunique() > 1:
+    for group in groups.values():
+        first_size = group[0][4]
+        expected = int(first_size) if first_size == first_size and first_size > 0 else len(tables)
+        sizes = {nbytes for *_, nbytes in group if nbytes == nbytes}  # NaN: not recorded
+        if len({entry[2] for entry in group}) > 1 or len(sizes) > 1:
             mismatched += 1
             unmatched += len(group)
             continue
-        if len(group) < 2 or group["frame"].nunique() != len(group) or len(group) != expected:
+        if len(group) < 2 or len({entry[0] for entry in group}) != len(group) or len(group) != expected:
             unmatched += len(group)
             continue
-        transfer = group["dur"].min()
-        for frame_index, row, dur in zip(group["frame"], group["row"], group["dur"]):
-            frames[frame_index].at[row, "wait_us"] = float(dur - transfer)
+        transfer = min(entry[3] for entry in group)
+        for t_index, row, _, took, _, _ in group:
+            tables[t_index].set("wait_us", row, took - transfer)
         matched += 1
     return MatchReport(matched, unmatched, mismatched)

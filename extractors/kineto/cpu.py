@@ -18,7 +18,7 @@ Hardware is `cpu-<model>` from the trace's top-level `cpu_model` key (add it whi
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -33,19 +33,15 @@ from .events import EventColumns
 from .fsdp import fsdp_unit, unit_or_label
 from .linkage import link
 from .shapes import json_list, op_features, tensor_bytes
-
-if TYPE_CHECKING:  # pandas is imported where the frame is built
-    import pandas as pd
+from .table import EventTable
 
 
 def cpu_hardware(model: str | None) -> str:
     return normalize_hardware("cpu-" + model) if model else "cpu-unknown"
 
 
-def cpu_events(c: EventColumns, world_size: int | None) -> pd.DataFrame:
-    """device_events frame of a CPU run (same columns as a GPU trace's)."""
-    import pandas as pd
-
+def cpu_events(c: EventColumns, world_size: int | None) -> EventTable:
+    """The device events of a CPU run (the same columns as a GPU trace's)."""
     lk = link(c)
     ctx = lk.ops
     names = c.op_name
@@ -124,34 +120,30 @@ def cpu_events(c: EventColumns, world_size: int | None) -> pd.DataFrame:
             layer = issued_in if issued_in >= 0 and fsdp_unit(names[issued_in]) is not None else -1
         row["layer"] = unit_or_label(names[layer]) if layer >= 0 else None
         rows.append(row)
-    frame = pd.DataFrame(rows, columns=list(EVENT_COLUMNS))
-    if frame.empty:
-        return frame
-    for col in FEATURE_COLUMNS + ("wait_us", "launch_ts_us", "blocked_us"):
-        frame[col] = frame[col].astype("float64")
-    frame["bwd_node"] = frame["bwd_node"].fillna(-1).astype("int64")
-    frame["op_from_twin"] = False  # every row is an op of the trace itself
+    n = len(rows)
+    columns: dict[str, Any] = {key: [row[key] for row in rows] for key in EVENT_COLUMNS}
+    for col in ("ts_us", "dur_us", *FEATURE_COLUMNS, "wait_us", "launch_ts_us", "blocked_us"):
+        columns[col] = np.array(columns[col], dtype=np.float64)  # None → NaN
+    columns["bwd_node"] = np.array([-1 if node is None else node for node in columns["bwd_node"]], dtype=np.int64)
+    columns["op_from_twin"] = np.zeros(n, dtype=bool)  # every row is an op of the trace itself
+    seq_col: list[int | None] = [None] * n
     if comm_rows:
         seqs = assign_sequence(comm_pg, [rows[r]["primitive"] for r in comm_rows],
                                np.argsort(np.asarray(comm_ts), kind="stable"), comm_recorded)
-        seq_col: list[int | None] = [None] * len(frame)
         for at, seq in zip(comm_rows, seqs):
             seq_col[at] = seq
-        frame["comm_seq"] = pd.array(seq_col, dtype="Int64")
-    else:
-        frame["comm_seq"] = pd.array([None] * len(frame), dtype="Int64")
+    columns["comm_seq"] = seq_col
+    columns["iteration"] = np.full(n, -1, dtype=np.int64)
     starts = np.array([s[1] for s in lk.iterations])
-    if len(starts):
+    if len(starts) and n:
         stops = np.array([s[2] for s in lk.iterations])
         numbers = np.array([s[0] for s in lk.iterations])
-        ts = frame["ts_us"].to_numpy()
+        ts = columns["ts_us"]
         pos = np.searchsorted(starts, ts, side="right") - 1
         ok = (pos >= 0) & (ts <= stops[np.maximum(pos, 0)])
-        frame["iteration"] = np.where(ok, numbers[np.maximum(pos, 0)], -1)
-    else:
-        frame["iteration"] = -1
-    frame["stream"] = frame["stream"].astype("int64")
-    return frame
+        columns["iteration"] = np.where(ok, numbers[np.maximum(pos, 0)], -1)
+    columns["stream"] = np.array(columns["stream"], dtype=np.int64)
+    return EventTable(columns)
 
 
 def _issuing_calls(c: EventColumns, ctx) -> dict[int, int]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import glob
+import math
 import os
 from collections import Counter
 from contextlib import nullcontext
@@ -12,6 +13,7 @@ from typing import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
+from tracekit.core.arrow_arrays import float64_array, int64_array, string_array
 from tracekit.core.errors import ConfigError, InputError, TracekitError
 from tracekit.core.hashing import file_digest
 from tracekit.core.samples import COLUMNS, FEATURE_COLUMNS, SCHEMA
@@ -19,6 +21,7 @@ from tracekit.core.samples import COLUMNS, FEATURE_COLUMNS, SCHEMA
 from .collectives import match_collectives
 from .load import NotATraceError, is_trace_name
 from .parallel import SPAWN_MIN_BYTES, ordered_map, worker_pool
+from .table import EventTable
 from .trace import KinetoTrace, read_trace
 
 
@@ -116,40 +119,36 @@ def sample_table(trace: KinetoTrace, source_id: str) -> pa.Table:
     linked to their forward op (extractors/kineto/backward.py) become one row per autograd node and role: the sum
     of its kernels' times, the forward op as `variant`, the kernels' names joined by " + ". Built column by column
     from the event frame's arrays (no DataFrame in between: this runs once per trace of an ingest)."""
-    ev = trace.device_events
-    wait = ev["wait_us"].to_numpy(dtype=float)
-    dur = ev["dur_us"].to_numpy(dtype=float)
-    blocked = ev["blocked_us"].to_numpy(dtype=float)
+    ev = trace.events
+    wait = ev["wait_us"].astype(float)
+    dur = ev["dur_us"].astype(float)
+    blocked = ev["blocked_us"].astype(float)
     dur = np.where(np.isnan(blocked), dur, blocked)
     duration = np.where(np.isnan(wait), dur, dur - np.nan_to_num(wait))
-    node = ev["bwd_node"].to_numpy()
-    kernel = ev["name"].to_numpy(dtype=object)
+    node = ev["bwd_node"]
+    kernel = ev["name"]
     keep = np.arange(len(ev))
     if np.any(node >= 0):
-        keep, duration, kernel = per_role(node, ev["role"].to_numpy(dtype=object), duration, kernel)
+        keep, duration, kernel = per_role(node, ev["role"], duration, kernel)
     rows = len(keep)
-    iteration = ev["iteration"].to_numpy()[keep]
-    variant = np.where(node >= 0, ev["fwd_op"].to_numpy(dtype=object), ev["op"].to_numpy(dtype=object))[keep]
-
-    def text(values) -> pa.Array:
-        return pa.array(values, type=pa.string(), from_pandas=True)
+    iteration = ev["iteration"][keep]
+    variant = np.where(node >= 0, ev["fwd_op"], ev["op"])[keep]
 
     columns = {
-        "hardware": pa.array([trace.hardware] * rows, type=pa.string()),
-        **{name: text(ev[name].array).take(keep) for name in ("primitive", "pass", "dtype")},
-        "variant": text(variant),
-        "role": text(ev["role"].array).take(keep),
-        **{name: pa.array(ev[name].to_numpy(dtype=float)[keep], type=pa.float64(), from_pandas=True)
-           for name in FEATURE_COLUMNS},
-        "duration_us": pa.array(duration[keep], type=pa.float64()),
-        "wait_us": pa.array(wait[keep], type=pa.float64(), from_pandas=True),
-        "process_group": text(ev["process_group"].array).take(keep),
-        "stream": pa.array(ev["stream"].to_numpy()[keep], type=pa.int64()),
-        "rank": pa.array([trace.rank] * rows, type=pa.int64()),
-        "iteration": pa.array(np.where(iteration >= 0, iteration, 0), type=pa.int64(), mask=~(iteration >= 0)),
-        "kernel": text(kernel[keep]),
-        "source": pa.array([source_id] * rows, type=pa.string()),
-        "source_path": pa.array([trace.path.name] * rows, type=pa.string()),
+        "hardware": string_array([trace.hardware] * rows),
+        **{name: string_array(ev[name][keep]) for name in ("primitive", "pass", "dtype")},
+        "variant": string_array(variant),
+        "role": string_array(ev["role"][keep]),
+        **{name: float64_array(ev[name][keep]) for name in FEATURE_COLUMNS},
+        "duration_us": float64_array(duration[keep], nan_as_null=False),
+        "wait_us": float64_array(wait[keep]),
+        "process_group": string_array(ev["process_group"][keep]),
+        "stream": int64_array(ev["stream"][keep]),
+        "rank": int64_array(np.full(rows, trace.rank or 0), None if trace.rank is not None else np.zeros(rows, bool)),
+        "iteration": int64_array(np.where(iteration >= 0, iteration, 0), iteration >= 0),
+        "kernel": string_array(kernel[keep]),
+        "source": string_array([source_id] * rows),
+        "source_path": string_array([trace.path.name] * rows),
     }
     return pa.Table.from_arrays([columns[name] for name in COLUMNS], schema=SCHEMA)
 
@@ -157,10 +156,9 @@ def sample_table(trace: KinetoTrace, source_id: str) -> pa.Table:
 def per_role(node: np.ndarray, role: np.ndarray, duration: np.ndarray, kernel: np.ndarray):
     """(rows to keep, durations, kernel names): the linked backward kernels (`node` ≥ 0) of each (autograd node,
     role) become their first row, with the group's summed duration and its kernels' names joined by " + "."""
-    import pandas as pd
-
     idx = np.flatnonzero(node >= 0)
-    codes, _ = pd.factorize(role[idx])
+    code: dict = {}  # each role a number, in order of appearance; none: -1
+    codes = np.array([-1 if r is None else code.setdefault(r, len(code)) for r in role[idx].tolist()], dtype=np.int64)
     key = node[idx] * 8 + codes  # fewer than 8 roles
     order = np.argsort(key, kind="stable")
     idx, key = idx[order], key[order]
@@ -176,12 +174,12 @@ def per_role(node: np.ndarray, role: np.ndarray, duration: np.ndarray, kernel: n
     return keep, duration, kernel
 
 
-def busy_time(ev) -> float:
+def busy_time(ev: EventTable) -> float:
     """Time (µs) during which at least one device event ran (union of their intervals)."""
-    if ev.empty:
+    if not len(ev):
         return 0.0
-    start = ev["ts_us"].to_numpy()
-    end = start + ev["dur_us"].to_numpy()
+    start = ev["ts_us"]
+    end = start + ev["dur_us"]
     order = np.argsort(start, kind="stable")
     start, end = start[order], end[order]
     reach = np.maximum.accumulate(end)
@@ -193,11 +191,23 @@ def busy_time(ev) -> float:
     return float(np.sum(block_end - block_start))
 
 
+def group_sums(keys: np.ndarray, values: np.ndarray) -> dict[str, tuple[int, float]]:
+    """{key: (values, their sum)} by key, sorted; rows without a key and NaN values are left out (what pandas'
+    groupby count and sum give, but a key whose values are all NaN: 0 and 0.0). Sums are exact (`math.fsum`)."""
+    by_key: dict[str, list[float]] = {}
+    for key, value in zip(keys.tolist(), values.tolist()):
+        if key is not None:
+            by_key.setdefault(key, [])
+            if value == value:
+                by_key[key].append(value)
+    return {key: (len(v), math.fsum(v)) for key, v in sorted(by_key.items())}
+
+
 def trace_report(trace: KinetoTrace, written: int) -> dict:
-    ev = trace.device_events
-    by_prim = ev.groupby("primitive", sort=True)["dur_us"].agg(["count", "sum"])
-    total = float(ev["dur_us"].sum())
-    other = float(by_prim["sum"].get("other", 0.0)) if "other" in by_prim.index else 0.0
+    ev = trace.events
+    by_prim = group_sums(ev["primitive"], ev["dur_us"])
+    total = float(np.sum(ev["dur_us"]))
+    other = by_prim["other"][1] if "other" in by_prim else 0.0
     return {
         "path": str(trace.path),
         "hardware": trace.hardware,
@@ -206,8 +216,8 @@ def trace_report(trace: KinetoTrace, written: int) -> dict:
         "iterations": len(trace.iterations),
         "kernels": trace.kernels,
         "gpu_busy_us": round(busy_time(ev), 3),
-        "primitives": {name: {"count": int(row["count"]), "time_us": round(float(row["sum"]), 3)}
-                       for name, row in by_prim.iterrows()},
+        "primitives": {name: {"count": rows, "time_us": round(time_us, 3)}
+                       for name, (rows, time_us) in by_prim.items()},
         "unclassified_share": round(other / total, 6) if total > 0 else 0.0,
         "backward": backward_report(ev),
         "launch_not_recorded": unlaunched_report(ev),
@@ -215,22 +225,22 @@ def trace_report(trace: KinetoTrace, written: int) -> dict:
     }
 
 
-def backward_report(ev) -> dict:
+def backward_report(ev: EventTable) -> dict:
     """Backward compute kernels (ops on CPU runs): how many are linked to their forward op, per role, and how many
     are not (they keep their own launching op's shapes)."""
-    bwd = (ev["pass"].to_numpy(dtype=object) == "bwd") & (ev["category"].to_numpy(dtype=object) == "computation")
-    roles = Counter(role for role in ev["role"].to_numpy(dtype=object)[bwd] if isinstance(role, str))
+    bwd = (ev["pass"] == "bwd") & (ev["category"] == "computation")
+    roles = Counter(role for role in ev["role"][bwd] if isinstance(role, str))
     linked, kernels = sum(roles.values()), int(bwd.sum())
     return {"kernels": kernels, "linked": linked, "unlinked": kernels - linked, "roles": dict(sorted(roles.items()))}
 
 
-def unlaunched_report(ev) -> dict:
+def unlaunched_report(ev: EventTable) -> dict:
     """Compute kernels whose launch call is not in the trace (most often: launched before the profiler's CPU window
     opened): how many took their twins' op and shapes (twins.py), how many stay without an op (no shapes)."""
-    compute = (ev["kind"].to_numpy(dtype=object) == "kernel") & (ev["category"].to_numpy(dtype=object)
-                                                                 == "computation")
-    twins = int((ev["op_from_twin"].to_numpy(dtype=bool) & compute).sum())
-    return {"from_twins": twins, "without_op": int((ev["op"].isna().to_numpy() & compute).sum())}
+    compute = (ev["kind"] == "kernel") & (ev["category"] == "computation")
+    twins = int((ev["op_from_twin"].astype(bool) & compute).sum())
+    no_op = np.fromiter((op is None for op in ev["op"]), dtype=bool, count=len(ev))
+    return {"from_twins": twins, "without_op": int((no_op & compute).sum())}
 
 
 @dataclass
@@ -261,13 +271,14 @@ def _load(path: Path) -> Parsed:
         return Parsed(path, error={"path": str(path), "error": str(exc)})
     except (ValueError, KeyError, TypeError, IndexError, OverflowError) as exc:  # a trace we misread
         return Parsed(path, error={"path": str(path), "error": f"could not be read ({type(exc).__name__}: {exc})"})
-    ev = trace.device_events
-    comm = ev[ev["category"] == "communication"]
+    ev = trace.events
+    comm = ev["category"] == "communication"
     parsed = Parsed(path, trace, source_id, report=trace_report(trace, 0),
-                    collective_bytes={k: float(v) for k, v in comm.groupby("primitive")["bytes"].sum().items()})
+                    collective_bytes={k: total for k, (_, total) in group_sums(ev["primitive"][comm],
+                                                                               ev["bytes"][comm]).items()})
     if not may_be_a_rank(trace):
         parsed.samples = sample_table(trace, source_id)
-        trace.device_events = ev.iloc[:0]
+        trace.events = ev.take([])
     return parsed
 
 
@@ -277,7 +288,7 @@ def _ray_loads(files: list[Path], ray) -> Iterator[Parsed]:
     for ref in [task.remote(path) for path in files]:
         parsed = ray.get(ref)
         if parsed.trace is not None:  # Ray hands back read-only arrays of its object store; matching writes to them
-            parsed.trace.device_events = parsed.trace.device_events.copy(deep=True)
+            parsed.trace.events = parsed.trace.events.copy()
         yield parsed
 
 
@@ -322,7 +333,7 @@ def ingest_paths(paths, store, progress: Callable | None = None, jobs: int | Non
                 if progress:
                     progress(done, len(files), parsed.path)
             for members in rank_sets([trace for trace, _, _ in loaded]):
-                report = match_collectives([t.device_events for t in members])
+                report = match_collectives([t.events for t in members])
                 result.matched_collectives += report.matched
             _commit_run(loaded, store, result)
     return result

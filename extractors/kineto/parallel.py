@@ -9,8 +9,8 @@ This process parses too: while the next result is not ready it takes the last fi
 The workers are forked from this process when that is safe — it runs no other thread (a fork copies a thread's
 held locks, never the thread) and the platform forks — so they start in milliseconds with everything already
 imported (and the collector's generations frozen, so that a worker neither walks nor copies what it inherited): a
-folder of small traces gains as much as one large trace. Otherwise they are spawned (each imports pandas: ~0.5 s),
-and only for files large enough together to pay that (`spawn_min_bytes`).
+folder of small traces gains as much as one large trace. Otherwise they are spawned (each imports the parser, numpy
+and pyarrow: ~0.3 s), and only for files large enough together to pay that (`spawn_min_bytes`).
 """
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ from typing import Callable, Iterable, Iterator, TypeVar
 T = TypeVar("T")
 R = TypeVar("R")
 
-#: Below this many bytes of trace files together, spawned workers (each importing pandas) cost more than they save.
+#: Below this many bytes of trace files together, spawned workers (each importing the parser) cost more than they save.
 SPAWN_MIN_BYTES = 32 << 20
 #: What the workers run, imported before they are forked so that none of them imports it again.
-PRELOAD = ("pandas", "pyarrow.compute")
+PRELOAD = ("pyarrow.compute",)
 
 
 def start_method() -> str:

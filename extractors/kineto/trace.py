@@ -22,9 +22,10 @@ from .fsdp import unit_or_label
 from .linkage import Linkage, link, profiler_steps
 from .load import open_trace
 from .shapes import op_features
+from .table import EventTable
 from .twins import adopt_twins
 
-if TYPE_CHECKING:  # pandas is imported where the frame is built (reading a trace's header does not need it)
+if TYPE_CHECKING:  # pandas is imported where a reader asks for the frame (ingest does not)
     import pandas as pd
 
 
@@ -32,8 +33,9 @@ if TYPE_CHECKING:  # pandas is imported where the frame is built (reading a trac
 class KinetoTrace:
     """A parsed, redacted Kineto trace (never holds the trace's `metadata`/environment block).
 
-    `device_events` has one row per GPU kernel / memcpy / memset (on CPU runs: per timed top-level op and gloo
+    `events` has one row per GPU kernel / memcpy / memset (on CPU runs: per timed top-level op and gloo
     collective); see `columns.EVENT_COLUMNS` and the package docstring for the meaning of each column.
+    `device_events` is the same table as a pandas DataFrame.
     """
 
     path: Path
@@ -41,13 +43,17 @@ class KinetoTrace:
     rank: int | None
     world_size: int | None
     iterations: list  # [(step_number, start_us, end_us)] from ProfilerStep#N, sorted by start
-    device_events: pd.DataFrame
+    events: EventTable
     kernels: int = 0  # events of category `kernel` in the file
     size_bytes: int = 0  # uncompressed JSON bytes
     base_time_ns: int | None = None
     is_cpu_run: bool = False
     backend: str | None = None
     device_properties: list = field(default_factory=list)
+
+    @property
+    def device_events(self) -> pd.DataFrame:
+        return self.events.to_pandas()
 
 
 def _rank_info(dist: dict) -> tuple:
@@ -62,9 +68,7 @@ def _rank_info(dist: dict) -> tuple:
     return rank, world, dist.get("backend")
 
 
-def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None) -> pd.DataFrame:
-    import pandas as pd
-
+def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None) -> EventTable:
     n = len(c.dev_ts)
     ctx = lk.ops
     cols: dict[str, list[Any]] = {name: [None] * n for name in ("primitive", "pass", "dtype", "op", "category",
@@ -151,17 +155,16 @@ def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None) -> pd.Data
         seqs = assign_sequence(comm_pg, [cols["primitive"][r] for r in comm_rows], order, comm_recorded)
         for row, seq in zip(comm_rows, seqs):
             cols["comm_seq"][row] = seq
-    frame = pd.DataFrame({
+    return EventTable({
         "ts_us": c.dev_ts, "dur_us": c.dev_dur, "stream": c.dev_stream, "name": names, "kind": c.dev_kind,
         "category": cols["category"], "primitive": cols["primitive"], "pass": cols["pass"], "dtype": cols["dtype"],
         "op": cols["op"], "op_from_twin": lk.dev_twin, "iteration": lk.dev_iteration,
         **{name: np.array(values, dtype=float) for name, values in feat_rows.items()},
         "process_group": cols["process_group"], "process_group_desc": cols["process_group_desc"],
-        "comm_seq": pd.array(cols["comm_seq"], dtype="Int64"), "wait_us": np.full(n, np.nan), "layer": cols["layer"],
+        "comm_seq": cols["comm_seq"], "wait_us": np.full(n, np.nan), "layer": cols["layer"],
         "launch_ts_us": lk.dev_launch_ts, "blocked_us": np.full(n, np.nan), "role": bwd.role, "fwd_op": fwd_name,
         "bwd_node": bwd.node,
     })
-    return frame
 
 
 def _hardware(properties: list) -> str:
@@ -201,17 +204,16 @@ def read_trace(path: str | Path) -> KinetoTrace:
                 base_time_ns=tf.base_time_ns, backend=backend, device_properties=tf.device_properties)
     if len(c.dev_ts):
         lk = adopt_twins(c, link(c))
-        frame = _gpu_events(c, lk, world)
-        return KinetoTrace(hardware=_hardware(tf.device_properties), iterations=lk.iterations, device_events=frame,
-                           **base)
+        table = _gpu_events(c, lk, world)
+        return KinetoTrace(hardware=_hardware(tf.device_properties), iterations=lk.iterations, events=table, **base)
     timed = np.count_nonzero(c.op_dur > 0) if len(c.op_dur) else 0
     if not timed:
         raise InputError(path, "nothing timed in it (no device kernels and no operators with durations)")
     if _gpu_listed(devices, backend):
         raise InputError(path, "a GPU run whose trace holds no device kernels (GPU activity was not recorded); "
                                "its CPU-side operator times are not operator times")
-    frame = cpu_events(c, world)
-    if frame.empty:
+    table = cpu_events(c, world)
+    if not len(table):
         raise InputError(path, "nothing timed in it (no device kernels, top-level operators or collectives)")
-    return KinetoTrace(hardware=cpu_hardware(tf.cpu_model), iterations=profiler_steps(c), device_events=frame,
+    return KinetoTrace(hardware=cpu_hardware(tf.cpu_model), iterations=profiler_steps(c), events=table,
                        is_cpu_run=True, **base)

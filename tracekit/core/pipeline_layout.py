@@ -17,6 +17,12 @@ rank, and MTP layers (`mtp_num_layers`) beside the loss.
 
 The interleaved schedule (Megatron-core) runs micro-batches in groups of `microbatch_group_size_per_vp_stage`
 (default pp) per model chunk: pp ≤ group ≤ micro-batches, and the last group holds 0 or ≥ pp micro-batches.
+
+`torch_pipeline_schedule` (tracekit's setting; None: Megatron's 1F1B / interleaved order) names one of PyTorch's
+`torch.distributed.pipelining` schedules that torchtitan runs and Megatron does not (predictor.zero_bubble):
+LoopedBFS, InterleavedZeroBubble (loop placement: virtual stage i on rank i mod pp), ZBVZeroBubble and DualPipeV
+(V placement, exactly two stages per rank: rank r holds stages r and 2·pp−1−r), with PyTorch's own limits on the
+micro-batch count instead of Megatron's groups.
 """
 from __future__ import annotations
 
@@ -26,7 +32,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean
+
+#: PyTorch's pipeline schedules tracekit simulates beside Megatron's (predictor.zero_bubble).
+ZERO_BUBBLE = ("LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+#: Those that place two stages per rank in a V (rank r: stages r and 2·pp−1−r).
+V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 
 
 @dataclass(frozen=True)
@@ -52,6 +63,7 @@ class LayoutSettings:
     account_for_loss_in_pipeline_split: bool = False
     mtp_num_layers: int | None = None
     microbatch_group_size_per_vp_stage: int | None = None
+    torch_pipeline_schedule: str | None = None  # one of ZERO_BUBBLE; None: Megatron's order
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -191,6 +203,10 @@ def _from_layout(text: str, pp: int, num_layers: int, mtp_layers: int) -> list[l
 def check_microbatch_groups(config) -> None:
     """ConfigError unless the interleaved schedule accepts the micro-batch count (module docstring)."""
     c = config
+    schedule = torch_schedule(c)
+    if schedule is not None:
+        check_schedule(schedule, c.pp, c.vp, c.num_microbatches)
+        return
     if c.vp <= 1:
         return
     m = c.num_microbatches
@@ -202,6 +218,33 @@ def check_microbatch_groups(config) -> None:
     if 0 < rest < c.pp:
         raise ConfigError(f"the interleaved schedule's last group of micro-batches holds {rest} (of {m} in groups "
                           f"of {group}): Megatron needs 0 or at least pp {c.pp}")
+
+
+def torch_schedule(config) -> str | None:
+    """The PyTorch schedule a configuration runs (`torch_pipeline_schedule`), None for Megatron's orders and without
+    a pipeline (torchtitan reads the schedule only when it pipelines: pp > 1)."""
+    schedule = config.layout.torch_pipeline_schedule if config.layout else None
+    return schedule if config.pp > 1 else None
+
+
+def check_schedule(schedule: str, pp: int, vp: int, m: int) -> None:
+    """ConfigError unless PyTorch runs `schedule` with pp ranks, vp stages per rank and m micro-batches (its own
+    checks: two stages per rank in a V; DualPipeV at least as many micro-batches as stages; the interleaved zero-bubble
+    schedule's micro-batches a multiple of its rounds, max(1, m // pp))."""
+    if schedule not in ZERO_BUBBLE:
+        raise ConfigError(f"torch_pipeline_schedule {schedule!r}{did_you_mean(schedule, ZERO_BUBBLE)}: tracekit "
+                          f"simulates {', '.join(ZERO_BUBBLE)} (or Megatron's 1F1B / interleaved order without it)")
+    if pp < 2:
+        raise ConfigError(f"pipeline schedule {schedule} needs pp ≥ 2")
+    if schedule in V_SHAPED and vp != 2:
+        raise ConfigError(f"pipeline schedule {schedule} places exactly two stages per rank (a V), not {vp}")
+    if schedule == "DualPipeV" and m < 2 * pp:
+        raise ConfigError(f"pipeline schedule DualPipeV needs at least as many micro-batches as stages ({2 * pp}), "
+                          f"not {m}")
+    rounds = max(1, m // pp)
+    if schedule == "InterleavedZeroBubble" and m % rounds:
+        raise ConfigError(f"pipeline schedule InterleavedZeroBubble needs the {m} micro-batches to be a multiple of "
+                          f"its rounds ({rounds} = max(1, micro-batches // pp))")
 
 
 def filled_layout(num_layers: int, stages: int, mtp: int = 0) -> str:

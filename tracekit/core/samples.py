@@ -74,11 +74,11 @@ def empty_table() -> pa.Table:
 
 def to_table(rows: list[dict] | pa.Table | pd.DataFrame) -> pa.Table:
     """Conform rows (list of dicts, a pandas DataFrame or a table) to SCHEMA; missing columns become null."""
+    if isinstance(rows, pa.Table) and rows.schema.equals(SCHEMA):  # already conformed (ingest builds its tables so)
+        return rows
     import pandas as pd
 
     if isinstance(rows, pa.Table):
-        if rows.schema.equals(SCHEMA):  # already conformed (ingest builds its tables in the schema)
-            return rows
         frame = rows.to_pandas()
     elif isinstance(rows, pd.DataFrame):
         frame = rows

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from filelock import FileLock
 
+from .arrow_arrays import int64_array, integer_values
 from .atomic import atomic_write_json
 from .errors import StoreError
 from .samples import SCHEMA, to_table
@@ -119,7 +120,7 @@ class SampleStore:
         codes, folders = _partition_codes(table)
         order = np.argsort(codes, kind="stable")
         starts = np.flatnonzero(np.r_[True, codes[order][1:] != codes[order][:-1]]).tolist() if len(codes) else []
-        table = table.take(order)
+        table = table.take(int64_array(order))  # not a numpy array: pyarrow would convert it (arrow_arrays)
         staged: list[tuple[Path, Path]] = []
         try:
             for start, stop in zip(starts, starts[1:] + [len(order)]):
@@ -194,7 +195,8 @@ class SampleStore:
 def _source_table(source_id: str, rows) -> pa.Table:
     """The rows of one source as a table of the sample schema; every row must carry its source id."""
     table = to_table(rows)
-    if table.num_rows and not pc.all(pc.fill_null(pc.equal(table.column("source"), source_id), False)).as_py():
+    if table.num_rows and pc.unique(table.column("source")).to_pylist() != [source_id]:  # pc.equal(column, a str)
+        # would convert the str with pyarrow's converters, which import pandas (arrow_arrays)
         raise StoreError(f"samples of source {source_id} carry another source id")
     return table
 
@@ -214,4 +216,4 @@ def _partition_codes(table: pa.Table) -> tuple[np.ndarray, list[tuple[str, str]]
     index = {folder: i for i, folder in enumerate(folders)}
     grid = np.array([[index[(h, p)] for p in prim_names] for h in hw_names], dtype=np.int64).reshape(
         len(hw_names), len(prim_names))
-    return grid[hardware.indices.to_numpy(), primitive.indices.to_numpy()], folders
+    return grid[integer_values(hardware.indices), integer_values(primitive.indices)], folders

@@ -13,14 +13,15 @@ What a torchtitan job states, read as torchtitan runs it:
   `data_parallel_replicate_degree` (with shard > 1: HSDP, each replica shards over the shard degree; alone: DDP),
   `tensor_parallel_degree` (with sequence parallelism and the loss parallel, as torchtitan applies it),
   `enable_async_tensor_parallel` (needs compile), `pipeline_parallel_degree`, `pipeline_parallel_schedule` (1F1B,
-  GPipe, Interleaved1F1B), `pipeline_parallel_microbatch_size`, `context_parallel_degree`,
+  GPipe, Interleaved1F1B in Megatron's orders; LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV in
+  PyTorch's, predictor.zero_bubble), `pipeline_parallel_microbatch_size`, `context_parallel_degree`,
   `fsdp_reshard_after_forward` (default: reshard unless pipelined).
 - `[activation_checkpoint] mode` (none | selective | full), `selective_ac_option` ("op": per-op).
 
 Every key of torchtitan's JobConfig is known; the sections and keys that do not change an iteration's time (job,
 metrics, checkpoint, optimizer hyper-parameters, ...) are accepted and not used. A key torchtitan does not have is
-refused with a suggestion; a setting that changes the time and is not modelled (CPU offload, zero-bubble schedules,
-explicit split points) is refused naming it. The world size is the launch's (`--gpus`): a job's shard degree −1
+refused with a suggestion; a setting that changes the time and is not modelled (CPU offload, explicit split points,
+a CSV schedule) is refused naming it. The world size is the launch's (`--gpus`): a job's shard degree −1
 takes the ranks the other degrees leave.
 """
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 
 from .errors import ConfigError, InputError, did_you_mean
 from .megatron_arguments import list_words
+from .pipeline_layout import V_SHAPED, ZERO_BUBBLE
 
 #: torchtitan's JobConfig, section → keys (2025 layout, with older spellings). Keys tracekit reads are in READ.
 SCHEMA: dict[str, tuple[str, ...]] = {
@@ -83,10 +85,11 @@ MODELS = {"llama3": LLAMA3}
 COMPILE_NOTE = ("torch.compile: each block's norms, residual adds, RoPE, activation and dropout chains timed as "
                 "Inductor's fused kernels (bytes moved, one launch each); GEMMs and attention as eager; the loss and "
                 "compiled-autograd effects not modelled")
-#: Schedules tracekit simulates: one stage per rank (1F1B; GPipe has 1F1B's bubble) or several (interleaved).
-SCHEDULES = {"1f1b": 1, "gpipe": 1, "interleaved1f1b": 2}
-#: Schedules torchtitan has that tracekit does not simulate.
-UNSIMULATED = ("LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV", "ScheduleDualPipeV")
+#: Schedules in Megatron's orders: one stage per rank (1F1B; GPipe has 1F1B's bubble) or several (interleaved); and
+#: PyTorch's own (tracekit.core.pipeline_layout.ZERO_BUBBLE): stages per rank by default (two; the V's exactly two).
+SCHEDULES = {"1f1b": 1, "gpipe": 1, "interleaved1f1b": 2, **{name.lower(): 2 for name in ZERO_BUBBLE}}
+#: PyTorch's schedules that split the backward into input and weight parts (refused with compiled stages).
+SPLIT_BACKWARD = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 
 
 @dataclass
@@ -319,14 +322,19 @@ def _schedule(data: dict[str, Any], pp: int, layers: int, out: dict[str, Any], n
         raise ConfigError("parallelism.pipeline_parallel_split_points / schedule_csv: explicit splits are not read; "
                           "give pipeline_parallel_layers_per_stage or leave the split to torchtitan")
     key = schedule.lower().removeprefix("schedule")
+    names = ["1F1B", "GPipe", "Interleaved1F1B", *ZERO_BUBBLE]
     if key not in SCHEDULES:
-        known = ", ".join(["1F1B", "GPipe", "Interleaved1F1B"])
-        if schedule in UNSIMULATED or key in {u.lower() for u in UNSIMULATED}:
-            raise ConfigError(f"parallelism.pipeline_parallel_schedule {schedule}: not simulated (tracekit "
-                              f"simulates {known})")
-        raise ConfigError(f"parallelism.pipeline_parallel_schedule {schedule!r}"
-                          f"{did_you_mean(schedule, ['1F1B', 'GPipe', 'Interleaved1F1B'])}: torchtitan's schedules "
-                          f"include {known}")
+        raise ConfigError(f"parallelism.pipeline_parallel_schedule {schedule!r}{did_you_mean(schedule, names)}: "
+                          f"torchtitan's schedules are {', '.join(names)}")
+    pytorch = next((name for name in ZERO_BUBBLE if name.lower() == key), None)
+    if pytorch in SPLIT_BACKWARD and out.get("torch_compile"):
+        raise ConfigError(f"parallelism.pipeline_parallel_schedule {pytorch} with torch.compile: PyTorch refuses it "
+                          "(its input/weight backward split does not run compiled stages)")
+    if pytorch:
+        out["torch_pipeline_schedule"] = pytorch
+        if pytorch == "DualPipeV":
+            notes.append("pipeline schedule DualPipeV: its overlapped forward/backward pairs timed one after the "
+                         "other, as PyTorch runs them without a custom overlap function")
     if key == "gpipe":
         notes.append("pipeline schedule GPipe: simulated as 1F1B (the same bubble; GPipe holds every micro-batch's "
                      "activations)")
@@ -346,6 +354,9 @@ def _schedule(data: dict[str, Any], pp: int, layers: int, out: dict[str, Any], n
     elif key == "interleaved1f1b":
         raise ConfigError("Interleaved1F1B needs more than one stage per rank: pipeline_parallel_layers_per_stage "
                           "leaves one")
+    if pytorch in V_SHAPED and stages != 2 * pp:
+        raise ConfigError(f"{pytorch} places exactly two stages per rank (a V): pipeline_parallel_layers_per_stage "
+                          f"leaves {stages} stages over {pp} ranks")
 
 
 def split_layers(layers: int, stages: int) -> list[int]:
