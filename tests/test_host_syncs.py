@@ -15,6 +15,7 @@ from predictor.models import ModelSet
 from predictor.predict import compose, prepare_many
 from predictor.stack import get_stack
 from predictor.stage_work import _work
+from tests.test_grouped_mlp_ops import gpt_oss_like
 from tracekit.core.cluster import preset
 from tracekit.core.config import TrainingConfig
 
@@ -23,11 +24,7 @@ HW = "H100-80GB-HBM3"
 
 def moe(**kw) -> TrainingConfig:
     """A small GPT-OSS-shaped MoE: biased linears, a clamped GLU, grouped GEMMs, 4 MoE layers."""
-    base = dict(num_layers=4, hidden_size=1024, num_attention_heads=16, seq_length=1024, micro_batch_size=2,
-                global_batch_size=16, swiglu=True, add_bias_linear=True, num_experts=8, moe_router_topk=2,
-                moe_grouped_gemm=True, moe_ffn_hidden_size=512, activation_func_clamp_value=7.0)
-    base.update(kw)
-    return TrainingConfig.from_mapping(base)
+    return gpt_oss_like(**kw)
 
 
 def syncs(config: TrainingConfig) -> tuple[int, int]:
