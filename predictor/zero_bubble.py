@@ -72,143 +72,147 @@ def _looped_bfs(rank: int, pp: int, n: int, m: int) -> list[Action]:
     return out + [("B", g, i) for g in reversed(stages) for i in reversed(range(m))]
 
 
+class _Order:
+    """One rank's order as it is built: the next micro-batch of each (kind, stage), and the input backwards whose
+    weight backward is queued for later."""
+
+    def __init__(self) -> None:
+        self.actions: list[Action] = []
+        self._next: dict[tuple[str, int], int] = {}
+        self._queued: deque[tuple[int, int]] = deque()
+
+    def count(self, kind: str, stage: int) -> int:
+        return self._next.get((kind, stage), 0)
+
+    def add(self, kind: str, stage: int, queue: bool = False) -> int:
+        """The next micro-batch's `kind` of `stage`; an input backward with `queue` leaves its weight backward to
+        `weight()`."""
+        i = self.count(kind, stage)
+        self._next[kind, stage] = i + 1
+        self.actions.append((kind, stage, i))
+        if queue:
+            self._queued.append((stage, i))
+        return i
+
+    def full(self, stage: int) -> None:
+        """A full backward of the next micro-batch: its input and weight parts back to back."""
+        i = self.add("I", stage)
+        self.actions.append(("W", stage, i))
+
+    def weight(self) -> None:
+        """The weight backward of the oldest queued input backward (none queued: nothing)."""
+        if self._queued:
+            stage, i = self._queued.popleft()
+            self.actions.append(("W", stage, i))
+
+    def drain(self) -> None:
+        while self._queued:
+            self.weight()
+
+
 def _interleaved_zb(rank: int, pp: int, n: int, m: int) -> list[Action]:
     per_round = m // max(1, m // pp)
     total = n * m
     warm = min((n - 1) * per_round + pp - 1 - rank, total)
-    counts: dict[tuple[str, int], int] = {}
-    pending: deque[tuple[int, int]] = deque()  # input backwards not yet followed by their weight backward
-    out: list[Action] = []
-
-    def add(kind: str, stage: int) -> None:
-        i = counts.get((kind, stage), 0)
-        counts[kind, stage] = i + 1
-        out.append((kind, stage, i))
-        if kind == "I":
-            pending.append((stage, i))
-
-    def weight() -> None:
-        stage, i = pending.popleft()
-        out.append(("W", stage, i))
-
+    order = _Order()
     for step in range(total + warm):
         if step < total:
-            add("F", ((step // per_round) % n) * pp + rank)
+            order.add("F", ((step // per_round) % n) * pp + rank)
         if step >= warm:
-            add("I", (n - 1 - ((step - warm) // per_round) % n) * pp + rank)
+            order.add("I", (n - 1 - ((step - warm) // per_round) % n) * pp + rank, queue=True)
             if step - warm >= rank:
-                weight()
-    while pending:
-        weight()
-    return out
+                order.weight()
+    order.drain()
+    return order.actions
 
 
 def _zbv(rank: int, pp: int, n: int, m: int) -> list[Action]:
     planned = max(2 * pp - 1, m)
     first, second = rank, 2 * pp - 1 - rank
-    counts: dict[tuple[str, int], int] = {}
-    out: list[Action] = []
-
-    def add(kind: str, stage: int) -> None:
-        i = counts.get((kind, stage), 0)
-        counts[kind, stage] = i + 1
-        out.append((kind, stage, i))
-
+    order = _Order()
     for _ in range(2 * (pp - rank) - 1):
-        add("F", first)
+        order.add("F", first)
     for _ in range(rank):
-        add("F", second)
-        add("F", first)
+        order.add("F", second)
+        order.add("F", first)
     for _ in range(pp - rank):
-        add("F", second)
-        add("I", second)
-        add("W", second)
-    while counts.get(("F", second), 0) < counts.get(("F", first), 0) or counts.get(("F", first), 0) < planned:
-        if counts.get(("F", first), 0) < planned:
-            add("F", first)
-        add("I", first)
-        add("W", first)
-        add("F", second)
-        add("I", second)
-        add("W", second)
+        for kind in "FIW":
+            order.add(kind, second)
+    while order.count("F", second) < order.count("F", first) or order.count("F", first) < planned:
+        if order.count("F", first) < planned:
+            order.add("F", first)
+        order.add("I", first)
+        order.add("W", first)
+        for kind in "FIW":
+            order.add(kind, second)
     for _ in range(rank):
-        add("I", first)
-        add("I", second)
+        order.add("I", first)
+        order.add("I", second)
     for _ in range(pp - rank):
-        add("I", first)
-        add("W", first)
+        order.add("I", first)
+        order.add("W", first)
     for stage in (second, first):
-        while counts.get(("W", stage), 0) < counts.get(("I", stage), 0):
-            add("W", stage)
-    return [a for a in out if a[2] < m]
+        while order.count("W", stage) < order.count("I", stage):
+            order.add("W", stage)
+    return [a for a in order.actions if a[2] < m]
 
 
 def _dualpipev(rank: int, pp: int, n: int, m: int) -> list[Action]:
     first, second = rank, 2 * pp - 1 - rank
-    counts: dict[tuple[str, int], int] = {}
-    queued: deque[tuple[int, int]] = deque()
-    out: list[Action] = []
+    order = _Order()
 
-    def add(kind: str, stage: int) -> None:
-        """F, I (its W queued), or a full backward ("B": I and W of the micro-batch back to back)."""
-        key = ("F" if kind == "F" else "I", stage)
-        i = counts.get(key, 0)
-        counts[key] = i + 1
-        if kind == "B":
-            out.extend([("I", stage, i), ("W", stage, i)])
-            return
-        out.append((kind, stage, i))
-        if kind == "I":
-            queued.append((stage, i))
-
-    def weight() -> None:
-        if queued:
-            stage, i = queued.popleft()
-            out.append(("W", stage, i))
+    def backward(stage: int, split: bool) -> None:
+        """An input backward with its weight backward queued (`split`), or a full backward."""
+        if split:
+            order.add("I", stage, queue=True)
+        else:
+            order.full(stage)
 
     for _ in range(2 * (pp - rank - 1)):
-        add("F", first)
+        order.add("F", first)
     for _ in range(rank + 1):
-        add("F", first)
-        add("F", second)
+        order.add("F", first)
+        order.add("F", second)
     for _ in range(pp - rank - 1):
-        add("I", second)
-        weight()
-        add("F", second)
+        backward(second, True)
+        order.weight()
+        order.add("F", second)
     for _ in range(m - 2 * pp + rank + 1):  # pairs: a forward beside a full backward, run one after the other
-        add("F", first)
-        add("B", second)
-        add("F", second)
-        add("B", first)
+        order.add("F", first)
+        order.full(second)
+        order.add("F", second)
+        order.full(first)
     for _ in range(pp - rank - 1):
-        add("B", second)
-        add("F", second)
-        add("B", first)
+        order.full(second)
+        order.add("F", second)
+        order.full(first)
     split = False
     half = (rank + 1) // 2
     for i in range(rank + 1):
         if i == half and rank % 2 == 1:
             split = True
-        add("I" if split else "B", second)
+        backward(second, split)
         if i == half and rank % 2 == 0:
             split = True
-        add("I" if split else "B", first)
+        backward(first, split)
     for _ in range(pp - rank - 1):
-        weight()
-        add("I" if split else "B", first)
+        order.weight()
+        backward(first, split)
     for _ in range(rank + 1):
-        weight()
-    while queued:  # PyTorch's last step drains the queue (kept as a guard: every I gets its W)
-        weight()
-    return out
+        order.weight()
+    order.drain()  # PyTorch's last step drains the queue (kept as a guard: every I gets its W)
+    return order.actions
 
 
-def _dependency(kind: str, g: int, i: int, stages: int) -> tuple[str, int, int] | None:
-    """The task whose output this one waits on (module docstring); None: nothing beyond its rank's order."""
+def _dependency(kind: str, g: int, i: int, stages: int, planned: dict[Action, int]) -> Action | None:
+    """The task whose output this one waits on (module docstring): F on the previous stage's F; I or B on the next
+    stage's I or B (the last stage on its own F); W on nothing beyond its rank's order (its I is earlier there)."""
     if kind == "F":
         return ("F", g - 1, i) if g > 0 else None
     if kind in ("I", "B"):
-        return ("F", g, i) if g == stages - 1 else None  # the next stage's I or B: looked up by position
+        if g == stages - 1:
+            return ("F", g, i)
+        return ("I", g + 1, i) if ("I", g + 1, i) in planned else ("B", g + 1, i)
     return None
 
 
@@ -231,9 +235,7 @@ def plan(schedule: str, pp: int, n: int, m: int) -> _Plan:
     for order in rank_orders:
         row_works, row_deps, row_shown = [], [], []
         for kind, g, i in order:
-            dep = _dependency(kind, g, i, stages)
-            if kind in ("I", "B") and g < stages - 1:
-                dep = ("I", g + 1, i) if ("I", g + 1, i) in position else ("B", g + 1, i)
+            dep = _dependency(kind, g, i, stages, position)
             row_works.append(KINDS.index(kind) * stages + g)
             row_deps.append(total if dep is None else position[dep])
             row_shown.append((kind, i, g // pp))  # the chunk: the V's arm, or the loop's turn
