@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tracekit.core.pipeline_layout import torch_schedule
+from tracekit.core.pipeline_layout import SPLIT_BACKWARD, torch_schedule
 
 from . import fsdp
 from .estimates import calibrated_durations
 from .framework_costs import SYNC_US, Capture, PassCosts, capture, pass_costs
 from .schedule import Work
-from .zero_bubble import SPLIT_BACKWARD, simulate_jobs
+from .zero_bubble import simulate_jobs
 
 if TYPE_CHECKING:
     from .calibration import Calibration

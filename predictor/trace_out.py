@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from tracekit.core.atomic import atomic_write_bytes
 from tracekit.core.hardware import hardware_spec
-from tracekit.core.pipeline_layout import torch_schedule
+from tracekit.core.pipeline_layout import SPLIT_BACKWARD, torch_schedule
 
 from .graph import Graph, OpUse
 from .placement import rank_coordinates, strides
 from .stage_work import split_backward
-from .zero_bubble import SPLIT_BACKWARD, segment_of
+from .zero_bubble import segment_of
 
 if TYPE_CHECKING:
     from .predict import Prediction

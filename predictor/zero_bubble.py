@@ -32,14 +32,12 @@ from __future__ import annotations
 from collections import deque
 
 from tracekit.core.errors import ConfigError
-from tracekit.core.pipeline_layout import V_SHAPED, check_schedule
+from tracekit.core.pipeline_layout import SPLIT_BACKWARD, V_SHAPED, check_schedule
 
 from .schedule import Timeline, Work, _advance, _finish, _Plan, _Runs, simulate_many
 
 #: (kind F | I | W | B, global stage, micro-batch) of one task in a rank's order.
 Action = tuple[str, int, int]
-#: Schedules whose backward runs as an input part and a weight part (the others' backward is whole: B).
-SPLIT_BACKWARD = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 KINDS = ("F", "I", "W", "B")
 
 

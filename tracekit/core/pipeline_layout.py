@@ -38,6 +38,8 @@ from .errors import ConfigError, did_you_mean
 ZERO_BUBBLE = ("LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 #: Those that place two stages per rank in a V (rank r: stages r and 2·pp−1−r).
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
+#: Those that split the backward into an input part and a weight part (the others' backward is whole).
+SPLIT_BACKWARD = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 
 
 @dataclass(frozen=True)

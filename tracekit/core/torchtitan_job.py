@@ -33,7 +33,7 @@ from typing import Any
 
 from .errors import ConfigError, InputError, did_you_mean
 from .megatron_arguments import list_words
-from .pipeline_layout import V_SHAPED, ZERO_BUBBLE
+from .pipeline_layout import SPLIT_BACKWARD, V_SHAPED, ZERO_BUBBLE
 
 #: torchtitan's JobConfig, section → keys (2025 layout, with older spellings). Keys tracekit reads are in READ.
 SCHEMA: dict[str, tuple[str, ...]] = {
@@ -88,8 +88,6 @@ COMPILE_NOTE = ("torch.compile: each block's norms, residual adds, RoPE, activat
 #: Schedules in Megatron's orders: one stage per rank (1F1B; GPipe has 1F1B's bubble) or several (interleaved); and
 #: PyTorch's own (tracekit.core.pipeline_layout.ZERO_BUBBLE): stages per rank by default (two; the V's exactly two).
 SCHEDULES = {"1f1b": 1, "gpipe": 1, "interleaved1f1b": 2, **{name.lower(): 2 for name in ZERO_BUBBLE}}
-#: PyTorch's schedules that split the backward into input and weight parts (refused with compiled stages).
-SPLIT_BACKWARD = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 
 
 @dataclass
