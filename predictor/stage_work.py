@@ -160,23 +160,23 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
     call = passes.call_fixed_us
     fwd = [[_work(graph.segment(s, k).fwd, dur, cal, est.framework_us.get("fwd", 0.0), hiding, graphs,
                   (0.0, 0.0, call)) for k in range(vp)] for s in range(pp)]
-    bwd = [[_work(graph.segment(s, k).bwd, dur, cal, est.framework_us.get("bwd", 0.0), hiding, graphs,
-                  (*passes.backward_us(s, k, cal.tensor_op_us), call)) for k in range(vp)] for s in range(pp)]
+    schedule = torch_schedule(c)
+    # a split-backward schedule runs the input part as the backward and the weight part as its own task (wgrad)
+    split = split_backward(graph, dur) if schedule in SPLIT_BACKWARD else None
+    bwd_dur = dur if split is None else split[0]
+    bwd = [[_work(graph.segment(s, k).bwd if split is None else split[1][s][k][0], bwd_dur, cal,
+                  est.framework_us.get("bwd", 0.0), hiding, graphs, (*passes.backward_us(s, k, cal.tensor_op_us), call))
+            for k in range(vp)] for s in range(pp)]
     buckets = [[float(dur[o.spec]) for o in graph.grad_sync[s] if o.group in ("dpcp", "edp", *fsdp.GROUPS)]
                for s in range(pp)]
     embd = [float(sum(dur[o.spec] for o in graph.grad_sync[s] if o.group == "embd")) for s in range(pp)]
     optimizer = [float(dur[graph.optimizer[s].spec]) + float(sum(dur[o.spec] for o in graph.casts.get(s, [])))
                  + passes.iteration_us(s, cal.tensor_op_us) for s in range(pp)]
     gather = [float(sum(dur[o.spec] for o in graph.param_gather[s])) for s in range(pp)]
-    schedule = torch_schedule(c)
     extra: dict = {"pipeline_schedule": schedule} if schedule else {}
-    if schedule in SPLIT_BACKWARD:  # the backward as its input part (bwd) and its weight part (wgrad)
-        split, weight = split_backward(graph, dur)
-        bwd = [[_work(input_ops, split, cal, est.framework_us.get("bwd", 0.0), hiding, graphs,
-                      (*passes.backward_us(s, k, cal.tensor_op_us), call)) for k, (input_ops, _) in enumerate(row)]
-               for s, row in enumerate(weight)]
-        extra["wgrad"] = [[_work(weight_ops, split, cal, est.framework_us.get("bwd", 0.0), hiding, graphs,
-                                 (0.0, 0.0, call)) for _, weight_ops in row] for row in weight]
+    if split is not None:
+        extra["wgrad"] = [[_work(weight_ops, bwd_dur, cal, est.framework_us.get("bwd", 0.0), hiding, graphs,
+                                 (0.0, 0.0, call)) for _, weight_ops in row] for row in split[1]]
     options = dict(
         p2p_us=float(dur[graph.p2p]) if graph.p2p is not None else 0.0,
         grad_buckets_us=buckets, overlap_grad=c.overlap_grad_reduce, embedding_sync_us=embd,
