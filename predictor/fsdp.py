@@ -125,10 +125,6 @@ def unit_ops(b: OpBuilder, s: Sharding, params: float, name: str, per_layer: boo
     return before_fwd, before_bwd, after_bwd
 
 
-def _with(op: OpUse, count: int, block: str) -> OpUse:
-    return OpUse(op.name, op.spec, count, True, op.group, op.flops, False, block, op.launch, op.syncs)
-
-
 def insert_unit_ops(b: OpBuilder, segments: list[Segment]) -> None:
     """Put each unit's collectives into the segments' forward and backward (per layer beside the layer's ops, the
     root's at the ends of the chunk)."""
@@ -177,9 +173,9 @@ def _per_layer(b: OpBuilder, s: Sharding, ops: list[OpUse], kinds: dict[bool, tu
         e_fwd, e_bwd, e_after = unit_ops(b, s, expert, "layer.experts", True, False, experts=True)
         pre = before_fwd + e_fwd if forward else before_bwd + e_bwd
         post = [] if forward else after_bwd + e_after
-        out.extend(_with(u, op.count, op.block) for u in pre)
+        out.extend(u.placed(op.count, False, op.block) for u in pre)
         out.extend(ops[i:j])
-        out.extend(_with(u, op.count, op.block) for u in post)
+        out.extend(u.placed(op.count, False, op.block) for u in post)
         i = j
     return out
 

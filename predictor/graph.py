@@ -129,16 +129,11 @@ class _Layers:
             pairs = attention_block(b, kind.window, lowp) + (moe_block(b, lowp) if kind.moe else mlp_block(b, lowp))
             if compiled(b.c):  # torch.compile: the layer's memory-bound ops as Inductor's fused kernels
                 pairs = fuse_layer(b, pairs)
-            forward = [_tagged(op, kind.name) for op, _, _ in pairs if op is not None]
-            backward = [_tagged(part, kind.name) for _, op, _ in reversed(pairs) for part in parts(op)]
-            replay = [OpUse(o.name, o.spec, 1, True, o.group, o.flops, True, kind.name, o.launch, o.syncs)
-                      for o in _replayed(b.c, kind, pairs, b.specs)]
+            forward = [op.placed(1, False, kind.name) for op, _, _ in pairs if op is not None]
+            backward = [part.placed(1, False, kind.name) for _, op, _ in reversed(pairs) for part in parts(op)]
+            replay = [o.placed(1, True, kind.name) for o in _replayed(b.c, kind, pairs, b.specs)]
             self.built[kind] = (forward, replay + backward, float(sum(b.weight_casts)))
         return self.built[kind]
-
-
-def _tagged(op: OpUse, block: str) -> OpUse:
-    return OpUse(op.name, op.spec, 1, True, op.group, op.flops, False, block, op.launch, op.syncs)
 
 
 def _replayed(c: TrainingConfig, kind: _Kind, pairs: list[Pair], specs: list[dict]) -> list[OpUse]:
@@ -170,8 +165,7 @@ def _runs(layers: tuple[int, ...], layer_kinds: _Layers) -> list[tuple[_Kind, in
 
 def _times(ops: list[OpUse], count: int) -> list[OpUse]:
     """Per-layer ops with their count set to the layers of their run."""
-    return [OpUse(o.name, o.spec, count, True, o.group, o.flops, o.recompute, o.block, o.launch, o.syncs)
-            for o in ops]
+    return [o.placed(count, o.recompute, o.block) for o in ops]
 
 
 def _segment(b: OpBuilder, layer_kinds: _Layers, stage: int, index: int, part: Chunk,
@@ -192,11 +186,8 @@ def _segment(b: OpBuilder, layer_kinds: _Layers, stage: int, index: int, part: C
         forward, backward, cast = layer_kinds.ops(kind)
         pre_fwd, post_fwd, pre_bwd, post_bwd = mtp_ends(b, i)
         mtp_block = f"mtp{i}:{kind.name}"
-        fwd.extend(pre_fwd + [OpUse(o.name, o.spec, 1, True, o.group, o.flops, o.recompute, mtp_block, o.launch,
-                                    o.syncs) for o in forward] + post_fwd)
-        bwd_blocks.append(post_bwd + [OpUse(o.name, o.spec, 1, True, o.group, o.flops, o.recompute, mtp_block,
-                                            o.launch, o.syncs)
-                                      for o in backward] + pre_bwd)
+        fwd.extend(pre_fwd + [o.placed(1, o.recompute, mtp_block) for o in forward] + post_fwd)
+        bwd_blocks.append(post_bwd + [o.placed(1, o.recompute, mtp_block) for o in backward] + pre_bwd)
         casts += cast
     if part.loss:
         fwd.extend(ends["head"][0])

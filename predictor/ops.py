@@ -46,6 +46,13 @@ class OpUse:
     def stream(self) -> str:
         return COMM if self.group else COMPUTE
 
+    def placed(self, count: int, recompute: bool, block: str) -> OpUse:
+        """This op as a per-layer op of `block`, `count` layers of it (a replay in the backward with `recompute`),
+        every other field kept: the one copy that names them all (cheaper than `dataclasses.replace` on the graph
+        builder's path)."""
+        return OpUse(self.name, self.spec, count, True, self.group, self.flops, recompute, block, self.launch,
+                     self.syncs)
+
 
 #: An op's backward: one OpUse, or its parts per role (see the module docstring).
 Backward = OpUse | tuple[OpUse, ...]
