@@ -55,7 +55,8 @@ def dtype_bytes(dtype: pd.Series | None, length: int) -> np.ndarray:
     return keys.map(_DTYPE_BYTES).astype("float64").fillna(2.0).to_numpy()
 
 
-def _col(frame: pd.DataFrame, name: str, default: float = np.nan) -> np.ndarray:
+def numeric_column(frame: pd.DataFrame, name: str, default: float = np.nan) -> np.ndarray:
+    """A column as float64 (unparseable values NaN; `default` everywhere when the frame has no such column)."""
     if name in frame.columns:
         return pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
     return np.full(len(frame), default)
@@ -84,9 +85,9 @@ def compute_work(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarra
     passes = (frame["pass"].astype("string").fillna("").to_numpy() if "pass" in frame.columns
               else np.full(len(frame), ""))
     esize = dtype_bytes(frame["dtype"] if "dtype" in frame.columns else None, len(frame))
-    m, n, k = _col(frame, "m"), _col(frame, "n"), _col(frame, "k")
-    batch = np.nan_to_num(_col(frame, "batch"), nan=1.0)
-    rows, width, numel = _col(frame, "rows"), _col(frame, "width"), _col(frame, "numel")
+    m, n, k = numeric_column(frame, "m"), numeric_column(frame, "n"), numeric_column(frame, "k")
+    batch = np.nan_to_num(numeric_column(frame, "batch"), nan=1.0)
+    rows, width, numel = numeric_column(frame, "rows"), numeric_column(frame, "width"), numeric_column(frame, "numel")
     numel = np.where(np.isnan(numel), rows * width, numel)
     bwd = passes == "bwd"
     role = frame["role"].astype("string").fillna("").to_numpy() if "role" in frame.columns else np.full(len(frame), "")
@@ -111,10 +112,10 @@ def compute_work(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarra
     tiles = np.where(is_mm, mm_tiles, tiles)
 
     is_attn = prim == "attention"
-    heads, seq, dim = _col(frame, "heads"), _col(frame, "seq"), _col(frame, "head_dim")
-    seq_kv = _col(frame, "seq_kv")
+    heads, seq, dim = numeric_column(frame, "heads"), numeric_column(frame, "seq"), numeric_column(frame, "head_dim")
+    seq_kv = numeric_column(frame, "seq_kv")
     seq_kv = np.where(np.isnan(seq_kv), seq, seq_kv)
-    causal = np.nan_to_num(_col(frame, "causal"), nan=0.0)
+    causal = np.nan_to_num(numeric_column(frame, "causal"), nan=0.0)
     at_flops = 4.0 * batch * heads * seq * seq_kv * dim * np.where(causal > 0, 0.5, 1.0) * np.where(bwd, 2.5, 1.0)
     at_bytes = esize * batch * heads * dim * (2.0 * seq + 2.0 * seq_kv) * np.where(bwd, 2.5, 1.0)
     flops = np.where(is_attn, at_flops, flops)
@@ -129,13 +130,13 @@ def compute_work(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarra
     tiles = np.where(is_stream, np.ceil(numel / (TILE * TILE)), tiles)
 
     # Adam: fp32 master weight, grad, two moments read and written, fp16 copy written: ~18 bytes/parameter.
-    params = _col(frame, "params")
+    params = numeric_column(frame, "params")
     is_opt = prim == "optimizer"
     moved = np.where(is_opt, 18.0 * params, moved)
     flops = np.where(is_opt, 12.0 * params, flops)
 
     is_copy = np.isin(prim, ("memcpy", "memset"))
-    nb = _col(frame, "bytes")
+    nb = numeric_column(frame, "bytes")
     moved = np.where(is_copy, np.where(prim == "memcpy", 2.0, 1.0) * nb, moved)
     return flops, moved, tiles
 
@@ -145,7 +146,7 @@ def physics_features(frame: pd.DataFrame, sms: np.ndarray, roofline_us: np.ndarr
     flops, moved, tiles = compute_work(frame)
     prim = frame["primitive"].astype("string").fillna("").to_numpy()
     is_coll = np.isin(prim, COLLECTIVE_PRIMITIVES)
-    traffic = ring_traffic(prim, _col(frame, "bytes"), _col(frame, "group_size"))
+    traffic = ring_traffic(prim, numeric_column(frame, "bytes"), numeric_column(frame, "group_size"))
     moved = np.where(is_coll, traffic, moved)
     with np.errstate(divide="ignore", invalid="ignore"):
         waves = tiles / sms

@@ -19,9 +19,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tracekit.core.hardware import hardware_spec
-
 from .features import dtype_bytes
+from .roofline import rates
 
 #: Element-wise variants floored, each reading two tensors of `numel` and writing one, each way.
 FLOORED = ("rope_fused",)
@@ -44,6 +43,7 @@ def apply(frame: pd.DataFrame, duration: np.ndarray) -> None:
 
 
 def _bandwidth(hardware: str) -> float:
-    """The datasheet's HBM bandwidth (bytes/s), NaN for a CPU or a part the table does not hold."""
-    spec = None if hardware.startswith("cpu-") else hardware_spec(hardware)
-    return spec.mem_bw_gbs * 1e9 if spec is not None and spec.mem_bw_gbs > 0 else np.nan
+    """The HBM bandwidth the roofline uses (bytes/s: the datasheet's), NaN for a CPU or a part the table does not
+    hold."""
+    peak = None if hardware.startswith("cpu-") else rates(hardware)
+    return peak.mem_bw if peak is not None and peak.mem_bw > 0 else np.nan

@@ -53,7 +53,7 @@ from tracekit.core.errors import ModelError
 from tracekit.core.hardware import hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES
 
-from .features import dtype_bytes
+from .features import dtype_bytes, numeric_column
 from .roofline import KERNEL_OVERHEAD_US, TENSOR_CORE_PRIMITIVES
 from .transfer import vendor
 
@@ -83,12 +83,6 @@ def constants() -> dict:
     except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
         raise ModelError(f"{CONSTANTS}: unreadable kernel-path constants ({exc})") from exc
     return data
-
-
-def _num(frame: pd.DataFrame, name: str) -> np.ndarray:
-    if name not in frame.columns:
-        return np.full(len(frame), np.nan)
-    return pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
 
 
 def _nvidia(hardware: np.ndarray) -> np.ndarray:
@@ -153,7 +147,7 @@ def unaligned_gemm(frame: pd.DataFrame) -> np.ndarray:
         else np.full(len(frame), "")
     size = dtype_bytes(frame["dtype"] if "dtype" in frame.columns else None, len(frame))
     rows = np.isin(prim, ("gemm", "bmm")) & np.isin(dtype, HALF)
-    m, n, k = _num(frame, "m"), _num(frame, "n"), _num(frame, "k")
+    m, n, k = numeric_column(frame, "m"), numeric_column(frame, "n"), numeric_column(frame, "k")
     rows &= (m > 1) & (n > 1)  # a matrix-vector product runs a GEMV kernel, not a tiled GEMM
     rows &= misaligned(k, size, ASYNC_COPY_BYTES) | misaligned(n, size, ASYNC_COPY_BYTES)
     if rows.any():
@@ -168,7 +162,7 @@ def scalar_gemm_us(frame: pd.DataFrame) -> np.ndarray:
     rate = np.full(len(frame), np.nan)
     for hw in set(hardware):
         rate[hardware == hw] = scalar_rate(str(hw))
-    elements = scalar_gemm_elements(_num(frame, "m"), _num(frame, "n"), _num(frame, "k"), _num(frame, "batch"))
+    elements = scalar_gemm_elements(*(numeric_column(frame, name) for name in ("m", "n", "k", "batch")))
     return KERNEL_OVERHEAD_US + elements / (rate * _sm_clock(hardware)) * 1e6
 
 
@@ -179,7 +173,7 @@ def unaligned_softmax(frame: pd.DataFrame) -> np.ndarray:
     pass_ = frame["pass"].astype("string").fillna("").to_numpy()
     variant = frame["variant"].astype("string").fillna("softmax").to_numpy() if "variant" in frame.columns \
         else np.full(len(frame), "softmax")
-    width = _num(frame, "width")
+    width = numeric_column(frame, "width")
     size = dtype_bytes(frame["dtype"] if "dtype" in frame.columns else None, len(frame))
     rows = (prim == "softmax") & (pass_ == "fwd") & np.isin(variant, SOFTMAX_VARIANTS)
     rows &= (width > WARP_SOFTMAX_MAX_WIDTH) & misaligned(width, size)
