@@ -11,10 +11,10 @@ import pytest
 
 from predictor.activation_offload import (
     LINK_EFFICIENCY,
+    LayerCopies,
     backward_exposed_us,
     group_bytes,
     link_bytes_per_us,
-    LayerCopies,
     segment_copies,
 )
 from predictor.batch import parse_row
