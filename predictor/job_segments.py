@@ -9,7 +9,9 @@ network; with 72-GPU domains every other such group would straddle two racks (`p
 group), and its all-to-all would run at a NIC's rate.
 
     segment_trays(nodes, trays_per_domain) -> the trays (nodes) of one segment
-    segmented(cluster, num_gpus) -> (the cluster with the segment as its NVLink domain, a note) for a Bridge row
+    segmented(cluster, num_gpus) -> (the cluster with the segment as its NVLink domain, a note)
+    launched_cluster(stack, cluster, num_gpus) -> `segmented` for a stack whose runs Bridge's launcher starts, else
+        the cluster as given (`predict` and `predict --batch` call it)
 """
 from __future__ import annotations
 
@@ -44,3 +46,9 @@ def segmented(cluster: Cluster, num_gpus: int) -> tuple[Cluster, str | None]:
     note = (f"NVLink domains of {size} GPUs: Megatron-Bridge's launcher asks Slurm for {num_gpus // gpn} nodes in "
             f"segments of {size // gpn} (one rack each) of the {domain}-GPU racks")
     return dataclasses.replace(cluster, nvlink_domain=size, name=f"{cluster.name}+segment{size // gpn}"), note
+
+
+def launched_cluster(stack: str, cluster: Cluster, num_gpus: int) -> tuple[Cluster, str | None]:
+    """The cluster a job of software stack `stack` runs on as its launcher places it: Megatron-Bridge's in Slurm
+    segments (`segmented`), any other stack's as given."""
+    return segmented(cluster, num_gpus) if stack in LAUNCHED_IN_SEGMENTS else (cluster, None)

@@ -9,7 +9,7 @@ import pytest
 
 from predictor.batch import parse_row
 from predictor.collectives import collective_us
-from predictor.job_segments import segment_trays, segmented
+from predictor.job_segments import launched_cluster, segment_trays, segmented
 from predictor.placement import placements
 from tests.conftest import E2E
 from tracekit.core.cluster import preset
@@ -74,3 +74,13 @@ def test_bridge_rows_on_gb200_get_the_segment_and_others_keep_their_domain():
     line, cells = next((ln, c) for ln, c in _bridge_rows("DeepSeekV3") if c["hardware_gpu"] == "GB200")
     core = parse_row(cells, line, None, None, stack="megatron-core")
     assert core.cluster is not None and core.cluster.domain_size == 72
+
+
+def test_only_bridges_launcher_cuts_the_rack_and_a_stated_cluster_gets_it_too():
+    rack = preset("gb200-nvl72")
+    assert launched_cluster("megatron-bridge", rack, 256)[0].domain_size == 64
+    assert launched_cluster("megatron-core", rack, 256) == (rack, None)
+    line, cells = next((ln, c) for ln, c in _bridge_rows("DeepSeekV3")
+                       if c["hardware_gpu"] == "GB200" and int(c["num_gpus"]) == 256)
+    stated = parse_row(cells, line, None, None, cluster=rack)
+    assert stated.cluster is not None and stated.cluster.domain_size == 64
