@@ -84,3 +84,23 @@ def test_only_bridges_launcher_cuts_the_rack_and_a_stated_cluster_gets_it_too():
                        if c["hardware_gpu"] == "GB200" and int(c["num_gpus"]) == 256)
     stated = parse_row(cells, line, None, None, cluster=rack)
     assert stated.cluster is not None and stated.cluster.domain_size == 64
+
+
+def test_a_deepseek_step_inside_segments_is_never_slower_and_exposes_less_all_to_all():
+    """Line 64 of the Bridge table (DeepSeek-V3, 256 GB200, pp 8 · EP 32, HybridEP): the same row predicted on the
+    72-GPU racks and on the launcher's 64-GPU segments — the step on NVLink-only EP groups is not longer, its
+    exposed communication smaller, its compute the same."""
+    from predictor.models import ModelSet
+    from predictor.predict import predict
+
+    line, cells = next((ln, c) for ln, c in _bridge_rows("DeepSeekV3") if ln == 64)
+    row = parse_row(cells, line, None, None)
+    config, cut, _ = row.complete()
+    assert cut.domain_size == 64
+    rack = preset("gb200-nvl72", cut.hardware)
+    models = ModelSet.load()
+    inside = predict(config, cut, models, row.calibration)
+    straddling = predict(config, rack, models, row.calibration)
+    assert inside.iteration_time_s <= straddling.iteration_time_s
+    assert inside.breakdown["exposed_communication"] < straddling.breakdown["exposed_communication"]
+    assert inside.work[0][0][0].compute == pytest.approx(straddling.work[0][0][0].compute)
