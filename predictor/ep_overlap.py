@@ -34,8 +34,9 @@ def alone_share(config: TrainingConfig) -> float:
 
 def with_alone_passes(overlapped: Work, alone: Work, share: float) -> Work:
     """One micro-batch's pass as the schedule's mean: `overlapped` (its expert collectives under the other pass's
-    compute) for 1 − `share` of the passes, `alone` (exposed) for `share`; the difference is exposed communication."""
+    compute) for 1 − `share` of the passes, `alone` (exposed) for `share`: the difference of their blocking
+    communication is exposed communication."""
     if share <= 0.0:
         return overlapped
-    extra = max(0.0, alone.total - overlapped.total)
+    extra = max(0.0, alone.comm - overlapped.comm)
     return replace(overlapped, comm=overlapped.comm + share * extra)

@@ -13,8 +13,9 @@ With one of PyTorch's zero-bubble schedules (`torch_pipeline_schedule`, predicto
 """
 from __future__ import annotations
 
+import dataclasses
 import weakref
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,6 +23,7 @@ import numpy as np
 from tracekit.core.pipeline_layout import SPLIT_BACKWARD, torch_schedule
 
 from . import fsdp
+from .activation_offload import forward_exposed_us, segment_copies
 from .ep_overlap import alone_share, with_alone_passes
 from .estimates import calibrated_durations
 from .framework_costs import SYNC_US, Capture, PassCosts, capture, pass_costs
@@ -165,24 +167,33 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
     # a split-backward schedule runs the input part as the backward and the weight part as its own task (wgrad)
     split = split_backward(graph, dur) if schedule in SPLIT_BACKWARD else None
     bwd_dur = dur if split is None else split[0]
+    # fine-grained activation offloading: the copies back the backward waits for, the copies out beyond the work
+    offload = [[segment_copies(c, graph.hardware, graph.segment(s, k).bwd, dur) for k in range(vp)] for s in range(pp)]
     bwd = [[_work(graph.segment(s, k).bwd if split is None else split[1][s][k][0], bwd_dur, cal,
-                  est.framework_us.get("bwd", 0.0), hiding, graphs, (*passes.backward_us(s, k, cal.tensor_op_us), call))
+                  est.framework_us.get("bwd", 0.0), hiding, graphs,
+                  (*passes.backward_us(s, k, cal.tensor_op_us), call + offload[s][k][1]))
             for k in range(vp)] for s in range(pp)]
+    for s in range(pp):
+        for k in range(vp):
+            out = forward_exposed_us(offload[s][k][0], fwd[s][k].compute + bwd[s][k].compute)
+            if out:
+                fwd[s][k] = dataclasses.replace(fwd[s][k], other=fwd[s][k].other + out)
     buckets = [[float(dur[o.spec]) for o in graph.grad_sync[s] if o.group in ("dpcp", "edp", *fsdp.GROUPS)]
                for s in range(pp)]
     embd = [float(sum(dur[o.spec] for o in graph.grad_sync[s] if o.group == "embd")) for s in range(pp)]
-    optimizer = [float(dur[graph.optimizer[s].spec]) + float(sum(dur[o.spec] for o in graph.casts.get(s, [])))
+    optimizer = [float(dur[graph.optimizer[s].spec]) + float(sum(o.count * dur[o.spec] for o in graph.casts.get(s, [])))
                  + passes.iteration_us(s, cal.tensor_op_us) for s in range(pp)]
     gather = [float(sum(dur[o.spec] for o in graph.param_gather[s])) for s in range(pp)]
     extra: dict = {"pipeline_schedule": schedule} if schedule else {}
     share = alone_share(c) if hiding.ep_all and split is None else 0.0
     if share:  # the combined 1F1B schedule's first forward and last backward expose their EP collectives
-        bare = replace(hiding, ep_all=False)
+        bare = dataclasses.replace(hiding, ep_all=False)
         fwd = [[with_alone_passes(fwd[s][k], _work(graph.segment(s, k).fwd, dur, cal, est.framework_us.get("fwd", 0.0),
                                                    bare, graphs, (0.0, 0.0, call)), share)
                 for k in range(vp)] for s in range(pp)]
         bwd = [[with_alone_passes(bwd[s][k], _work(graph.segment(s, k).bwd, dur, cal, est.framework_us.get("bwd", 0.0),
-                                                   bare, graphs, (*passes.backward_us(s, k, cal.tensor_op_us), call)),
+                                                   bare, graphs, (*passes.backward_us(s, k, cal.tensor_op_us),
+                                                                  call + offload[s][k][1])),
                                   share)
                 for k in range(vp)] for s in range(pp)]
     if split is not None:
