@@ -27,12 +27,15 @@ from itertools import accumulate
 from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import hardware_spec
 from tracekit.core.megatron_arguments import list_words
-from tracekit.core.pipeline_layout import chunks
+from tracekit.core.pipeline_layout import chunks, torch_schedule
 
 from . import fsdp
 from .graph import Graph
+from .lowp_weights import extra_weight_bytes
 from .params import chunk_params, layer_params
 from .schedule import stage_order
+from .workspaces import workspace_bytes
+from .zero_bubble_memory import gemm_input_share, in_flight
 
 GB = 1e9
 
@@ -133,9 +136,16 @@ def _in_flight(c: TrainingConfig, stage: int) -> float:
     """Micro-batches whose activations `stage` holds at its peak: the most forwards its schedule has run ahead of
     their backwards (predictor.schedule.stage_order, Megatron-core's order: 1F1B min(pp − stage, m); interleaved,
     (pp − stage − 1)·2 + (vp − 1)·g + 1 chunk forwards, one more with `overlap_moe_expert_parallel_comm`), in
-    micro-batches of the whole stage (a chunk holds 1/vp of its layers)."""
+    micro-batches of the whole stage (a chunk holds 1/vp of its layers). PyTorch's schedules (torchtitan's
+    `pipeline_parallel_schedule`): the peak of their own orders, a split backward's weight part holding the GEMM
+    inputs until its W (predictor.zero_bubble_memory)."""
     if c.pp == 1:
         return 1.0
+    schedule = torch_schedule(c)
+    if schedule is not None:
+        tokens = c.seq_length // c.cp * c.micro_batch_size
+        q = c.recipe.out_bytes / 2.0 if c.recipe.low_precision else 1.0
+        return in_flight(schedule, c, stage, gemm_input_share(c, _layer_bytes(c, 0) / tokens, q))
     order = stage_order(stage, c.pp, c.vp, c.num_microbatches, c.microbatch_group)
     ahead = max(accumulate(1 if kind == "F" else -1 for kind, _, _ in order))
     if c.vp > 1 and c.moe is not None and c.moe.overlap_moe_expert_parallel_comm:
@@ -148,9 +158,11 @@ def memory_per_gpu(graph: Graph) -> tuple[dict[str, float], list[str]]:
     return config_memory(graph.config, graph.hardware)
 
 
-def stage_memory(c: TrainingConfig) -> list[dict[str, float]]:
-    """{weights, gradients, optimizer_state, activations, total} in GB on a GPU of each pipeline stage, in stage
-    order (the last stage holds the loss)."""
+def stage_memory(c: TrainingConfig, hardware: str | None = None) -> list[dict[str, float]]:
+    """{weights, gradients, optimizer_state, activations, workspaces, total} in GB on a GPU of each pipeline stage,
+    in stage order (the last stage holds the loss). `hardware`: the GPU, for what depends on it (the GEMM
+    workspaces, predictor.workspaces; the quantised weight copies a recipe keeps, predictor.lowp_weights); without
+    it no workspace is counted and weights keep the copies of Hopper and earlier."""
     weight_bytes = 4 if c.precision == "fp32" else 2
     grad_bytes = c.grad_bytes
     state_bytes = 8 if c.precision == "fp32" else 12  # Adam m, v (+ fp32 master weights in mixed precision)
@@ -165,11 +177,14 @@ def stage_memory(c: TrainingConfig) -> list[dict[str, float]]:
     pattern = c.moe.pattern(c.num_layers) if c.moe else None
     offloaded = int(c.extra.get("cpu_offloading_num_layers") or 0)  # Megatron's CPU offloading: activations on host
     host = frozenset(_offload_modules(c))  # fine-grained activation offloading: these modules' inputs on the host
+    per_lowp_weight = extra_weight_bytes(c, hardware)  # the recipe's quantised copies of a GEMM weight
+    workspaces = workspace_bytes(c, hardware)
     cache: dict[tuple[bool, bool], float] = {}
     kept: dict[tuple[bool, bool], float] = {}
     rows: list[dict[str, float]] = []
     for stage in range(c.pp):
         dense = expert = 0
+        lowp_params = 0
         acts = 0.0
         working = 0.0
         for index, part in enumerate(layout[stage]):
@@ -182,6 +197,8 @@ def stage_memory(c: TrainingConfig) -> list[dict[str, float]]:
                     or position < c.recompute_num_layers)
                 bf16 = bool(c.lowp and c.lowp.bf16_layer(layer, c.num_layers))
                 kind = (bool(pattern and pattern[layer]), bf16)  # what a layer's activations depend on
+                if per_lowp_weight and not bf16:  # its GEMM weights (its norms and router, < 1%, with them)
+                    lowp_params += sum(layer_params(c, layer))
                 if kind not in cache:
                     cache[kind] = _layer_bytes(c, layer, not bf16)
                     kept[kind] = _layer_bytes(c, layer, not bf16, host) if host else cache[kind]
@@ -202,7 +219,7 @@ def stage_memory(c: TrainingConfig) -> list[dict[str, float]]:
         # next step's zero_grad
         main_grads = (dense / dense_shard + expert / expert_shard) * 4 if grad_bytes == 2 else 0.0
         row = {
-            "weights": params * weight_bytes / GB,
+            "weights": (params * weight_bytes + lowp_params * per_lowp_weight) / GB,
             "gradients": (params * grad_bytes + main_grads) / GB,
             "optimizer_state": (dense / dense_shard + expert / expert_shard) * state_bytes / GB,
             "activations": activations / GB,
@@ -213,6 +230,7 @@ def stage_memory(c: TrainingConfig) -> list[dict[str, float]]:
             layer_expert = max((layer_params(c, layer)[1] for layer in stage_layers), default=0)
             parts = fsdp.memory_parts(c, dense, expert, expert_shard, layer_dense, len(stage_layers), layer_expert)
             row.update({k: v / GB for k, v in parts.items()})
+        row["workspaces"] = workspaces / GB
         row["total"] = sum(row.values())
         rows.append(row)
     return rows
@@ -221,7 +239,7 @@ def stage_memory(c: TrainingConfig) -> list[dict[str, float]]:
 def config_memory(c: TrainingConfig, hardware: str) -> tuple[dict[str, float], list[str]]:
     """`memory_per_gpu` from the configuration alone, without its operator graph (a search prunes with it before
     building graphs): the fullest stage's row of `stage_memory`, and a warning when it exceeds the GPU's memory."""
-    best = max(stage_memory(c), key=lambda row: row["total"])
+    best = max(stage_memory(c, hardware), key=lambda row: row["total"])
     warnings = []
     spec = hardware_spec(hardware)
     if spec is not None and best["total"] > spec.memory_gb:

@@ -534,6 +534,7 @@ def _scalar(raw: Any) -> Any:
 _READ = ("fp16", "bf16", "fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe", "params_dtype",
          "recompute_activations", "use_flash_attn", "transformer_impl", "disable_bias_linear",
          "num_layers_per_virtual_pipeline_stage", "group_query_attention", "moe_first_k_dense",
+         "cublas_workspace_config",  # the launch environment's CUBLAS_WORKSPACE_CONFIG (predictor.workspaces)
          *sharding_settings.FLAGS)
 #: Megatron's flags that pick a low-precision recipe (tracekit.core.precision.from_megatron reads them together).
 _LOWP_FLAGS = ("fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe")
