@@ -10,12 +10,15 @@ token (2-byte activations, 1-byte dropout masks):
   the MLP's activation input and FC2 input (2·f1 + 2·f: 16h for a 4h GeLU MLP, which with the above gives
   Korthikanti's 24h/t); an MoE layer instead keeps its routed copies (k per token, λ-weighted, on the experts' ETP
   ranks): FC1 input, activation input and FC2 input per copy, plus the shared experts like an MLP.
-With SP every part is split over TP. Recompute drops what it replays: selective `core_attn` the scores (flash
-attention keeps none anyway), `moe_act`/`mlp`/`moe`/`shared_experts`/`layernorm`/`mla_up_proj` their parts; full
-recompute keeps only each layer's input (2·h per token, /t with SP) plus one layer's working set. 1F1B keeps
-min(pp − stage, m) micro-batches in flight on a stage (interleaved: × (1 + (pp − 1)/(pp·vp))). Megatron's CPU
-offloading (`--cpu-offloading-num-layers N`, activations only, its default) keeps the first N layers' activations
-on the host: one such layer's stays on the GPU as a working set.
+With SP every part is split over TP. Recompute drops what it replays and keeps what it replays from (Megatron-core's
+CheckpointWithoutOutput and checkpoint): selective `core_attn` the scores (flash attention keeps none anyway),
+`layernorm` the norms' outputs (QKV's, FC1's and the router's inputs; the norms' inputs stay), `moe_act` the
+activation's output (FC2's input; the activation's input stays), `mla_up_proj` q, k, v, `mlp`/`moe`/`shared_experts`
+everything inside the module but its input; full recompute keeps only each layer's input (2·h per token, /t with
+SP) plus one layer's working set. 1F1B keeps min(pp − stage, m) micro-batches in flight on a stage (interleaved:
+× (1 + (pp − 1)/(pp·vp))); PyTorch's zero-bubble schedules what their orders hold (predictor.zero_bubble_memory).
+Megatron's CPU offloading (`--cpu-offloading-num-layers N`, activations only, its default) keeps the first N layers'
+activations on the host: one such layer's stays on the GPU as a working set.
 Parameters: bf16/fp16 weights (2 bytes), gradients in the main-gradient dtype, Adam state (fp32 master, m, v:
 12 bytes, 8 in fp32 training), sharded over the data-parallel ranks with the distributed optimizer — dense
 parameters over dp·cp, expert parameters over the expert data-parallel ranks.
@@ -57,9 +60,12 @@ def _layer_bytes(c: TrainingConfig, layer: int, lowp: bool = True, host: frozens
     # the dropped-out copy (2); dropout with p = 0 returns its input and keeps no mask (torch's `dropout`)
     per_score = 2.0 + (3.0 if c.attention_dropout > 0 else 0.0)
     scores = 0.0 if (c.attention == "flash" or "core_attn" in modules | host) else per_score * heads * s
-    norms = 0.0 if "layernorm" in modules else 2.0 * h * (2 - len(host & {"attn_norm", "mlp_norm"}))
+    norms = 2.0 * h * (2 - len(host & {"attn_norm", "mlp_norm"}))
+    # `layernorm` replays the norms from their inputs (kept) and frees their outputs, the QKV/FC1/router inputs
+    # (under fp8 those GEMMs save that bf16 output instead of an fp8 copy: Megatron's set_save_original_input)
+    normed = 0.0 if "layernorm" in modules else 1.0
     masks = 2.0 * h if c.hidden_dropout > 0 else 0.0  # the two hidden-dropout masks, 1 byte each
-    qkv_in = 0.0 if "qkv_linear" in host else 2.0 * h * q
+    qkv_in = 0.0 if "qkv_linear" in host else 2.0 * h * q * normed
     replicated = norms + qkv_in + masks  # the two norms' inputs, QKV's input, the dropout masks
     proj = 0.0 if "attn_proj" in host else 1.0  # the output projection's input
     core = 0.0 if "core_attn" in host else 1.0  # what core attention saves: q, k, v (and unfused, its scores)
@@ -74,12 +80,14 @@ def _layer_bytes(c: TrainingConfig, layer: int, lowp: bool = True, host: frozens
     moe = c.moe
     extra = 0.0
     if moe is not None and moe.pattern(c.num_layers)[layer]:
-        replicated += 2.0 * h  # the router's input
+        replicated += 2.0 * h * normed  # the router's input
         f, etp = moe.ffn(c.ffn_hidden_size), moe.etp(t)
-        act = 0.0 if modules & {"moe_act", "moe"} or host & {"moe_act", "fused_group_mlp"} else \
+        act = 0.0 if "moe" in modules or host & {"moe_act", "fused_group_mlp"} else \
             2.0 * (2 * f if c.swiglu else f) / etp
         fc1_in = 0.0 if host & {"expert_fc1", "fused_group_mlp"} else 2.0 * h * q
-        fc2_in = 0.0 if "fused_group_mlp" in host else 2.0 * f * q / etp
+        # `moe_act` replays the activation from its input (kept) and frees its output, FC2's input (saved in bf16
+        # under fp8: set_save_original_input)
+        fc2_in = 0.0 if "fused_group_mlp" in host or "moe_act" in modules else 2.0 * f * q / etp
         per_copy = fc1_in + act + fc2_in
         if "moe" not in modules:
             routed_tokens = tokens / t if c.sequence_parallel else tokens
@@ -88,7 +96,7 @@ def _layer_bytes(c: TrainingConfig, layer: int, lowp: bool = True, host: frozens
         if shared and "shared_experts" not in modules:
             split += _mlp_bytes(c, shared, q)
     elif "mlp" not in modules:
-        replicated += 2.0 * h * q  # FC1's input
+        replicated += 2.0 * h * q * normed  # FC1's input
         split += _mlp_bytes(c, c.ffn_hidden_size, q)
     if c.sequence_parallel:
         return tokens * (replicated + split) / t + extra

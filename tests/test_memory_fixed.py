@@ -114,3 +114,31 @@ def test_zero_bubble_in_flight_is_at_least_1f1b():
         one_f_one_b = _in_flight(_gpt(num_layers=8, pipeline_model_parallel_size=4, global_batch_size=8), rank)
         assert one_f_one_b == min(4 - rank, 8)
         assert _in_flight(_zb("InterleavedZeroBubble", 1, 8), rank) >= one_f_one_b
+
+
+def _acts(c: TrainingConfig) -> float:
+    return stage_memory(c)[-1]["activations"] * 1e9
+
+
+def test_moe_act_recompute_frees_fc2_inputs_and_keeps_the_activation_input():
+    """Megatron-core's `moe_act`: the activation runs under CheckpointWithoutOutput from FC1's output (kept) and its
+    output, FC2's input, is freed after FC2 and replayed in the backward."""
+    moe = TrainingConfig.from_mapping(dict(
+        num_layers=LAYERS, hidden_size=H, ffn_hidden_size=FFN, num_attention_heads=16, seq_length=1024,
+        micro_batch_size=1, global_batch_size=1, data_parallel_size=1, add_bias_linear=False, swiglu=True,
+        num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=512, attention="flash",
+        recompute_granularity="selective", recompute_modules=["core_attn"]))
+    act = dataclasses.replace(moe, recompute_modules=("core_attn", "moe_act"))
+    # every layer is MoE; each token's 2 routed copies each kept a 512-wide bf16 FC2 input: 2 · 2 · 512 bytes
+    assert _acts(moe) - _acts(act) == pytest.approx(LAYERS * 1024 * 2 * 2 * 512)
+
+
+def test_layernorm_recompute_frees_the_norm_outputs_the_gemms_read():
+    """`layernorm`: the norms replay from their inputs (kept); QKV and FC1 lose their saved inputs, which under fp8
+    are the bf16 norm outputs instead of 1-byte copies (Megatron's set_save_original_input), so fp8 frees 1 + 1
+    bytes a token per layer of hidden width and bf16 2 + 2."""
+    for precision, freed in (("bf16", 4), ("fp8", 2)):
+        base = _gpt(precision=precision, global_batch_size=1, attention="flash", recompute_granularity="selective",
+                    recompute_modules=("core_attn",))
+        norm = dataclasses.replace(base, recompute_modules=("core_attn", "layernorm"))
+        assert _acts(base) - _acts(norm) == pytest.approx(LAYERS * 1024 * freed * H)
