@@ -29,10 +29,10 @@ from itertools import accumulate
 
 from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import hardware_spec
-from tracekit.core.megatron_arguments import list_words
 from tracekit.core.pipeline_layout import chunks, torch_schedule
 
 from . import fsdp
+from .activation_offload import offload_modules
 from .graph import Graph
 from .lowp_weights import extra_weight_bytes
 from .params import chunk_params, layer_params
@@ -101,14 +101,6 @@ def _layer_bytes(c: TrainingConfig, layer: int, lowp: bool = True, host: frozens
     if c.sequence_parallel:
         return tokens * (replicated + split) / t + extra
     return tokens * (replicated + split / t) + extra
-
-
-def _offload_modules(c: TrainingConfig) -> tuple[str, ...]:
-    """The modules whose inputs Megatron's fine-grained activation offloading keeps on the host
-    (`--fine-grained-activation-offloading --offload-modules ...`; none without the first flag)."""
-    if not c.extra.get("fine_grained_activation_offloading"):
-        return ()
-    return list_words(c.extra.get("offload_modules")) or ()
 
 
 def _mlp_bytes(c: TrainingConfig, ffn: int, q: float = 1.0) -> float:
@@ -184,7 +176,7 @@ def stage_memory(c: TrainingConfig, hardware: str | None = None) -> list[dict[st
     layout = chunks(c)
     pattern = c.moe.pattern(c.num_layers) if c.moe else None
     offloaded = int(c.extra.get("cpu_offloading_num_layers") or 0)  # Megatron's CPU offloading: activations on host
-    host = frozenset(_offload_modules(c))  # fine-grained activation offloading: these modules' inputs on the host
+    host = frozenset(offload_modules(c))  # fine-grained activation offloading: these modules' inputs on the host
     per_lowp_weight = extra_weight_bytes(c, hardware)  # the recipe's quantised copies of a GEMM weight
     workspaces = workspace_bytes(c, hardware)
     cache: dict[tuple[bool, bool], float] = {}
