@@ -503,6 +503,41 @@ def fit_devices(prepared, measured: np.ndarray, rows, archs: list[str]) -> dict[
     return out
 
 
+#: What makes two Bridge rows the same run apart from the container that measured it.
+LAYOUT_COLUMNS = ("model_name", "hardware_gpu", "num_gpus", "tp", "pp", "virtual_pipeline_stages", "cp",
+                  "expert_model_parallel_size", "expert_tensor_parallel_size", "global_batch_size",
+                  "micro_batch_size", "precision", "seq_length")
+
+
+def container_twins(rows, predicted: np.ndarray, measured: np.ndarray) -> None:
+    """How far one measurement of a layout is from the same layout measured in other containers (NeMo releases):
+    each row that has such twins is "predicted" by the median of its twins' times, beside tracekit's prediction of
+    the same rows. What releases change (kernels, recipes) is not in a row's columns, so this spread is part of any
+    predictor's error on these rows."""
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(tuple(r.cells.get(k, "") for k in LAYOUT_COLUMNS), []).append(i)
+    twin_err, ours_err, spreads = [], [], []
+    for idx in groups.values():
+        if len(idx) < 2:
+            continue
+        spreads.append((measured[idx].max() / measured[idx].min(), idx))
+        for i in idx:
+            others = measured[[j for j in idx if j != i]]
+            twin_err.append(abs(np.median(others) - measured[i]) / measured[i])
+            ours_err.append(abs(predicted[i] - measured[i]) / measured[i])
+    if not twin_err:
+        return
+    print(f"  same layout measured in other containers: {len(twin_err)} rows in {len(spreads)} layouts; the median "
+          f"of a row's twins is off by {100 * np.mean(twin_err):.2f}% (MAPE), tracekit by "
+          f"{100 * np.mean(ours_err):.2f}% on the same rows")
+    for spread, idx in sorted(spreads, key=lambda s: -s[0])[:3]:
+        r = rows[idx[0]]
+        times = ", ".join(f"{rows[i].cells.get('container', '?')} {measured[i]:.3g} s" for i in idx)
+        print(f"    widest: {r.cells.get('model_name')} on {r.cells['num_gpus']} × {r.cells['hardware_gpu']} "
+              f"{r.cells['precision']}: ×{spread:.2f} ({times})")
+
+
 def megatron_bridge(models, worst: int, refit: bool = False, peer_stride: int | None = None) -> tuple:
     """The Megatron-Bridge rows: host constants fitted on CI rows only; the per-architecture device scales of the
     shipped profile, and here leave-one-model-out (each model's rows predicted with scales fitted on the others);
@@ -534,6 +569,7 @@ def megatron_bridge(models, worst: int, refit: bool = False, peer_stride: int | 
     print(f"  without stack constants: MAPE {bare:.2f}%")
     groups_table(rows, held_out, measured, _model_gpu_precision, "model × GPU × precision (leave-one-model-out)",
                  worst)
+    container_twins(rows, held_out, measured)
     if refit:
         write_devices(fit_devices(prepared, measured, rows, archs), len(rows), figure[0] / 100)
     peers = run_peers(rows, measured, held_out, peer_stride) if peer_stride else []

@@ -1,6 +1,6 @@
 """What each pipeline stage does once per iteration after its last backward: the data-parallel gradient reduction,
 the distributed optimizer's parameter all-gather, the tied embedding's gradient all-reduce, the optimizer step, and
-the low-precision recipe's weight casts.
+the low-precision recipe's weight casts, and Muon's orthogonalisation (predictor.muon).
 
 Megatron's DDP keeps gradients in buckets of max(40M, 1M · ranks) elements: dense parameters are reduced over the
 data- and context-parallel ranks (`dpcp`), expert parameters over the expert data-parallel ranks (`edp`), each in
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from tracekit.core.samples import DTENSOR_SUFFIX
 
-from . import fsdp
+from . import fsdp, muon
 from .ops import OpBuilder, OpUse
 from .params import chunk_params
 
@@ -91,6 +91,7 @@ def stage_sync(b: OpBuilder, stage: int, weight_cast_elements: float) -> StageSy
     sync.optimizer = OpUse("optimizer.step", spec)
     if weight_cast_elements:
         sync.casts.append(b.quantize("optimizer.quantize_weights", weight_cast_elements, per_layer=False)[0])
+    sync.casts.extend(muon.stage_ops(b, stage))  # Muon's Newton-Schulz iterations (predictor.muon)
     return sync
 
 

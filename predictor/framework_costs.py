@@ -36,6 +36,7 @@ from tracekit.core.hardware import hardware_spec
 from tracekit.core.pipeline_layout import chunks
 from tracekit.core.runtime import RuntimeSettings
 
+from . import muon
 from .collectives import BASE_US
 from .params import chunk_params
 from .roofline import MEMORY_EFFICIENCY, rates
@@ -268,6 +269,7 @@ def pass_costs(graph: Graph) -> PassCosts:
         tensors = sum(t.tensors for t in per_chunk)
         elements = sum(t.elements for t in per_chunk)
         steps, device, fixed = float(OPTIMIZER_LOOPS * math.ceil(tensors / shard)), 0.0, 0.0
+        steps += muon.host_steps(c, stage)  # Muon's Newton-Schulz calls (predictor.muon)
         if run.log_num_zeros_in_grad:  # count_nonzero, subtract, add per gradient the optimizer holds
             held = math.ceil(tensors / shard)
             steps += held

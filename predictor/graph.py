@@ -72,7 +72,7 @@ class Graph:
     grad_sync: dict[int, list[OpUse]]  # per stage: DP gradient sync (and tied-embedding all-reduce)
     param_gather: dict[int, list[OpUse]]  # per stage: distributed optimizer's parameter all-gather
     optimizer: dict[int, OpUse]  # per stage: the optimizer step
-    casts: dict[int, list[OpUse]] = field(default_factory=dict)  # per stage: once-per-iteration weight casts
+    casts: dict[int, list[OpUse]] = field(default_factory=dict)  # per stage: once-per-iteration weight casts, Muon
     _index: dict[tuple, int] = field(default_factory=dict, repr=False)
 
     def segment(self, stage: int, chunk: int) -> Segment:

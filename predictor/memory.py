@@ -26,10 +26,10 @@ from itertools import accumulate
 
 from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import hardware_spec
-from tracekit.core.megatron_arguments import list_words
 from tracekit.core.pipeline_layout import chunks
 
 from . import fsdp
+from .activation_offload import offload_modules
 from .graph import Graph
 from .params import chunk_params, layer_params
 from .schedule import stage_order
@@ -90,14 +90,6 @@ def _layer_bytes(c: TrainingConfig, layer: int, lowp: bool = True, host: frozens
     if c.sequence_parallel:
         return tokens * (replicated + split) / t + extra
     return tokens * (replicated + split / t) + extra
-
-
-def _offload_modules(c: TrainingConfig) -> tuple[str, ...]:
-    """The modules whose inputs Megatron's fine-grained activation offloading keeps on the host
-    (`--fine-grained-activation-offloading --offload-modules ...`; none without the first flag)."""
-    if not c.extra.get("fine_grained_activation_offloading"):
-        return ()
-    return list_words(c.extra.get("offload_modules")) or ()
 
 
 def _mlp_bytes(c: TrainingConfig, ffn: int, q: float = 1.0) -> float:
@@ -164,7 +156,7 @@ def stage_memory(c: TrainingConfig) -> list[dict[str, float]]:
     layout = chunks(c)
     pattern = c.moe.pattern(c.num_layers) if c.moe else None
     offloaded = int(c.extra.get("cpu_offloading_num_layers") or 0)  # Megatron's CPU offloading: activations on host
-    host = frozenset(_offload_modules(c))  # fine-grained activation offloading: these modules' inputs on the host
+    host = frozenset(offload_modules(c))  # fine-grained activation offloading: these modules' inputs on the host
     cache: dict[tuple[bool, bool], float] = {}
     kept: dict[tuple[bool, bool], float] = {}
     rows: list[dict[str, float]] = []

@@ -13,6 +13,7 @@ With one of PyTorch's zero-bubble schedules (`torch_pipeline_schedule`, predicto
 """
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ import numpy as np
 from tracekit.core.pipeline_layout import SPLIT_BACKWARD, torch_schedule
 
 from . import fsdp
+from .activation_offload import forward_exposed_us, segment_copies
 from .estimates import calibrated_durations
 from .framework_costs import SYNC_US, Capture, PassCosts, capture, pass_costs
 from .schedule import Work
@@ -164,13 +166,21 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
     # a split-backward schedule runs the input part as the backward and the weight part as its own task (wgrad)
     split = split_backward(graph, dur) if schedule in SPLIT_BACKWARD else None
     bwd_dur = dur if split is None else split[0]
+    # fine-grained activation offloading: the copies back the backward waits for, the copies out beyond the work
+    offload = [[segment_copies(c, graph.hardware, graph.segment(s, k).bwd, dur) for k in range(vp)] for s in range(pp)]
     bwd = [[_work(graph.segment(s, k).bwd if split is None else split[1][s][k][0], bwd_dur, cal,
-                  est.framework_us.get("bwd", 0.0), hiding, graphs, (*passes.backward_us(s, k, cal.tensor_op_us), call))
+                  est.framework_us.get("bwd", 0.0), hiding, graphs,
+                  (*passes.backward_us(s, k, cal.tensor_op_us), call + offload[s][k][1]))
             for k in range(vp)] for s in range(pp)]
+    for s in range(pp):
+        for k in range(vp):
+            out = forward_exposed_us(offload[s][k][0], fwd[s][k].compute + bwd[s][k].compute)
+            if out:
+                fwd[s][k] = dataclasses.replace(fwd[s][k], other=fwd[s][k].other + out)
     buckets = [[float(dur[o.spec]) for o in graph.grad_sync[s] if o.group in ("dpcp", "edp", *fsdp.GROUPS)]
                for s in range(pp)]
     embd = [float(sum(dur[o.spec] for o in graph.grad_sync[s] if o.group == "embd")) for s in range(pp)]
-    optimizer = [float(dur[graph.optimizer[s].spec]) + float(sum(dur[o.spec] for o in graph.casts.get(s, [])))
+    optimizer = [float(dur[graph.optimizer[s].spec]) + float(sum(o.count * dur[o.spec] for o in graph.casts.get(s, [])))
                  + passes.iteration_us(s, cal.tensor_op_us) for s in range(pp)]
     gather = [float(sum(dur[o.spec] for o in graph.param_gather[s])) for s in range(pp)]
     extra: dict = {"pipeline_schedule": schedule} if schedule else {}

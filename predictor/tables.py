@@ -34,8 +34,10 @@ def _stage_ops(graph: Graph, stage: int):
     if graph.p2p is not None:
         sends = (graph.config.vp * 2 - (stage == 0) - (stage == graph.config.pp - 1)) * m
         yield OpUse("p2p.send_recv", graph.p2p, group="pp"), sends
-    for op in graph.grad_sync[stage] + graph.param_gather[stage] + graph.casts.get(stage, []):
+    for op in graph.grad_sync[stage] + graph.param_gather[stage]:
         yield op, 1
+    for op in graph.casts.get(stage, []):  # weight casts once, Muon's iterations `count` times
+        yield op, op.count
     yield graph.optimizer[stage], 1
 
 

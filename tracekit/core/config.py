@@ -534,7 +534,11 @@ def _scalar(raw: Any) -> Any:
 _READ = ("fp16", "bf16", "fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe", "params_dtype",
          "recompute_activations", "use_flash_attn", "transformer_impl", "disable_bias_linear",
          "num_layers_per_virtual_pipeline_stage", "group_query_attention", "moe_first_k_dense",
-         *sharding_settings.FLAGS)
+         *sharding_settings.FLAGS,
+         # kept in `extra` and read there: fine-grained activation offloading (predictor.activation_offload,
+         # predictor.memory) and the optimizer (predictor.muon)
+         "fine_grained_activation_offloading", "offload_modules", "min_offloaded_tensor_size",
+         "activation_offload_fraction", "optimizer", "muon_num_ns_steps", "muon_tp_mode", "muon_split_qkv")
 #: Megatron's flags that pick a low-precision recipe (tracekit.core.precision.from_megatron reads them together).
 _LOWP_FLAGS = ("fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe")
 

@@ -77,6 +77,7 @@ class HardwareSpec:
     source: str = ""
     peak_tflops_fp4: float = 0.0  # dense fp4 (nvfp4 / mxfp4) tensor-core peak; 0 where the part has none
     die: str = ""  # the GPU die: parts on one die share operator models (scaled by their peaks)
+    host_link_gbs: float = 0.0  # per-GPU unidirectional GPU↔host-memory bandwidth (PCIe, NVLink-C2C); 0: unknown
 
     def peak_tflops(self, dtype: str) -> float:
         """Dense tensor-core peak (TFLOP/s) for a GEMM input dtype (`PEAK_KIND` names which peak serves it); 0 where
@@ -130,7 +131,7 @@ def load_datasheets(path: Path = DATASHEETS) -> dict[str, HardwareSpec]:
             float(entry["mem_bw_gbs"]), float(entry["memory_gb"]), int(entry["sms"]), float(entry["intra_node_gbs"]),
             float(entry["inter_node_gbs"]), float(entry.get("peak_tflops_fp8") or 0.0), float(entry["l2_mb"]),
             float(entry["clock_mhz"]), str(entry["source"]), float(entry.get("peak_tflops_fp4") or 0.0),
-            str(entry.get("die") or ""))
+            str(entry.get("die") or ""), float(entry.get("host_link_gbs") or 0.0))
     return out
 
 
