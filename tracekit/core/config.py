@@ -536,9 +536,11 @@ _READ = ("fp16", "bf16", "fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe",
          "num_layers_per_virtual_pipeline_stage", "group_query_attention", "moe_first_k_dense",
          *sharding_settings.FLAGS,
          # kept in `extra` and read there: fine-grained activation offloading (predictor.activation_offload,
-         # predictor.memory) and the optimizer (predictor.muon)
+         # predictor.memory), the optimizer (predictor.muon) and the launch environment's CUBLAS_WORKSPACE_CONFIG
+         # (predictor.workspaces)
          "fine_grained_activation_offloading", "offload_modules", "min_offloaded_tensor_size",
-         "activation_offload_fraction", "optimizer", "muon_num_ns_steps", "muon_tp_mode", "muon_split_qkv")
+         "activation_offload_fraction", "optimizer", "muon_num_ns_steps", "muon_tp_mode", "muon_split_qkv",
+         "cublas_workspace_config")
 #: Megatron's flags that pick a low-precision recipe (tracekit.core.precision.from_megatron reads them together).
 _LOWP_FLAGS = ("fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe")
 
