@@ -540,8 +540,7 @@ _READ = ("fp16", "bf16", "fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe",
          "fine_grained_activation_offloading", "offload_modules", "min_offloaded_tensor_size",
          "activation_offload_fraction", "optimizer", "muon_num_ns_steps", "muon_tp_mode", "muon_split_qkv",
          # and the MoE layer's host calls (predictor.moe_host_calls)
-         "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_enable_expert_bias", "bias_swiglu_fusion",
-         "use_te_activation_func")
+         "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_enable_expert_bias")
 #: Megatron's flags that pick a low-precision recipe (tracekit.core.precision.from_megatron reads them together).
 _LOWP_FLAGS = ("fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe")
 
