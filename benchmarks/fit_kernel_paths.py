@@ -11,9 +11,9 @@ A100 traces; kernel durations in a trace are GPU-side, without the host's launch
 shortest GEMM kernel (not used: a GEMM keeps the 5 µs fixed time, see `predictor.kernel_paths`).
 
 For each kernel: elements moved by a 128×128-tiled GEMM (`kernel_paths.scalar_gemm_elements`) / ((time − the
-fixed time min(5 µs, time / 2)) · SMs · clock); the constant is their median. Printed beside it: the same median and
-spread for the FLOP rate per SM per clock (the model not chosen: its spread is larger), so the choice is made on the
-fit data.
+fixed time min(5 µs, time / 2)) · SMs · tensor clock (`kernel_paths.tensor_clock_hz`; A100's is its table
+clock)); the constant is their median. Printed beside it: the same median and spread for the FLOP rate per SM per
+clock (the model not chosen: its spread is larger), so the choice is made on the fit data.
 
 Usage: python benchmarks/fit_kernel_paths.py [--corpus ../shared/corpus] [--write tracekit/data/kernel_paths.json]
 """
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from extractors.kineto import read_trace, trace_samples  # noqa: E402
-from predictor.kernel_paths import TILE, scalar_gemm_elements  # noqa: E402
+from predictor.kernel_paths import TILE, scalar_gemm_elements, tensor_clock_hz  # noqa: E402
 from predictor.roofline import KERNEL_OVERHEAD_US  # noqa: E402
 from tracekit.core.atomic import atomic_write_json  # noqa: E402
 from tracekit.core.hardware import hardware_spec  # noqa: E402
@@ -62,7 +62,7 @@ def kernels(rows: pd.DataFrame) -> pd.DataFrame:
                 & rows["kernel"].str.contains("_align1", na=False) & rows["m"].notna()].reset_index(drop=True)
     specs = {hw: hardware_spec(hw) for hw in rows["hardware"].unique()}
     rows["sms"] = rows["hardware"].map(lambda hw: specs[hw].sms if specs[hw] else np.nan)
-    rows["clock_hz"] = rows["hardware"].map(lambda hw: specs[hw].clock_mhz * 1e6 if specs[hw] else np.nan)
+    rows["clock_hz"] = rows["hardware"].map(lambda hw: tensor_clock_hz(hw) if specs[hw] else np.nan)
     m, n, k = (rows[c].to_numpy("float64") for c in ("m", "n", "k"))
     batch = rows["batch"].fillna(1).to_numpy("float64")
     tiles = batch * np.ceil(m / TILE) * np.ceil(n / TILE)

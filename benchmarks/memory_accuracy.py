@@ -5,7 +5,8 @@ Megatron-LM's CI runs (../shared/corpus/e2e/megatron_ci_golden.csv, 301 runs on 
 current and peak) on the job's last rank — the last pipeline stage — at each logged step
 (megatron/training/training.py, `--log-memory-to-tensorboard`). Current allocation at the log point, after the
 optimizer step, is what stays between iterations (weights, gradients, optimizer state); the peak adds the
-activations and the transient tensors of forward, loss and backward. For each run the last stage's figures
+activations and the transient tensors of forward, loss and backward; both hold the GEMM libraries' workspaces
+(predictor.workspaces). For each run the last stage's figures
 (`predictor.memory.stage_memory`) are scored against them: MAPE, median, p90 and signed bias, per model family,
 precision, recompute and model size, and the worst runs. Nothing is fitted on these rows: the memory model is the
 frameworks' facts (module docstring of predictor/memory.py).
@@ -50,8 +51,8 @@ def ci_rows(corpus: Path) -> list[dict]:
         if row.config is None:
             raise SystemExit(f"{CI}:{line}: {row.error}")
         c = row.config
-        last = stage_memory(c)[-1]
-        static = last["weights"] + last["gradients"] + last["optimizer_state"]
+        last = stage_memory(c, row.cluster.hardware if row.cluster else None)[-1]
+        static = last["weights"] + last["gradients"] + last["optimizer_state"] + last["workspaces"]
         out.append({
             "run": cells["row_ref"].split("/")[0], "gpu": cells["hardware_gpu"],
             "family": "MoE" if c.moe is not None else "dense",
@@ -69,7 +70,7 @@ def report_ci(rows: list[dict], worst: int) -> None:
           "(predicted vs PyTorch's allocator counters on the last rank)")
     static = [(r["static"] - r["static_measured"]) / r["static_measured"] for r in rows]
     peak = [(r["peak"] - r["peak_measured"]) / r["peak_measured"] for r in rows]
-    print(f"  {'between steps (weights, gradients, optimizer)':52s} {_stats(static)}")
+    print(f"  {'between steps (weights, grads, optimizer, workspaces)':52s} {_stats(static)}")
     print(f"  {'peak':52s} {_stats(peak)}")
     for key in ("family", "precision", "recompute", "size"):
         groups: dict[str, list[float]] = defaultdict(list)

@@ -17,7 +17,8 @@ Public API (the application imports these names from `predictor`, never its modu
   configurations); the contract is ``predictor.predict``'s docstring.
 - Inputs: ``BatchRow``, ``read_rows``, ``parse_row``, ``predict_rows`` (the one path of `predict --batch` and
   `validate --published`), ``output_row``, ``write_rows`` (published e2e tables, in and out); ``Stack``,
-  ``DEFAULT_STACK``, ``get_stack``, ``stack_of_arguments`` (software-stack profiles).
+  ``DEFAULT_STACK``, ``get_stack``, ``stack_of_arguments`` (software-stack profiles); ``launched_cluster`` (the
+  cluster as a stack's launcher places the job: Megatron-Bridge's Slurm segments on NVL72, ``predictor.job_segments``).
 - Constants: ``Calibration``, ``CALIBRATION_CONSTANTS``, ``load_calibration``, ``fit_calibration``.
 - Search: ``search_configurations(base, gpus, cluster, models, ...) -> SearchResult`` (``predictor.search``'s
   ``search``), ``SEARCH_KEYS``, ``split_name``, ``nothing_fits``;
@@ -66,20 +67,22 @@ _EXPORTS = {
     "RayExecutor": ("ray_executor", "RayExecutor"),
     "write_traces": ("trace_out", "write_traces"),
     "default_ranks": ("trace_out", "default_ranks"),
+    "launched_cluster": ("job_segments", "launched_cluster"),
 }
 #: The public names (a literal, so linters and type checkers read it; tests check it against _EXPORTS).
 __all__ = [
     "BatchRow", "CALIBRATION_CONSTANTS", "Calibration", "DEFAULT_STACK", "ModelSet", "Prediction", "RayExecutor",
     "SEARCH_KEYS", "SearchResult", "Stack", "ape_stats", "ape_summary", "bundled_models_dir", "default_ranks",
-    "fit_calibration", "get_stack", "load_calibration", "nothing_fits", "output_row", "parse_row", "predict_iteration",
-    "predict_many", "predict_rows", "read_rows", "search_configurations", "selected_primitives", "source_weights",
-    "split_name", "stack_of_arguments", "train_models", "write_rows", "write_traces",
+    "fit_calibration", "get_stack", "launched_cluster", "load_calibration", "nothing_fits", "output_row", "parse_row",
+    "predict_iteration", "predict_many", "predict_rows", "read_rows", "search_configurations", "selected_primitives",
+    "source_weights", "split_name", "stack_of_arguments", "train_models", "write_rows", "write_traces",
 ]
 
 if TYPE_CHECKING:
     from .batch import BatchRow, output_row, parse_row, predict_rows, read_rows, write_rows
     from .calibration import CONSTANTS as CALIBRATION_CONSTANTS, Calibration, load_calibration
     from .calibration_fit import fit_calibration
+    from .job_segments import launched_cluster
     from .models import ModelSet, bundled_models_dir
     from .predict import Prediction, predict as predict_iteration, predict_many
     from .ray_executor import RayExecutor

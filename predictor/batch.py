@@ -30,6 +30,7 @@ from tracekit.core.sharding import settings_from_text, with_shard_inside
 from tracekit.core.torchtitan_job import as_torchtitan_runs
 
 from .calibration import Calibration
+from .job_segments import launched_cluster
 from .predict import BREAKDOWN
 from .row_settings import argument_settings, note_settings
 from .stack import Stack, get_stack, select_stack
@@ -196,6 +197,9 @@ def parse_row(cells: dict[str, str], line: int, hardware: str | None, gpus_per_n
             where, note = infer_cluster(hw, gpn, " ".join(cells.get(k, "") for k in ("interconnect", "hardware_gpu")))
             if note:
                 notes.append(note)
+        where, note = launched_cluster(chosen.name, where, config.world_size)  # Bridge's Slurm segments
+        if note:
+            notes.append(note)
         if inside_node:  # HYBRID_SHARD: each node's data-parallel ranks shard, the nodes replicate
             config = with_shard_inside(config, where.domain_size)
         return BatchRow(line, cells, config, where, None, chosen, notes)

@@ -21,6 +21,10 @@ runs other kernels, which no model has seen:
   clock of an Ampere SM. (The kernels are `tensorop` kernels: their MMAs run on the tensor cores, but at 169
   FLOPs per SM per clock on the fit kernels, 8% of the A100's 2048, they are bound by the scalar data movement
   through the SM, not by the MMAs; the whitepaper doubles the per-SM rate clock-for-clock for both.)
+  The clock is the one the part runs tensor-core kernels at (`tensor_clock_hz`): the datasheet quotes the dense
+  fp16 tensor peak at it, so it is peak / (SMs · dense FLOPs per SM per clock of the whitepaper: 2048 on GA100,
+  4096 on GH100). On A100 it is the table's 1,410 MHz; on H100 SXM 989.4 TFLOP/s / (132 · 4096) = 1,830 MHz, below
+  the 1,980 MHz the FP32 peak is quoted at (H100 PCIe: 1,620 against 1,755). The fit uses the same clock.
 - PyTorch's softmax forward over rows wider than 1024 keeps a row in shared memory only when its width is a
   multiple of the 16-byte vector; otherwise it reads the row from global memory three times (max, sum, write) and
   writes it once: 4 global passes instead of 2, so the aligned estimate's variable part doubles.
@@ -69,6 +73,9 @@ WARP_SOFTMAX_MAX_WIDTH = 1024
 #: Global passes of the block softmax without (3 reads + 1 write) and with (1 read + 1 write) the row in shared memory.
 SOFTMAX_PASSES = (4, 2)
 SOFTMAX_VARIANTS = ("aten::_softmax", "aten::softmax", "softmax")
+#: Dense fp16 tensor-core FLOPs per SM per clock, from the architecture whitepapers: GV100 8 tensor cores × 64 FMA,
+#: GA100 4 × 256 FMA, GH100 4 × 512 FMA ("2x the MMA rates of the A100 SM on equivalent data types").
+DENSE_FP16_FLOPS_PER_SM_CLOCK = {"GV100": 1024, "GA100": 2048, "GH100": 4096}
 HALF = ("fp16", "bf16", "float16", "bfloat16")
 
 
@@ -95,13 +102,27 @@ def _nvidia(hardware: np.ndarray) -> np.ndarray:
     return out
 
 
+def tensor_clock_hz(hardware: str) -> float:
+    """The clock (Hz) a tensor-core kernel runs at: the one the datasheet's dense fp16 tensor peak is quoted at,
+    peak / (SMs · dense fp16 FLOPs per SM per clock of the die's whitepaper), never above the table's clock (which
+    is the FP32 figure's); the table's clock where the die's per-SM tensor rate is not listed; NaN where unknown."""
+    spec = hardware_spec(hardware)
+    if spec is None or spec.sms <= 0 or spec.clock_mhz <= 0:
+        return float("nan")
+    per_sm = DENSE_FP16_FLOPS_PER_SM_CLOCK.get(spec.die)
+    clock = spec.clock_mhz * 1e6
+    if per_sm is None or spec.peak_tflops_fp16 <= 0:
+        return clock
+    return min(clock, spec.peak_tflops_fp16 * 1e12 / (spec.sms * per_sm))
+
+
 def _sm_clock(hardware: np.ndarray) -> np.ndarray:
-    """SMs × clock (Hz) per row, NaN where unknown."""
+    """SMs × tensor clock (Hz) per row, NaN where unknown."""
     out = np.full(len(hardware), np.nan)
     for hw in set(hardware):
         spec = hardware_spec(str(hw))
         if spec is not None:
-            out[hardware == hw] = spec.sms * spec.clock_mhz * 1e6
+            out[hardware == hw] = spec.sms * tensor_clock_hz(str(hw))
     return out
 
 

@@ -10,12 +10,15 @@ token (2-byte activations, 1-byte dropout masks):
   the MLP's activation input and FC2 input (2·f1 + 2·f: 16h for a 4h GeLU MLP, which with the above gives
   Korthikanti's 24h/t); an MoE layer instead keeps its routed copies (k per token, λ-weighted, on the experts' ETP
   ranks): FC1 input, activation input and FC2 input per copy, plus the shared experts like an MLP.
-With SP every part is split over TP. Recompute drops what it replays: selective `core_attn` the scores (flash
-attention keeps none anyway), `moe_act`/`mlp`/`moe`/`shared_experts`/`layernorm`/`mla_up_proj` their parts; full
-recompute keeps only each layer's input (2·h per token, /t with SP) plus one layer's working set. 1F1B keeps
-min(pp − stage, m) micro-batches in flight on a stage (interleaved: × (1 + (pp − 1)/(pp·vp))). Megatron's CPU
-offloading (`--cpu-offloading-num-layers N`, activations only, its default) keeps the first N layers' activations
-on the host: one such layer's stays on the GPU as a working set.
+With SP every part is split over TP. Recompute drops what it replays and keeps what it replays from (Megatron-core's
+CheckpointWithoutOutput and checkpoint): selective `core_attn` the scores (flash attention keeps none anyway),
+`layernorm` the norms' outputs (QKV's, FC1's and the router's inputs; the norms' inputs stay), `moe_act` the
+activation's output (FC2's input; the activation's input stays), `mla_up_proj` q, k, v, `mlp`/`moe`/`shared_experts`
+everything inside the module but its input; full recompute keeps only each layer's input (2·h per token, /t with
+SP) plus one layer's working set. 1F1B keeps min(pp − stage, m) micro-batches in flight on a stage (interleaved:
+× (1 + (pp − 1)/(pp·vp))); PyTorch's zero-bubble schedules what their orders hold (predictor.zero_bubble_memory).
+Megatron's CPU offloading (`--cpu-offloading-num-layers N`, activations only, its default) keeps the first N layers'
+activations on the host: one such layer's stays on the GPU as a working set.
 Parameters: bf16/fp16 weights (2 bytes), gradients in the main-gradient dtype, Adam state (fp32 master, m, v:
 12 bytes, 8 in fp32 training), sharded over the data-parallel ranks with the distributed optimizer — dense
 parameters over dp·cp, expert parameters over the expert data-parallel ranks.
@@ -26,13 +29,16 @@ from itertools import accumulate
 
 from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import hardware_spec
-from tracekit.core.pipeline_layout import chunks
+from tracekit.core.pipeline_layout import chunks, torch_schedule
 
 from . import fsdp
 from .activation_offload import offload_modules
 from .graph import Graph
+from .lowp_weights import extra_weight_bytes
 from .params import chunk_params, layer_params
 from .schedule import stage_order
+from .workspaces import workspace_bytes
+from .zero_bubble_memory import gemm_input_share, in_flight
 
 GB = 1e9
 
@@ -54,9 +60,12 @@ def _layer_bytes(c: TrainingConfig, layer: int, lowp: bool = True, host: frozens
     # the dropped-out copy (2); dropout with p = 0 returns its input and keeps no mask (torch's `dropout`)
     per_score = 2.0 + (3.0 if c.attention_dropout > 0 else 0.0)
     scores = 0.0 if (c.attention == "flash" or "core_attn" in modules | host) else per_score * heads * s
-    norms = 0.0 if "layernorm" in modules else 2.0 * h * (2 - len(host & {"attn_norm", "mlp_norm"}))
+    norms = 2.0 * h * (2 - len(host & {"attn_norm", "mlp_norm"}))
+    # `layernorm` replays the norms from their inputs (kept) and frees their outputs, the QKV/FC1/router inputs
+    # (under fp8 those GEMMs save that bf16 output instead of an fp8 copy: Megatron's set_save_original_input)
+    normed = 0.0 if "layernorm" in modules else 1.0
     masks = 2.0 * h if c.hidden_dropout > 0 else 0.0  # the two hidden-dropout masks, 1 byte each
-    qkv_in = 0.0 if "qkv_linear" in host else 2.0 * h * q
+    qkv_in = 0.0 if "qkv_linear" in host else 2.0 * h * q * normed
     replicated = norms + qkv_in + masks  # the two norms' inputs, QKV's input, the dropout masks
     proj = 0.0 if "attn_proj" in host else 1.0  # the output projection's input
     core = 0.0 if "core_attn" in host else 1.0  # what core attention saves: q, k, v (and unfused, its scores)
@@ -71,12 +80,14 @@ def _layer_bytes(c: TrainingConfig, layer: int, lowp: bool = True, host: frozens
     moe = c.moe
     extra = 0.0
     if moe is not None and moe.pattern(c.num_layers)[layer]:
-        replicated += 2.0 * h  # the router's input
+        replicated += 2.0 * h * normed  # the router's input
         f, etp = moe.ffn(c.ffn_hidden_size), moe.etp(t)
-        act = 0.0 if modules & {"moe_act", "moe"} or host & {"moe_act", "fused_group_mlp"} else \
+        act = 0.0 if "moe" in modules or host & {"moe_act", "fused_group_mlp"} else \
             2.0 * (2 * f if c.swiglu else f) / etp
         fc1_in = 0.0 if host & {"expert_fc1", "fused_group_mlp"} else 2.0 * h * q
-        fc2_in = 0.0 if "fused_group_mlp" in host else 2.0 * f * q / etp
+        # `moe_act` replays the activation from its input (kept) and frees its output, FC2's input (saved in bf16
+        # under fp8: set_save_original_input)
+        fc2_in = 0.0 if "fused_group_mlp" in host or "moe_act" in modules else 2.0 * f * q / etp
         per_copy = fc1_in + act + fc2_in
         if "moe" not in modules:
             routed_tokens = tokens / t if c.sequence_parallel else tokens
@@ -85,7 +96,7 @@ def _layer_bytes(c: TrainingConfig, layer: int, lowp: bool = True, host: frozens
         if shared and "shared_experts" not in modules:
             split += _mlp_bytes(c, shared, q)
     elif "mlp" not in modules:
-        replicated += 2.0 * h * q  # FC1's input
+        replicated += 2.0 * h * q * normed  # FC1's input
         split += _mlp_bytes(c, c.ffn_hidden_size, q)
     if c.sequence_parallel:
         return tokens * (replicated + split) / t + extra
@@ -125,9 +136,16 @@ def _in_flight(c: TrainingConfig, stage: int) -> float:
     """Micro-batches whose activations `stage` holds at its peak: the most forwards its schedule has run ahead of
     their backwards (predictor.schedule.stage_order, Megatron-core's order: 1F1B min(pp − stage, m); interleaved,
     (pp − stage − 1)·2 + (vp − 1)·g + 1 chunk forwards, one more with `overlap_moe_expert_parallel_comm`), in
-    micro-batches of the whole stage (a chunk holds 1/vp of its layers)."""
+    micro-batches of the whole stage (a chunk holds 1/vp of its layers). PyTorch's schedules (torchtitan's
+    `pipeline_parallel_schedule`): the peak of their own orders, a split backward's weight part holding the GEMM
+    inputs until its W (predictor.zero_bubble_memory)."""
     if c.pp == 1:
         return 1.0
+    schedule = torch_schedule(c)
+    if schedule is not None:
+        tokens = c.seq_length // c.cp * c.micro_batch_size
+        q = c.recipe.out_bytes / 2.0 if c.recipe.low_precision else 1.0
+        return in_flight(schedule, c, stage, gemm_input_share(c, _layer_bytes(c, 0) / tokens, q))
     order = stage_order(stage, c.pp, c.vp, c.num_microbatches, c.microbatch_group)
     ahead = max(accumulate(1 if kind == "F" else -1 for kind, _, _ in order))
     if c.vp > 1 and c.moe is not None and c.moe.overlap_moe_expert_parallel_comm:
@@ -140,9 +158,11 @@ def memory_per_gpu(graph: Graph) -> tuple[dict[str, float], list[str]]:
     return config_memory(graph.config, graph.hardware)
 
 
-def stage_memory(c: TrainingConfig) -> list[dict[str, float]]:
-    """{weights, gradients, optimizer_state, activations, total} in GB on a GPU of each pipeline stage, in stage
-    order (the last stage holds the loss)."""
+def stage_memory(c: TrainingConfig, hardware: str | None = None) -> list[dict[str, float]]:
+    """{weights, gradients, optimizer_state, activations, workspaces, total} in GB on a GPU of each pipeline stage,
+    in stage order (the last stage holds the loss). `hardware`: the GPU, for what depends on it (the GEMM
+    workspaces, predictor.workspaces; the quantised weight copies a recipe keeps, predictor.lowp_weights); without
+    it no workspace is counted and weights keep the copies of Hopper and earlier."""
     weight_bytes = 4 if c.precision == "fp32" else 2
     grad_bytes = c.grad_bytes
     state_bytes = 8 if c.precision == "fp32" else 12  # Adam m, v (+ fp32 master weights in mixed precision)
@@ -157,11 +177,14 @@ def stage_memory(c: TrainingConfig) -> list[dict[str, float]]:
     pattern = c.moe.pattern(c.num_layers) if c.moe else None
     offloaded = int(c.extra.get("cpu_offloading_num_layers") or 0)  # Megatron's CPU offloading: activations on host
     host = frozenset(offload_modules(c))  # fine-grained activation offloading: these modules' inputs on the host
+    per_lowp_weight = extra_weight_bytes(c, hardware)  # the recipe's quantised copies of a GEMM weight
+    workspaces = workspace_bytes(c, hardware)
     cache: dict[tuple[bool, bool], float] = {}
     kept: dict[tuple[bool, bool], float] = {}
     rows: list[dict[str, float]] = []
     for stage in range(c.pp):
         dense = expert = 0
+        lowp_params = 0
         acts = 0.0
         working = 0.0
         for index, part in enumerate(layout[stage]):
@@ -174,6 +197,8 @@ def stage_memory(c: TrainingConfig) -> list[dict[str, float]]:
                     or position < c.recompute_num_layers)
                 bf16 = bool(c.lowp and c.lowp.bf16_layer(layer, c.num_layers))
                 kind = (bool(pattern and pattern[layer]), bf16)  # what a layer's activations depend on
+                if per_lowp_weight and not bf16:  # its GEMM weights (its norms and router, < 1%, with them)
+                    lowp_params += sum(layer_params(c, layer))
                 if kind not in cache:
                     cache[kind] = _layer_bytes(c, layer, not bf16)
                     kept[kind] = _layer_bytes(c, layer, not bf16, host) if host else cache[kind]
@@ -194,7 +219,7 @@ def stage_memory(c: TrainingConfig) -> list[dict[str, float]]:
         # next step's zero_grad
         main_grads = (dense / dense_shard + expert / expert_shard) * 4 if grad_bytes == 2 else 0.0
         row = {
-            "weights": params * weight_bytes / GB,
+            "weights": (params * weight_bytes + lowp_params * per_lowp_weight) / GB,
             "gradients": (params * grad_bytes + main_grads) / GB,
             "optimizer_state": (dense / dense_shard + expert / expert_shard) * state_bytes / GB,
             "activations": activations / GB,
@@ -205,6 +230,7 @@ def stage_memory(c: TrainingConfig) -> list[dict[str, float]]:
             layer_expert = max((layer_params(c, layer)[1] for layer in stage_layers), default=0)
             parts = fsdp.memory_parts(c, dense, expert, expert_shard, layer_dense, len(stage_layers), layer_expert)
             row.update({k: v / GB for k, v in parts.items()})
+        row["workspaces"] = workspaces / GB
         row["total"] = sum(row.values())
         rows.append(row)
     return rows
@@ -213,7 +239,7 @@ def stage_memory(c: TrainingConfig) -> list[dict[str, float]]:
 def config_memory(c: TrainingConfig, hardware: str) -> tuple[dict[str, float], list[str]]:
     """`memory_per_gpu` from the configuration alone, without its operator graph (a search prunes with it before
     building graphs): the fullest stage's row of `stage_memory`, and a warning when it exceeds the GPU's memory."""
-    best = max(stage_memory(c), key=lambda row: row["total"])
+    best = max(stage_memory(c, hardware), key=lambda row: row["total"])
     warnings = []
     spec = hardware_spec(hardware)
     if spec is not None and best["total"] > spec.memory_gb:

@@ -23,10 +23,11 @@ kernels' time is real too), with a backward row where a gradient flows through i
 - **z-loss** (`moe_z_loss_coeff`): `z_loss_func` (a gradient) and the tracker's record with the auto-scaler (its
   backward call): 2 forward, 2 backward.
 - **Expert bias** (`moe_router_enable_expert_bias`): `_apply_expert_bias` (one `jit_fuser` call).
-- **All-gather dispatcher**, with TP · EP > 1: `token_dispatch` all-gathers the routing map and the probabilities
-  besides the tokens (two more all-gathers over the TP·EP group; the probabilities' backward a reduce-scatter);
-  `dispatch_postprocess` (the permute's call) selects the local probabilities with `masked_select`, whose output size
-  is data-dependent: one synchronisation besides the token counts' `.cpu()` (`host_syncs.token_count_syncs`).
+- **All-gather dispatcher**: with TP · EP > 1, `token_dispatch` all-gathers the routing map and the probabilities
+  besides the tokens (two more all-gathers over the TP·EP group; the probabilities' backward a reduce-scatter); on
+  any group, `dispatch_postprocess` (the permute's call) selects the local probabilities with `masked_select`, whose
+  output size is data-dependent: one synchronisation besides the token counts' `.cpu()`
+  (`host_syncs.token_count_syncs`).
 - **All-to-all dispatcher**: `preprocess` (the token counts and, with EP or expert-TP > 1, the splits and their
   all-gather over the expert TP·EP group: the TP·EP group where expert-TP = TP, else the EP group) and
   `_maybe_dtoh_and_synchronize`'s device-to-host copies (its synchronisation is `token_count_syncs`'): 2 calls, no

@@ -25,6 +25,7 @@ and the synchronisations they make are predictor.moe_host_calls'.
 from __future__ import annotations
 
 from .ep_dispatch import dispatch_tokens
+from .glu_activation import activation
 from .grouped_mlp_ops import fc2_bias, glu_clamp
 from .host_syncs import mark_first_forward, token_count_syncs
 from .mlp_ops import dense_mlp
@@ -102,9 +103,7 @@ def moe_block(b: OpBuilder, lowp: bool) -> list[Pair]:
         clamp = glu_clamp(b, per_expert * batch, fc1_out)
         mark_first_forward(clamp, 1)  # the quick-GELU GLU's torch.tensor(linear_offset) (predictor.host_syncs)
         pairs.extend(clamp)
-        fwd, bwd = b.compute(f"mlp.experts.activation{suffix}", "activation", "swiglu" if c.swiglu else "gelu", 0.0,
-                             True, rows=per_expert * batch, width=f_e, numel=per_expert * batch * f_e)
-        pairs.append((fwd, bwd, "moe_act"))
+        pairs.append(activation(b, f"mlp.experts.activation{suffix}", per_expert * batch, f_e, "moe_act"))
         pairs.extend(b.linear(f"mlp.experts.linear_fc2{suffix}", f"{variant}_fc2", per_expert, h, f_e, "moe", lowp,
                               batch=batch))
     if moe.moe_grouped_gemm:  # TEGroupedMLP (predictor.grouped_mlp_ops)

@@ -29,10 +29,10 @@ constants (predictor.calibration) â†’ each stage's work (predictor.stage_work) â
 `Prediction.to_dict()` (the `--json` document), times in seconds unless the key ends in `_us`:
     iteration_time_s, breakdown{compute, exposed_communication, pipeline_bubble, optimizer, other} (seconds, sum =
     iteration time, for the busiest pipeline stage `critical_stage`), tflops_per_gpu, mfu, tokens_per_s,
-    memory_gb_per_gpu{weights, gradients, optimizer_state, activations, total}, fits_in_memory (null: no datasheet
-    entry), memory_capacity_gb, warnings[] (a configuration that does not fit: its memory warning first; a model FLOP
-    rate above the best published MFU: `predictor.plausibility`'s warning; above the GPU's peak a prediction is a
-    PlausibilityError instead),
+    memory_gb_per_gpu{weights, gradients, optimizer_state, activations, workspaces, total}, fits_in_memory (null: no
+    datasheet entry), memory_capacity_gb, warnings[] (a configuration that does not fit: its memory warning first; a
+    model FLOP rate above the best published MFU: `predictor.plausibility`'s warning; above the GPU's peak a
+    prediction is a PlausibilityError instead),
     top_operators[{name, pass, primitive, variant, time_s, share}] (busiest stage, per iteration),
     fallbacks[{primitive, pass, variant, path, out_of_range, time_s}] (ops not estimated by a trained model in range),
     per_stage[{stage, fwd_us, bwd_us (one micro-batch, all chunks of the stage, recompute in bwd), chunks[{chunk,

@@ -7,8 +7,9 @@
   (a column that states the setting wins); `force-balance` routing; `sliding window N`; MTP stated per row
   (`w/o MTP` in the model name or the notes turns the recipe's MTP layer off); a token-drop run without a stated
   capacity factor takes Megatron-Bridge's factor 1.0; the launch environment's variables of `ENV_SETTINGS`
-  (`NCCL_ALGO=Ring`); the architecture of the Megatron-Bridge model provider its `arch:` names
-  (predictor.bridge_providers).
+  (`NCCL_ALGO=Ring`, `CUBLAS_WORKSPACE_CONFIG=:4096:8`); the architecture of the Megatron-Bridge model provider its
+  `arch:` names (predictor.bridge_providers); the precision recipe its Megatron-Bridge recipe preset names and what
+  Bridge's configuration for that recipe sets (predictor.bridge_precision).
 Every value read this way is named in the row's `prediction_notes`.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from tracekit.core.config import parse_megatron_argv
 
+from .bridge_precision import precision_settings
 from .bridge_providers import provider_settings
 
 #: Settings a row's notes may state, with the setting name tracekit reads them as.
@@ -45,7 +47,7 @@ NOTE_SETTINGS = {
     "cutedsl_fused_grouped_mlp": "use_transformer_engine_op_fuser",  # Bridge runs the CuTe DSL kernel in TE's fuser
 }
 #: The launch environment's variables a row's notes may state (`run settings: ... NCCL_ALGO=Ring ...`).
-ENV_SETTINGS = {"NCCL_ALGO": "nccl_algo"}
+ENV_SETTINGS = {"NCCL_ALGO": "nccl_algo", "CUBLAS_WORKSPACE_CONFIG": "cublas_workspace_config"}
 _ENV = re.compile(r"\b(" + "|".join(ENV_SETTINGS) + r")=([^\s,;|()]+)")
 _PAIR = re.compile(r"\b(pp_layout)=(\S+)|\b([a-z][a-z0-9_]*)=(\[[^\]]*\]|\"[^\"]*\"|'[^']*'|[^\s,;|()]+)")
 
@@ -98,6 +100,10 @@ def note_settings(cells: dict[str, str], stated: set[str]) -> tuple[dict[str, An
     if fixed:
         out.update(fixed)
         notes.append(f"{provider} (Megatron-Bridge): {', '.join(f'{k}={v}' for k, v in fixed.items())}")
+    preset, note = precision_settings(notes_text, cells.get("precision"), stated | set(out))
+    if note:
+        out.update(preset)
+        notes.append(note)
     return out, notes
 
 

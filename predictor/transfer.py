@@ -18,7 +18,20 @@ relative to S's roofline and is applied to the target's:
 compute-bound on one device and memory-bound on the other scales with the right rate on each — and `q` is the wave
 efficiency tiles / (⌈tiles / SMs⌉ · SMs) for tensor-core primitives (GEMM, bmm, attention) where the row is
 compute-bound on that device (1 elsewhere): a 132-tile GEMM fills one wave on 132 SMs and 1.22 waves on 108.
-Memory-bound primitives (norms, softmax, activations, element-wise) scale with the bandwidth alone.
+Memory-bound primitives (norms, softmax, activations, element-wise) scale with the bandwidth alone, except
+issue-bound rows between parts of one die: a row that is memory-bound but ran slower on the source than its
+achievable HBM rate (t_S − f > work_S, the roofline's derated bandwidth) is limited by the bytes its SMs keep in
+flight (occupancy, latency), not by the HBM; on another part of the same die (same SM, same per-SM concurrency:
+GH200 → H100, which differ in HBM bandwidth only) that limit scales with SMs × clock, so
+
+    t_T = f + max(work_T, (t_S − f) · (SMs_S · clock_S) / (SMs_T · clock_T))
+
+(the HBM still bounds it from below). Across dies (A100 → H100, GH200 → B200) the per-SM concurrency differs and is
+in no datasheet, so those rows keep the bandwidth scaling. Measured (`benchmarks/operator_accuracy.py --transfer`):
+PyTorch's softmax forward over 82,960 rows of 5,185 bf16 on H100 is 2,171 µs, 0.79 TB/s for its 2 HBM passes, 24%
+of the 3.35 TB/s peak; GH200's seed samples of the same width run at 40% of its 4 TB/s, the same ~1.6 TB/s on the
+same SMs; bandwidth scaling took it 20% over, this rule 4% (the leave-one-GPU-out figures between A100 and GH200,
+two dies, are unchanged by construction).
 
 Sources are the GPUs of the target's vendor with a model for the row when there are any (NVIDIA and AMD parts run
 other kernels from other libraries; rows none of them answers, e.g. outside their tables, take every GPU's), else
@@ -175,6 +188,9 @@ def _weighted(models, part: pd.DataFrame, pos: np.ndarray, weights: list[tuple[s
         fixed = np.minimum(KERNEL_OVERHEAD_US, t_s / 2.0)
         scale = target_work[pos] / w_s * wave_efficiency(moved, s_bound) / target_q[pos]
         t_t = fixed + (t_s - fixed) * scale
+        ratio = issue_ratio(source, part)
+        issue = issue_bound(part, t_s - fixed, w_s, s_bound) & np.isfinite(ratio)
+        t_t = np.where(issue, fixed + np.maximum(target_work[pos], (t_s - fixed) * ratio), t_t)
         log_sum[ok] += weight * np.log(t_t[ok])
         weight_sum[ok] += weight
         any_oor[ok] |= s_oor[ok]
@@ -185,3 +201,26 @@ def _weighted(models, part: pd.DataFrame, pos: np.ndarray, weights: list[tuple[s
     oor[pos[hit]] = any_oor[hit]
     done[pos[hit]] = True
 
+
+
+def issue_bound(part: pd.DataFrame, variable_us: np.ndarray, work: np.ndarray, compute_bound: np.ndarray) -> np.ndarray:
+    """Rows of a primitive other than GEMM, bmm and attention, memory-bound on the source, whose variable time there
+    (µs) is longer than its roofline work (the derated HBM rate): bound by the bytes in flight, not by the HBM."""
+    prim = part["primitive"].astype(str).to_numpy()
+    return ~np.isin(prim, TENSOR_CORE_PRIMITIVES) & ~compute_bound & (variable_us > work)
+
+
+def issue_ratio(source: str, part: pd.DataFrame) -> np.ndarray:
+    """(SMs × clock) of the source / of each row's target GPU where both are parts of one die; NaN elsewhere
+    (another SM: the bandwidth scaling applies)."""
+    src = hardware_spec(source)
+    out = np.ones(len(part))
+    hardware = part["hardware"].astype(str).to_numpy()
+    for hw in set(hardware):
+        spec = hardware_spec(str(hw))
+        if src is not None and spec is not None and src.die and spec.die == src.die and spec.sms > 0 \
+                and spec.clock_mhz > 0 and src.sms > 0 and src.clock_mhz > 0:
+            out[hardware == hw] = (src.sms * src.clock_mhz) / (spec.sms * spec.clock_mhz)
+        else:
+            out[hardware == hw] = np.nan
+    return out

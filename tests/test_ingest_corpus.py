@@ -47,6 +47,20 @@ def test_owlv2_kernel_count_and_shaped_gemms():
     assert expected <= bmm_shapes
 
 
+def test_an_index_select_lookup_moves_the_rows_it_gathers_not_the_table():
+    """`index_select(table, 0, index)` (the HF embeddings' lookup): rows = the index's length, counted from the raw
+    trace; the table's rows are its parameters."""
+    raw = [e for e in raw_events(OWLV2) if e.get("name") == "aten::index_select" and e.get("cat") == "cpu_op"]
+    expected = {(a["Input Dims"][2][0], a["Input Dims"][0][1], a["Input Dims"][0][0])
+                for a in (e["args"] for e in raw) if a.get("Concrete Inputs", ["", ""])[1] == "0"}
+    assert (5185, 1024, 5185) in expected and (5, 768, 49408) in expected
+    events = read_trace(OWLV2).device_events
+    lookups = events[(events["op"] == "aten::index_select") & (events["kind"] == "kernel")]
+    got = {(int(r), int(w), int(p)) for r, w, p in lookups[["rows", "width", "params"]].to_numpy()}
+    assert got == expected
+    assert (lookups["numel"] == lookups["rows"] * lookups["width"]).all()
+
+
 def test_nccl_parser_kernels_and_allreduce_bytes():
     trace = read_trace(NCCL)
     events = trace.device_events

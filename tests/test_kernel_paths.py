@@ -107,13 +107,39 @@ def test_the_hopper_scalar_rate_is_the_ampere_rate_times_the_lane_ratio():
     assert fit_hw.startswith("A100")
     assert kernel_paths.scalar_rate(fit_hw) == pytest.approx(fitted)
     assert kernel_paths.scalar_rate(H100) == pytest.approx(fitted * 128 / 64, rel=0.01)
-    # a time: the element traffic of the same shape takes (A100 SMs × clock × 64) / (H100 SMs × clock × 128)
-    a100, h100 = hardware_spec("A100-SXM4-80GB"), hardware_spec(H100)
+    # a time: the element traffic of the same shape takes (A100 SMs × tensor clock × 64) / (H100 SMs × tensor
+    # clock × 128): 108 · 1410 MHz · 64 against 132 · 1830 MHz · 128 (datasheet figures, see the next test)
     shape = [(5185, 64, 5185, 16)]
     floor = kernel_paths.KERNEL_OVERHEAD_US
     ta = kernel_paths.scalar_gemm_us(_bmm("A100-SXM4-80GB", shape))[0] - floor
     th = kernel_paths.scalar_gemm_us(_bmm(H100, shape))[0] - floor
-    assert th / ta == pytest.approx((a100.sms * a100.clock_mhz * 64) / (h100.sms * h100.clock_mhz * 128), rel=0.01)
+    assert th / ta == pytest.approx((108 * 1410 * 64) / (132 * 1830 * 128), rel=0.01)
+
+
+# The clock each part's datasheet quotes its dense fp16 tensor peak at: peak / (SMs × whitepaper dense FLOPs per SM
+# per clock): A100 312 TF / (108 × 2048) = 1410 MHz, H100 SXM 989.4 / (132 × 4096) = 1830, H100 PCIe 756 / (114 ×
+# 4096) = 1619, V100 125 / (80 × 1024) = 1526; B200's per-SM rate is not in the table: its table clock.
+TENSOR_CLOCK_MHZ = {"A100-SXM4-80GB": 1410, H100: 1830, "GH200-120GB": 1830, "H100-PCIE-80GB": 1619,
+                    "V100-SXM2-32GB": 1526, "B200-180GB": 1965}
+
+
+@pytest.mark.parametrize("hardware,mhz", sorted(TENSOR_CLOCK_MHZ.items()))
+def test_the_tensor_clock_is_the_one_the_datasheet_peak_is_quoted_at(hardware, mhz):
+    clock = kernel_paths.tensor_clock_hz(hardware)
+    assert clock == pytest.approx(mhz * 1e6, rel=0.005)
+    assert clock <= hardware_spec(hardware).clock_mhz * 1e6  # never above the table's (FP32) clock
+
+
+def test_the_scalar_path_never_beats_the_dense_peak_and_grows_with_every_dimension():
+    spec = hardware_spec(H100)
+    base = np.array([(5185, 64, 5185, 16), (1001, 1001, 1001, 1), (4095, 4095, 4095, 4), (129, 3, 77, 64)], float)
+    t = kernel_paths.scalar_gemm_us(_bmm(H100, [tuple(r) for r in base]))
+    flops = 2.0 * base.prod(axis=1)
+    assert (flops / (t * 1e-6) <= spec.peak_tflops_fp16 * 1e12).all()
+    for axis in range(4):
+        grown = base.copy()
+        grown[:, axis] += 1
+        assert (kernel_paths.scalar_gemm_us(_bmm(H100, [tuple(r) for r in grown])) > t).all()
 
 
 def test_the_gpu_side_floor_is_a_kernel_not_a_launch():

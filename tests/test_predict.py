@@ -50,7 +50,7 @@ def test_json_contract_and_independent_throughput_figures():
     assert [s["stage"] for s in doc["per_stage"]] == [0, 1]
     assert {o["pass"] for o in doc["operators"]} >= {"fwd", "bwd", "comm", "optimizer"}
     mem = doc["memory_gb_per_gpu"]
-    parts = mem["weights"] + mem["gradients"] + mem["optimizer_state"] + mem["activations"]
+    parts = mem["weights"] + mem["gradients"] + mem["optimizer_state"] + mem["activations"] + mem["workspaces"]
     assert mem["total"] == pytest.approx(parts)
 
 

@@ -119,3 +119,45 @@ def test_datasheet_table_has_a_source_per_entry_and_rejects_a_broken_copy(tmp_pa
         load_datasheets(broken)
     shutil.copy(hardware.DATASHEETS, tmp_path / "copy.json")
     assert load_datasheets(tmp_path / "copy.json") == SPECS
+
+
+def _only_source(source: str) -> ModelSet:
+    """The bundled models without H100's and without every GPU's but `source`'s (one transfer source)."""
+    models = ModelSet.load()
+    for hw in models.hardware_ids():
+        if hw != source:
+            models = models.without(hw)
+    return models
+
+
+def _softmax_rows(hardware: str, rows: list[int], width: int) -> pd.DataFrame:
+    return pd.DataFrame([{"hardware": hardware, "primitive": "softmax", "pass": "fwd", "dtype": "bf16",
+                          "variant": "aten::_softmax", "rows": float(r), "width": float(width),
+                          "numel": float(r * width)} for r in rows])
+
+
+def test_issue_bound_rows_keep_their_time_on_a_part_of_the_same_die():
+    """GH200 and H100 SXM are one die (132 SMs, same clock) with 4.0 and 3.35 TB/s: a softmax that runs far below
+    GH200's HBM rate is bound by its SMs, so it takes GH200's time on H100, not 4.0 / 3.35 of it; from A100 (another
+    die) the bandwidth ratio still applies."""
+    rows = _softmax_rows("H100-80GB-HBM3", [82960], 5184)
+    gh200 = _only_source("GH200-120GB")
+    t_gh = float(gh200.predict(rows.assign(hardware="GH200-120GB"))["duration_us"].iloc[0])
+    hbm_gh = 2 * 2 * 82960 * 5184 / (0.8 * 4000e9) * 1e6  # read + write of bf16 at the derated bandwidth (µs)
+    assert t_gh - 5.0 > hbm_gh  # the precondition: issue-bound on GH200
+    out = gh200.predict(rows)
+    assert out["path"].iloc[0] == "transfer" and out["sources"].iloc[0] == "GH200-120GB 1.00"
+    assert float(out["duration_us"].iloc[0]) == pytest.approx(t_gh, rel=1e-6)
+    a100 = _only_source("A100-SXM4-80GB")
+    t_a = float(a100.predict(rows.assign(hardware="A100-SXM4-80GB"))["duration_us"].iloc[0])
+    expected = 5.0 + (t_a - 5.0) * 2039 / 3350
+    assert float(a100.predict(rows)["duration_us"].iloc[0]) == pytest.approx(expected, rel=1e-6)
+
+
+def test_h100_softmax_by_transfer_is_monotone_in_bytes_and_never_beats_the_bandwidth():
+    models = ModelSet.load().without("H100-80GB-HBM3")
+    for width in (1024, 2048, 4096, 5184, 8192):
+        counts = [256 * 2 ** i for i in range(10)]
+        t = models.predict(_softmax_rows("H100-80GB-HBM3", counts, width))["duration_us"].to_numpy()
+        assert (np.diff(t) >= 0).all(), width
+        assert (2 * 2 * np.array(counts) * width / (t * 1e-6) <= 3350e9).all()

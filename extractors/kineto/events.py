@@ -29,7 +29,7 @@ OP_CATEGORIES = frozenset({"cpu_op", "user_annotation"})
 CHUNK_BYTES = 16 << 20
 CHUNK_EVENTS = 50_000
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
-_WANTS_CONCRETE = re.compile(r"attention|attn|fmha", re.I).search
+_WANTS_CONCRETE = re.compile(r"attention|attn|fmha|index_select", re.I).search
 #: Arrays larger than this (bytes) are decoded in chunks.
 CHUNK_THRESHOLD = 16 << 20
 
@@ -131,7 +131,7 @@ class EventColumns:
     op_is_annotation: np.ndarray = field(default_factory=_no_rows)
     op_dims: list = field(default_factory=list)  # raw JSON bytes of Input Dims (shared between equal values)
     op_types: list = field(default_factory=list)
-    op_concrete: list = field(default_factory=list)  # Concrete Inputs, kept for attention ops only
+    op_concrete: list = field(default_factory=list)  # Concrete Inputs, kept for attention and index_select ops
     op_comm: dict = field(default_factory=dict)  # row → CommFields
     # runtime / driver API calls
     rt_ts: np.ndarray = field(default_factory=_no_rows)
@@ -282,7 +282,7 @@ class _Builder:
                 wanted = wants_concrete.get(e.name)
                 if wanted is None:
                     wanted = wants_concrete[e.name] = bool(_WANTS_CONCRETE(e.name))
-                if raw is empty or not wanted:  # only attention ops' flags (is_causal) are used
+                if raw is empty or not wanted:  # only attention ops' flags (is_causal), index_select's dim are used
                     op_conc(b"")
                 else:
                     data = bytes(raw)

@@ -150,9 +150,14 @@ def _rows_width(shapes: list) -> dict:
     return {"rows": math.prod(first[:-1]) if len(first) > 1 else 1, "width": first[-1], "numel": math.prod(first)}
 
 
-def _embedding(op: str, shapes: list) -> dict:
+def _embedding(op: str, shapes: list, concrete: list) -> dict:
+    """A lookup moves the rows it gathers, not the table: `embedding(weight [V, D], indices)` and
+    `index_select(table [V, D], 0, index [N])` (its dim a concrete 0: along another dim it gathers columns) gather
+    N rows of D (the table's V is `params`)."""
     mats = [s for s in shapes if _is_shape(s)]
-    if op.endswith("embedding") and len(mats) >= 2 and len(mats[0]) == 2:
+    dim = concrete[1] if len(concrete) > 1 else None
+    rows_of_table = op.endswith("index_select") and str(dim) == "0" and len(mats) >= 2 and len(mats[1]) == 1
+    if (op.endswith("embedding") or rows_of_table) and len(mats) >= 2 and len(mats[0]) == 2:
         weight, idx = mats[0], mats[1]
         return {"params": weight[0], "width": weight[1], "rows": math.prod(idx) if idx else 1,
                 "numel": (math.prod(idx) if idx else 1) * weight[1]}
@@ -172,7 +177,7 @@ def op_features(op: str, primitive: str, dims_blob: bytes, types_blob: bytes, co
     elif primitive == "attention":
         feats = _attention(op, shapes, json_list(concrete_blob))
     elif primitive == "embedding":
-        feats = _embedding(op, shapes)
+        feats = _embedding(op, shapes, json_list(concrete_blob))
     elif primitive == "optimizer":
         numel = sum(_numel(s) for s in shapes[:1])
         feats = {"params": numel, "numel": numel} if numel else {}

@@ -149,14 +149,16 @@ def predict_command(
         cluster, note = cluster_of(hardware, gpus_per_node, cluster_name)
         if cluster is None:
             fail("name the GPU with --hardware ID (e.g. A100-SXM4-80GB) or --cluster NAME|FILE")
-        from predictor import ModelSet, load_calibration, predict_iteration as predict
+        from predictor import ModelSet, launched_cluster, load_calibration, predict_iteration as predict
+
+        cluster, placed = launched_cluster(profile.name, cluster, cfg.world_size)  # Bridge's Slurm segments
 
         cal = load_calibration(calibration) if calibration else profile.calibration(cluster.hardware)
         models = ModelSet.load(models_dir)
         with working("predicting", quiet=as_json):
             prediction = predict(cfg, cluster, models, cal)
         say_assumed(note, quiet=as_json)  # once the answer is sure: an error stays one line
-        added = (native.notes if native is not None else []) + list(unknown or [])  # the command's own warnings
+        added = (native.notes if native is not None else []) + list(unknown or []) + ([placed] if placed else [])
         if shown is not None and not stack:
             added.insert(0, f"stack {shown.name}: the {'job file' if native else 'log'}'s "
                             f"{'kind' if native else 'arguments block'} shows it")
