@@ -59,11 +59,10 @@ import numpy as np
 import pandas as pd
 
 from tracekit.core.errors import ModelError
-from tracekit.core.hardware import PEAK_KIND, gpu_family, hardware_spec
+from tracekit.core.hardware import gpu_family, hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES, DTENSOR_SUFFIX, GEMM_ROLES
 
 from . import hbm_floor, kernel_paths
-from .features import compute_work
 from .lowp_gemm import HIGH, LOW, bounded, peak_flops
 from .model_keys import (
     ALIASES,
@@ -75,7 +74,7 @@ from .model_keys import (
     route_key,
     variant_key,
 )
-from .regressor import physics_table, predict
+from .regressor import peak_bound_us, physics_table, predict
 from .roofline import Rates, estimate_us, record_rates
 from .transfer import transfer
 
@@ -167,23 +166,10 @@ def _above_grid(model: TrainedModel, rows: pd.DataFrame) -> np.ndarray:
 
 def _at_most_peak(frame: pd.DataFrame, duration: np.ndarray) -> None:
     """No GEMM/bmm estimate on a datasheet GPU is faster than the fastest its dtype runs (in place): the dtype's dense
-    peak, TF32's for fp32 (`HardwareSpec.gemm_ceiling_tflops`)."""
+    peak, TF32's for fp32 (`predictor.regressor.peak_bound_us`)."""
     rows = np.flatnonzero(frame["primitive"].isin(ROLE_PRIMITIVES).to_numpy())
-    if not len(rows):
-        return
-    sub = frame.iloc[rows]
-    flops, _, _ = compute_work(sub)
-    dtype = sub["dtype"].astype("string").fillna("bf16").to_numpy() if "dtype" in sub.columns \
-        else np.full(len(sub), "bf16")
-    hardware = sub["hardware"].astype(str).to_numpy()
-    for hw, dt in {(h, d) for h, d in zip(hardware, dtype)}:
-        spec = hardware_spec(hw)
-        if spec is None or hw.startswith("cpu-") or dt not in PEAK_KIND:
-            continue
-        peak = spec.gemm_ceiling_tflops(str(dt)) * 1e12
-        if peak > 0:
-            at = (hardware == hw) & (dtype == dt)
-            duration[rows[at]] = np.fmax(duration[rows[at]], flops[at] / peak * 1e6)
+    if len(rows):
+        duration[rows] = np.fmax(duration[rows], peak_bound_us(frame.iloc[rows]))
 
 
 def bundled_models_dir() -> Path:

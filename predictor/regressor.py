@@ -112,14 +112,13 @@ def design(frame: pd.DataFrame, primitive: str, features: list[str] | None = Non
     return pd.DataFrame({name: columns.get(name, missing) for name in names}, index=frame.index), roof
 
 
-def faster_than_peak(frame: pd.DataFrame, primitive: str) -> np.ndarray:
-    """Rows of a tensor-core primitive timed faster than their FLOPs at the part's dense peak for their dtype allow
-    (by more than `PEAK_SLACK`); all False for other primitives and parts without a datasheet entry."""
-    out = np.zeros(len(frame), dtype=bool)
-    if primitive not in TENSOR_PRIMITIVES or not len(frame) or "hardware" not in frame.columns:
+def peak_bound_us(frame: pd.DataFrame) -> np.ndarray:
+    """The least time (µs) each row's FLOPs take at its part's dense peak for its dtype (TF32's for fp32:
+    `HardwareSpec.gemm_ceiling_tflops`); NaN for parts without a datasheet entry, CPUs and dtypes without a peak."""
+    out = np.full(len(frame), np.nan)
+    if not len(frame) or "hardware" not in frame.columns:
         return out
     flops = compute_work(frame)[0]
-    duration = frame["duration_us"].to_numpy(dtype="float64")
     dtypes = frame["dtype"].astype("string").fillna("bf16").to_numpy() if "dtype" in frame.columns \
         else np.full(len(frame), "bf16")
     hardware = frame["hardware"].astype(str).to_numpy()
@@ -130,8 +129,17 @@ def faster_than_peak(frame: pd.DataFrame, primitive: str) -> np.ndarray:
         peak = spec.gemm_ceiling_tflops(str(dt)) * 1e12
         if peak > 0:
             at = (hardware == hw) & (dtypes == dt)
-            out[at] = np.nan_to_num(flops[at] / peak * 1e6, nan=0.0) > PEAK_SLACK * duration[at]
+            out[at] = flops[at] / peak * 1e6
     return out
+
+
+def faster_than_peak(frame: pd.DataFrame, primitive: str) -> np.ndarray:
+    """Rows of a tensor-core primitive timed faster than `peak_bound_us` allows (by more than `PEAK_SLACK`); all
+    False for other primitives and parts without a datasheet entry."""
+    if primitive not in TENSOR_PRIMITIVES:
+        return np.zeros(len(frame), dtype=bool)
+    bound = np.nan_to_num(peak_bound_us(frame), nan=0.0)
+    return bound > PEAK_SLACK * frame["duration_us"].to_numpy(dtype="float64")
 
 
 def flag_outliers(residual: np.ndarray, check_physics: np.ndarray, beyond_peak: np.ndarray | None = None
