@@ -6,13 +6,15 @@ or baddbmm + fused masked softmax + dropout + bmm when unfused) → output proje
 SP) → bias-dropout-add. Multi-latent attention (tracekit.core.attention) replaces the QKV GEMM with its down
 projections (replicated over TP, on the gathered sequence), their norms and the up projections (split over TP), and
 runs attention with query/key head dim qk + rope dims and value head dim v. A sliding window bounds the keys each
-query reads (`seq_kv` = the window, not causal). Backward mirrors forward. Ring attention with CP exchanges K/V
-blocks cp − 1 times forward and twice that backward (dK/dV too).
+query reads: `seq_kv` = the keys the fused kernel's tiles cover around the band (predictor.attention_tiles), not
+causal (the unfused path computes every score and masks the rest). Backward mirrors forward. Ring attention with CP
+exchanges K/V blocks cp − 1 times forward and twice that backward (dK/dV too).
 """
 from __future__ import annotations
 
 from tracekit.core.attention import AttentionSettings
 
+from .attention_tiles import window_keys
 from .norm_rope_ops import rope_ops
 from .ops import Backward, OpBuilder, OpUse, Pair
 
@@ -52,7 +54,8 @@ def attention_block(b: OpBuilder, window: int | None, lowp: bool) -> list[Pair]:
         for step in range(cp - 1):
             pairs.append((b.collective(f"self_attention.cp_kv.{step}", "send_recv", "cp", kv),
                           b.collective(f"self_attention.cp_dkv.{step}", "send_recv", "cp", 2 * kv), "attention"))
-    seq_kv = s * cp if window is None else min(window, s * cp)
+    # a window layer's kernel computes whole key tiles around the band (predictor.attention_tiles)
+    seq_kv = s * cp if window is None else min(window_keys(s * cp, window), s * cp)
     causal = 1 if window is None else 0
     head_dim = (qk_dim + v_dim) / 2  # scores use qk_dim, context v_dim: the kernel's work is their mean × 2
     attn_flops = 4.0 * mb * a_t * s * seq_kv * head_dim
@@ -62,7 +65,9 @@ def attention_block(b: OpBuilder, window: int | None, lowp: bool) -> list[Pair]:
                              dtype=attn_dtype, batch=mb, heads=a_t, kv_heads=kv_t, seq=s, seq_kv=seq_kv,
                              head_dim=head_dim, causal=causal)
         pairs.append((fwd, bwd, "core_attn"))
-    else:
+    else:  # the unfused path computes every score of the sequence and masks the window's outside
+        seq_kv = s * cp
+        attn_flops = 4.0 * mb * a_t * s * seq_kv * head_dim
         scores = b.compute("self_attention.core_attention.baddbmm", "bmm", "baddbmm", attn_flops / 2, True,
                            batch=mb * a_t, m=s, n=seq_kv, k=qk_dim)
         softmax = b.compute("self_attention.core_attention.scale_mask_softmax", "softmax",

@@ -4,6 +4,7 @@ bias-dropout-add. `dense_mlp` is also the shared experts of an MoE layer (predic
 residual."""
 from __future__ import annotations
 
+from .glu_activation import activation
 from .ops import OpBuilder, Pair
 
 
@@ -14,9 +15,7 @@ def dense_mlp(b: OpBuilder, ffn: int, lowp: bool, prefix: str = "mlp", module: s
     pairs: list[Pair] = list(b.tp_in(f"{prefix}.linear_fc1", module))
     fc1_out = 2 * f_t if c.swiglu else f_t
     pairs.extend(b.linear(f"{prefix}.linear_fc1", "linear3", rows, fc1_out, h, module, lowp))
-    fwd, bwd = b.compute(f"{prefix}.activation", "activation", "swiglu" if c.swiglu else "gelu", 0.0, True,
-                         rows=rows, width=f_t, numel=rows * f_t)
-    pairs.append((fwd, bwd, module))
+    pairs.append(activation(b, f"{prefix}.activation", rows, f_t, module))
     pairs.extend(b.linear(f"{prefix}.linear_fc2", "linear4", rows, h, f_t, module, lowp))
     pairs.extend(b.tp_out(f"{prefix}.linear_fc2", module))
     return pairs

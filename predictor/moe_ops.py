@@ -18,13 +18,18 @@ h elements over the EP group, λ-weighted for the busiest rank); `allgather` gat
 `hybridep`) send a token once per destination rank inside a node, once per destination node across nodes
 (predictor.ep_dispatch counts the copies). Backward runs the same exchanges in reverse order, the experts' GEMMs
 twice (dgrad and wgrad).
+
+The router's and the dispatcher's other calls (loss bookkeeping, Sinkhorn, metadata, the probabilities' exchanges)
+and the synchronisations they make are predictor.moe_host_calls'.
 """
 from __future__ import annotations
 
 from .ep_dispatch import dispatch_tokens
+from .glu_activation import activation
 from .grouped_mlp_ops import fc2_bias, glu_clamp
 from .host_syncs import mark_first_forward, token_count_syncs
 from .mlp_ops import dense_mlp
+from .moe_host_calls import dispatch_calls, router_calls, shared_add
 from .ops import OpBuilder, Pair
 
 
@@ -47,8 +52,11 @@ def moe_block(b: OpBuilder, lowp: bool) -> list[Pair]:
     pairs.append((fwd, bwd, "moe"))
     fwd, bwd = b.elementwise("mlp.router.topk", "router_topk", tokens * experts, experts)
     pairs.append((fwd, bwd, "moe"))
+    pairs.extend(router_calls(b))  # the router's own calls around them (predictor.moe_host_calls)
+    before, after, permute_syncs = dispatch_calls(b)  # the dispatcher's metadata and probabilities
     copies = tokens * k  # token copies this rank routes
     fwd, bwd = b.elementwise("mlp.token_dispatcher.permute", "moe_permute", copies * h, h)
+    fwd.syncs += permute_syncs
     pairs.append((fwd, bwd, "moe"))
     dispatcher = moe.dispatcher
     received = copies * load * etp  # token copies the busiest rank's experts compute
@@ -79,6 +87,7 @@ def moe_block(b: OpBuilder, lowp: bool) -> list[Pair]:
                                b.collective("mlp.token_dispatcher.etp_reduce_scatter.grad", "all_gather", "etp",
                                             shard), "moe"))
     pairs.extend(dispatch)
+    pairs.extend(before)
     f_e = f // etp
     fc1_out = 2 * f_e if c.swiglu else f_e
     # the local experts' GEMMs: one grouped GEMM of `local` equal groups (moe_grouped_gemm), else one GEMM each
@@ -94,19 +103,19 @@ def moe_block(b: OpBuilder, lowp: bool) -> list[Pair]:
         clamp = glu_clamp(b, per_expert * batch, fc1_out)
         mark_first_forward(clamp, 1)  # the quick-GELU GLU's torch.tensor(linear_offset) (predictor.host_syncs)
         pairs.extend(clamp)
-        fwd, bwd = b.compute(f"mlp.experts.activation{suffix}", "activation", "swiglu" if c.swiglu else "gelu", 0.0,
-                             True, rows=per_expert * batch, width=f_e, numel=per_expert * batch * f_e)
-        pairs.append((fwd, bwd, "moe_act"))
+        pairs.append(activation(b, f"mlp.experts.activation{suffix}", per_expert * batch, f_e, "moe_act"))
         pairs.extend(b.linear(f"mlp.experts.linear_fc2{suffix}", f"{variant}_fc2", per_expert, h, f_e, "moe", lowp,
                               batch=batch))
     if moe.moe_grouped_gemm:  # TEGroupedMLP (predictor.grouped_mlp_ops)
         pairs.extend(fc2_bias(b, received))
+    pairs.extend(after)
     pairs.extend(combine)
     fwd, bwd = b.elementwise("mlp.token_dispatcher.unpermute", "moe_unpermute", copies * h, h)
     pairs.append((fwd, bwd, "moe"))
     shared = moe.moe_shared_expert_intermediate_size
     if shared:
         pairs.extend(dense_mlp(b, shared, lowp, prefix="mlp.shared_experts", module="shared_experts"))
+        pairs.extend(shared_add(b))
     fwd, bwd = b.residual("mlp.bias_dropout_add")
     pairs.append((fwd, bwd, "moe"))
     return pairs

@@ -6,6 +6,13 @@ splits on what physics does not explain, and keeps predictions sensible a little
 Before fitting, samples that cannot be real measurements of the same operator are set aside and reported:
 - *impossible* (collectives): faster than `IMPOSSIBLE_FACTOR` × the datasheet link bandwidth allows (e.g. a 1 GB
   all-gather "done" in 117 µs, which would need tens of TB/s of network bandwidth);
+- *impossible* (tensor-core primitives: GEMM, bmm, attention): faster than their FLOPs at the part's dense peak for
+  the dtype allows, by more than `PEAK_SLACK` (datasheet clocks are boost clocks; no cache makes FLOPs cheaper) —
+  e.g. the seed paper's GH200 flash-attention backward rows, timed at a ninth of their forward (every other
+  measurement of that kernel, the A100's included, takes 2.5–3.5× its forward: the backward does 2.5× the
+  forward's FLOPs), which would need 3–13 PFLOP/s of a 989 TFLOP/s part. When most of a set's rows are beyond
+  the peak, its timing is broken as a whole and every row is set aside (2,904 of those 3,238 GH200 rows are; the
+  other 334, the smallest shapes, are timed the same broken way, just not fast enough to prove it);
 - *separate mode*: a minority cluster of the residuals separated from the main one by a gap of more than
   `MODE_GAP` decades (e.g. an optimizer step that took seconds in one stretch of a sweep and milliseconds at
   larger shapes in the rest).
@@ -28,15 +35,21 @@ import pandas as pd
 from numpy.typing import ArrayLike
 
 from tracekit.core.errors import ModelError
+from tracekit.core.hardware import PEAK_KIND, hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES
 
-from .features import PHYSICS_FEATURES, physics_features, shape_features
+from .features import PHYSICS_FEATURES, compute_work, physics_features, shape_features
 from .roofline import estimate_us, hardware_rates
 
 if TYPE_CHECKING:  # XGBoost is imported where a model is trained or run (a cold `tracekit --help` stays fast)
     import xgboost as xgb
 
 IMPOSSIBLE_FACTOR = 4.0
+#: How much faster than FLOPs / dense peak a tensor-core sample may be before it is impossible (clocks above the one
+#: the datasheet peak is quoted at, rounding of published peaks).
+PEAK_SLACK = 1.25
+#: Primitives whose FLOPs bound their time from below on any part.
+TENSOR_PRIMITIVES = ("gemm", "bmm", "attention")
 MODE_GAP = 1.0  # decades
 MIN_MODE_ROWS = 20
 #: (max_depth, min_child_weight) tried; rounds are picked from ROUND_STEPS on the same fits.
@@ -99,10 +112,38 @@ def design(frame: pd.DataFrame, primitive: str, features: list[str] | None = Non
     return pd.DataFrame({name: columns.get(name, missing) for name in names}, index=frame.index), roof
 
 
-def flag_outliers(residual: np.ndarray, check_physics: np.ndarray) -> tuple[np.ndarray, dict]:
-    """Boolean mask of rows to set aside and a report {kind: count, ...} (see module docstring)."""
+def faster_than_peak(frame: pd.DataFrame, primitive: str) -> np.ndarray:
+    """Rows of a tensor-core primitive timed faster than their FLOPs at the part's dense peak for their dtype allow
+    (by more than `PEAK_SLACK`); all False for other primitives and parts without a datasheet entry."""
+    out = np.zeros(len(frame), dtype=bool)
+    if primitive not in TENSOR_PRIMITIVES or not len(frame) or "hardware" not in frame.columns:
+        return out
+    flops = compute_work(frame)[0]
+    duration = frame["duration_us"].to_numpy(dtype="float64")
+    dtypes = frame["dtype"].astype("string").fillna("bf16").to_numpy() if "dtype" in frame.columns \
+        else np.full(len(frame), "bf16")
+    hardware = frame["hardware"].astype(str).to_numpy()
+    for hw, dt in {(h, d) for h, d in zip(hardware, dtypes)}:
+        spec = hardware_spec(hw)
+        if spec is None or hw.startswith("cpu-") or dt not in PEAK_KIND:
+            continue
+        peak = spec.gemm_ceiling_tflops(str(dt)) * 1e12
+        if peak > 0:
+            at = (hardware == hw) & (dtypes == dt)
+            out[at] = np.nan_to_num(flops[at] / peak * 1e6, nan=0.0) > PEAK_SLACK * duration[at]
+    return out
+
+
+def flag_outliers(residual: np.ndarray, check_physics: np.ndarray, beyond_peak: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, dict]:
+    """Boolean mask of rows to set aside and a report {kind: count, ...} (see module docstring); `beyond_peak`:
+    rows `faster_than_peak` found."""
     n = len(residual)
     impossible = check_physics & (residual < -np.log10(IMPOSSIBLE_FACTOR))
+    if beyond_peak is not None:
+        impossible |= beyond_peak
+        if beyond_peak.sum() * 2 > n:  # most rows beyond the peak: the set's timing is broken as a whole
+            impossible = np.ones(n, dtype=bool)
     mode = np.zeros(n, dtype=bool)
     rest = np.flatnonzero(~impossible & np.isfinite(residual))
     if len(rest) >= MIN_MODE_ROWS:
@@ -213,7 +254,8 @@ def fit(frame: pd.DataFrame, primitive: str, folds: int = 5, seed: int = 0, thre
     log_roof = np.log10(np.where(has_roof, roof, 1.0))
     duration = frame["duration_us"].to_numpy(dtype="float64")
     residual = np.log10(duration) - log_roof
-    drop, outliers = flag_outliers(residual, has_roof & (primitive in COLLECTIVE_PRIMITIVES))
+    drop, outliers = flag_outliers(residual, has_roof & (primitive in COLLECTIVE_PRIMITIVES),
+                                   faster_than_peak(frame, primitive))
     outliers["rows"] = int(len(frame))
     x_all = matrix.to_numpy()
     x, y, t = x_all[~drop], residual[~drop], duration[~drop]

@@ -2,6 +2,8 @@
 
 - `megatron_args`: the run's exact Megatron command line (Megatron-LM's CI rows), read as `--megatron-args` would be;
   it wins over the columns derived from it (the world size stays the `num_gpus` column's: the launcher decides it).
+- `activation_recompute`: `name=value` pairs inside the cell (`full (recompute_method=block, recompute_num_layers=5)`),
+  read like the notes' below.
 - `notes`: the recipe the row's compiler found (`recipe preset ...: cuda_graph_impl=full_iteration,
   moe_token_dispatcher_type=flex, ...`): `name=value` pairs whose name is a setting in `NOTE_SETTINGS` are read
   (a column that states the setting wins); `force-balance` routing; `sliding window N`; MTP stated per row
@@ -34,6 +36,7 @@ NOTE_SETTINGS = {
     "recompute_granularity": "recompute_granularity",
     "recompute_modules": "recompute_modules",
     "recompute_num_layers": "recompute_num_layers",
+    "recompute_method": "recompute_method",
     "mtp_num_layers": "mtp_num_layers",
     "window_attn_skip_freq": "window_attn_skip_freq",
     "fp8_dot_product_attention": "fp8_dot_product_attention",
@@ -53,7 +56,7 @@ _PAIR = re.compile(r"\b(pp_layout)=(\S+)|\b([a-z][a-z0-9_]*)=(\[[^\]]*\]|\"[^\"]
 
 
 def _value(text: str) -> Any:
-    text = text.strip().strip("'\"")
+    text = text.strip().rstrip(":").strip("'\"")  # `recompute_num_layers=5: the perf overrides ...`
     if text.startswith("["):
         return [v.strip().strip("'\"") for v in text.strip("[]").split(",") if v.strip().strip("'\"")]
     if text in ("None", "none", "null"):
@@ -67,11 +70,18 @@ def note_settings(cells: dict[str, str], stated: set[str]) -> tuple[dict[str, An
     notes_text = cells.get("notes", "") or ""
     name = cells.get("model_name", "") or ""
     out: dict[str, Any] = {}
-    for layout_key, layout, other_key, other in _PAIR.findall(notes_text):
-        key, raw = (layout_key, layout) if layout_key else (other_key, other)
-        target = NOTE_SETTINGS.get(key)
-        if target and target not in stated and target not in out:
-            out[target] = _value(raw)
+    # the activation_recompute cell's own `name=value` pairs (`full (recompute_method=block, recompute_num_layers=5
+    # ...)`) first: the column states them; then the notes'
+    recompute_cell = cells.get("activation_recompute", "") or ""
+    from_cell: list[str] = []
+    for text in (recompute_cell, notes_text):
+        for layout_key, layout, other_key, other in _PAIR.findall(text):
+            key, raw = (layout_key, layout) if layout_key else (other_key, other)
+            target = NOTE_SETTINGS.get(key)
+            if target and target not in stated and target not in out:
+                out[target] = _value(raw)
+                if text is recompute_cell:
+                    from_cell.append(target)
     for env, raw in _ENV.findall(notes_text):
         if ENV_SETTINGS[env] not in stated:
             out.setdefault(ENV_SETTINGS[env], raw)
@@ -93,8 +103,10 @@ def note_settings(cells: dict[str, str], stated: set[str]) -> tuple[dict[str, An
     if "recompute_granularity" in out and out["recompute_granularity"] is None:  # stated off: no modules either
         out.pop("recompute_granularity")
         out.pop("recompute_modules", None)
-    read = [f"{k}={v}" for k, v in out.items()]
-    notes = [f"read from the row's notes: {', '.join(read)}"] if read else []
+    cell = [f"{k}={out[k]}" for k in from_cell if k in out]
+    read = [f"{k}={v}" for k, v in out.items() if k not in from_cell]
+    notes = [f"read from the row's activation_recompute cell: {', '.join(cell)}"] if cell else []
+    notes += [f"read from the row's notes: {', '.join(read)}"] if read else []
     provider, fixed = provider_settings(notes_text)
     fixed = {k: v for k, v in fixed.items() if k not in stated and k not in out}
     if fixed:

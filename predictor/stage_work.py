@@ -24,6 +24,7 @@ from tracekit.core.pipeline_layout import SPLIT_BACKWARD, torch_schedule
 
 from . import fsdp
 from .activation_offload import forward_exposed_us, segment_copies
+from .ep_overlap import alone_share, with_alone_passes
 from .estimates import calibrated_durations
 from .framework_costs import SYNC_US, Capture, PassCosts, capture, pass_costs
 from .schedule import Work
@@ -184,6 +185,17 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
                  + passes.iteration_us(s, cal.tensor_op_us) for s in range(pp)]
     gather = [float(sum(dur[o.spec] for o in graph.param_gather[s])) for s in range(pp)]
     extra: dict = {"pipeline_schedule": schedule} if schedule else {}
+    share = alone_share(c) if hiding.ep_all and split is None else 0.0
+    if share:  # the combined 1F1B schedule's first forward and last backward expose their EP collectives
+        bare = dataclasses.replace(hiding, ep_all=False)
+        fwd = [[with_alone_passes(fwd[s][k], _work(graph.segment(s, k).fwd, dur, cal, est.framework_us.get("fwd", 0.0),
+                                                   bare, graphs, (0.0, 0.0, call)), share)
+                for k in range(vp)] for s in range(pp)]
+        bwd = [[with_alone_passes(bwd[s][k], _work(graph.segment(s, k).bwd, dur, cal, est.framework_us.get("bwd", 0.0),
+                                                   bare, graphs, (*passes.backward_us(s, k, cal.tensor_op_us),
+                                                                  call + offload[s][k][1])),
+                                  share)
+                for k in range(vp)] for s in range(pp)]
     if split is not None:
         extra["wgrad"] = [[_work(weight_ops, bwd_dur, cal, est.framework_us.get("bwd", 0.0), hiding, graphs,
                                  (0.0, 0.0, call)) for _, weight_ops in row] for row in split[1]]

@@ -67,7 +67,10 @@ def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict
         for (hardware, primitive, pass_, group), index in training_sets(samples):
             frame = samples.loc[index]
             result = fit(frame, primitive, folds=folds, threads=threads)
-            if result.booster is None:
+            if result.booster is None:  # every row set aside: say so in the index
+                skipped.append({"hardware": hardware, "primitive": primitive, "pass": pass_, "group": group,
+                                "rows": int(len(frame)), "reason": "every row set aside as an outlier "
+                                f"({', '.join(f'{k} {v}' for k, v in result.outliers.items() if k != 'rows' and v)})"})
                 continue
             mid = model_id(hardware, primitive, pass_, group)
             meta = _metadata(mid, hardware, primitive, pass_, group, frame, result)

@@ -199,3 +199,22 @@ def test_a_rows_recompute_modules_are_read_with_the_granularity_its_column_state
     none = config_memory(dataclasses.replace(c, recompute_granularity="none", recompute_modules=None), "B200-180GB")[0]
     # the published run fit its 180 GB; tracekit's estimate is within 1% of that (benchmarks/memory_accuracy.py)
     assert kept["activations"] < none["activations"] and kept["total"] <= 180 * 1.02
+
+
+def test_the_recompute_cells_own_settings_are_read_and_recompute_only_those_layers():
+    """`full (recompute_method=block, recompute_num_layers=5: ...)` (Llama 3 8B on H100, NeMo 25.11): block
+    recompute of 5 layers per chunk, not of all 32 — which keeps the other 27 layers' activations."""
+    import dataclasses
+
+    from predictor.memory import config_memory
+
+    line, cells = next((i, c) for i, c in enumerate(rows_of("megatron_bridge_perf.csv"), start=2)
+                       if c["activation_recompute"].startswith("full (recompute_method=block"))
+    row = parse_row(cells, line, None, None)
+    assert row.error is None and row.config is not None and row.cluster is not None
+    c = row.config
+    assert (c.recompute_granularity, c.recompute_method, c.recompute_num_layers) == ("full", "block", 5)
+    assert any("activation_recompute cell" in n for n in row.notes)
+    every = dataclasses.replace(c, recompute_method="uniform", recompute_num_layers=1)
+    assert config_memory(c, row.cluster.hardware)[0]["activations"] > \
+        config_memory(every, row.cluster.hardware)[0]["activations"]

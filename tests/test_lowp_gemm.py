@@ -107,3 +107,19 @@ def test_the_learned_speed_up_rises_with_bf16_efficiency_and_stays_within_the_pe
     assert len(f) == len(GRID) and (np.diff(f) >= 0).all() and f.min() >= 0 and f.max() <= 1
     # measured: small GEMMs gain little from fp8, the largest nearly the whole peak ratio
     assert f[1] < 0.3 < 0.7 < f[14]
+
+
+@pytest.mark.parametrize("pass_,role", [("fwd", None), ("bwd", "dgrad"), ("bwd", "wgrad"), ("bwd", None)])
+def test_h100_fp8_gains_more_the_larger_the_gemm_and_never_loses_to_bf16(models, pass_, role):
+    """The fp8/bf16 speed-up of H100's bounded estimate grows with the GEMM (fixed costs weigh less), from nothing for
+    a launch-bound GEMM to most of the datasheet ratio, in every pass and backward role."""
+    sizes = [128, 256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384]
+    frame = rows("H100-80GB-HBM3", "fp8", [(s, s, s) for s in sizes], pass_=pass_, role=role)
+    low = models.predict(frame)["duration_us"].to_numpy()
+    half = models.predict(frame.assign(dtype="bf16"))["duration_us"].to_numpy()
+    speedup = half / low
+    assert (np.diff(speedup) >= -1e-9).all(), speedup
+    ratio = SPECS["H100-80GB-HBM3"].peak_tflops("fp8") / SPECS["H100-80GB-HBM3"].peak_tflops("bf16")
+    assert (speedup >= 1 - 1e-9).all() and (speedup <= ratio * (1 + 1e-9)).all()
+    assert speedup[0] < 1.05 < 1.5 < speedup[-1]  # a launch-bound GEMM gains nothing, a large one most of 2×
+

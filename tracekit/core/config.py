@@ -536,11 +536,11 @@ _READ = ("fp16", "bf16", "fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe",
          "num_layers_per_virtual_pipeline_stage", "group_query_attention", "moe_first_k_dense",
          *sharding_settings.FLAGS,
          # kept in `extra` and read there: fine-grained activation offloading (predictor.activation_offload,
-         # predictor.memory), the optimizer (predictor.muon) and the launch environment's CUBLAS_WORKSPACE_CONFIG
-         # (predictor.workspaces)
+         # predictor.memory), the optimizer (predictor.muon), the launch environment's CUBLAS_WORKSPACE_CONFIG
+         # (predictor.workspaces) and the MoE layer's host calls (predictor.moe_host_calls)
          "fine_grained_activation_offloading", "offload_modules", "min_offloaded_tensor_size",
          "activation_offload_fraction", "optimizer", "muon_num_ns_steps", "muon_tp_mode", "muon_split_qkv",
-         "cublas_workspace_config")
+         "cublas_workspace_config", "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_enable_expert_bias")
 #: Megatron's flags that pick a low-precision recipe (tracekit.core.precision.from_megatron reads them together).
 _LOWP_FLAGS = ("fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe")
 
