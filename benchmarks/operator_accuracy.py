@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 from extractors import ett  # noqa: E402
 from predictor.model_keys import deduplicate, groups_of, shapeless_rows  # noqa: E402
 from predictor.models import ModelSet  # noqa: E402
-from predictor.regressor import RATIO_TARGET, cv_splits, design, fit, predict  # noqa: E402
+from predictor.regressor import RATIO_TARGET, cv_splits, design, faster_than_peak, fit, predict  # noqa: E402
 from predictor.roofline import estimate_us  # noqa: E402
 from predictor.transfer import choose, source_weights  # noqa: E402
 from tracekit.core.atomic import atomic_write_json  # noqa: E402
@@ -206,10 +206,17 @@ def selection(tables: list[pd.DataFrame]) -> dict:
 
 
 def seed_rows(root: str) -> pd.DataFrame:
-    """The seed paper's compute samples (collectives depend on the links, not the GPU: not transferred)."""
+    """The seed paper's compute samples (collectives depend on the links, not the GPU: not transferred), without
+    the rows training sets aside as impossible (`predictor.regressor.faster_than_peak`; a set mostly beyond the
+    peak, whole): an estimate is not scored against a time no part can reach."""
     samples = pd.concat([ett.read_file(p) for p in ett.list_files(root)], ignore_index=True)
     samples = deduplicate(samples)
-    return samples[~samples["primitive"].isin(COLLECTIVE_PRIMITIVES)].reset_index(drop=True)
+    samples = samples[~samples["primitive"].isin(COLLECTIVE_PRIMITIVES)].reset_index(drop=True)
+    keep = np.ones(len(samples), dtype=bool)
+    for (_, primitive, _), index in samples.groupby(["hardware", "primitive", "pass"]).indices.items():
+        beyond = faster_than_peak(samples.iloc[index], str(primitive))
+        keep[index[beyond] if beyond.sum() * 2 <= len(index) else index] = False
+    return samples[keep].reset_index(drop=True)
 
 
 def corpus_rows(corpus: Path) -> pd.DataFrame:
