@@ -15,8 +15,9 @@ unrelated traces (HTA reads a folder as one job's ranks). Measured three times p
 in a fresh process with the imports done before the clock; as the whole command from a fresh interpreter
 (`tracekit ingest FOLDER --store S --json` / `python -c` HTA), start-up included, both from cached bytecode as
 installed tools run (a first, untimed run of each writes tracekit's caches); and each tool's start-up alone
-(`STARTUP`), which bounds what the whole command's ratio can be. The median over `--repeats` and the range are
-printed.
+(`STARTUP`), which bounds what the whole command's ratio can be. Each is timed in wall seconds and in CPU seconds
+(user + system, worker processes included), the latter less sensitive to other jobs on a shared machine. The
+median over `--repeats` and the range are printed.
 
     python benchmarks/ingest.py [--corpus DIR] [--repeats 5] [--big-gb 1.0] [--skip-big] [--skip-corpus]
 """
@@ -179,13 +180,17 @@ def uncompressed_size(path: Path) -> int:
 COMMAND_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
-def run_command(argv: list[str]) -> float:
-    """Wall seconds of a whole command, from exec to exit (interpreter start and imports included)."""
+def run_command(argv: list[str]) -> tuple[float, float]:
+    """Wall seconds of a whole command, from exec to exit (interpreter start and imports included), and its CPU
+    seconds (user + system, its worker processes included: `wait4` counts the children it waited for)."""
     t0 = time.perf_counter()
-    done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, env=COMMAND_ENV)
-    if done.returncode not in (0, 1):  # 1: some files refused (tracekit's exit code for a partial ingest)
-        raise RuntimeError(f"{argv[:3]} failed (exit {done.returncode})")
-    return time.perf_counter() - t0
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, env=COMMAND_ENV)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode not in (0, 1):  # 1: some files refused (tracekit's exit code for a partial ingest)
+        raise RuntimeError(f"{argv[:3]} failed (exit {proc.returncode})")
+    return wall, usage.ru_utime + usage.ru_stime
 
 
 def hta_command(folder: Path, one_job: bool) -> list[str]:
@@ -224,7 +229,8 @@ def small_folders(corpus: Path, repeats: int) -> None:
             mb = sum(uncompressed_size(corpus / m) for m in members) / 1e6
             print(f"\nsmall traces: {name}, {len(members)} files, {mb:.1f} MB uncompressed JSON")
             times: dict[str, list[float]] = {k: [] for k in ("tk", "hta", "tk-cmd", "hta-cmd", "tk-up", "hta-up",
-                                                                 "tk-cpu", "hta-cpu")}
+                                                                 "tk-cpu", "hta-cpu", "tk-cmd-cpu", "hta-cmd-cpu",
+                                                                 "tk-up-cpu", "hta-up-cpu")}
             counts = {}
             with tempfile.TemporaryDirectory() as store:  # untimed: caches (bytecode, the OS's file cache) as in use
                 run_command([*tracekit_cli, "ingest", str(folder), "--store", store, "--json"])
@@ -239,17 +245,21 @@ def small_folders(corpus: Path, repeats: int) -> None:
                 times["tk-cpu"].append(tk["cpu"])  # the processes' and their workers' CPU time: the work done,
                 times["hta-cpu"].append(hta["cpu"])  # less sensitive than wall time to other jobs on the cores
                 with tempfile.TemporaryDirectory() as store:
-                    times["tk-cmd"].append(run_command([*tracekit_cli, "ingest", str(folder), "--store", store,
-                                                        "--json"]))
-                times["hta-cmd"].append(run_command(hta_command(folder, one_job)))
-                times["tk-up"].append(run_command(STARTUP["tracekit"]))
-                times["hta-up"].append(run_command(STARTUP["hta"]))
+                    timed = {"tk-cmd": run_command([*tracekit_cli, "ingest", str(folder), "--store", store, "--json"])}
+                timed["hta-cmd"] = run_command(hta_command(folder, one_job))
+                timed["tk-up"] = run_command(STARTUP["tracekit"])
+                timed["hta-up"] = run_command(STARTUP["hta"])
+                for key, (wall, cpu) in timed.items():
+                    times[key].append(wall)
+                    times[f"{key}-cpu"].append(cpu)  # CPU time: the work done, less sensitive to other jobs
             print(f"  ok/failed: tracekit {counts['tracekit'][0]}/{counts['tracekit'][1]}, "
                   f"HTA {counts['hta'][0]}/{counts['hta'][1]}")
             for label, tk_key, hta_key in (("in process (imports before the clock)", "tk", "hta"),
                                            ("in process, CPU s (all processes)", "tk-cpu", "hta-cpu"),
                                            ("whole command (start-up included)", "tk-cmd", "hta-cmd"),
-                                           ("start-up alone (interpreter, imports)", "tk-up", "hta-up")):
+                                           ("whole command, CPU s (all processes)", "tk-cmd-cpu", "hta-cmd-cpu"),
+                                           ("start-up alone (interpreter, imports)", "tk-up", "hta-up"),
+                                           ("start-up alone, CPU s", "tk-up-cpu", "hta-up-cpu")):
                 tk_t, hta_t = times[tk_key], times[hta_key]
                 ratios = [h / t for h, t in zip(hta_t, tk_t)]
                 print(f"  {label:40s} tracekit {statistics.median(tk_t):5.2f} s ({min(tk_t):.2f}-{max(tk_t):.2f})"
@@ -257,8 +267,9 @@ def small_folders(corpus: Path, repeats: int) -> None:
                       f"   HTA/tracekit {statistics.median(hta_t) / statistics.median(tk_t):5.2f}x "
                       f"(per repeat {min(ratios):.2f}-{max(ratios):.2f}x)")
             bound = statistics.median(times["hta-cmd"]) / statistics.median(times["tk-up"])
-            print(f"  HTA's whole command / tracekit's start-up alone: {bound:5.2f}x (the whole-command ratio of an "
-                  f"ingest taking no time)")
+            bound_cpu = statistics.median(times["hta-cmd-cpu"]) / statistics.median(times["tk-up-cpu"])
+            print(f"  HTA's whole command / tracekit's start-up alone: {bound:5.2f}x wall, {bound_cpu:5.2f}x CPU (the "
+                  f"whole-command ratio of an ingest taking no time)")
 
 
 # --- the ≥ 1 GB trace -----------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""`tracekit ingest` starts without pandas (its import alone is about the time of a small folder's ingest), and the
-Arrow arrays it builds from buffers instead of pyarrow's converters are the ones those converters make."""
+"""`tracekit ingest` starts without pandas (its import alone is about the time of a small folder's ingest) and, under
+--json (no table printed, no bar drawn), without rich; and the Arrow arrays it builds from buffers instead of
+pyarrow's converters are the ones those converters make."""
 from __future__ import annotations
 
 import json
@@ -21,11 +22,12 @@ try:
     main()
 except SystemExit as exc:
     code = exc.code
-print(json.dumps({"pandas": "pandas" in sys.modules, "exit": code}), file=sys.stderr)
+print(json.dumps({"pandas": "pandas" in sys.modules, "rich": sorted(m for m in sys.modules if m.startswith("rich")),
+                  "exit": code}), file=sys.stderr)
 """
 
 
-def test_ingest_command_never_imports_pandas(tmp_path):
+def test_ingest_command_never_imports_pandas_nor_rich_under_json(tmp_path):
     # the 8 ranks of one job (forked workers, collectives matched) and a CPU-only trace, into one store
     run = [str(KINETO / "param" / "dlrm_8rank"),
            str(KINETO / "hta" / "cpu_only_rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz")]
@@ -33,7 +35,7 @@ def test_ingest_command_never_imports_pandas(tmp_path):
                           capture_output=True, text=True, timeout=300)
     report = json.loads(done.stdout)
     assert len(report["traces"]) == 9 and not report["errors"]
-    assert json.loads(done.stderr.strip().splitlines()[-1]) == {"pandas": False, "exit": 0}
+    assert json.loads(done.stderr.strip().splitlines()[-1]) == {"pandas": False, "rich": [], "exit": 0}
 
 
 def test_arrays_from_buffers_equal_pyarrows_conversion():

@@ -263,9 +263,9 @@ class _Builder:
                     op_conc(b"")
                     continue
                 ext = a.ext
-                op_ext(ext if type(ext) is int else _int(ext))
+                op_ext(ext if type(ext) is int else -1 if ext is None else _int(ext))  # _int(None) is -1: no call
                 value = a.autograd_seq
-                op_seq(value if type(value) is int else _int(value))
+                op_seq(value if type(value) is int else -1 if value is None else _int(value))
                 raw = a.dims
                 if raw is empty:
                     op_dims(b"")
@@ -279,14 +279,17 @@ class _Builder:
                     data = bytes(raw)
                     op_types(blobs.setdefault(data, data))
                 raw = a.concrete
-                wanted = wants_concrete.get(e.name)
-                if wanted is None:
-                    wanted = wants_concrete[e.name] = bool(_WANTS_CONCRETE(e.name))
-                if raw is empty or not wanted:  # only attention ops' flags (is_causal), index_select's dim are used
+                if raw is empty:
                     op_conc(b"")
                 else:
-                    data = bytes(raw)
-                    op_conc(blobs.setdefault(data, data))
+                    wanted = wants_concrete.get(e.name)
+                    if wanted is None:
+                        wanted = wants_concrete[e.name] = bool(_WANTS_CONCRETE(e.name))
+                    if wanted:  # only attention ops' flags (is_causal), index_select's dim are used
+                        data = bytes(raw)
+                        op_conc(blobs.setdefault(data, data))
+                    else:
+                        op_conc(b"")
                 if a.coll is not None or a.in_nelems is not None:
                     c.op_comm[len(c.op_name) - 1] = _comm(a)
             elif role == 2:  # device activity
@@ -314,11 +317,11 @@ class _Builder:
                 value = a.stream
                 dev_stream(value if type(value) is int else _int(value, _int(e.tid)))
                 value = a.ext
-                dev_ext(value if type(value) is int else _int(value))
+                dev_ext(value if type(value) is int else -1 if value is None else _int(value))
                 value = a.correlation
-                dev_corr(value if type(value) is int else _int(value))
+                dev_corr(value if type(value) is int else -1 if value is None else _int(value))
                 value = a.nbytes
-                dev_bytes(value if type(value) is int else _int(value))
+                dev_bytes(value if type(value) is int else -1 if value is None else _int(value))
                 if a.coll is not None or a.in_nelems is not None:
                     c.dev_comm[len(c.dev_name) - 1] = _comm(a)
             else:  # runtime / driver call
@@ -327,7 +330,7 @@ class _Builder:
                 rt_ts(e.ts)
                 rt_thread(last_code)
                 value = a.correlation if a is not None else -1
-                rt_corr(value if type(value) is int else _int(value))
+                rt_corr(value if type(value) is int else -1 if value is None else _int(value))
                 rt_name(intern(e.name, e.name))
 
     def _pair(self, e: Event) -> Event | None:

@@ -13,7 +13,17 @@ from tracekit.report.numbers import count, percent, plural, seconds, size_bytes
 
 from .app import app
 from .executor import Executor, check_ray_address, executor_option, ray_address_option
-from .output import EXIT_FAILED, EXIT_PARTIAL, console, err_console, fail, print_json, progress, user_errors
+from .output import (
+    EXIT_FAILED,
+    EXIT_PARTIAL,
+    console,
+    err_console,
+    fail,
+    print_json,
+    progress,
+    shows_progress,
+    user_errors,
+)
 
 
 @app.command(
@@ -47,19 +57,22 @@ def ingest(
         fail("--jobs sets the local processes; with --executor ray, Ray decides (give one of them)")
     with user_errors():
         sample_store = SampleStore(store)
-        bar = progress(quiet=as_json)
-        # redrawn on each file, not by rich's refresh thread: a process running no other thread forks its parsing
-        # workers (extractors.kineto.parallel), which start at once with everything imported
-        bar.live.auto_refresh = False
-        with bar:
-            task = bar.add_task("ingesting", total=None)
+        if not shows_progress(quiet=as_json):  # no bar to draw (--json, stderr not a terminal): none made
+            result = ingest_paths(paths, sample_store, jobs=jobs, executor=executor.value, ray_address=ray_address)
+        else:
+            bar = progress()
+            # redrawn on each file, not by rich's refresh thread: a process running no other thread forks its
+            # parsing workers (extractors.kineto.parallel), which start at once with everything imported
+            bar.live.auto_refresh = False
+            with bar:
+                task = bar.add_task("ingesting", total=None)
 
-            def advance(done: int, total: int, path) -> None:
-                bar.update(task, completed=done, total=total, description=f"ingesting {Path(path).name}",
-                           refresh=True)
+                def advance(done: int, total: int, path) -> None:
+                    bar.update(task, completed=done, total=total, description=f"ingesting {Path(path).name}",
+                               refresh=True)
 
-            result = ingest_paths(paths, sample_store, progress=advance, jobs=jobs, executor=executor.value,
-                                  ray_address=ray_address)
+                result = ingest_paths(paths, sample_store, progress=advance, jobs=jobs, executor=executor.value,
+                                      ray_address=ray_address)
     for error in result.errors:
         err_console.print(f"error: {error['path']}: {error['error']}", markup=False, soft_wrap=True)
     for skipped in result.skipped:

@@ -4,26 +4,56 @@ from __future__ import annotations
 import json
 import sys
 from contextlib import contextmanager
-from typing import Any, Iterator, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NoReturn
 
 import typer
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
 from tracekit.core.errors import TracekitError
 
+if TYPE_CHECKING:  # rich is imported where something is printed through it: a command run from a script may not
+    from rich.console import Console
+    from rich.progress import Progress
+
+
+class LazyConsole:
+    """A rich Console made on its first use. Importing rich.console is ~5% of a command's start-up, and a command
+    run from a script (`tracekit ingest --json`) may print nothing through it."""
+
+    def __init__(self, make: Callable[[], Console]):
+        self._make = make
+        self._console: Console | None = None
+
+    def get(self) -> Console:
+        """The Console itself (what rich's own classes take)."""
+        if self._console is None:
+            self._console = self._make()
+        return self._console
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        self.get().print(*objects, **options)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.get().is_terminal
+
+
+def _stdout_console() -> Console:
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=400, no_color=True, highlight=False)
+
+
+def _stderr_console() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
 #: Results on stdout. Piped or redirected, rich would wrap tables at 80 columns; there they are drawn at full width
 #: (one line per row, for grep and less -S) and without colour.
-console = Console() if sys.stdout.isatty() else Console(width=400, no_color=True, highlight=False)
+console = LazyConsole(_stdout_console)
 #: Warnings, errors and progress on stderr.
-err_console = Console(stderr=True, highlight=False)
+err_console = LazyConsole(_stderr_console)
 
 EXIT_FAILED = 2  # nothing could be done
 EXIT_PARTIAL = 1  # some inputs failed, the rest were processed
@@ -62,16 +92,24 @@ def _default(value: Any) -> Any:
     return str(value)
 
 
+def shows_progress(quiet: bool = False) -> bool:
+    """Whether `progress(quiet)` draws anything: not with `quiet` (e.g. under --json) nor when stderr is not a
+    terminal."""
+    return not quiet and err_console.is_terminal
+
+
 def progress(quiet: bool = False) -> Progress:
     """A progress bar on stderr; silent with `quiet` (e.g. under --json) or when stderr is not a terminal."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=err_console,
+        console=err_console.get(),
         transient=True,
-        disable=quiet or not err_console.is_terminal,
+        disable=not shows_progress(quiet),
     )
 
 
@@ -79,7 +117,9 @@ def progress(quiet: bool = False) -> Progress:
 def working(description: str, quiet: bool = False) -> Iterator[Any]:
     """A spinner with the step's description on stderr for work whose size is not known ahead (silent as
     `progress` is); yields `step(description)` to say what it does next."""
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
-                  transient=True, disable=quiet or not err_console.is_terminal) as bar:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console.get(),
+                  transient=True, disable=not shows_progress(quiet)) as bar:
         task = bar.add_task(description, total=None)
         yield lambda text: bar.update(task, description=text)
