@@ -114,6 +114,9 @@ def fuse_layer(b: OpBuilder, pairs: list[Pair]) -> list[Pair]:
             continue
         ops = [op for op, _, _ in item if op is not None]
         numels = [_numel(b, op) for op in ops]
+        # a backward row sized apart from its forward (a gated activation's reads both halves: predictor.glu_activation)
+        bwd_numels = [_numel(b, bw) if isinstance(bw, OpUse) else _numel(b, op)
+                      for op, bw, _ in item if op is not None]
         links = sum(numels[:-1]) * b.bytes  # each intermediate read back by the next op: kept in registers
         width = max(float(b.specs[op.spec].get("width") or 1.0) for op in ops)
         name = "compiled." + "+".join(op.name for op in ops)
@@ -121,7 +124,7 @@ def fuse_layer(b: OpBuilder, pairs: list[Pair]) -> list[Pair]:
         bwd: OpUse | None = None
         if not _is_residual(b, item):
             extra = sum(_numel(b, r[0][0]) for r in lone_adds if r[0][0] is not None) if first else 0.0
-            bwd = _kernel(b, name, (BWD_TENSORS * sum(numels) + extra) * b.bytes - links, width)
+            bwd = _kernel(b, name, (BWD_TENSORS * sum(bwd_numels) + extra) * b.bytes - links, width)
         first = False
         out.append((fwd, bwd, item[-1][2]))
     return out
