@@ -29,10 +29,15 @@ def test_models_command_lists_the_bundled_set_and_its_data():
     # the published tables' GPUs (#24), added as an update: their files and where each came from
     table_files = {p.name for p in (SAMPLES / "xla-matmul").glob("*.csv")} | {"h100_sm90.csv"} | \
         {p.name for p in (SAMPLES / "rocm-aiter").glob("*gemm*.csv")}
-    (update,) = doc["updates"]
+    update, retrained = doc["updates"]  # then the GH200 models retrained with the tensor-core peak rule (#24)
     assert {s["path"] for s in update["provenance"]["sources"]} == table_files
     assert all(s["kind"].startswith("import:") and s.get("origin") or s["kind"] == "import:aiter-gemm"
                for s in update["provenance"]["sources"])
+    assert retrained["hardware"] == ["GH200-120GB"]
+    assert {s["path"] for s in retrained["provenance"]["sources"]} == \
+        {f for f in corpus_files if f.startswith("NVIDIAGH200120GB")}
+    assert not any(m["hardware"] == "GH200-120GB" and m["primitive"] == "attention" and m["pass"] == "bwd"
+                   for m in doc["models"])  # its samples are beyond the peak (tests/test_impossible_samples.py)
     assert doc["clusters"]["H100-80GB-HBM3"] == "dgx-h100"
     for model in doc["models"]:
         assert model["samples"] > 0 and model["cv_mape"] is not None
