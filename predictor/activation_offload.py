@@ -27,16 +27,14 @@ Not modelled: Megatron keeps one group of each name on the GPU per iteration (th
 """
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import hardware_spec
 from tracekit.core.megatron_arguments import list_words
+
+from .stack import host_memory_gbs
 
 if TYPE_CHECKING:
     from .ops import OpUse
@@ -130,21 +128,6 @@ def group_bytes(c: TrainingConfig, moe_layer: bool) -> dict[str, float]:
     tensors = group_tensors(c, moe_layer)
     return {m: share * c.dtype_bytes * sum(n for n in tensors[m] if n >= smallest)
             for m in modules if m in tensors}
-
-
-@lru_cache(maxsize=1)
-def _host_memory() -> list[tuple[str, float]]:
-    doc = json.loads((Path(__file__).resolve().parent.parent / "tracekit" / "data" / "host_cpus.json").read_text())
-    return [(row["match"], float(row["gbs_per_gpu"])) for row in doc.get("memory", [])]
-
-
-def host_memory_gbs(hardware: str) -> float | None:
-    """Host memory bandwidth per GPU of the hardware's usual node when every GPU copies at once
-    (`tracekit/data/host_cpus.json`); None when not known."""
-    for pattern, gbs in _host_memory():
-        if re.search(pattern, hardware):
-            return gbs
-    return None
 
 
 def link_bytes_per_us(hardware: str) -> float:

@@ -73,9 +73,10 @@ class Stack:
 
 
 @lru_cache(maxsize=1)
-def _host_table() -> tuple[dict[str, str], list[tuple[str, str]]]:
+def _host_table() -> tuple[dict[str, str], list[tuple[str, str]], list[tuple[str, float]]]:
     doc = json.loads((DATA / "host_cpus.json").read_text())
-    return doc["classes"], [(row["match"], row["host"]) for row in doc["hardware"]]
+    return (doc["classes"], [(row["match"], row["host"]) for row in doc["hardware"]],
+            [(row["match"], float(row["gbs_per_gpu"])) for row in doc.get("memory", [])])
 
 
 def host_cpus() -> dict[str, str]:
@@ -88,6 +89,15 @@ def host_class(hardware: str) -> str | None:
     for pattern, host in _host_table()[1]:
         if re.search(pattern, hardware):
             return host
+    return None
+
+
+def host_memory_gbs(hardware: str) -> float | None:
+    """Host memory bandwidth per GPU of the hardware's usual node when every GPU copies at once
+    (`tracekit/data/host_cpus.json`); None when not known."""
+    for pattern, gbs in _host_table()[2]:
+        if re.search(pattern, hardware):
+            return gbs
     return None
 
 
