@@ -5,6 +5,7 @@ layers (DeepSeek-V3's MTP: the next token's embedding and the hidden state, both
 the training dtype under a low-precision recipe (it is not a Transformer Engine linear)."""
 from __future__ import annotations
 
+from .cross_entropy_bytes import variant as ce_variant
 from .ops import OpBuilder, OpUse, parts
 
 
@@ -41,7 +42,7 @@ def head(b: OpBuilder, prefix: str = "") -> tuple[list[OpUse], list[OpUse]]:
             fwd.append(gather)
     lm = b.gemm(f"{prefix}output_layer", "linear_final", rows, v_t, h, per_layer=False, bias=False, dtype=b.dtype)
     fwd.append(lm[0])
-    ce = b.compute(f"{prefix}loss.vocab_parallel_cross_entropy", "cross_entropy", "parallel_cross_entropy_128",
+    ce = b.compute(f"{prefix}loss.vocab_parallel_cross_entropy", "cross_entropy", ce_variant(b.c.extra),
                    0.0, False, rows=rows, width=v_t, numel=rows * v_t, tp=b.t)
     fwd.append(ce[0])
     for what in ("max", "predicted", "sum_exp"):  # the three TP all-reduces of vocab-parallel CE (fp32)

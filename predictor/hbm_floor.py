@@ -33,7 +33,7 @@ def apply(frame: pd.DataFrame, duration: np.ndarray) -> None:
     if not len(rows):
         return
     sub = frame.iloc[rows]
-    bw = np.array([_bandwidth(hw) for hw in sub["hardware"].astype(str).to_numpy()])
+    bw = np.array([bandwidth(hw) for hw in sub["hardware"].astype(str).to_numpy()])
     numel = pd.to_numeric(sub["numel"], errors="coerce").to_numpy(dtype="float64")
     moved = 3.0 * numel * dtype_bytes(sub["dtype"] if "dtype" in sub.columns else None, len(sub))
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -42,7 +42,7 @@ def apply(frame: pd.DataFrame, duration: np.ndarray) -> None:
     duration[rows[ok]] = np.fmax(duration[rows[ok]], floor[ok])
 
 
-def _bandwidth(hardware: str) -> float:
+def bandwidth(hardware: str) -> float:
     """The HBM bandwidth the roofline uses (bytes/s: the datasheet's), NaN for a CPU or a part the table does not
     hold."""
     peak = None if hardware.startswith("cpu-") else rates(hardware)

@@ -39,7 +39,8 @@ the paths below as if it were not there.
 The roofline answers of an NVIDIA GPU are GPU-side kernel times: the host part of the roofline's 5 µs launch
 term is taken off, never below the shortest kernel of the corpus's A100 traces
 (`kernel_paths.gpu_side`; the schedule charges the launch on the host). No fused RoPE estimate on a GPU of the
-datasheet table is faster than its bytes at the HBM bandwidth (`predictor.hbm_floor`). Whatever the path, an
+datasheet table is faster than its bytes at the HBM bandwidth (`predictor.hbm_floor`), nor Megatron-core's native
+vocab-parallel cross entropy than its fp32 passes (`predictor.cross_entropy_bytes`). Whatever the path, an
 unaligned shape on an NVIDIA GPU (a half-precision GEMM with an odd k or n, a wide softmax
 row that is not a whole number of 16-byte vectors) is raised to the time of the kernel it forces
 (`predictor.kernel_paths`). No GEMM estimate on a GPU of the datasheet table is faster than the dense peak of its
@@ -62,7 +63,7 @@ from tracekit.core.errors import ModelError
 from tracekit.core.hardware import gpu_family, hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES, DTENSOR_SUFFIX, GEMM_ROLES
 
-from . import hbm_floor, kernel_paths
+from . import cross_entropy_bytes, hbm_floor, kernel_paths
 from .lowp_gemm import HIGH, LOW, bounded, peak_flops
 from .model_keys import (
     ALIASES,
@@ -339,6 +340,7 @@ class ModelSet:
             kernel_paths.apply(frame, duration)  # unaligned shapes: the kernels they force (no model has seen them)
             _at_most_peak(frame, duration)
             hbm_floor.apply(frame, duration)  # fused RoPE: never faster than its bytes at HBM bandwidth
+            cross_entropy_bytes.apply(frame, duration)  # the native loss chain: nor its fp32 passes
         return pd.DataFrame({"duration_us": duration.astype("float64"), "path": path, "out_of_range": oor,
                              "sources": sources}, index=ops.index)
 

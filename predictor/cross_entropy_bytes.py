@@ -1,0 +1,65 @@
+"""The bytes Megatron-core's native vocab-parallel cross entropy moves, and the floor they put under its estimate.
+
+Without `cross_entropy_loss_fusion` Megatron-core computes the loss with `_VocabParallelCrossEntropy`
+(`megatron/core/tensor_parallel/cross_entropy.py`), a chain of PyTorch kernels over the [tokens, vocab / tp] logits
+that works in fp32 after one cast:
+
+- forward: `vocab_parallel_logits.float()` (reads the logits in their dtype, writes fp32), `torch.max` over the vocab
+  (reads fp32), the in-place subtraction of the maximum (reads and writes fp32), the in-place `torch.exp` (reads and
+  writes), `exp_logits.sum` (reads), and the in-place division by the sum (reads and writes), the softmax it keeps
+  for the backward: 4 + 4 + 8 + 8 + 4 + 8 = 36 bytes per logit plus the logits' own element size;
+- backward: `grad_input.mul_(grad_output)` (reads and writes fp32: 8 bytes per logit; the update of the targets'
+  entries is one element per token), and autograd's cast of that fp32 gradient back to the dtype of the logits the
+  function was given (reads 4, writes the logits' element size).
+
+A model (Megatron-Bridge's GPT-OSS, Qwen3-MoE; Megatron-core's default) whose vocabulary makes the logits gigabytes
+(201,088 × 16,384 tokens: 3.3 G logits, 13 GB in fp32) cannot run these passes out of the L2 cache: each pass goes to
+HBM. The operator models learned the kernel from the seed paper's samples (A100 and GH200, a 50,257-entry
+vocabulary) and answer other GPUs by transfer; where their answer is faster than these bytes at the datasheet's HBM
+bandwidth it is raised to them (`apply`); it is never lowered. Transformer Engine's fused cross entropy
+(`cross_entropy_fusion_impl` te, the Llama 3 and DeepSeek-V3 providers') works in place on the logits in one kernel
+and keeps its estimate: its rows carry another variant (`variant`).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .features import dtype_bytes, numeric_column
+from .hbm_floor import bandwidth
+
+#: The native chain's variant (the seed paper's sampled operator) and the fused kernels' one.
+NATIVE = "parallel_cross_entropy_128"
+FUSED = "fused_cross_entropy"
+#: fp32 bytes per logit beyond the input's own element size, forward (cast write, max, subtract, exp, sum, divide)
+#: and backward (scaling by the loss gradient in place, the read of the cast back).
+FP32_BYTES = {"fwd": 4.0 + 4.0 + 8.0 + 8.0 + 4.0 + 8.0, "bwd": 8.0 + 4.0}
+
+
+def variant(extra: dict) -> str:
+    """The loss's variant for a configuration's settings: fused where `cross_entropy_loss_fusion` is on."""
+    return FUSED if extra.get("cross_entropy_loss_fusion") else NATIVE
+
+
+def bytes_per_logit(pass_: str, element_bytes: float) -> float:
+    """Bytes the native chain moves per logit in a pass ('fwd' or 'bwd') for logits of `element_bytes` each."""
+    return FP32_BYTES[pass_] + element_bytes
+
+
+def apply(frame: pd.DataFrame, duration: np.ndarray) -> None:
+    """Raise, in place, each native cross-entropy row's estimate on a datasheet GPU to at least its bytes at the HBM
+    bandwidth."""
+    if "variant" not in frame.columns or "numel" not in frame.columns:
+        return
+    rows = np.flatnonzero(((frame["primitive"] == "cross_entropy") & (frame["variant"] == NATIVE)).to_numpy())
+    if not len(rows):
+        return
+    sub = frame.iloc[rows]
+    element = dtype_bytes(sub["dtype"] if "dtype" in sub.columns else None, len(sub))
+    per_logit = np.array([bytes_per_logit(p, e) if p in FP32_BYTES else np.nan
+                          for p, e in zip(sub["pass"].astype(str), element)])
+    bw = np.array([bandwidth(hw) for hw in sub["hardware"].astype(str).to_numpy()])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        floor = numeric_column(sub, "numel") * per_logit / bw * 1e6
+    ok = np.isfinite(floor)
+    duration[rows[ok]] = np.fmax(duration[rows[ok]], floor[ok])
