@@ -15,6 +15,7 @@ from __future__ import annotations
 from tracekit.core.attention import AttentionSettings
 
 from .attention_tiles import window_keys
+from .bias_dropout_add import bias_add
 from .norm_rope_ops import rope_ops
 from .ops import Backward, OpBuilder, OpUse, Pair
 
@@ -84,6 +85,7 @@ def attention_block(b: OpBuilder, window: int | None, lowp: bool) -> list[Pair]:
         pairs.append((*_inside(context), "core_attn"))
     pairs.extend(b.linear("self_attention.linear_proj", "linear2", rows, h, a_t * v_dim, "attention", lowp))
     pairs.extend(b.tp_out("self_attention.linear_proj", "attention"))
+    pairs.extend(bias_add(b, "self_attention", "attention"))  # unfused bias-dropout-add (predictor.bias_dropout_add)
     fwd, bwd = b.residual("self_attention.bias_dropout_add")
     pairs.append((fwd, bwd, "attention"))
     return pairs

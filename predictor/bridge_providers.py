@@ -7,7 +7,8 @@ From the providers' dataclass defaults in Megatron-Bridge (`src/megatron/bridge/
 
 - `GPTOSSProvider` (`gpt_oss/gpt_oss_provider.py`): biases on every linear (`add_bias_linear`), untied embeddings,
   a quick-GELU GLU (`activation_func=quick_gelu`, `glu_linear_offset` 1.0) clamped at 7.0
-  (`activation_func_clamp_value`); and every GPT-OSS performance recipe keeps and reduces gradients in bf16
+  (`activation_func_clamp_value`), the bias-dropout-add unfused (`bias_dropout_fusion=False`:
+  predictor.bias_dropout_add); and every GPT-OSS performance recipe keeps and reduces gradients in bf16
   (`set_gpt_oss_common_configs` in `scripts/performance/configs/gpt_oss/gpt_oss_llm_pretrain.py`:
   `ddp.grad_reduce_in_fp32 = False`, tracekit's `accumulate_allreduce_grads_in_fp32` False).
 - `Llama3ModelProvider` (`llama/llama_provider.py`), `Qwen3MoEModelProvider` (`qwen/qwen_provider.py`, with
@@ -32,7 +33,7 @@ _TE_LOSS = {"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "te"
 #: Provider class (its name or the start of a subclass's name) → the settings it fixes.
 PROVIDERS: dict[str, dict[str, Any]] = {
     "GPTOSSProvider": {**_COMMON, "add_bias_linear": True, "activation_func_clamp_value": 7.0,
-                       "accumulate_allreduce_grads_in_fp32": False},
+                       "accumulate_allreduce_grads_in_fp32": False, "bias_dropout_fusion": False},
     "Llama3ModelProvider": {**_COMMON, **_TE_LOSS, "add_bias_linear": False, "apply_rope_fusion": True},
     "Qwen3MoEModelProvider": {**_COMMON, "add_bias_linear": False, "qk_layernorm": True},
     "DeepSeekModelProvider": {**_COMMON, "add_bias_linear": False},

@@ -4,6 +4,7 @@ bias-dropout-add. `dense_mlp` is also the shared experts of an MoE layer (predic
 residual."""
 from __future__ import annotations
 
+from .bias_dropout_add import bias_add
 from .glu_activation import activation
 from .ops import OpBuilder, Pair
 
@@ -26,6 +27,7 @@ def mlp_block(b: OpBuilder, lowp: bool) -> list[Pair]:
     fwd, bwd = b.norm("pre_mlp_layernorm")
     pairs: list[Pair] = [(fwd, bwd, "layernorm")]
     pairs.extend(dense_mlp(b, b.c.ffn_hidden_size, lowp))
+    pairs.extend(bias_add(b, "mlp", "mlp"))  # unfused bias-dropout-add (predictor.bias_dropout_add)
     fwd, bwd = b.residual("mlp.bias_dropout_add")
     pairs.append((fwd, bwd, "mlp"))
     return pairs
