@@ -54,14 +54,15 @@ def string_array(values: Sequence[str | None] | np.ndarray) -> pa.Array:
     codes, distinct = text_codes(values)
     if not distinct:
         return pa.nulls(len(codes), pa.string())
-    encoded = [value.encode() for value in distinct] + [b""]  # code -1 (a null) reads the last: no bytes
+    encoded = np.empty(len(distinct) + 1, dtype=object)  # code -1 (a null) reads the last: no bytes
+    encoded[:] = [value.encode() for value in distinct] + [b""]
     lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))[codes]
     offsets = np.zeros(len(codes) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     if offsets[-1] > _MAX_STRING_BYTES:
         raise ValueError(f"{offsets[-1]} bytes of text in one column: more than an Arrow string array holds")
     bitmap, nulls = _validity(codes >= 0, len(codes))
-    data = b"".join(map(encoded.__getitem__, codes.tolist()))
+    data = encoded[0] * len(codes) if len(distinct) == 1 and not nulls else b"".join(encoded[codes].tolist())
     return pa.Array.from_buffers(pa.string(), len(codes), [bitmap, pa.py_buffer(offsets.astype(np.int32)),
                                                            pa.py_buffer(data)], null_count=nulls)
 
@@ -80,9 +81,9 @@ def holds_only(array: pa.Array, text: str) -> bool:
     """Whether every row of a string array is `text` (no null)."""
     offsets, data = _string_buffers(array)
     want = text.encode()
-    n = len(array)
-    return (not array.null_count and bool(np.all(np.diff(offsets) == len(want)))
-            and data[offsets[0]:offsets[-1]].tobytes() == want * n)
+    if array.null_count or not np.all(np.diff(offsets) == len(want)):
+        return False
+    return not want or bool(np.all(data[offsets[0]:offsets[-1]].view(f"V{len(want)}") == np.void(want)))
 
 
 def string_codes(array: pa.Array) -> tuple[np.ndarray, list[str]]:

@@ -135,7 +135,7 @@ class SampleStore:
                 tmp = folder / f".{name}.{token}.parquet.tmp"
                 staged.append((tmp, folder / f"{name}.parquet"))
                 part = runs[code]
-                pq.write_table(part[0] if len(part) == 1 else pa.concat_tables(part).combine_chunks(), tmp)
+                pq.write_table(pa.concat_tables(part), tmp)  # chunks, not combined: that copy costs more
         except BaseException:
             _unlink(staged)
             raise
