@@ -7,8 +7,10 @@
 - `notes`: the recipe the row's compiler found (`recipe preset ...: cuda_graph_impl=full_iteration,
   moe_token_dispatcher_type=flex, ...`): `name=value` pairs whose name is a setting in `NOTE_SETTINGS` are read
   (a column that states the setting wins); `force-balance` routing; `sliding window N`; MTP stated per row
-  (`w/o MTP` in the model name or the notes turns the recipe's MTP layer off); a token-drop run without a stated
-  capacity factor takes Megatron-Bridge's factor 1.0; the launch environment's variables of `ENV_SETTINGS`
+  (`w/o MTP` in the model name or the notes turns the recipe's MTP layer off); a token-drop run takes what
+  Megatron-Bridge's `apply_moe_token_drop` (`src/megatron/bridge/training/utils/moe_token_drop.py`, which the perf
+  scripts call for their token-drop runs) sets where the row states nothing else (`TOKEN_DROP`); the launch
+  environment's variables of `ENV_SETTINGS`
   (`NCCL_ALGO=Ring`, `CUBLAS_WORKSPACE_CONFIG=:4096:8`); the architecture of the Megatron-Bridge model provider its
   `arch:` names (predictor.bridge_providers); the precision recipe its Megatron-Bridge recipe preset names and what
   Bridge's configuration for that recipe sets (predictor.bridge_precision).
@@ -48,7 +50,14 @@ NOTE_SETTINGS = {
     "cpu_offloading_num_layers": "cpu_offloading_num_layers",
     "use_transformer_engine_op_fuser": "use_transformer_engine_op_fuser",
     "cutedsl_fused_grouped_mlp": "use_transformer_engine_op_fuser",  # Bridge runs the CuTe DSL kernel in TE's fuser
+    # Bridge r0.1.0's perf_matrix key: `set_cuda_graph_overrides` (scripts/performance/utils/helpers.py) sets
+    # `model.enable_cuda_graph` (and the TE RNG tracker) to it: Megatron-core's per-layer graphs of the whole layer
+    "cuda_graphs": "enable_cuda_graph",
 }
+#: What Megatron-Bridge's `apply_moe_token_drop` sets (its defaults: capacity factor 1.0, each expert's input padded
+#: to its capacity) and requires (it asserts the all-to-all token dispatcher) for a token-drop run.
+TOKEN_DROP = {"moe_expert_capacity_factor": 1.0, "moe_pad_expert_input_to_capacity": True,
+              "moe_token_dispatcher_type": "alltoall"}
 #: The launch environment's variables a row's notes may state (`run settings: ... NCCL_ALGO=Ring ...`).
 ENV_SETTINGS = {"NCCL_ALGO": "nccl_algo", "CUBLAS_WORKSPACE_CONFIG": "cublas_workspace_config"}
 _ENV = re.compile(r"\b(" + "|".join(ENV_SETTINGS) + r")=([^\s,;|()]+)")
@@ -96,7 +105,10 @@ def note_settings(cells: dict[str, str], stated: set[str]) -> tuple[dict[str, An
         out["mtp_num_layers"] = 1
     if (re.search(r"token[- ]?drop(?!less)", name + " " + notes_text, re.I) and "moe_expert_capacity_factor" not in
             stated and not re.search(r"dropless", name, re.I)):
-        out.setdefault("moe_expert_capacity_factor", 1.0)
+        flex = "moe_flex_dispatcher_backend" in out  # a flex backend named: the flex dispatcher, as the rule below
+        for key, value in TOKEN_DROP.items():
+            if key not in stated and not (flex and key == "moe_token_dispatcher_type"):
+                out.setdefault(key, value)
         out.pop("moe_router_force_load_balancing", None)
     if "moe_flex_dispatcher_backend" in out and "moe_token_dispatcher_type" not in out | dict.fromkeys(stated):
         out["moe_token_dispatcher_type"] = "flex"  # a flex backend is named only for the flex dispatcher
