@@ -12,8 +12,9 @@
   scripts call for their token-drop runs) sets where the row states nothing else (`TOKEN_DROP`); the launch
   environment's variables of `ENV_SETTINGS`
   (`NCCL_ALGO=Ring`, `CUBLAS_WORKSPACE_CONFIG=:4096:8`); the architecture of the Megatron-Bridge model provider its
-  `arch:` names (predictor.bridge_providers); the precision recipe its Megatron-Bridge recipe preset names and what
-  Bridge's configuration for that recipe sets (predictor.bridge_precision).
+  `arch:` names (predictor.bridge_providers); what the Megatron-Bridge performance launcher its recipe preset comes
+  from sets over the model recipe (predictor.bridge_perf_launch); the precision recipe its Megatron-Bridge recipe
+  preset names and what Bridge's configuration for that recipe sets (predictor.bridge_precision).
 Every value read this way is named in the row's `prediction_notes`.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from tracekit.core.config import parse_megatron_argv
 
+from .bridge_perf_launch import launcher_settings
 from .bridge_precision import precision_settings
 from .bridge_providers import provider_settings
 
@@ -124,6 +126,13 @@ def note_settings(cells: dict[str, str], stated: set[str]) -> tuple[dict[str, An
     if fixed:
         out.update(fixed)
         notes.append(f"{provider} (Megatron-Bridge): {', '.join(f'{k}={v}' for k, v in fixed.items())}")
+    launcher, launched = launcher_settings(notes_text)
+    launched = {k: v for k, v in launched.items()
+                if k not in stated and (k not in out or (k in fixed and fixed[k] != v))}
+    if launched:  # the launcher sets these after the model provider: its values win over the provider's
+        out.update(launched)
+        notes.append(f"Megatron-Bridge's performance launcher ({launcher}): "
+                     f"{', '.join(f'{k}={v}' for k, v in launched.items())}")
     preset, note = precision_settings(notes_text, cells.get("precision"), stated | set(out))
     if note:
         out.update(preset)
