@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from predictor.features import numeric_column
 from tracekit.core.cluster import Cluster
 
 #: Achievable share of a link's unidirectional rate for large messages, by fabric (bus bandwidth / link rate).
@@ -55,9 +56,8 @@ def fabric_efficiency(cluster: Cluster) -> float:
 
 
 def _col(frame: pd.DataFrame, name: str, default: float) -> np.ndarray:
-    if name not in frame.columns:
-        return np.full(len(frame), default, dtype="float64")
-    return np.nan_to_num(pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype="float64"), nan=default)
+    """A column as float64, `default` where it is missing or unparseable."""
+    return np.nan_to_num(numeric_column(frame, name, default), nan=default)
 
 
 def link_rates(cluster: Cluster, ranks_per_node: np.ndarray) -> tuple[np.ndarray, float]:

@@ -5,6 +5,8 @@ layers (DeepSeek-V3's MTP: the next token's embedding and the hidden state, both
 the training dtype under a low-precision recipe (it is not a Transformer Engine linear)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .ops import OpBuilder, OpUse, parts
 
 
@@ -67,8 +69,8 @@ def mtp_ends(b: OpBuilder, index: int) -> tuple[list[OpUse], list[OpUse], list[O
     prefix = f"mtp.layers.{index}."
     rows, h = b.tokens, b.h
     emb_fwd, emb_bwd = embedding(b)
-    emb_fwd = [OpUse(prefix + o.name, o.spec, o.count, False, o.group, o.flops) for o in emb_fwd]
-    emb_bwd = [OpUse(prefix + o.name, o.spec, o.count, False, o.group, o.flops) for o in emb_bwd]
+    emb_fwd = [replace(o, name=prefix + o.name, per_layer=False) for o in emb_fwd]
+    emb_bwd = [replace(o, name=prefix + o.name, per_layer=False) for o in emb_bwd]
     pre_fwd, pre_bwd = list(emb_fwd), list[OpUse]()
     for name in ("enorm", "hnorm"):
         fwd, bwd = b.norm(prefix + name, per_layer=False)
