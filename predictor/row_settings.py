@@ -14,7 +14,9 @@
   (`NCCL_ALGO=Ring`, `CUBLAS_WORKSPACE_CONFIG=:4096:8`); the architecture of the Megatron-Bridge model provider its
   `arch:` names (predictor.bridge_providers); what the Megatron-Bridge performance launcher its recipe preset comes
   from sets over the model recipe (predictor.bridge_perf_launch); the precision recipe its Megatron-Bridge recipe
-  preset names and what Bridge's configuration for that recipe sets (predictor.bridge_precision).
+  preset names and what Bridge's configuration for that recipe sets (predictor.bridge_precision); what the model
+  recipe that preset names sets beyond them (predictor.bridge_recipes: Llama 3 70B's tensor-parallel communication
+  overlap).
 Every value read this way is named in the row's `prediction_notes`.
 """
 from __future__ import annotations
@@ -23,10 +25,13 @@ import re
 from typing import Any
 
 from tracekit.core.config import parse_megatron_argv
+from tracekit.core.errors import ConfigError
+from tracekit.core.precision import recipe_name
 
 from .bridge_perf_launch import launcher_settings
 from .bridge_precision import precision_settings
 from .bridge_providers import provider_settings
+from .bridge_recipes import recipe_settings
 
 #: Settings a row's notes may state, with the setting name tracekit reads them as.
 NOTE_SETTINGS = {
@@ -137,7 +142,30 @@ def note_settings(cells: dict[str, str], stated: set[str]) -> tuple[dict[str, An
     if note:
         out.update(preset)
         notes.append(note)
+    recipe, note = recipe_settings(notes_text, _int_cell(cells.get("tp")), _true_cell(cells.get("sequence_parallel")),
+                                   _recipe_cell(out.get("precision") or cells.get("precision")), stated | set(out))
+    if note:
+        out.update(recipe)
+        notes.append(note)
     return out, notes
+
+
+def _int_cell(text: str | None) -> int:
+    try:
+        return int(float(text)) if text and text.strip() else 1
+    except ValueError:
+        return 1  # the column's own error is reported where the column is read
+
+
+def _recipe_cell(text: str | None) -> str | None:
+    try:
+        return recipe_name(text) if text and text.strip() else None
+    except ConfigError:
+        return None  # the column's own error is reported where the column is read
+
+
+def _true_cell(text: str | None) -> bool:
+    return (text or "").strip().lower() in ("true", "yes", "1")
 
 
 def argument_settings(cells: dict[str, str]) -> dict[str, Any]:
