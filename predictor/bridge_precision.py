@@ -14,8 +14,13 @@ What those configurations set (`src/megatron/bridge/training/mixed_precision.py`
   all-gather moves 1-byte weights and the quantised weight replaces the bf16 copy); the performance scripts turn the
   current-scaling preset's bf16 first and last layers off (`first_last_layers_bf16=False`, tracekit's default);
 - blockwise scaling does not (`fp8_param_gather=False`, Megatron's default);
-- MXFP8 gathers fp8 parameters in later versions and not in earlier ones, and the NVFP4 configuration was not read:
-  both keep Megatron's default here (a row or launch line that states `fp8_param_gather` sets it).
+- MXFP8 keeps its parameters as MXFP8 tensors (`fp8_param_gather=True`, `reuse_grad_buf_for_mxfp8_param_ag=True`)
+  from Megatron-Bridge PR #450 (merged 2025-08-22 for release r0.1.0, NeMo 25.09: the oldest release with performance
+  presets, so every row that names one); earlier Bridge code set `fp8_param_gather=False`. Megatron-core then gathers
+  the parameters in bf16 into the gradient buffer and quantises them in place (predictor.data_parallel): the
+  quantised tensors replace the bf16 weights in memory, the all-gather still moves 2 bytes a parameter;
+- the NVFP4 configuration was not read: it keeps Megatron's default here (a row or launch line that states
+  `fp8_param_gather` sets it).
 
 A setting the row states itself (a column other than the generic "fp8", a `name=value` of its notes) wins.
 """
@@ -35,6 +40,7 @@ PRESET_RECIPES = {"fp8cs": "fp8-cs", "fp8ds": "fp8", "fp8mx": "mxfp8", "fp8ss": 
 RECIPE_SETTINGS: dict[str, dict[str, Any]] = {
     "fp8-cs": {"fp8_param_gather": True},
     "fp8": {"fp8_param_gather": True},
+    "mxfp8": {"fp8_param_gather": True},
 }
 _PRESET_CLAUSE = re.compile(r"recipe preset\s+(\S+)")
 

@@ -6,16 +6,17 @@ Megatron's DDP keeps gradients in buckets of max(40M, 1M · ranks) elements: den
 data- and context-parallel ranks (`dpcp`), expert parameters over the expert data-parallel ranks (`edp`), each in
 buckets of their own: an all-reduce of the bucket, or with the distributed optimizer a reduce-scatter of it and, after
 the step, an all-gather of the updated parameters (1/ranks of the bucket each; fp8 parameters with
-`fp8_param_gather`; under FSDP/ZeRO-2+ the experts are sharded per unit instead, predictor.fsdp). The optimizer step
-updates the stage's dense parameters / dpcp (sharded) plus its expert parameters / edp; under torch FSDP2 they are
-DTensors, whose step is sampled of its own (`tracekit sample`: every op dispatched through DTensor; models without
-such samples answer with the plain step, what a GPU's kernels take while its host dispatches ahead). Weights cast by
-the recipe (tracekit.core.precision) are cast once per iteration.
+`fp8_param_gather`, MXFP8 ones in bf16: `param_gather_bytes`; under FSDP/ZeRO-2+ the experts are sharded per unit
+instead, predictor.fsdp). The optimizer step updates the stage's dense parameters / dpcp (sharded) plus its expert
+parameters / edp; under torch FSDP2 they are DTensors, whose step is sampled of its own (`tracekit sample`: every op
+dispatched through DTensor; models without such samples answer with the plain step, what a GPU's kernels take while
+its host dispatches ahead). Weights cast by the recipe (tracekit.core.precision) are cast once per iteration.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tracekit.core.config import TrainingConfig
 from tracekit.core.samples import DTENSOR_SUFFIX
 
 from . import fsdp, muon
@@ -31,6 +32,16 @@ class StageSync:
     casts: list[OpUse] = field(default_factory=list)  # compute once per iteration beside the step (weight casts)
 
 
+def param_gather_bytes(c: TrainingConfig) -> int:
+    """Bytes per parameter the distributed optimizer's all-gather moves: the training dtype's, one with fp8
+    parameters — except MXFP8's, which Megatron-core gathers in bf16 into the bucket's gradient buffer and quantises
+    in place after (`param_and_grad_buffer.py`: a buffer with MXFP8 parameters under the distributed optimizer shares
+    one storage between the param all-gather and the gradient reduce-scatter, `_post_param_sync` copies it into the
+    MXFP8 tensors)."""
+    lowp = c.lowp is not None and c.lowp.fp8_param_gather and c.recipe.low_precision
+    return 1 if (lowp and c.recipe.name != "mxfp8") else c.dtype_bytes
+
+
 def _buckets(b: OpBuilder, params: int, group: str, tag: str, sync: StageSync) -> None:
     c = b.c
     ranks = b.groups[group].size
@@ -38,7 +49,7 @@ def _buckets(b: OpBuilder, params: int, group: str, tag: str, sync: StageSync) -
         return
     bucket = max(40_000_000, 1_000_000 * ranks)  # Megatron's default DDP bucket size (elements)
     grad_bytes = c.grad_bytes  # fp32 main grads with bf16 (Megatron's rule), or when the stack/config asks
-    gather_bytes = 1 if (c.lowp and c.lowp.fp8_param_gather and c.recipe.low_precision) else c.dtype_bytes
+    gather_bytes = param_gather_bytes(c)
     n = max(1, -(-params // bucket))
     for i in range(n):
         numel = min(bucket, params - i * bucket) if n > 1 else params

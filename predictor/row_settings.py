@@ -7,11 +7,16 @@
 - `notes`: the recipe the row's compiler found (`recipe preset ...: cuda_graph_impl=full_iteration,
   moe_token_dispatcher_type=flex, ...`): `name=value` pairs whose name is a setting in `NOTE_SETTINGS` are read
   (a column that states the setting wins); `force-balance` routing; `sliding window N`; MTP stated per row
-  (`w/o MTP` in the model name or the notes turns the recipe's MTP layer off); a token-drop run without a stated
-  capacity factor takes Megatron-Bridge's factor 1.0; the launch environment's variables of `ENV_SETTINGS`
+  (`w/o MTP` in the model name or the notes turns the recipe's MTP layer off); a token-drop run takes what
+  Megatron-Bridge's `apply_moe_token_drop` (`src/megatron/bridge/training/utils/moe_token_drop.py`, which the perf
+  scripts call for their token-drop runs) sets where the row states nothing else (`TOKEN_DROP`); the launch
+  environment's variables of `ENV_SETTINGS`
   (`NCCL_ALGO=Ring`, `CUBLAS_WORKSPACE_CONFIG=:4096:8`); the architecture of the Megatron-Bridge model provider its
-  `arch:` names (predictor.bridge_providers); the precision recipe its Megatron-Bridge recipe preset names and what
-  Bridge's configuration for that recipe sets (predictor.bridge_precision).
+  `arch:` names (predictor.bridge_providers); what the Megatron-Bridge performance launcher its recipe preset comes
+  from sets over the model recipe (predictor.bridge_perf_launch); the precision recipe its Megatron-Bridge recipe
+  preset names and what Bridge's configuration for that recipe sets (predictor.bridge_precision); what the model
+  recipe that preset names sets beyond them (predictor.bridge_recipes: Llama 3 70B's tensor-parallel communication
+  overlap).
 Every value read this way is named in the row's `prediction_notes`.
 """
 from __future__ import annotations
@@ -20,9 +25,13 @@ import re
 from typing import Any
 
 from tracekit.core.config import parse_megatron_argv
+from tracekit.core.errors import ConfigError
+from tracekit.core.precision import recipe_name
 
+from .bridge_perf_launch import launcher_settings
 from .bridge_precision import precision_settings
 from .bridge_providers import provider_settings
+from .bridge_recipes import recipe_settings
 
 #: Settings a row's notes may state, with the setting name tracekit reads them as.
 NOTE_SETTINGS = {
@@ -48,7 +57,14 @@ NOTE_SETTINGS = {
     "cpu_offloading_num_layers": "cpu_offloading_num_layers",
     "use_transformer_engine_op_fuser": "use_transformer_engine_op_fuser",
     "cutedsl_fused_grouped_mlp": "use_transformer_engine_op_fuser",  # Bridge runs the CuTe DSL kernel in TE's fuser
+    # Bridge r0.1.0's perf_matrix key: `set_cuda_graph_overrides` (scripts/performance/utils/helpers.py) sets
+    # `model.enable_cuda_graph` (and the TE RNG tracker) to it: Megatron-core's per-layer graphs of the whole layer
+    "cuda_graphs": "enable_cuda_graph",
 }
+#: What Megatron-Bridge's `apply_moe_token_drop` sets (its defaults: capacity factor 1.0, each expert's input padded
+#: to its capacity) and requires (it asserts the all-to-all token dispatcher) for a token-drop run.
+TOKEN_DROP = {"moe_expert_capacity_factor": 1.0, "moe_pad_expert_input_to_capacity": True,
+              "moe_token_dispatcher_type": "alltoall"}
 #: The launch environment's variables a row's notes may state (`run settings: ... NCCL_ALGO=Ring ...`).
 ENV_SETTINGS = {"NCCL_ALGO": "nccl_algo", "CUBLAS_WORKSPACE_CONFIG": "cublas_workspace_config"}
 _ENV = re.compile(r"\b(" + "|".join(ENV_SETTINGS) + r")=([^\s,;|()]+)")
@@ -96,7 +112,10 @@ def note_settings(cells: dict[str, str], stated: set[str]) -> tuple[dict[str, An
         out["mtp_num_layers"] = 1
     if (re.search(r"token[- ]?drop(?!less)", name + " " + notes_text, re.I) and "moe_expert_capacity_factor" not in
             stated and not re.search(r"dropless", name, re.I)):
-        out.setdefault("moe_expert_capacity_factor", 1.0)
+        flex = "moe_flex_dispatcher_backend" in out  # a flex backend named: the flex dispatcher, as the rule below
+        for key, value in TOKEN_DROP.items():
+            if key not in stated and not (flex and key == "moe_token_dispatcher_type"):
+                out.setdefault(key, value)
         out.pop("moe_router_force_load_balancing", None)
     if "moe_flex_dispatcher_backend" in out and "moe_token_dispatcher_type" not in out | dict.fromkeys(stated):
         out["moe_token_dispatcher_type"] = "flex"  # a flex backend is named only for the flex dispatcher
@@ -112,11 +131,41 @@ def note_settings(cells: dict[str, str], stated: set[str]) -> tuple[dict[str, An
     if fixed:
         out.update(fixed)
         notes.append(f"{provider} (Megatron-Bridge): {', '.join(f'{k}={v}' for k, v in fixed.items())}")
+    launcher, launched = launcher_settings(notes_text)
+    launched = {k: v for k, v in launched.items()
+                if k not in stated and (k not in out or (k in fixed and fixed[k] != v))}
+    if launched:  # the launcher sets these after the model provider: its values win over the provider's
+        out.update(launched)
+        notes.append(f"Megatron-Bridge's performance launcher ({launcher}): "
+                     f"{', '.join(f'{k}={v}' for k, v in launched.items())}")
     preset, note = precision_settings(notes_text, cells.get("precision"), stated | set(out))
     if note:
         out.update(preset)
         notes.append(note)
+    recipe, note = recipe_settings(notes_text, _int_cell(cells.get("tp")), _true_cell(cells.get("sequence_parallel")),
+                                   _recipe_cell(out.get("precision") or cells.get("precision")), stated | set(out))
+    if note:
+        out.update(recipe)
+        notes.append(note)
     return out, notes
+
+
+def _int_cell(text: str | None) -> int:
+    try:
+        return int(float(text)) if text and text.strip() else 1
+    except ValueError:
+        return 1  # the column's own error is reported where the column is read
+
+
+def _recipe_cell(text: str | None) -> str | None:
+    try:
+        return recipe_name(text) if text and text.strip() else None
+    except ConfigError:
+        return None  # the column's own error is reported where the column is read
+
+
+def _true_cell(text: str | None) -> bool:
+    return (text or "").strip().lower() in ("true", "yes", "1")
 
 
 def argument_settings(cells: dict[str, str]) -> dict[str, Any]:

@@ -39,10 +39,13 @@ def test_a_generic_fp8_column_takes_the_presets_scaling_and_what_bridge_sets_for
     settings, note = precision_settings(notes, "fp8", {"precision"})
     assert settings == {"precision": "fp8-cs", "fp8_param_gather": True}
     assert note and "fp8_param_gather=True" in note
-    # a row that states the setting keeps its own; blockwise and MXFP8 set nothing (module docstring)
+    # a row that states the setting keeps its own; MXFP8 keeps quantised parameters too, blockwise sets nothing
+    # (module docstring)
     assert precision_settings(notes, "fp8", {"precision", "fp8_param_gather"})[0] == {"precision": "fp8-cs"}
     mx = "recipe preset LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_MX_V2 in scripts/performance/configs/l.py"
-    assert precision_settings(mx, "mxfp8", {"precision"}) == ({}, None)
+    assert precision_settings(mx, "mxfp8", {"precision"})[0] == {"fp8_param_gather": True}
+    ss = "recipe preset DEEPSEEK_V3_PRETRAIN_CONFIG_H100_FP8_SC_V1 in scripts/performance/configs/d.py"
+    assert precision_settings(ss, "fp8-block", {"precision"}) == ({}, None)
     # a column that names another recipe than the preset wins, and nothing is read from the preset
     assert precision_settings(notes, "bf16", {"precision"}) == ({}, None)
     assert precision_settings("no preset here", "fp8", {"precision"}) == ({}, None)

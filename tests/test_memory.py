@@ -99,16 +99,19 @@ def test_llm_foundry_loss_fn_is_read_and_a_misspelt_one_refused(tmp_path):
 
 
 def test_a_bridge_rows_model_provider_sets_its_cross_entropy():
-    """Megatron-Bridge's Llama 3 and DeepSeek providers pick Transformer Engine's cross entropy; Qwen3's does not."""
+    """Megatron-Bridge's Llama 3 and DeepSeek providers fuse the cross entropy (Transformer Engine's); Qwen3's and
+    GPT-OSS's do not. Every performance launcher names TE's implementation (predictor.bridge_perf_launch), which
+    takes effect only where the loss is fused."""
     rows = _rows("megatron_bridge_perf.csv")
     seen = set()
     for i, cells in enumerate(rows):
         c = parse_row(cells, i + 2, None, None).config
         if c is None:
             continue
-        te = c.extra.get("cross_entropy_fusion_impl") == "te"
+        assert c.extra.get("cross_entropy_fusion_impl") == "te", (i + 2, cells["model_name"])
         family = cells["model_name"][:5].upper()
-        assert te == (family in ("LLAMA", "DEEPS")), (i + 2, cells["model_name"])
+        fused = bool(c.extra.get("cross_entropy_loss_fusion"))
+        assert fused == (family in ("LLAMA", "DEEPS")), (i + 2, cells["model_name"])
         assert c.hidden_dropout == 0.0 and c.attention_dropout == 0.0  # every Bridge provider here sets none
         seen.add(family)
     assert {"LLAMA", "DEEPS", "QWEN3", "GPT O"} <= seen

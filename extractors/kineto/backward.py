@@ -39,6 +39,7 @@ import numpy as np
 from .classify import is_pointwise_op, op_primitive
 from .events import EventColumns
 from .linkage import Linkage
+from .sets import distinct, members
 from .shapes import op_features
 
 #: Role of the kernels of a non-GEMM node (tracekit.core.samples.ROLES names them all).
@@ -62,7 +63,7 @@ def forward_by_sequence(c: EventColumns, backward: np.ndarray, wanted: np.ndarra
     where composites share it)."""
     mask = (c.op_seq >= 0) & ~backward & ~c.op_is_annotation
     if wanted is not None:
-        mask &= np.isin(c.op_seq, wanted)
+        mask &= members(c.op_seq, distinct(wanted))
     out: dict[int, list[int]] = {}
     rows = np.flatnonzero(mask)
     for i, seq in zip(rows.tolist(), c.op_seq[rows].tolist()):
@@ -131,7 +132,7 @@ def link_backward(c: EventColumns, lk: Linkage, candidates: np.ndarray) -> Backw
     dev_op = lk.dev_op
     rows = np.flatnonzero(candidates & (dev_op >= 0))
     rows = rows[ctx.node[dev_op[rows]] >= 0]
-    forward = forward_by_sequence(c, ctx.backward, np.unique(c.op_seq[ctx.node[dev_op[rows]]])) if len(rows) else {}
+    forward = forward_by_sequence(c, ctx.backward, distinct(c.op_seq[ctx.node[dev_op[rows]]])) if len(rows) else {}
     nodes: dict[int, tuple[int, str | None]] = {}  # node → (forward op, its primitive)
     gemm_ops: dict[int, list[int]] = {}  # node → its GEMM ops in launch order
     gemm_of: dict[int, int] = {}  # device event → the GEMM op its role is read from

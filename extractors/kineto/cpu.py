@@ -32,6 +32,7 @@ from .columns import EVENT_COLUMNS
 from .events import EventColumns
 from .fsdp import fsdp_unit, unit_or_label
 from .linkage import link
+from .sets import distinct
 from .shapes import json_list, op_features, tensor_bytes
 from .table import EventTable
 
@@ -185,7 +186,7 @@ def _tensor_shapes(dims: list) -> list:
 def _op_starts_by_thread(c: EventColumns, ctx) -> dict[int, np.ndarray]:
     """Sorted start times of each thread's top-level operators."""
     ops = np.flatnonzero(ctx.top_level & ~c.op_is_annotation)
-    return {int(t): np.sort(c.op_ts[ops[c.op_thread[ops] == t]]) for t in np.unique(c.op_thread[ops])}
+    return {int(t): np.sort(c.op_ts[ops[c.op_thread[ops] == t]]) for t in distinct(c.op_thread[ops])}
 
 
 def _blocked_us(c: EventColumns, starts: dict[int, np.ndarray], call: int, work_end: float) -> float:

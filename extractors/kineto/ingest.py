@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from tracekit.core.arrow_arrays import float64_array, int64_array, string_array
+from tracekit.core.arrow_arrays import float64_array, int64_array, string_array, text_codes
 from tracekit.core.errors import ConfigError, InputError, TracekitError
 from tracekit.core.hashing import file_digest
 from tracekit.core.samples import COLUMNS, FEATURE_COLUMNS, SCHEMA
@@ -130,6 +130,8 @@ def sample_table(trace: KinetoTrace, source_id: str) -> pa.Table:
     keep = np.arange(len(ev))
     if np.any(node >= 0):
         keep, duration, kernel = per_role(node, ev["role"], duration, kernel)
+    # rows grouped by primitive (in their order within one): the store writes each partition as one slice
+    keep = keep[np.argsort(text_codes(ev["primitive"][keep])[0], kind="stable")]
     rows = len(keep)
     iteration = ev["iteration"][keep]
     variant = np.where(node >= 0, ev["fwd_op"], ev["op"])[keep]

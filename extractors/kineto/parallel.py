@@ -15,7 +15,6 @@ and pyarrow: ~0.3 s), and only for files large enough together to pay that (`spa
 from __future__ import annotations
 
 import gc
-import importlib
 import multiprocessing
 import os
 import sys
@@ -30,8 +29,6 @@ R = TypeVar("R")
 
 #: Below this many bytes of trace files together, spawned workers (each importing the parser) cost more than they save.
 SPAWN_MIN_BYTES = 32 << 20
-#: What the workers run, imported before they are forked so that none of them imports it again.
-PRELOAD = ("pyarrow.compute",)
 
 
 def start_method() -> str:
@@ -51,8 +48,6 @@ def worker_pool(jobs: int, files: list[Path], spawn_min_bytes: int = SPAWN_MIN_B
         yield None
         return
     if method == "fork":
-        for module in PRELOAD:
-            importlib.import_module(module)
         # the objects this process holds go to the collector's permanent generation: a forked worker's collections
         # then never walk them, so it neither spends the time nor copies the pages they sit on
         gc.freeze()

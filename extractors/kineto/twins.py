@@ -27,6 +27,7 @@ import numpy as np
 from .classify import is_comm_kernel
 from .events import EventColumns
 from .linkage import Linkage, OpContext
+from .sets import distinct
 
 #: Twins that must agree before a kernel takes their op by rule 1: fewer is weak evidence (a sampled trace, or one
 #: step in which an op occurs once), measured by `benchmarks/twin_links.py`.
@@ -96,7 +97,7 @@ def _same_sequence(c: EventColumns, ops: OpContext, dev_op: np.ndarray, orphan: 
     signature = np.array([codes.setdefault((c.dev_name[i], c.dev_geometry[i]), len(codes))
                           for i in range(len(dev_op))], dtype="<u4")
     kernels = np.array([kind == "kernel" for kind in c.dev_kind], dtype=bool)
-    for stream in np.unique(c.dev_stream[orphan]).tolist():
+    for stream in distinct(c.dev_stream[orphan]).tolist():
         rows = np.flatnonzero((c.dev_stream == stream) & kernels)
         rows = rows[np.argsort(c.dev_ts[rows], kind="stable")]
         lost, launched = orphan[rows], dev_op[rows] >= 0

@@ -252,15 +252,19 @@ def check_schedule(schedule: str, pp: int, vp: int, m: int) -> None:
 def filled_layout(num_layers: int, stages: int, mtp: int = 0) -> str:
     """A layout for a layer count the virtual stages do not divide: ⌈layers / stages⌉ decoder layers on every stage
     but the last, which takes the rest with the MTP layers and the loss (Megatron-Bridge's DeepSeek-V3 layouts follow
-    this rule: 61 layers over 16 stages are 4 × 15 + 1, over 8 stages 8 × 7 + 5); when that leaves the last stage
-    nothing, the layers are spread as evenly as they go, the first and last stages (embedding, loss) taking the
-    lighter share."""
+    this rule: 61 layers over 16 stages are 4 × 15 + 1, over 8 stages 8 × 7 + 5). When that leaves the last stage
+    nothing, the first stage (with the embedding) takes one layer fewer and the last what remains (none: only the MTP
+    layers and the loss), as Bridge's DeepSeek-V3 performance scripts lay 61 layers over 8 × 4 stages (`Et|(tt|)*30mL`,
+    `scripts/performance/configs/deepseek/`: every H100 configuration read); when even that does not fit, the layers
+    are spread as evenly as they go, the first and last stages (embedding, loss) taking the lighter share."""
     if num_layers < stages - 1:
         raise ConfigError(f"{num_layers} layers cannot fill {stages} pipeline stages")
     per = -(-num_layers // stages)
     rest = num_layers - per * (stages - 1)
     if rest >= 1:
         counts = [per] * (stages - 1) + [rest]
+    elif stages > 2 and per > 1 and num_layers - (per - 1) - per * (stages - 2) >= 0:
+        counts = [per - 1] + [per] * (stages - 2) + [num_layers - (per - 1) - per * (stages - 2)]
     else:
         low, extra = divmod(num_layers, stages)
         heavy = set(range(1, 1 + min(extra, stages - 2))) | set(range(stages - 1, stages - 1 - max(0, extra - (

@@ -7,6 +7,11 @@ store's lock (`filelock`, a file beside `sources.json`) — the source list is r
 place and the source recorded in `sources.json` in one step; a source another process recorded meanwhile is not
 written twice (the commit's other sources are written again without it). Readers see only recorded sources, so an
 add interrupted at any point (even killed) leaves the store readable and as it was.
+
+Adding does not use `pyarrow.compute` (importing it takes ~70 ms, a sixth of `tracekit ingest`'s start-up): the
+partitions are read from the columns' buffers (`arrow_arrays.string_codes`) and each is written as the slices of
+its rows, in order; a table whose rows come grouped by partition (ingest's do) is one slice per source and partition.
+Removing and reading import it.
 """
 from __future__ import annotations
 
@@ -21,11 +26,10 @@ from typing import Any, Iterable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from filelock import FileLock
 
-from .arrow_arrays import int64_array, integer_values
+from .arrow_arrays import holds_only, string_codes
 from .atomic import atomic_write_json
 from .errors import StoreError
 from .samples import SCHEMA, to_table
@@ -118,18 +122,20 @@ class SampleStore:
             return []
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         codes, folders = _partition_codes(table)
-        order = np.argsort(codes, kind="stable")
-        starts = np.flatnonzero(np.r_[True, codes[order][1:] != codes[order][:-1]]).tolist() if len(codes) else []
-        table = table.take(int64_array(order))  # not a numpy array: pyarrow would convert it (arrow_arrays)
+        heads = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]]) if len(codes) else np.zeros(0, dtype=np.int64)
+        runs: dict[int, list[pa.Table]] = {}  # partition → the slices of its rows (runs of neighbours), in order
+        for start, stop in zip(heads.tolist(), heads[1:].tolist() + [len(codes)]):
+            runs.setdefault(int(codes[start]), []).append(table.slice(start, stop - start))
         staged: list[tuple[Path, Path]] = []
         try:
-            for start, stop in zip(starts, starts[1:] + [len(order)]):
-                hardware, primitive = folders[int(codes[order[start]])]
+            for code in sorted(runs):
+                hardware, primitive = folders[code]
                 folder = self.root / "samples" / f"hardware={hardware}" / f"primitive={primitive}"
                 folder.mkdir(parents=True, exist_ok=True)
                 tmp = folder / f".{name}.{token}.parquet.tmp"
                 staged.append((tmp, folder / f"{name}.parquet"))
-                pq.write_table(table.slice(start, stop - start), tmp)
+                part = runs[code]
+                pq.write_table(pa.concat_tables(part), tmp)  # chunks, not combined: that copy costs more
         except BaseException:
             _unlink(staged)
             raise
@@ -137,6 +143,8 @@ class SampleStore:
 
     def remove(self, source_id: str) -> None:
         """Forget a source and delete its rows (its files; in a batch's files shared with other sources, its rows)."""
+        import pyarrow.compute as pc
+
         with self._lock():
             sources = self.sources()
             if source_id not in sources:
@@ -156,6 +164,8 @@ class SampleStore:
     # -- reading ----------------------------------------------------------------------------------------------
     def read(self, hardware: str | list[str] | None = None, primitive: str | list[str] | None = None):
         """All recorded samples (optionally of some hardware ids / primitives) as a pandas DataFrame."""
+        import pyarrow.compute as pc
+
         known = self.sources()
         files = set(known) | {meta["file"] for meta in known.values() if "file" in meta}
         hardware_set = {_part(h) for h in ([hardware] if isinstance(hardware, str) else hardware or [])}
@@ -195,8 +205,7 @@ class SampleStore:
 def _source_table(source_id: str, rows) -> pa.Table:
     """The rows of one source as a table of the sample schema; every row must carry its source id."""
     table = to_table(rows)
-    if table.num_rows and pc.unique(table.column("source")).to_pylist() != [source_id]:  # pc.equal(column, a str)
-        # would convert the str with pyarrow's converters, which import pandas (arrow_arrays)
+    if table.num_rows and not holds_only(table.column("source").combine_chunks(), source_id):
         raise StoreError(f"samples of source {source_id} carry another source id")
     return table
 
@@ -208,12 +217,15 @@ def _unlink(staged: list[tuple[Path, Path]]) -> None:
 
 def _partition_codes(table: pa.Table) -> tuple[np.ndarray, list[tuple[str, str]]]:
     """Each row's partition as a code, and the partitions ((hardware, primitive) folder names, sorted) they index."""
-    hardware = pc.dictionary_encode(table.column("hardware").combine_chunks())
-    primitive = pc.dictionary_encode(table.column("primitive").combine_chunks())
-    hw_names = [_part(v) for v in hardware.dictionary.to_pylist()]
-    prim_names = [_part(v) for v in primitive.dictionary.to_pylist()]
+    try:
+        hardware, hw_values = string_codes(table.column("hardware").combine_chunks())
+        primitive, prim_values = string_codes(table.column("primitive").combine_chunks())
+    except ValueError as exc:
+        raise StoreError(f"samples without hardware or primitive: {exc}") from exc
+    hw_names = [_part(v) for v in hw_values]
+    prim_names = [_part(v) for v in prim_values]
     folders = sorted({(h, p) for h in hw_names for p in prim_names})
     index = {folder: i for i, folder in enumerate(folders)}
     grid = np.array([[index[(h, p)] for p in prim_names] for h in hw_names], dtype=np.int64).reshape(
         len(hw_names), len(prim_names))
-    return grid[integer_values(hardware.indices), integer_values(primitive.indices)], folders
+    return grid[hardware, primitive], folders
