@@ -14,7 +14,11 @@ From the providers' dataclass defaults in Megatron-Bridge (`src/megatron/bridge/
 - `Llama3ModelProvider` (`llama/llama_provider.py`), `Qwen3MoEModelProvider` (`qwen/qwen_provider.py`, with
   `qk_layernorm`), `DeepSeekModelProvider` (`deepseek/deepseek_provider.py`): no linear biases, untied embeddings;
   the Llama 3 and DeepSeek-V3 providers fuse the cross entropy with Transformer Engine's implementation
-  (`cross_entropy_loss_fusion`, `cross_entropy_fusion_impl=te`; GPTModelProvider's others keep the native one).
+  (`cross_entropy_fusion_impl=te`; the others keep GPTModelProvider's `native` fused implementation).
+
+Every provider derives from `GPTModelProvider` (`gpt_provider.py`), which fuses the cross entropy
+(`cross_entropy_loss_fusion: bool = True`, Megatron-core's TransformerConfig default is False): no Bridge row runs
+Megatron-core's unfused fp32 loss chain (`predictor.cross_entropy_bytes`).
 
 All four use RMSNorm (Transformer Engine's fused kernel: the megatron-bridge stack's `fused_rmsnorm`) and rotary
 positions (GPT-OSS: YaRN, the same kernels on rescaled frequencies); Llama 3's provider fuses RoPE
@@ -28,7 +32,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_COMMON = {"untie_embeddings_and_output_weights": True, "normalization": "RMSNorm", "position_embedding_type": "rope"}
+_COMMON = {"untie_embeddings_and_output_weights": True, "normalization": "RMSNorm", "position_embedding_type": "rope",
+           "cross_entropy_loss_fusion": True}
 _TE_LOSS = {"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "te"}
 #: Provider class (its name or the start of a subclass's name) → the settings it fixes.
 PROVIDERS: dict[str, dict[str, Any]] = {

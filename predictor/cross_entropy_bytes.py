@@ -12,7 +12,7 @@ that works in fp32 after one cast:
   entries is one element per token), and autograd's cast of that fp32 gradient back to the dtype of the logits the
   function was given (reads 4, writes the logits' element size).
 
-A model (Megatron-Bridge's GPT-OSS, Qwen3-MoE; Megatron-core's default) whose vocabulary makes the logits gigabytes
+A model (Megatron-core's default; Megatron-Bridge's `GPTModelProvider` fuses it for every Bridge model) whose vocabulary makes the logits gigabytes
 (201,088 × 16,384 tokens: 3.3 G logits, 13 GB in fp32) cannot run these passes out of the L2 cache: each pass goes to
 HBM. The operator models learned the kernel from the seed paper's samples (A100 and GH200, a 50,257-entry
 vocabulary) and answer other GPUs by transfer; where their answer is faster than these bytes at the datasheet's HBM

@@ -99,9 +99,9 @@ def test_llm_foundry_loss_fn_is_read_and_a_misspelt_one_refused(tmp_path):
 
 
 def test_a_bridge_rows_model_provider_sets_its_cross_entropy():
-    """Megatron-Bridge's Llama 3 and DeepSeek providers fuse the cross entropy (Transformer Engine's); Qwen3's and
-    GPT-OSS's do not. Every performance launcher names TE's implementation (predictor.bridge_perf_launch), which
-    takes effect only where the loss is fused."""
+    """Every Megatron-Bridge provider derives from GPTModelProvider, which fuses the cross entropy
+    (`cross_entropy_loss_fusion = True`: predictor.bridge_providers), and every performance launcher names
+    Transformer Engine's implementation (predictor.bridge_perf_launch)."""
     rows = _rows("megatron_bridge_perf.csv")
     seen = set()
     for i, cells in enumerate(rows):
@@ -110,8 +110,7 @@ def test_a_bridge_rows_model_provider_sets_its_cross_entropy():
             continue
         assert c.extra.get("cross_entropy_fusion_impl") == "te", (i + 2, cells["model_name"])
         family = cells["model_name"][:5].upper()
-        fused = bool(c.extra.get("cross_entropy_loss_fusion"))
-        assert fused == (family in ("LLAMA", "DEEPS")), (i + 2, cells["model_name"])
+        assert c.extra.get("cross_entropy_loss_fusion") is True, (i + 2, cells["model_name"])
         assert c.hidden_dropout == 0.0 and c.attention_dropout == 0.0  # every Bridge provider here sets none
         seen.add(family)
     assert {"LLAMA", "DEEPS", "QWEN3", "GPT O"} <= seen
