@@ -12,13 +12,13 @@ that works in fp32 after one cast:
   entries is one element per token), and autograd's cast of that fp32 gradient back to the dtype of the logits the
   function was given (reads 4, writes the logits' element size).
 
-A model (Megatron-core's default; Megatron-Bridge's `GPTModelProvider` fuses it for every Bridge model) whose vocabulary makes the logits gigabytes
-(201,088 × 16,384 tokens: 3.3 G logits, 13 GB in fp32) cannot run these passes out of the L2 cache: each pass goes to
-HBM. The operator models learned the kernel from the seed paper's samples (A100 and GH200, a 50,257-entry
-vocabulary) and answer other GPUs by transfer; where their answer is faster than these bytes at the datasheet's HBM
-bandwidth it is raised to them (`apply`); it is never lowered. Transformer Engine's fused cross entropy
-(`cross_entropy_fusion_impl` te, the Llama 3 and DeepSeek-V3 providers') works in place on the logits in one kernel
-and keeps its estimate: its rows carry another variant (`variant`).
+It is Megatron-core's default (Megatron-Bridge's `GPTModelProvider` fuses the loss for every Bridge model). With a
+vocabulary that makes the logits gigabytes (201,088 × 16,384 tokens: 3.3 G logits, 13 GB in fp32) these passes cannot
+run out of the L2 cache: each goes to HBM. The operator models learned the kernel from the seed paper's samples
+(A100 and GH200, a 50,257-entry vocabulary) and answer other GPUs by transfer; where their answer is faster than
+these bytes at the datasheet's HBM bandwidth it is raised to them (`apply`); it is never lowered. A fused loss
+(`cross_entropy_loss_fusion`: Transformer Engine's kernel, or Megatron's `native` fused one) keeps its estimate: its
+rows carry another variant (`variant`).
 
 The seed paper's samples time another implementation of the same loss (its sampler feeds fp16 logits to its own
 `vocab_parallel_cross_entropy`, whose source is not in the vendored copy): on A100 they take 0.80-3.8x these
