@@ -70,10 +70,17 @@ def runtime(config: TrainingConfig) -> RuntimeSettings:
 
 def cluster_for(config: TrainingConfig, cluster: Cluster) -> Cluster:
     """The cluster as NCCL sees it under the run's settings: without in-network reduction (NVLS, SHARP) where
-    deterministic mode or NCCL_ALGO rules it out."""
-    if runtime(config).in_network_reduction or cluster.in_network_reduction == "none":
+    deterministic mode or NCCL_ALGO rules it out; without NVLS (SHARP over the network kept) under
+    NCCL_NVLS_ENABLE=0."""
+    run = runtime(config)
+    if cluster.in_network_reduction == "none":
         return cluster
-    return dataclasses.replace(cluster, in_network_reduction="none")
+    if not run.in_network_reduction:
+        return dataclasses.replace(cluster, in_network_reduction="none")
+    if run.nvls_off and "nvls" in cluster.in_network_reduction:
+        kept = "sharp" if "sharp" in cluster.in_network_reduction else "none"
+        return dataclasses.replace(cluster, in_network_reduction=kept)
+    return cluster
 
 
 # -- CUDA graphs ------------------------------------------------------------------------------------------------

@@ -10,8 +10,8 @@
   (`w/o MTP` in the model name or the notes turns the recipe's MTP layer off); a token-drop run takes what
   Megatron-Bridge's `apply_moe_token_drop` (`src/megatron/bridge/training/utils/moe_token_drop.py`, which the perf
   scripts call for their token-drop runs) sets where the row states nothing else (`TOKEN_DROP`); the launch
-  environment's variables of `ENV_SETTINGS`
-  (`NCCL_ALGO=Ring`, `CUBLAS_WORKSPACE_CONFIG=:4096:8`); the architecture of the Megatron-Bridge model provider its
+  environment's variables of `ENV_SETTINGS` (`NCCL_ALGO=Ring`, `NCCL_NVLS_ENABLE=0`,
+  `CUBLAS_WORKSPACE_CONFIG=:4096:8`); the architecture of the Megatron-Bridge model provider its
   `arch:` names (predictor.bridge_providers); what the Megatron-Bridge performance launcher its recipe preset comes
   from sets over the model recipe (predictor.bridge_perf_launch); the precision recipe its Megatron-Bridge recipe
   preset names and what Bridge's configuration for that recipe sets (predictor.bridge_precision); what the model
@@ -66,7 +66,8 @@ NOTE_SETTINGS = {
 TOKEN_DROP = {"moe_expert_capacity_factor": 1.0, "moe_pad_expert_input_to_capacity": True,
               "moe_token_dispatcher_type": "alltoall"}
 #: The launch environment's variables a row's notes may state (`run settings: ... NCCL_ALGO=Ring ...`).
-ENV_SETTINGS = {"NCCL_ALGO": "nccl_algo", "CUBLAS_WORKSPACE_CONFIG": "cublas_workspace_config"}
+ENV_SETTINGS = {"NCCL_ALGO": "nccl_algo", "NCCL_NVLS_ENABLE": "nccl_nvls_enable",
+                "CUBLAS_WORKSPACE_CONFIG": "cublas_workspace_config"}
 _ENV = re.compile(r"\b(" + "|".join(ENV_SETTINGS) + r")=([^\s,;|()]+)")
 _PAIR = re.compile(r"\b(pp_layout)=(\S+)|\b([a-z][a-z0-9_]*)=(\[[^\]]*\]|\"[^\"]*\"|'[^']*'|[^\s,;|()]+)")
 

@@ -4,6 +4,7 @@ of every Megatron flag with the one warning line for flags that change the time 
 real corpus rows, Megatron's own flag list."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
@@ -239,6 +240,35 @@ def test_deterministic_mode_runs_nccl_without_in_network_reduction(models):
     ring = predict(on_8("--deterministic-mode"), h100, models, NONE)
     assert nvls.config.dp == 8
     assert ring.iteration_time_s > nvls.iteration_time_s
+
+
+def test_nccl_nvls_enable_0_takes_nvls_away_and_keeps_sharp(models):
+    h100 = preset("dgx-h100")
+    assert "nvls" in h100.in_network_reduction
+    base = config("").to_dict()
+    off = TrainingConfig.from_mapping({**base, "nccl_nvls_enable": "0"})
+    on = TrainingConfig.from_mapping({**base, "nccl_nvls_enable": "1"})
+    assert cluster_for(on, h100) is h100
+    assert cluster_for(off, h100).in_network_reduction == ("sharp" if "sharp" in h100.in_network_reduction else "none")
+    both = dataclasses.replace(h100, in_network_reduction="nvls+sharp")
+    assert cluster_for(off, both).in_network_reduction == "sharp"  # SHARP over the network is another setting
+    # the CI rows whose launch environment says NCCL_NVLS_ENABLE=0 read it
+    _, cells = B.read_rows(E2E / "megatron_ci_golden.csv")
+    rows = [B.parse_row(c, i + 2, None, None) for i, c in enumerate(cells)]
+    stated = [r for r in rows if "NCCL_NVLS_ENABLE=0" in r.cells["notes"]]
+    assert stated and all(r.config.run.nvls_off for r in stated)
+    assert not any(r.config.run and r.config.run.nvls_off for r in rows if r not in stated)
+    # dp 8 inside one NVSwitch node: the gradient all-reduce without NVLS is slower, the compute the same
+    dp = ("--num-layers 4 --hidden-size 4096 --num-attention-heads 32 --seq-length 2048 --micro-batch-size 1 "
+          "--global-batch-size 8 --bf16")
+    def on_8(extra: dict) -> TrainingConfig:
+        return TrainingConfig.from_mapping({**config("", dp).to_dict(), "world_size": 8, "data_parallel_size": None,
+                                            **extra})
+
+    with_nvls = predict(on_8({}), h100, models, NONE)
+    without = predict(on_8({"nccl_nvls_enable": "0"}), h100, models, NONE)
+    assert without.iteration_time_s > with_nvls.iteration_time_s
+    assert without.breakdown["compute"] == pytest.approx(with_nvls.breakdown["compute"])
 
 
 # -- stack constants and host CPUs ------------------------------------------------------------------------------

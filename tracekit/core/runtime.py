@@ -11,6 +11,8 @@ logging passes, timers, gradient-accumulation fusion, gradient clipping. Setting
   value `full_iteration` is `--cuda-graph-impl full_iteration`).
 - `deterministic_mode`: Megatron sets NCCL_ALGO=Ring (no NVLS or SHARP in-network reduction) unless the launch sets
   another accepted NCCL_ALGO (`nccl_algo`, the launch environment's NCCL_ALGO).
+- `nccl_nvls_enable` (the launch environment's NCCL_NVLS_ENABLE): 0 turns NCCL's NVLink SHARP (NVLS) algorithms
+  off, the switch's in-network reduction inside the node; SHARP over the network (CollNet) is another setting.
 - `log_params_norm`: an L2 norm over every parameter each iteration, all-reduced, read on the host;
   `log_num_zeros_in_grad`: a count of the zeros of every gradient each iteration, all-reduced, read on the host;
   `clip_grad` (Megatron's default 1.0; 0 turns it off): the gradient norm and clipping each iteration.
@@ -46,6 +48,7 @@ class RuntimeSettings:
     external_cuda_graph: bool | None = None  # deprecated: cuda_graph_impl transformer_engine
     deterministic_mode: bool | None = None
     nccl_algo: str | None = None  # the launch environment's NCCL_ALGO
+    nccl_nvls_enable: str | None = None  # the launch environment's NCCL_NVLS_ENABLE
     log_params_norm: bool | None = None
     log_num_zeros_in_grad: bool | None = None
     gradient_accumulation_fusion: bool | None = None
@@ -123,6 +126,11 @@ class RuntimeSettings:
                 return not any(t.lstrip("^") == "nvls" for t in tokens)
             return any(t in _IN_NETWORK for t in tokens)
         return not self.deterministic_mode
+
+    @property
+    def nvls_off(self) -> bool:
+        """Whether the launch turned NCCL's NVLS algorithms off (NCCL_NVLS_ENABLE=0)."""
+        return str(self.nccl_nvls_enable).strip() == "0" if self.nccl_nvls_enable is not None else False
 
     def validate(self, config) -> None:
         """ConfigError naming the first way Megatron would refuse these settings with `config` (a TrainingConfig)."""
