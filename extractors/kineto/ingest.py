@@ -118,7 +118,8 @@ def sample_table(trace: KinetoTrace, source_id: str) -> pa.Table:
     a synchronous call on a CPU run, what its caller waited: `tracekit sample` times a call so). Backward kernels
     linked to their forward op (extractors/kineto/backward.py) become one row per autograd node and role: the sum
     of its kernels' times, the forward op as `variant`, the kernels' names joined by " + ". Built column by column
-    from the event frame's arrays (no DataFrame in between: this runs once per trace of an ingest)."""
+    from the event frame's arrays (no DataFrame in between: this runs once per trace of an ingest). The rows come
+    grouped by primitive, each primitive's in event order."""
     ev = trace.events
     wait = ev["wait_us"].astype(float)
     dur = ev["dur_us"].astype(float)
