@@ -27,8 +27,9 @@ A setting the row states itself (a column, a `name=value` of its notes, its laun
 """
 from __future__ import annotations
 
-import re
 from typing import Any
+
+from .bridge_recipes import preset_clause
 
 #: Launcher (as the notes' path names it) → what it sets over the model recipe (module docstring).
 _COMMON = {"apply_rope_fusion": True, "accumulate_allreduce_grads_in_fp32": False, "cross_entropy_fusion_impl": "te"}
@@ -36,16 +37,16 @@ LAUNCHERS: dict[str, dict[str, Any]] = {
     "src/megatron/bridge/perf_recipes/": dict(_COMMON),
     "scripts/performance/": dict(_COMMON),
 }
-_PRESET_IN = re.compile(r"recipe preset\s+\S+\s+in\s+(\S+)")
 
 
 def launcher_settings(notes: str) -> tuple[str | None, dict[str, Any]]:
     """(the launcher directory the notes' `recipe preset NAME in PATH` names, the settings it sets); (None, {}) when
     the notes name no preset of a launcher tracekit knows."""
-    found = _PRESET_IN.search(notes or "")
-    if not found:
+    clause = preset_clause(notes)
+    path = clause[1] if clause else None
+    if not path:
         return None, {}
     for launcher, settings in LAUNCHERS.items():
-        if found.group(1).startswith(launcher):
+        if path.startswith(launcher):
             return launcher, dict(settings)
     return None, {}

@@ -32,6 +32,8 @@ from typing import Any
 from tracekit.core.errors import ConfigError
 from tracekit.core.precision import recipe_name
 
+from .bridge_recipes import preset_clause
+
 #: How a preset's name spells its precision (case-insensitive, `_` or nothing before it) → tracekit's recipe.
 _PRESET = re.compile(r"(?:^|[_+\[\s])(fp8_?cs|fp8_?ds|fp8_?mx|fp8_?ss|nvfp4|bf16)(?=$|[_\]\s(])", re.I)
 PRESET_RECIPES = {"fp8cs": "fp8-cs", "fp8ds": "fp8", "fp8mx": "mxfp8", "fp8ss": "fp8-block", "nvfp4": "nvfp4",
@@ -42,16 +44,24 @@ RECIPE_SETTINGS: dict[str, dict[str, Any]] = {
     "fp8": {"fp8_param_gather": True},
     "mxfp8": {"fp8_param_gather": True},
 }
-_PRESET_CLAUSE = re.compile(r"recipe preset\s+(\S+)")
+
+
+def cell_recipe(text: str | None) -> str | None:
+    """The precision recipe a `precision` cell names, None when it is empty or not a recipe (the column's own error is
+    reported where the column is read)."""
+    try:
+        return recipe_name(text) if text and text.strip() else None
+    except ConfigError:
+        return None
 
 
 def preset_recipe(notes: str) -> str | None:
     """The recipe the notes' `recipe preset NAME` spells, None when the notes name no preset or its name no
     precision."""
-    clause = _PRESET_CLAUSE.search(notes or "")
-    if not clause:
+    clause = preset_clause(notes)
+    if clause is None:
         return None
-    found = _PRESET.search(clause.group(1))
+    found = _PRESET.search(clause[0])
     return PRESET_RECIPES[found.group(1).lower().replace("_", "")] if found else None
 
 
@@ -62,9 +72,8 @@ def precision_settings(notes: str, precision_cell: str | None, stated: set[str])
     preset = preset_recipe(notes)
     if preset is None:
         return {}, None
-    try:
-        column = recipe_name(precision_cell) if precision_cell and precision_cell.strip() else None
-    except ConfigError:
+    column = cell_recipe(precision_cell)
+    if column is None and precision_cell and precision_cell.strip():
         return {}, None  # the column's own error is reported where the column is read
     out: dict[str, Any] = {}
     recipe = column or preset

@@ -30,12 +30,19 @@ RECIPES: dict[str, dict[str, Any]] = {
 _PRESET_CLAUSE = re.compile(r"recipe preset\s+(\S+)(?:\s+in\s+(\S+))?")
 
 
+def preset_clause(notes: str) -> tuple[str, str | None] | None:
+    """(NAME, FILE or None) of the notes' `recipe preset NAME [in FILE]`, None when the notes name no preset; the one
+    reader of that clause (predictor.bridge_precision, predictor.bridge_perf_launch)."""
+    clause = _PRESET_CLAUSE.search(notes or "")
+    return (clause.group(1), clause.group(2)) if clause else None
+
+
 def preset_model_recipe(notes: str) -> str | None:
     """The model recipe (a key of RECIPES) the notes' `recipe preset NAME in FILE` names, None otherwise."""
-    clause = _PRESET_CLAUSE.search(notes or "")
-    if not clause:
+    clause = preset_clause(notes)
+    if clause is None:
         return None
-    text = " ".join(part for part in clause.groups() if part).lower()
+    text = " ".join(part for part in clause if part).lower()
     for recipe in RECIPES:
         if re.search(rf"(?:^|[^a-z0-9]){recipe}(?:$|[^a-z0-9])", text):
             return recipe

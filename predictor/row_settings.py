@@ -25,11 +25,9 @@ import re
 from typing import Any
 
 from tracekit.core.config import parse_megatron_argv
-from tracekit.core.errors import ConfigError
-from tracekit.core.precision import recipe_name
 
 from .bridge_perf_launch import launcher_settings
-from .bridge_precision import precision_settings
+from .bridge_precision import cell_recipe, precision_settings
 from .bridge_providers import provider_settings
 from .bridge_recipes import recipe_settings
 
@@ -144,7 +142,7 @@ def note_settings(cells: dict[str, str], stated: set[str]) -> tuple[dict[str, An
         out.update(preset)
         notes.append(note)
     recipe, note = recipe_settings(notes_text, _int_cell(cells.get("tp")), _true_cell(cells.get("sequence_parallel")),
-                                   _recipe_cell(out.get("precision") or cells.get("precision")), stated | set(out))
+                                   cell_recipe(out.get("precision") or cells.get("precision")), stated | set(out))
     if note:
         out.update(recipe)
         notes.append(note)
@@ -156,13 +154,6 @@ def _int_cell(text: str | None) -> int:
         return int(float(text)) if text and text.strip() else 1
     except ValueError:
         return 1  # the column's own error is reported where the column is read
-
-
-def _recipe_cell(text: str | None) -> str | None:
-    try:
-        return recipe_name(text) if text and text.strip() else None
-    except ConfigError:
-        return None  # the column's own error is reported where the column is read
 
 
 def _true_cell(text: str | None) -> bool:
