@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from .features import dtype_bytes, numeric_column
-from .hbm_floor import bandwidth
+from .hbm_floor import raise_to_bytes
 
 #: The native chain's variant (the seed paper's sampled operator) and the fused kernels' one.
 NATIVE = "parallel_cross_entropy_128"
@@ -67,8 +67,4 @@ def apply(frame: pd.DataFrame, duration: np.ndarray) -> None:
     element = dtype_bytes(sub["dtype"] if "dtype" in sub.columns else None, len(sub))
     per_logit = np.array([bytes_per_logit(p, e) if p in FP32_BYTES else np.nan
                           for p, e in zip(sub["pass"].astype(str), element)])
-    bw = np.array([bandwidth(hw) for hw in sub["hardware"].astype(str).to_numpy()])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        floor = numeric_column(sub, "numel") * per_logit / bw * 1e6
-    ok = np.isfinite(floor)
-    duration[rows[ok]] = np.fmax(duration[rows[ok]], floor[ok])
+    raise_to_bytes(sub, duration, rows, numeric_column(sub, "numel") * per_logit)

@@ -33,16 +33,22 @@ def apply(frame: pd.DataFrame, duration: np.ndarray) -> None:
     if not len(rows):
         return
     sub = frame.iloc[rows]
-    bw = np.array([bandwidth(hw) for hw in sub["hardware"].astype(str).to_numpy()])
     numel = pd.to_numeric(sub["numel"], errors="coerce").to_numpy(dtype="float64")
-    moved = 3.0 * numel * dtype_bytes(sub["dtype"] if "dtype" in sub.columns else None, len(sub))
+    raise_to_bytes(sub, duration, rows, 3.0 * numel * dtype_bytes(sub["dtype"] if "dtype" in sub.columns else None,
+                                                                   len(sub)))
+
+
+def raise_to_bytes(sub: pd.DataFrame, duration: np.ndarray, rows: np.ndarray, moved: np.ndarray) -> None:
+    """Raise, in place, `duration[rows]` to at least `moved` bytes (per row of `sub`, the frame's `rows`) at each row's
+    HBM bandwidth; rows without a bandwidth or a byte count keep their estimate."""
+    bw = np.array([_bandwidth(hw) for hw in sub["hardware"].astype(str).to_numpy()])
     with np.errstate(invalid="ignore", divide="ignore"):
         floor = moved / bw * 1e6
     ok = np.isfinite(floor)
     duration[rows[ok]] = np.fmax(duration[rows[ok]], floor[ok])
 
 
-def bandwidth(hardware: str) -> float:
+def _bandwidth(hardware: str) -> float:
     """The HBM bandwidth the roofline uses (bytes/s: the datasheet's), NaN for a CPU or a part the table does not
     hold."""
     peak = None if hardware.startswith("cpu-") else rates(hardware)
