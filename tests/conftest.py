@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import atexit
+import csv
 import os
 import shutil
 import subprocess
@@ -22,6 +23,13 @@ TRACES = ROOT / "traces"
 if "TRACEKIT_CACHE_DIR" not in os.environ:
     os.environ["TRACEKIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="tracekit-test-cache-")
     atexit.register(shutil.rmtree, os.environ["TRACEKIT_CACHE_DIR"], ignore_errors=True)
+
+
+def bridge_rows() -> list[tuple[int, dict[str, str]]]:
+    """(CSV line, cells) of every row of the corpus's Megatron-Bridge table (line 1 is the header), as
+    `predictor.batch.parse_row` takes them."""
+    with (E2E / "megatron_bridge_perf.csv").open(newline="") as f:
+        return list(enumerate(csv.DictReader(f), start=2))
 
 
 @pytest.fixture(scope="session")

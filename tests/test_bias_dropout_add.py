@@ -4,15 +4,13 @@ an MoE layer's), sized as the [tokens, hidden] output it reads and writes; the f
 longer named unmodelled; Megatron-Bridge's GPT-OSS rows run it unfused, as their provider sets."""
 from __future__ import annotations
 
-import csv
-
 import pytest
 
 from predictor.batch import parse_row
 from predictor.graph import build_graph
 from predictor.models import ModelSet
 from predictor.predict import predict
-from tests.conftest import E2E
+from tests.conftest import bridge_rows
 from tracekit.core.cluster import preset
 from tracekit.core.config import TrainingConfig
 from tracekit.core.megatron_arguments import unmodelled_warning
@@ -74,11 +72,9 @@ def test_the_unfused_add_slows_the_step_and_is_modelled():
 
 
 def test_the_bridge_gpt_oss_rows_run_it_unfused_and_the_llama_rows_fused():
-    with (E2E / "megatron_bridge_perf.csv").open(newline="") as f:
-        cells = list(csv.DictReader(f))
     seen: dict[str, set[bool]] = {}
-    for i, c in enumerate(cells):
-        row = parse_row(c, i + 2, None, None)
+    for line, c in bridge_rows():
+        row = parse_row(c, line, None, None)
         if not row.error:
             seen.setdefault(c["model_name"].split()[0], set()).add(bool(bias_adds(row.config)))
     assert seen["GPT"] == {True}

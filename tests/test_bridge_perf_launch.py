@@ -4,7 +4,6 @@ wire), fused RoPE on every model; and MXFP8's parameters, which Bridge keeps qua
 bf16 (predictor.bridge_precision, predictor.data_parallel)."""
 from __future__ import annotations
 
-import csv
 import dataclasses
 
 import pytest
@@ -13,16 +12,10 @@ from predictor.batch import parse_row
 from predictor.bridge_perf_launch import launcher_settings
 from predictor.graph import build_graph
 from predictor.memory import config_memory
-from tests.conftest import E2E
+from tests.conftest import bridge_rows
 from tracekit.core.config import TrainingConfig
 
-BRIDGE = E2E / "megatron_bridge_perf.csv"
 GPU = "GB200-186GB"  # the hardware id the GB200 rows are predicted on
-
-
-def _rows() -> list[tuple[int, dict]]:
-    with open(BRIDGE, newline="") as fh:
-        return list(enumerate(csv.DictReader(fh), start=2))
 
 
 def _config(line: int, cells: dict, **cell_overrides: str) -> TrainingConfig:
@@ -33,7 +26,7 @@ def _config(line: int, cells: dict, **cell_overrides: str) -> TrainingConfig:
 
 
 def _row(match) -> tuple[int, dict]:
-    return next((line, cells) for line, cells in _rows() if match(cells))
+    return next((line, cells) for line, cells in bridge_rows() if match(cells))
 
 
 def _bytes(graph, ops) -> float:
@@ -60,7 +53,7 @@ def test_every_published_row_reduces_gradients_in_bf16_and_fuses_rope():
     sets `grad_reduce_in_fp32=False` and `apply_rope_fusion=True` (module docstring of predictor.bridge_perf_launch):
     2-byte gradients, RoPE as TE's fused kernels — the DeepSeek-V3 provider's False and the Qwen3/GPT-OSS providers'
     default overridden."""
-    parsed = [(line, row.config) for line, cells in _rows()
+    parsed = [(line, row.config) for line, cells in bridge_rows()
               if (row := parse_row(cells, line, None, None)).config is not None]
     assert len(parsed) >= 90
     for line, c in parsed:
@@ -131,7 +124,7 @@ def test_llama3_70b_on_gb200_fits_its_186_gb_with_bf16_gradients():
     """The fp8 current-scaling runs (FSDP, 40 of 80 layers' activations on the host) ran on 186 GB GPUs; with the
     fp32 gradients Megatron's default would keep they came out at 187.2 GB."""
     checked = 0
-    for line, cells in _rows():
+    for line, cells in bridge_rows():
         if cells["model_name"] == "LLAMA3_70B" and cells["hardware_gpu"] == "GB200" and "fp8" in cells["precision"] \
                 and "mx" not in cells["precision"]:
             c = _config(line, cells)

@@ -4,21 +4,13 @@ padded to its capacity, the all-to-all dispatcher), and the r0.1.0 perf matrix's
 `model.enable_cuda_graph` (Megatron-core's per-layer graphs of the whole layer). On the corpus's real rows."""
 from __future__ import annotations
 
-import csv
 import re
 
 import pytest
 
 from predictor.batch import parse_row, predict_rows
 from predictor.models import ModelSet
-from tests.conftest import CORPUS
-
-BRIDGE = CORPUS / "e2e" / "megatron_bridge_perf.csv"
-
-
-def bridge_rows() -> list[tuple[int, dict]]:
-    with open(BRIDGE, newline="") as f:
-        return list(enumerate(csv.DictReader(f), start=2))
+from tests.conftest import bridge_rows
 
 
 def token_drop(cells: dict) -> bool:

@@ -3,23 +3,14 @@ pipeline layout a published row without one ran with (tracekit.core.pipeline_lay
 published Bridge rows."""
 from __future__ import annotations
 
-import csv
-
 import pytest
 
 from predictor.batch import parse_row
 from predictor.bridge_recipes import preset_model_recipe, recipe_settings
 from predictor.models import ModelSet
 from predictor.predict import predict_many
-from tests.conftest import CORPUS
+from tests.conftest import bridge_rows
 from tracekit.core.pipeline_layout import filled_layout, parse_layout
-
-BRIDGE = CORPUS / "e2e" / "megatron_bridge_perf.csv"
-
-
-def bridge_rows() -> list[tuple[int, dict]]:
-    with open(BRIDGE, newline="") as f:
-        return list(enumerate(csv.DictReader(f), start=2))
 
 
 @pytest.mark.parametrize("clause, recipe", [

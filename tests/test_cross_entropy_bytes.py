@@ -4,8 +4,6 @@ loss's time growing with the vocabulary and with slower memory, and the publishe
 fused loss every Bridge model provider runs (GPTModelProvider's `cross_entropy_loss_fusion`)."""
 from __future__ import annotations
 
-import csv
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -14,7 +12,7 @@ from predictor.batch import parse_row
 from predictor.cross_entropy_bytes import FUSED, NATIVE
 from predictor.graph import build_graph
 from predictor.models import ModelSet
-from tests.conftest import E2E
+from tests.conftest import bridge_rows
 from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import SPECS, hardware_spec
 
@@ -80,11 +78,9 @@ def test_cross_entropy_loss_fusion_selects_the_fused_loss():
 
 
 def test_the_bridge_rows_run_the_loss_their_model_providers_set():
-    with (E2E / "megatron_bridge_perf.csv").open(newline="") as f:
-        cells = list(csv.DictReader(f))
     seen: dict[str, set[str]] = {}
-    for i, c in enumerate(cells):
-        row = parse_row(c, i + 2, None, None)
+    for line, c in bridge_rows():
+        row = parse_row(c, line, None, None)
         if row.error:
             continue
         family = c["model_name"].split()[0].split("_")[0].upper()
