@@ -130,7 +130,7 @@ class RuntimeSettings:
     @property
     def nvls_off(self) -> bool:
         """Whether the launch turned NCCL's NVLS algorithms off (NCCL_NVLS_ENABLE=0)."""
-        return str(self.nccl_nvls_enable).strip() == "0" if self.nccl_nvls_enable is not None else False
+        return self.nccl_nvls_enable is not None and str(self.nccl_nvls_enable).strip() == "0"
 
     def validate(self, config) -> None:
         """ConfigError naming the first way Megatron would refuse these settings with `config` (a TrainingConfig)."""
