@@ -202,11 +202,11 @@ def hta_command(folder: Path, one_job: bool) -> list[str]:
 
 
 #: Start-up alone, what every command of each tool spends before its first file: the interpreter and the imports
-#: (tracekit's CLI with typer's parameter parsing — pydantic, and the plugin loader its first TypeAdapter imports —,
-#: the parser, numpy and pyarrow, as `tracekit ingest` imports them; HTA's TraceAnalysis).
+#: (tracekit's CLI, the parser, numpy and pyarrow with its Parquet writer, as `tracekit ingest` imports them; HTA's
+#: TraceAnalysis).
 STARTUP = {
-    "tracekit": [sys.executable, "-c", "from tracekit.cli import main; import typer._adapters, "
-                 "pydantic.plugin._loader, pyarrow.parquet, extractors.kineto.ingest, tracekit.core.store"],
+    "tracekit": [sys.executable, "-c", "from tracekit.cli import main; import pyarrow.parquet, "
+                 "extractors.kineto.ingest, tracekit.core.store"],
     "hta": [sys.executable, "-c", "import logging, warnings; from hta.trace_analysis import TraceAnalysis"],
 }
 

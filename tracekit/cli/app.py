@@ -2,18 +2,6 @@
 from typing import Optional
 
 import typer
-import typer.core
-
-# Typer's rich help prints every option's type, flags included (`--json <bool>`); a flag takes no value, so its type
-# column stays empty. One override here rather than a metavar on each of the commands' flags.
-_option_type = typer.core.TyperOption.display_type_rich
-
-
-def _flag_has_no_type(self, ctx):
-    return None if self.is_flag else _option_type(self, ctx)
-
-
-setattr(typer.core.TyperOption, "display_type_rich", _flag_has_no_type)  # a patch of typer's class (see above)
 
 app = typer.Typer(
     name="tracekit",
