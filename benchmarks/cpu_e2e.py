@@ -113,7 +113,6 @@ def measured_ms(model: dict) -> float:
 def predicted_ms(model: dict, models_dir: Path, hardware: str, work: Path, name: str, calibration: Path | None = None
                  ) -> dict:
     config = {**model, **COMMON, "world_size": 2, "precision": "fp32", "train_iters": TRAIN_ITERS}
-    config.pop("log_interval")
     if config.pop("torch_fsdp2_no_reshard_after_forward", False):  # Megatron's flag, as the configuration's field
         config["torch_fsdp2_reshard_after_forward"] = False
     path = work / f"config-{re.sub(r'[^A-Za-z0-9]+', '_', name)}.json"

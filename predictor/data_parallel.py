@@ -1,6 +1,7 @@
 """What each pipeline stage does once per iteration after its last backward: the data-parallel gradient reduction,
 the distributed optimizer's parameter all-gather, the tied embedding's gradient all-reduce, the optimizer step, and
-the low-precision recipe's weight casts, and Muon's orthogonalisation (predictor.muon).
+the low-precision recipe's weight casts, Muon's orthogonalisation (predictor.muon), and the loss report and logging
+barrier (predictor.iteration_syncs).
 
 Megatron's DDP keeps gradients in buckets of max(40M, 1M · ranks) elements: dense parameters are reduced over the
 data- and context-parallel ranks (`dpcp`), expert parameters over the expert data-parallel ranks (`edp`), each in
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from tracekit.core.config import TrainingConfig
 from tracekit.core.samples import DTENSOR_SUFFIX
 
-from . import fsdp, muon
+from . import fsdp, iteration_syncs, muon
 from .ops import OpBuilder, OpUse
 from .params import chunk_params
 
@@ -30,6 +31,7 @@ class StageSync:
     param_gather: list[OpUse] = field(default_factory=list)  # distributed optimizer's all-gathers
     optimizer: OpUse | None = None
     casts: list[OpUse] = field(default_factory=list)  # compute once per iteration beside the step (weight casts)
+    reports: list[tuple[OpUse, float]] = field(default_factory=list)  # (op, per iteration) after it, exposed
 
 
 def param_gather_bytes(c: TrainingConfig) -> int:
@@ -103,6 +105,7 @@ def stage_sync(b: OpBuilder, stage: int, weight_cast_elements: float) -> StageSy
     if weight_cast_elements:
         sync.casts.append(b.quantize("optimizer.quantize_weights", weight_cast_elements, per_layer=False)[0])
     sync.casts.extend(muon.stage_ops(b, stage))  # Muon's Newton-Schulz iterations (predictor.muon)
+    sync.reports = iteration_syncs.stage_ops(b, stage)
     return sync
 
 

@@ -73,6 +73,7 @@ class Graph:
     param_gather: dict[int, list[OpUse]]  # per stage: distributed optimizer's parameter all-gather
     optimizer: dict[int, OpUse]  # per stage: the optimizer step
     casts: dict[int, list[OpUse]] = field(default_factory=dict)  # per stage: once-per-iteration weight casts, Muon
+    reports: dict[int, list[tuple[OpUse, float]]] = field(default_factory=dict)  # per stage: (op, per iteration)
     _index: dict[tuple, int] = field(default_factory=dict, repr=False)
 
     def segment(self, stage: int, chunk: int) -> Segment:
@@ -227,10 +228,13 @@ def build_graph(config: TrainingConfig, hardware: str, gpus_per_node: int = 8,
     param_gather: dict[int, list[OpUse]] = {}
     optimizer: dict[int, OpUse] = {}
     weight_casts: dict[int, list[OpUse]] = {}
+    reports: dict[int, list[tuple[OpUse, float]]] = {}
     for stage in range(c.pp):
         sync = stage_sync(b, stage, stage_casts[stage])
         grad_sync[stage], param_gather[stage], weight_casts[stage] = sync.grad_sync, sync.param_gather, sync.casts
+        reports[stage] = sync.reports
         assert sync.optimizer is not None
         optimizer[stage] = sync.optimizer
     return Graph(config, hardware, gpus_per_node, b.groups, b.specs, segments,
-                 None if p2p_op is None else p2p_op.spec, grad_sync, param_gather, optimizer, weight_casts, b.index)
+                 None if p2p_op is None else p2p_op.spec, grad_sync, param_gather, optimizer, weight_casts, reports,
+                 b.index)

@@ -47,7 +47,8 @@ class Task:
 
 @dataclass
 class StageEnd:
-    """After the stage's last backward: gradient sync, optimizer and parameter gather (µs, absolute times)."""
+    """After the stage's last backward: gradient sync, optimizer, parameter gather and the loss report and logging
+    barrier (predictor.iteration_syncs) (µs, absolute times)."""
 
     busy_end: float
     sync_end: float
@@ -58,6 +59,7 @@ class StageEnd:
     exposed_sync_us: float
     exposed_gather_us: float
     sync_intervals: list[tuple[float, float]] = field(default_factory=list)  # DP buckets, then embedding sync
+    report_us: float = 0.0  # the loss report and logging barrier, after the gather, exposed
 
 
 @dataclass
@@ -311,7 +313,8 @@ def simulate_many(jobs: list[tuple[list[list[Work]], list[list[Work]], int, dict
     """The whole iteration of each job (fwd, bwd, micro-batches, options); jobs of one pipeline shape are simulated
     together (`pipeline_runs`). Options, per stage: grad_buckets_us (DP bucket collectives in order),
     embedding_sync_us (tied embedding all-reduce), optimizer_us, param_gather_us (distributed optimizer's
-    all-gather, exposed unless overlap_param_gather: overlapped with the next forward); overlap_grad (buckets
+    all-gather, exposed unless overlap_param_gather: overlapped with the next forward), report_us (the loss report and
+    logging barrier per iteration, after it, exposed); overlap_grad (buckets
     beside the last backward); iteration_overhead_us; p2p_us and overlap_p2p (P2P sends beside the next task);
     microbatch_group (the interleaved schedule's micro-batches per chunk in a row; default pp)."""
     runs = pipeline_runs([(fwd, bwd, m, options.get("p2p_us", 0.0), options.get("overlap_p2p", False),
@@ -324,13 +327,14 @@ def simulate_many(jobs: list[tuple[list[list[Work]], list[list[Work]], int, dict
 def _finish(runs: _Runs, m: int, *, grad_buckets_us: list[list[float]] | None = None, overlap_grad: bool = False,
             embedding_sync_us: list[float] | None = None, optimizer_us: list[float] | None = None,
             param_gather_us: list[float] | None = None, overlap_param_gather: bool = False,
-            iteration_overhead_us: float = 0.0) -> Timeline:
+            report_us: list[float] | None = None, iteration_overhead_us: float = 0.0) -> Timeline:
     """Gradient sync, optimizer and breakdown after the simulated pipeline."""
     pp, vp = runs.plan.pp, runs.plan.vp
     grad_buckets_us = grad_buckets_us or [[] for _ in range(pp)]
     embedding_sync_us = embedding_sync_us or [0.0] * pp
     optimizer_us = optimizer_us or [0.0] * pp
     param_gather_us = param_gather_us or [0.0] * pp
+    report_us = report_us or [0.0] * pp
     sync_ends, busy_ends, intervals = [], [], []
     for s in range(pp):
         last = runs.plan.offsets[s] + len(runs.plan.works[s]) - 1
@@ -347,9 +351,9 @@ def _finish(runs: _Runs, m: int, *, grad_buckets_us: list[list[float]] | None = 
     for s in range(pp):
         opt_end = opt_start + optimizer_us[s]
         gather = 0.0 if overlap_param_gather else param_gather_us[s]
-        tails.append(StageEnd(busy_ends[s], sync_ends[s], opt_start, opt_end, opt_end + gather,
+        tails.append(StageEnd(busy_ends[s], sync_ends[s], opt_start, opt_end, opt_end + gather + report_us[s],
                               sum(grad_buckets_us[s]) + embedding_sync_us[s], sync_ends[s] - busy_ends[s], gather,
-                              intervals[s]))
+                              intervals[s], report_us[s]))
     iteration = max(t.end for t in tails) + iteration_overhead_us
     works, sends = runs.works, runs.sends
     busy_of = [w.total + send for w, send in zip(works, sends)]
@@ -359,7 +363,7 @@ def _finish(runs: _Runs, m: int, *, grad_buckets_us: list[list[float]] | None = 
     breakdown = {
         "compute": runs.stage_sum(crit, [w.compute for w in works]),
         "exposed_communication": runs.stage_sum(crit, [w.comm + send for w, send in zip(works, sends)])
-        + tail.exposed_sync_us + tail.exposed_gather_us,
+        + tail.exposed_sync_us + tail.exposed_gather_us + tail.report_us,
         "optimizer": optimizer_us[crit],
         "other": runs.stage_sum(crit, [w.other for w in works]) + iteration_overhead_us,
     }

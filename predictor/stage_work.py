@@ -184,6 +184,7 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
     optimizer = [float(dur[graph.optimizer[s].spec]) + float(sum(o.count * dur[o.spec] for o in graph.casts.get(s, [])))
                  + passes.iteration_us(s, cal.tensor_op_us) for s in range(pp)]
     gather = [float(sum(dur[o.spec] for o in graph.param_gather[s])) for s in range(pp)]
+    report = [float(sum(times * dur[o.spec] for o, times in graph.reports.get(s, []))) for s in range(pp)]
     extra: dict = {"pipeline_schedule": schedule} if schedule else {}
     share = alone_share(c) if hiding.ep_all and split is None else 0.0
     if share:  # the combined 1F1B schedule's first forward and last backward expose their EP collectives
@@ -202,7 +203,7 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
     options = dict(
         p2p_us=float(dur[graph.p2p]) if graph.p2p is not None else 0.0,
         grad_buckets_us=buckets, overlap_grad=c.overlap_grad_reduce, embedding_sync_us=embd,
-        optimizer_us=optimizer, param_gather_us=gather, overlap_param_gather=c.overlap_param_gather,
+        optimizer_us=optimizer, param_gather_us=gather, overlap_param_gather=c.overlap_param_gather, report_us=report,
         iteration_overhead_us=cal.iteration_overhead_us, overlap_p2p=c.overlap_p2p_comm and vp > 1,
         microbatch_group=c.microbatch_group, **extra,
     )

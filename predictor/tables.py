@@ -39,6 +39,7 @@ def _stage_ops(graph: Graph, stage: int):
     for op in graph.casts.get(stage, []):  # weight casts once, Muon's iterations `count` times
         yield op, op.count
     yield graph.optimizer[stage], 1
+    yield from graph.reports.get(stage, [])  # the loss report; the logging barrier 1/log_interval times
 
 
 def instance_counts(graph: Graph) -> np.ndarray:

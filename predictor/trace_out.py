@@ -35,13 +35,14 @@ BASE_NS = 1_700_000_000_000_000_000
 PID, TID = 4242, 4242
 STREAMS = {"compute": 7, "tp": 20, "cp": 20, "ep": 22, "etp": 22, "tpep": 22, "dp": 24, "dpcp": 24, "edp": 24,
            "embd": 24, "pp": 28, "p2p": 28,
-           "fsdp": 24, "fsdp_replica": 24, "efsdp": 24}
+           "fsdp": 24, "fsdp_replica": 24, "efsdp": 24, "world": 24}
 GROUP_DESC = {"tp": "TENSOR_MODEL_PARALLEL_GROUP", "cp": "CONTEXT_PARALLEL_GROUP", "dp": "DATA_PARALLEL_GROUP",
               "dpcp": "DATA_PARALLEL_GROUP_WITH_CP", "pp": "PIPELINE_MODEL_PARALLEL_GROUP",
               "p2p": "PIPELINE_MODEL_PARALLEL_GROUP", "embd": "EMBEDDING_GROUP", "ep": "EXPERT_MODEL_PARALLEL_GROUP",
               "etp": "EXPERT_TENSOR_PARALLEL_GROUP", "tpep": "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP",
               "edp": "EXPERT_DATA_PARALLEL_GROUP", "fsdp": "DATA_PARALLEL_SHARD_GROUP",
-              "fsdp_replica": "DATA_PARALLEL_REPLICATE_GROUP", "efsdp": "EXPERT_DATA_PARALLEL_GROUP"}
+              "fsdp_replica": "DATA_PARALLEL_REPLICATE_GROUP", "efsdp": "EXPERT_DATA_PARALLEL_GROUP",
+              "world": "default_pg"}
 LAUNCH_US = 4.0  # CPU time of one launching op in the synthetic host timeline
 _NCCL = {"all_reduce": ("allreduce", "AllReduce_Sum_{dt}_RING_LL"), "all_gather": ("_allgather_base",
          "AllGather_RING_LL"), "reduce_scatter": ("_reduce_scatter_base", "ReduceScatter_Sum_{dt}_RING_LL"),
@@ -258,6 +259,8 @@ class _Writer:
         c = self.graph.config
         st = strides(c.tp, c.cp, c.dp, c.pp)
         coords = rank_coordinates(self.rank, c.tp, c.cp, c.dp, c.pp)
+        if group == "world":  # the logging barrier (predictor.iteration_syncs)
+            return list(range(n))
         if group in ("tp", "cp", "dp"):
             base = self.rank - coords[group] * st[group]
             return [base + i * st[group] for i in range(n)]
@@ -375,6 +378,10 @@ def rank_trace(prediction: "Prediction", rank: int, iterations: int = 2) -> dict
                 d = float(dur[use.spec])
                 w.op(use, "comm", t, d)
                 t += d
+        for use, times in graph.reports.get(stage, []):  # the loss report, the logging barrier's share
+            d = times * float(dur[use.spec])
+            w.op(use, "comm", t, d)
+            t += d
         step = {"External id": 0}
         w.events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{it + 1}", "pid": PID,
                          "tid": TID, "ts": t0 - LAUNCH_US - 2.0, "dur": period, "args": dict(step)})

@@ -188,3 +188,14 @@ def test_a_list_setting_reads_the_same_however_it_is_written(cell):
     config = TrainingConfig.from_mapping({**base, "recompute_modules": cell, "cuda_graph_scope": scope})
     assert config.recompute_modules == ("core_attn", "mlp")
     assert config.run is not None and config.run.cuda_graph_scope == ("attn", "mlp")
+
+
+def test_settings_kept_aside_survive_a_round_trip_through_to_dict():
+    """`predict --gpus` and `search` rebuild a configuration from `to_dict()` with other splits: the settings kept in
+    `extra` (here the logging interval and the loss fusion) must come back as settings, not nested under `extra`."""
+    c = TrainingConfig.from_megatron_args("--num-layers 2 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 "
+                                          "--micro-batch-size 1 --global-batch-size 8 --log-interval 5 "
+                                          "--cross-entropy-loss-fusion")
+    again = TrainingConfig.from_mapping({**c.to_dict(), "world_size": 8, "data_parallel_size": None})
+    assert again.extra == c.extra == {"log_interval": 5, "cross_entropy_loss_fusion": True}
+    assert again.dp == 8

@@ -253,8 +253,11 @@ def test_trace_out_read_back_by_ingest(tmp_path):
     qkv = gemm[(gemm["pass"] == "fwd") & (gemm["n"] == 3 * 1024 / 2)]
     assert set(qkv["m"]) == {1024 * 2} and set(qkv["k"]) == {1024}  # [l·b, h] × [h, 3h/tp]
     ar = rank0[rank0["primitive"] == "all_reduce"]
-    assert set(ar["group_size"]) == {2}
-    assert set(ar["bytes"]) >= {1024 * 2 * 1024 * 2}  # TP all-reduce of one [l, b, h] fp16 activation
+    tp, barrier = ar[ar["group_size"] == 2], ar[ar["group_size"] == 4]
+    assert len(tp) + len(barrier) == len(ar)
+    assert set(tp["bytes"]) >= {1024 * 2 * 1024 * 2}  # TP all-reduce of one [l, b, h] fp16 activation
+    # the logging barrier over the 4 ranks, one value, once per iteration drawn (no loss report: data parallelism 1)
+    assert len(barrier) == 2 and set(barrier["bytes"]) == {4}
 
 
 def test_cluster_file_and_unknown_calibration(tmp_path):

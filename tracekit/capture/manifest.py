@@ -89,11 +89,7 @@ class Manifest:
         """The run's TrainingConfig, or None when it could not be parsed."""
         if not self.configuration:
             return None
-        values = dict(self.configuration)
-        extra = values.pop("extra", {})
-        config = TrainingConfig.from_mapping(values)  # reads the settings of its sections back (to_dict's form)
-        config.extra.update(extra)
-        return config
+        return TrainingConfig.from_mapping(dict(self.configuration))  # to_dict's form: sections and `extra` read back
 
 
 # -- pieces of the manifest ----------------------------------------------------------------------------------------

@@ -356,6 +356,8 @@ class TrainingConfig:
         tracekit's (`micro_bach_size`, `--sequence-paralel`) with a suggestion, as Megatron's argparse would; given
         an `unknown` list (the user's --allow-unknown), such keys are kept aside and a warning is appended to it."""
         known = ({f.name for f in dataclasses.fields(cls)} - {"extra"} - set(SECTIONS)) | set(_SECTION_OF)
+        if isinstance(mapping.get("extra"), dict):  # `to_dict`'s form: the settings kept aside, read as the others
+            mapping = {**mapping["extra"], **{k: v for k, v in mapping.items() if k != "extra"}}
         values: dict[str, Any] = {}
         extra: dict[str, Any] = {}
         if strict:
@@ -538,12 +540,13 @@ _READ = ("fp16", "bf16", "fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe",
          # kept in `extra` and read there: fine-grained activation offloading (predictor.activation_offload,
          # predictor.memory), the optimizer (predictor.muon), the launch environment's CUBLAS_WORKSPACE_CONFIG
          # (predictor.workspaces), the MoE layer's host calls (predictor.moe_host_calls), the unfused
-         # bias-dropout-add (predictor.bias_dropout_add) and the fused loss (predictor.cross_entropy_bytes: its time;
-         # predictor.memory: the logits it keeps, by implementation)
+         # bias-dropout-add (predictor.bias_dropout_add), the fused loss (predictor.cross_entropy_bytes: its time;
+         # predictor.memory: the logits it keeps, by implementation) and the logging barrier's interval
+         # (predictor.iteration_syncs)
          "fine_grained_activation_offloading", "offload_modules", "min_offloaded_tensor_size",
          "activation_offload_fraction", "optimizer", "muon_num_ns_steps", "muon_tp_mode", "muon_split_qkv",
          "cublas_workspace_config", "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_enable_expert_bias",
-         "bias_dropout_fusion", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl")
+         "bias_dropout_fusion", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "log_interval")
 #: Megatron's flags that pick a low-precision recipe (tracekit.core.precision.from_megatron reads them together).
 _LOWP_FLAGS = ("fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe")
 
