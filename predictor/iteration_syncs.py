@@ -19,12 +19,13 @@ from __future__ import annotations
 from tracekit.core.errors import ConfigError
 
 from .ops import OpBuilder, OpUse
-from .placement import group_placement
 
 #: Megatron's `--log-interval` default.
 DEFAULT_LOG_INTERVAL = 100
 #: The loss report's values: the micro-batches' loss sum and token count, fp32.
 LOSS_REPORT_BYTES = 2 * 4
+#: The barrier's one value (an fp32 all-reduce, as PyTorch's NCCL group runs it).
+BARRIER_BYTES = 4
 
 
 def log_interval(extra: dict) -> int:
@@ -50,10 +51,7 @@ def stage_ops(b: OpBuilder, stage: int) -> list[tuple[OpUse, float]]:
         report = b.collective("loss.report_all_reduce", "all_reduce", "dpcp", LOSS_REPORT_BYTES, False)
         if report is not None:
             out.append((report, 1.0))
-    world = int(c.world_size)
-    if world > 1:
-        place = group_placement("world", world, 1, b.gpn, world)
-        spec = b.spec("all_reduce", "comm", "allreduce", None, None, bytes=4.0, group_size=world,
-                      ranks_per_node=place.ranks_per_node, nodes=place.nodes, numel=1.0)
-        out.append((OpUse("log.interval_barrier", spec, group="world"), 1.0 / log_interval(c.extra)))
+    barrier = b.collective("log.interval_barrier", "all_reduce", "world", BARRIER_BYTES, False)
+    if barrier is not None:
+        out.append((barrier, 1.0 / log_interval(c.extra)))
     return out

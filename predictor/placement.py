@@ -58,14 +58,15 @@ def group_placement(kind: str, size: int, stride: int, gpus_per_node: int, world
 
 def placements(tp: int, cp: int, dp: int, pp: int, gpus_per_node: int, ep: int = 1, etp: int | None = None
                ) -> dict[str, GroupPlacement]:
-    """GroupPlacement of the tp, cp, dp and pp groups, `p2p` (one pipeline hop between adjacent stages), `dpcp`, and
-    the expert groups `ep`, `etp`, `edp`, `tpep` (module docstring; etp defaults to tp)."""
+    """GroupPlacement of the tp, cp, dp and pp groups, `p2p` (one pipeline hop between adjacent stages), `dpcp`,
+    `world` (every rank), and the expert groups `ep`, `etp`, `edp`, `tpep` (module docstring; etp defaults to tp)."""
     world = tp * cp * dp * pp
     sizes = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
     out = {k: group_placement(k, sizes[k], s, gpus_per_node, world) for k, s in strides(tp, cp, dp, pp).items()}
     hop = group_placement("p2p", 2 if pp > 1 else 1, strides(tp, cp, dp, pp)["pp"], gpus_per_node, world)
     out["p2p"] = hop
     out["dpcp"] = _contiguous("dpcp", dp * cp, tp, gpus_per_node, world)
+    out["world"] = group_placement("world", world, 1, gpus_per_node, world)  # every rank (a barrier's group)
     etp = etp or tp
     edp = max(1, world // (pp * etp * ep))
     out["etp"] = group_placement("etp", etp, 1, gpus_per_node, world)

@@ -259,13 +259,12 @@ class _Writer:
         c = self.graph.config
         st = strides(c.tp, c.cp, c.dp, c.pp)
         coords = rank_coordinates(self.rank, c.tp, c.cp, c.dp, c.pp)
-        if group == "world":  # the logging barrier (predictor.iteration_syncs)
-            return list(range(n))
         if group in ("tp", "cp", "dp"):
             base = self.rank - coords[group] * st[group]
             return [base + i * st[group] for i in range(n)]
         place = self.graph.groups.get(group)
-        if group not in ("embd", "p2p", "pp") and place is not None:  # dpcp and the expert groups: every stride-th
+        # dpcp, world and the expert groups: every stride-th
+        if group not in ("embd", "p2p", "pp") and place is not None:
             start = self.rank - (self.rank // place.stride % place.size) * place.stride
             return [start + i * place.stride for i in range(n)]
         if group == "embd":
