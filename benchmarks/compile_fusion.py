@@ -27,6 +27,7 @@ from predictor.stack import get_stack  # noqa: E402
 from tracekit.core.cluster import Cluster  # noqa: E402
 from tracekit.core.config import TrainingConfig  # noqa: E402
 from tracekit.core.runtime import RuntimeSettings  # noqa: E402
+from tracekit.core.samples import FSDP_COPIES  # noqa: E402
 from tracekit.core.torchtitan_job import read_torchtitan  # noqa: E402
 
 JOBS = ROOT / "tests" / "data" / "jobs"
@@ -41,7 +42,7 @@ def layer_kernels(c: TrainingConfig, hardware: str) -> tuple[int, int, float]:
     counts, moved = [], 0.0
     for ops in (seg.fwd, seg.bwd):
         rows = [o for o in ops if o.per_layer and not o.recompute  # FSDP's copies run outside the compiled block
-                and g.specs[o.spec]["primitive"] in FUSED_PRIMITIVES and g.specs[o.spec]["variant"] != "fsdp_copy"]
+                and g.specs[o.spec]["primitive"] in FUSED_PRIMITIVES and g.specs[o.spec]["variant"] not in FSDP_COPIES]
         counts.append(len(rows))
         moved += float(np.sum(compute_work(pd.DataFrame([g.specs[o.spec] for o in rows]))[1]))
     return counts[0], counts[1], moved / 1e9

@@ -45,6 +45,8 @@ class Estimates:
     out_of_range: np.ndarray
     #: framework time per compute operator sampled on this hardware, per pass ({} where none was sampled)
     framework_us: dict[str, float] = field(default_factory=dict)
+    #: torch FSDP2's own host time per unit, per pass, sampled on this hardware ({} where none was sampled)
+    fsdp_unit_us: dict[str, float] = field(default_factory=dict)
 
 
 def resolve_hardware(requested: str, available: Sequence[str], compute: Sequence[str] = ()) -> tuple[str, str | None]:

@@ -15,7 +15,9 @@ parallel ranks, or with HSDP each replica's `dp·cp / replicas` of them):
   iteration after the optimizer step.
 - FSDP's NO_SHARD: an all-reduce per unit and micro-batch.
 PyTorch FSDP2 also copies each unit's shards into the gather buffer and out of it, and the gradients into the
-reduce-scatter buffer (memory-bound copies on the compute stream). The optimizer steps over 1/N of the parameters.
+reduce-scatter buffer (memory-bound copies on the compute stream), each estimated as its own op in the pass it runs in
+(`tracekit sample` times them; a hardware without their samples answers them by its elementwise model). The
+optimizer steps over 1/N of the parameters.
 An MoE layer's experts are a unit of their own, sharded over the expert data-parallel ranks (the ranks holding the
 same experts: torchtitan's `fully_shard` of the experts on the data-parallel mesh without the EP dimension,
 Megatron-FSDP's and DeepSpeed's expert data-parallel group): the same collectives over that group, no HSDP replicas.
@@ -31,6 +33,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tracekit.core.pipeline_layout import chunks
+from tracekit.core.samples import FSDP_COPY_IN, FSDP_COPY_OUT, FSDP_GRAD_COPY_IN
 from tracekit.core.sharding import Sharding, sharding_of
 
 from .ops import OpBuilder, OpUse
@@ -93,25 +96,27 @@ def unit_ops(b: OpBuilder, s: Sharding, params: float, name: str, per_layer: boo
     after_bwd: list[OpUse] = []
     copies = s.implementation == "torch-fsdp2"
 
-    def copy(label: str, numel: float) -> OpUse:
-        return b.elementwise(f"{name}.fsdp.{label}", "fsdp_copy", numel, per_layer=per_layer)[0]
+    def copy(label: str, variant: str, numel: float, pass_: str) -> OpUse:
+        """One of FSDP2's copies, estimated as its op in the pass it runs in (tracekit.core.samples.FSDP_COPIES)."""
+        spec = b.spec("elementwise", pass_, variant, None, None, rows=numel, width=1.0, numel=numel)
+        return OpUse(f"{name}.fsdp.{label}", spec, per_layer=per_layer)
 
     if s.params_sharded:
         gathers = 1 if root else s.parameter_gathers_per_microbatch
-        for i, where in enumerate((before_fwd, before_bwd)[:gathers]):
+        for i, (where, pass_) in enumerate(((before_fwd, "fwd"), (before_bwd, "bwd"))[:gathers]):
             op = b.collective(f"{name}.fsdp.all_gather" + ("" if i == 0 else "_backward"), "all_gather", group,
                               params * gather_bytes(c) / n, per_layer)
             if op is None:
                 continue
             if copies:
-                where.append(copy("all_gather_copy_in", params / n))
+                where.append(copy("all_gather_copy_in", FSDP_COPY_IN, params / n, pass_))
             where.append(op)
             if copies:
-                where.append(copy("all_gather_copy_out", params))
+                where.append(copy("all_gather_copy_out", FSDP_COPY_OUT, params, pass_))
     if s.reduce_every_microbatch:
         if s.grads_sharded:
             if copies:
-                after_bwd.append(copy("reduce_scatter_copy_in", params))
+                after_bwd.append(copy("reduce_scatter_copy_in", FSDP_GRAD_COPY_IN, params, "bwd"))
             op = b.collective(f"{name}.fsdp.reduce_scatter", "reduce_scatter", group, params * reduce_bytes(c) / n,
                               per_layer)
             if op is not None:
@@ -123,6 +128,20 @@ def unit_ops(b: OpBuilder, s: Sharding, params: float, name: str, per_layer: boo
         if across is not None:
             after_bwd.append(across)
     return before_fwd, before_bwd, after_bwd
+
+
+def pays_unit_hooks(c: TrainingConfig) -> bool:
+    """Whether `c` runs torch FSDP2's hooks around each unit in every micro-batch (the host time `tracekit sample`
+    measures per unit on a CPU: `framework` samples of variant `fsdp2_unit`)."""
+    s = sharding_of(c)
+    return s.implementation == "torch-fsdp2" and s.per_unit and not s.once_per_iteration(c.pp)
+
+
+def hooked_units(ops: list[OpUse], forward: bool) -> int:
+    """Units a forward or backward pass of `ops` runs FSDP's hooks for, per micro-batch: one per unit's forward
+    all-gather, and in the backward one per unit's gradient reduction (its reduce-scatter, or NO_SHARD's all-reduce)."""
+    ends = (".fsdp.all_gather",) if forward else (".fsdp.reduce_scatter", ".fsdp.all_reduce")
+    return sum(op.count for op in ops if op.group in (SHARD, EXPERT_SHARD) and op.name.endswith(ends))
 
 
 def insert_unit_ops(b: OpBuilder, segments: list[Segment]) -> None:

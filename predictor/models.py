@@ -223,7 +223,12 @@ class ModelSet:
     def framework_us(self, hardware: str) -> dict[str, float]:
         """{pass: µs} of framework time per compute operator sampled on `hardware` ({} when none was)."""
         return {entry["pass"]: float(entry["per_op_us"]) for entry in self.index.get("framework", [])
-                if entry["hardware"] == hardware}
+                if entry["hardware"] == hardware and "per_op_us" in entry}
+
+    def fsdp_unit_us(self, hardware: str) -> dict[str, float]:
+        """{pass: µs} of torch FSDP2's own host time per unit sampled on `hardware` ({} when none was)."""
+        return {entry["pass"]: float(entry["per_unit_us"]) for entry in self.index.get("framework", [])
+                if entry["hardware"] == hardware and "per_unit_us" in entry}
 
     def hardware_ids(self) -> list[str]:
         return sorted({m.hardware for m in self.models})

@@ -40,7 +40,8 @@ constants (predictor.calibration) → each stage's work (predictor.stage_work) �
     operators[{stage, primitive, pass, time_s, count}] (per iteration on one GPU of that stage; pass fwd|bwd|comm|
         optimizer; recomputed forward ops count under fwd),
     hardware, hardware_used, cluster{name, fabric, link figures...}, gpus_per_node, nodes, world_size, microbatches,
-    schedule, calibration (a stack profile's constants are named `stack:<name>`), config{...}.
+    schedule, calibration (a stack profile's constants are named `stack:<name>`), framework_us_per_op{pass: µs},
+    fsdp2_us_per_unit{pass: µs} (torch FSDP2's host time per unit, where sampled and the job uses it), config{...}.
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ from tracekit.core.hardware import hardware_spec
 from tracekit.core.megatron_arguments import unmodelled_warning
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES
 
-from . import tables
+from . import fsdp, tables
 from .calibration import NONE, Calibration
 from .estimates import Estimates, estimate_rows, resolve_hardware
 from .flops import throughput
@@ -95,6 +96,8 @@ class Prediction:
     work: tuple[list[list[Work]], list[list[Work]]] = field(repr=False)  # (fwd, bwd): Work per [stage][chunk],
     # one micro-batch
     memory_capacity_gb: float | None = None  # the GPU's memory (datasheet); None when unknown
+    #: torch FSDP2's host time per unit the models sampled on this hardware, per pass (µs; in `other`)
+    fsdp_unit_us: dict[str, float] = field(default_factory=dict)
 
     @property
     def fits_in_memory(self) -> bool | None:
@@ -143,6 +146,7 @@ class Prediction:
             "schedule": "interleaved" if c.vp > 1 else ("1f1b" if c.pp > 1 else "no pipeline"),
             "calibration": self.calibration.name,
             "framework_us_per_op": self.framework_us,
+            "fsdp2_us_per_unit": self.fsdp_unit_us,
             "config": c.to_dict(),
         }
 
@@ -235,7 +239,9 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
             continue
         graph, cluster, notes = item
         idx = next(it)
-        est = Estimates(duration[idx], list(paths[idx]), oor[idx], models.framework_us(graph.hardware))
+        units = models.fsdp_unit_us(graph.hardware) if hasattr(models, "fsdp_unit_us") else {}
+        est = Estimates(duration[idx], list(paths[idx]), oor[idx], models.framework_us(graph.hardware),
+                        units if fsdp.pays_unit_hooks(graph.config) else {})
         if not np.all(np.isfinite(est.duration_us)):
             bad = [graph.specs[i]["variant"] for i in np.flatnonzero(~np.isfinite(est.duration_us))]
             out.append(ConfigError(f"no estimate for operators {sorted(set(bad))} on {graph.hardware}"))
@@ -296,4 +302,5 @@ def _prediction(graph: Graph, est: Estimates, cluster: Cluster, notes: list[str]
         memory_gb_per_gpu=memory, warnings=warnings, fallbacks=fallbacks, critical_stage=timeline.critical_stage,
         calibration=cal, framework_us=dict(est.framework_us), graph=graph, timeline=timeline, durations_us=dur,
         counts=counts, work=(fwd, bwd), memory_capacity_gb=spec.memory_gb if spec is not None else None,
+        fsdp_unit_us=dict(est.fsdp_unit_us),
     )

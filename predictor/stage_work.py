@@ -173,9 +173,14 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
                   est.framework_us.get("bwd", 0.0), hiding, graphs,
                   (*passes.backward_us(s, k, cal.tensor_op_us), call + offload[s][k][1]))
             for k in range(vp)] for s in range(pp)]
+    unit = est.fsdp_unit_us  # torch FSDP2's hooks per unit (host time, in `other`; predictor.fsdp)
     for s in range(pp):
         for k in range(vp):
             out = forward_exposed_us(offload[s][k][0], fwd[s][k].compute + bwd[s][k].compute)
+            if unit:
+                out += unit.get("fwd", 0.0) * fsdp.hooked_units(graph.segment(s, k).fwd, True)
+                bwd[s][k] = dataclasses.replace(bwd[s][k], other=bwd[s][k].other + unit.get("bwd", 0.0) *
+                                                fsdp.hooked_units(graph.segment(s, k).bwd, False))
             if out:
                 fwd[s][k] = dataclasses.replace(fwd[s][k], other=fwd[s][k].other + out)
     buckets = [[float(dur[o.spec]) for o in graph.grad_sync[s] if o.group in ("dpcp", "edp", *fsdp.GROUPS)]

@@ -18,7 +18,7 @@ import pandas as pd
 
 from tracekit.core.atomic import atomic_write_json, umask_mode
 from tracekit.core.errors import ModelError
-from tracekit.core.samples import COLLECTIVE_PRIMITIVES, HOST_PRIMITIVES
+from tracekit.core.samples import COLLECTIVE_PRIMITIVES, FSDP2_UNIT, HOST_PRIMITIVES
 
 from .lowp_gemm import learn
 from .model_keys import deduplicate, groups_of, model_id, shapeless_rows, training_sets
@@ -143,13 +143,20 @@ def _merged(old: dict, new: dict, retrained: list[str], staging: Path) -> dict:
 
 
 def framework_overheads(samples: pd.DataFrame) -> list[dict]:
-    """Per (hardware, pass): the framework time per compute operator (`framework` samples, µs; median over the
-    sampled layers, 0 when they say the layer is no slower than its operators). Not a regressor: it does not grow
-    with the shape."""
+    """Per (hardware, pass): the framework time per compute operator (`framework` samples of the reference layer,
+    µs; median over the sampled layers, 0 when they say the layer is no slower than its operators), and FSDP2's per
+    unit (`per_unit_us`, variant `fsdp2_unit`) where it was sampled. Not a regressor: it does not grow with the
+    shape."""
     rows = samples[samples["primitive"].isin(HOST_PRIMITIVES)]
-    return [{"hardware": hardware, "pass": pass_, "samples": int(len(frame)),
-             "per_op_us": round(max(0.0, float(frame["duration_us"].median())), 3)}
-            for (hardware, pass_), frame in rows.groupby(["hardware", "pass"], sort=True)]
+    unit = rows["variant"].astype("string").fillna("") == FSDP2_UNIT
+    out = []
+    for (hardware, pass_), frame in rows[~unit].groupby(["hardware", "pass"], sort=True):
+        out.append({"hardware": hardware, "pass": pass_, "samples": int(len(frame)),
+                    "per_op_us": round(max(0.0, float(frame["duration_us"].median())), 3)})
+    for (hardware, pass_), frame in rows[unit].groupby(["hardware", "pass"], sort=True):
+        out.append({"hardware": hardware, "pass": pass_, "variant": FSDP2_UNIT, "samples": int(len(frame)),
+                    "per_unit_us": round(max(0.0, float(frame["duration_us"].median())), 3)})
+    return out
 
 
 def _metadata(mid, hardware, primitive, pass_, group, frame, result: FitResult) -> dict:

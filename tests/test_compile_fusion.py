@@ -19,6 +19,7 @@ from predictor.graph import build_graph
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import InputError
 from tracekit.core.runtime import RuntimeSettings
+from tracekit.core.samples import FSDP_COPIES
 from tracekit.core.torchtitan_job import read_torchtitan
 
 DATA = Path(__file__).parent / "data"
@@ -146,7 +147,7 @@ def test_compile_keeps_gemms_and_attention_and_never_adds_time_or_launches(hardw
     g = build_graph(_compiled(eager_config), hardware)
     variants = {g.specs[o.spec]["variant"] for o in g.segment(0, 0).fwd + g.segment(0, 0).bwd
                 if o.per_layer and g.specs[o.spec]["primitive"] in FUSED_PRIMITIVES}
-    assert variants == {VARIANT, "fsdp_copy"}  # every memory-bound op of a layer is a generated kernel (FSDP's
+    assert variants == {VARIANT, *FSDP_COPIES}  # every memory-bound op of a layer is a generated kernel (FSDP's
     # copies into and out of its flat buffers run outside the compiled blocks)
 
 

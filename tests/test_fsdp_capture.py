@@ -109,3 +109,42 @@ def test_the_loop_predicts_the_captured_run_with_its_fsdp_collectives(fsdp_run, 
     assert names.count("c10d::allreduce_") == names.count("c10d::barrier") == 3  # three profiled steps
     reports = [o for o in prediction["operators"] if o["pass"] == "comm" and o["primitive"] == "all_reduce"]
     assert sum(o["count"] for o in reports) == 2
+
+
+def test_fsdp2_copies_are_ingested_as_their_ops_and_predicted_where_they_run(fsdp_run):
+    """FSDP2 copies each unit's shard into the gather buffer and the gathered parameters out (per gather: in
+    forward, and again before a layer's backward), and the unit's gradients into the reduce-scatter buffer (after its
+    backward). Ingest keeps each as an elementwise row of its op with the elements it copies; the predictor's graph
+    has the same copies, per variant and pass, as the trace."""
+    from predictor.graph import build_graph
+    from tracekit.core.config import TrainingConfig
+    from tracekit.core.samples import FSDP_COPY_IN, FSDP_COPY_OUT, FSDP_GRAD_COPY_IN
+    from tracekit.core.store import SampleStore
+
+    out, store, _ = fsdp_run
+    copies = SampleStore(store).read(primitive="elementwise")
+    steps = 3
+    expected = {  # (variant, pass) → elements per copy → copies per step and rank
+        (FSDP_COPY_IN, "fwd"): {LAYER / 2: LAYERS * MICRO, ROOT / 2: MICRO},
+        (FSDP_COPY_OUT, "fwd"): {LAYER: LAYERS * MICRO, ROOT: MICRO},
+        (FSDP_COPY_IN, "bwd"): {LAYER / 2: LAYERS * MICRO},
+        (FSDP_COPY_OUT, "bwd"): {LAYER: LAYERS * MICRO},
+        (FSDP_GRAD_COPY_IN, "bwd"): {LAYER: LAYERS * MICRO, ROOT: MICRO},
+    }
+    copies = copies[copies["variant"].isin([FSDP_COPY_IN, FSDP_COPY_OUT, FSDP_GRAD_COPY_IN])]
+    found = {key: (frame["numel"].value_counts() / (steps * RANKS)).to_dict()
+             for key, frame in copies.groupby(["variant", "pass"])}
+    assert found == expected
+    assert (copies["rows"] == copies["numel"]).all() and (copies["width"] == 1).all()
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    config = TrainingConfig.from_megatron_log((out / "train.log").read_text(), "train.log")
+    graph = build_graph(config, manifest["hardware"])
+    seg = graph.segment(0, 0)
+    predicted: dict = {}
+    for op in seg.fwd + seg.bwd:
+        spec = graph.specs[op.spec]
+        if spec["variant"] in (FSDP_COPY_IN, FSDP_COPY_OUT, FSDP_GRAD_COPY_IN):
+            per_numel = predicted.setdefault((spec["variant"], spec["pass"]), {})
+            per_numel[spec["numel"]] = per_numel.get(spec["numel"], 0) + op.count * MICRO
+    assert predicted == expected

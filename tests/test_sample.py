@@ -143,3 +143,36 @@ def test_the_optimizer_step_is_sampled_over_plain_and_dtensor_parameters_of_each
     step = time_case(by_variant[f"middleStage_optimizer{DTENSOR_SUFFIX}"], "fp32", timer)
     assert set(step) == {"optimizer"} and step["optimizer"] > 0
     assert not dist.is_initialized()
+
+
+def test_fsdp2_copies_are_sampled_over_a_sweep_of_units_with_the_elements_they_copy():
+    """FSDP2's three copies are timed on one GPT layer's parameters (12h² + 13h: QKV, projection and the two MLP
+    linears with their biases, two LayerNorms) over two shard ranks, at enough sizes for a model of their own; the
+    copy in moves rank 0's shard (half of each tensor's rows), the copy out and the gradients' copy the whole layer.
+    Each is the same op in forward and backward, so one timing serves both passes."""
+    import torch
+
+    from predictor.model_keys import MIN_GROUP_ROWS
+    from tracekit.core.samples import FSDP_COPIES, FSDP_COPY_IN
+    from tracekit.sampling.compute import Timer, time_case
+    from tracekit.sampling.shapes import fsdp_copy_cases
+
+    cases = fsdp_copy_cases("cpu")
+    for variant in FSDP_COPIES:
+        mine = [c for c in cases if c.variant == variant]
+        assert len({c.feature("numel") for c in mine}) >= MIN_GROUP_ROWS
+        for c in mine:
+            h = c.get("hidden")
+            layer = 12 * h * h + 13 * h
+            expected = layer / 2 if variant == FSDP_COPY_IN and h % 2 == 0 else layer
+            if variant != FSDP_COPY_IN or h % 2 == 0:
+                assert c.feature("numel") == expected == c.feature("rows") and c.feature("width") == 1
+            else:  # odd rows split 2 ways: rank 0 holds the larger half of each
+                assert layer / 2 < c.feature("numel") < layer / 2 + 4 * h + 8
+    timer = Timer(torch.device("cpu"), warmup=1, repeats=3)
+    for variant in FSDP_COPIES:
+        mine = sorted((c for c in cases if c.variant == variant), key=lambda c: c.feature("numel"))
+        small, big = (time_case(c, "fp32", timer) for c in (mine[0], mine[-1]))
+        assert small["fwd"] == small["bwd"] > 0
+        # 4,000 times the elements: a copy that copied nothing, or a µs/ms mix-up, breaks this on any machine
+        assert big["fwd"] > 10 * small["fwd"]

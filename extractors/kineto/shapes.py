@@ -11,6 +11,8 @@ from functools import lru_cache
 
 import orjson
 
+from tracekit.core.samples import FSDP_COPIES
+
 #: Trace dtype spellings (op `Input type` and comm `dtype`) → tracekit dtype names and sizes in bytes.
 DTYPES = {
     "float": "fp32", "Float": "fp32", "c10::BFloat16": "bf16", "BFloat16": "bf16", "c10::Half": "fp16", "Half": "fp16",
@@ -150,6 +152,17 @@ def _rows_width(shapes: list) -> dict:
     return {"rows": math.prod(first[:-1]) if len(first) > 1 else 1, "width": first[-1], "numel": math.prod(first)}
 
 
+#: FSDP2's copies (tracekit.core.samples.FSDP_COPIES) and the aten ops they call, without namespace.
+_FSDP_COPY_NAMES = frozenset({name.split("::", 1)[-1] for name in FSDP_COPIES} | {"_chunk_cat"})
+
+
+def _copied(dims: list) -> dict:
+    """An FSDP2 copy moves the elements of its tensor-list argument (the shards copied in, the parameters copied
+    out, the gradients copied in), as one flat buffer (the features `tracekit sample` and the predictor give it)."""
+    numel = next((_numel(d) for d in dims if isinstance(d, list) and d and all(isinstance(x, list) for x in d)), 0)
+    return {"rows": numel, "width": 1, "numel": numel} if numel else {}
+
+
 def _embedding(op: str, shapes: list, concrete: list) -> dict:
     """A lookup moves the rows it gathers, not the table: `embedding(weight [V, D], indices)` and
     `index_select(table [V, D], 0, index [N])` (its dim a concrete 0: along another dim it gathers columns) gather
@@ -181,6 +194,8 @@ def op_features(op: str, primitive: str, dims_blob: bytes, types_blob: bytes, co
     elif primitive == "optimizer":
         numel = sum(_numel(s) for s in shapes[:1])
         feats = {"params": numel, "numel": numel} if numel else {}
+    elif op.split("::", 1)[-1] in _FSDP_COPY_NAMES:
+        feats = _copied(dims)
     elif primitive not in ("memcpy", "memset"):
         feats = _rows_width(shapes)
     if primitive in ("gemm", "bmm") and feats and "numel" not in feats:

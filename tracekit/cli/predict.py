@@ -282,6 +282,9 @@ def _print_prediction(p, skip: int = 0) -> None:
     if p.framework_us:
         console.print("framework time per compute operator (sampled on this CPU, in other): " + ", ".join(
             f"{pass_} {us:.0f} µs" for pass_, us in sorted(p.framework_us.items(), reverse=True)))
+    if p.fsdp_unit_us:
+        console.print("torch FSDP2's hooks per unit and micro-batch (sampled on this CPU, in other): " + ", ".join(
+            f"{pass_} {us:.0f} µs" for pass_, us in sorted(p.fsdp_unit_us.items(), reverse=True)))
     mfu = "n/a" if p.mfu is None else percent(p.mfu)
     console.print(f"{p.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {mfu}, {p.tokens_per_s:,.0f} tokens/s")
     mem = p.memory_gb_per_gpu

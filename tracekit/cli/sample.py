@@ -14,7 +14,8 @@ def sample_command(
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     primitives: str = typer.Option(
         None, "--primitives",
-        help="Comma list (default all): gemm, attention, norm, elementwise, activation, embedding, cross_entropy, "
+        help="Comma list (default all): gemm, attention, norm, elementwise (with FSDP2's copies), activation, "
+        "embedding, cross_entropy, "
         "optimizer, framework (CPU only: time per operator beyond the operators' own, from tracekit's reference "
         "layer), all_reduce, all_gather, reduce_scatter, send_recv.",
     ),

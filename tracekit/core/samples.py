@@ -24,6 +24,17 @@ PRIMITIVES = COMPUTE_PRIMITIVES + MEMORY_PRIMITIVES + COLLECTIVE_PRIMITIVES + HO
 #: step dispatches through DTensor), beside the plain-tensor step of the same stage (`firstStage_optimizer`).
 DTENSOR_SUFFIX = "_dtensor"
 
+#: PyTorch FSDP2's copies around its collectives, by op name (the `variant` of their elementwise rows wherever they
+#: come from: a trace's op, `tracekit sample`, the predictor's graph): each unit's parameter shards into the
+#: all-gather buffer, the gathered buffer out into the unsharded parameters, the unsharded gradients into the
+#: reduce-scatter buffer. Their `numel` is the elements copied (`rows` = numel, `width` 1: one flat buffer).
+FSDP_COPY_IN, FSDP_COPY_OUT, FSDP_GRAD_COPY_IN = (
+    "fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat")
+FSDP_COPIES = (FSDP_COPY_IN, FSDP_COPY_OUT, FSDP_GRAD_COPY_IN)
+#: The `framework` variant of FSDP2's own host time per unit and pass (its hooks, beyond the unit's operators and
+#: copies), beside `reference_layer`'s time per compute operator.
+FSDP2_UNIT = "fsdp2_unit"
+
 #: Passes, as stored: forward, backward, optimizer step, communication.
 PASSES = ("fwd", "bwd", "optimizer", "comm")
 

@@ -14,9 +14,16 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from tracekit.core.samples import DTENSOR_SUFFIX
+from tracekit.core.samples import (
+    DTENSOR_SUFFIX,
+    FSDP2_UNIT,
+    FSDP_COPIES,
+    FSDP_COPY_IN,
+    FSDP_COPY_OUT,
+    FSDP_GRAD_COPY_IN,
+)
 
-from .shapes import Case, Point, layer_cases
+from .shapes import FSDP_COPY_RANKS, Case, Point, layer_cases, unit_shapes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -84,6 +91,9 @@ def time_case(case: Case, dtype_name: str, timer: Timer) -> dict[str, float]:
         x = _leaf((int(f["rows"]), int(f["width"])), dtype, dev)
         norm = torch.nn.LayerNorm(int(f["width"]), device=dev, dtype=dtype)
         fwd, bwd = timer.fwd_bwd([x, *norm.parameters()], lambda: norm(x))
+    elif kind == "elementwise" and case.variant in FSDP_COPIES:
+        micros = timer.once(_fsdp_copy(case.variant, case.get("hidden"), dtype, dev))
+        return {"fwd": micros, "bwd": micros}  # the same op in either pass: FSDP2 gathers for both
     elif kind == "elementwise":
         a, b = (_leaf((int(f["rows"]), int(f["width"])), dtype, dev) for _ in range(2))
         fwd, bwd = timer.fwd_bwd([a, b], lambda: a + F.dropout(b, p=0.1))
@@ -102,11 +112,35 @@ def time_case(case: Case, dtype_name: str, timer: Timer) -> dict[str, float]:
         return {"optimizer": _dtensor_optimizer_step(_stage_shapes(f), timer)}
     elif kind == "optimizer":
         return {"optimizer": _optimizer_step(_stage_shapes(f), dtype, timer)}
+    elif kind == "framework" and case.variant == FSDP2_UNIT:
+        return _fsdp2_unit_overhead(case.get("point"), dtype_name, timer)
     elif kind == "framework":
         return _framework_overhead(case.get("point"), dtype_name, timer)
     else:
         raise ValueError(f"no timing recipe for primitive {kind!r}")
     return {"fwd": fwd, "bwd": bwd}
+
+
+def _fsdp_copy(variant: str, hidden: int, dtype, dev: torch.device, n: int = FSDP_COPY_RANKS) -> Callable[[], None]:
+    """One of FSDP2's copies (tracekit.core.samples.FSDP_COPIES) of a GPT layer's parameters over `n` shard ranks
+    (rank 0's part), as FSDP2 calls it: into a buffer allocated for the call (on a CPU, its first touch is part of
+    the copy's time, as in a training step)."""
+    import torch.distributed.fsdp._fully_shard._fsdp_collectives  # noqa: F401  (registers torch.ops.fsdp)
+
+    shapes = unit_shapes(hidden)
+    shards = [torch.randn((-(-s[0] // n), *s[1:]), device=dev).to(dtype).view(-1) for s in shapes]  # flat, as FSDP2's
+    split = [t.numel() for t in shards]
+    shard_numel = sum(split)
+    if variant == FSDP_COPY_IN:
+        return lambda: torch.ops.fsdp.all_gather_copy_in(
+            shards, torch.empty(shard_numel * n, device=dev, dtype=dtype), split, shard_numel, 0)
+    if variant == FSDP_COPY_OUT:
+        gathered = torch.randn((n, shard_numel), device=dev).to(dtype)
+        return lambda: torch.ops.fsdp.split_with_sizes_copy(
+            gathered, split, dim=1, out=[torch.empty((n, size), device=dev, dtype=dtype) for size in split])
+    grads = [torch.randn(s, device=dev).to(dtype) for s in shapes]
+    return lambda: torch.ops.fsdp.chunk_cat(
+        grads, dim=0, num_chunks=n, out=torch.empty((n, shard_numel), device=dev, dtype=dtype))
 
 
 def _stage_shapes(f: dict[str, float]) -> list[tuple[int, ...]]:
@@ -184,6 +218,49 @@ def _framework_overhead(point: Point, dtype_name: str, timer: Timer) -> dict[str
         parts[1] += count * alone["bwd"]
     operators = sum(count for _, count in cases)
     return {"fwd": (whole[0] - parts[0]) / operators, "bwd": (whole[1] - parts[1]) / operators}
+
+
+def _fsdp2_unit_overhead(point: Point, dtype_name: str, timer: Timer) -> dict[str, float]:
+    """{pass: µs per unit} that torch FSDP2 spends on each unit (a transformer layer it shards) beyond the layer's own
+    operators and the copies the predictor counts as operators: its hooks before and after the unit's forward and
+    backward, issuing and waiting for its collectives, resharding and accumulating its gradients. Stacks of 1 and 3
+    reference layers are timed plain and sharded (each layer a unit, reshard after forward, under a root that holds
+    no parameters) on a one-rank mesh; per unit: the sharded stacks' difference less the plain stacks', halved, less
+    the unit's copies timed alone (forward: shard in and out; backward: those again and the gradients in). The
+    one-rank collectives stay in (on one rank a gather is a copy, a reduce-scatter FSDP2 skips)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from tracekit.reference.arguments import parse_args
+    from tracekit.reference.launch import megatron_flags
+    from tracekit.reference.model import TransformerLayer
+    from tracekit.reference.parallel import Topology
+
+    dtype, dev = DTYPES[dtype_name], timer.device
+    flags = megatron_flags(num_layers=1, hidden_size=point.hidden, num_attention_heads=point.heads,
+                           seq_length=point.seq, micro_batch_size=point.micro_batch,
+                           global_batch_size=point.micro_batch, vocab_size=1, train_iters=1,
+                           bf16=dtype_name == "bf16", fp16=dtype_name == "fp16")
+    args = parse_args(flags, 1, dev.type == "cuda")
+    topo = Topology(0, 1, 1, 1, 1, 0, 0, 0, None, None, None, dev)
+    times: dict[tuple[bool, int], tuple[float, float]] = {}
+    timer = Timer(dev, timer.warmup, 3 * timer.repeats)  # a difference of differences: more repeats steady it
+    with _single_process_group():
+        mesh = init_device_mesh(dev.type, (1,))
+        for sharded in (False, True):
+            for layers in (1, 3):
+                stack = torch.nn.Sequential(*(TransformerLayer(args, topo, i, dtype).train() for i in range(layers)))
+                if sharded:
+                    for layer in stack:
+                        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+                    fully_shard(stack, mesh=mesh)
+                x = _leaf((point.seq, point.micro_batch, point.hidden), dtype, dev)
+                times[(sharded, layers)] = timer.fwd_bwd([x], lambda: stack(x))
+        copy = {variant: timer.once(_fsdp_copy(variant, point.hidden, dtype, dev, 1)) for variant in FSDP_COPIES}
+    per_unit = [((times[(True, 3)][i] - times[(True, 1)][i]) - (times[(False, 3)][i] - times[(False, 1)][i])) / 2
+                for i in (0, 1)]
+    gather = copy[FSDP_COPY_IN] + copy[FSDP_COPY_OUT]
+    return {"fwd": per_unit[0] - gather, "bwd": per_unit[1] - gather - copy[FSDP_GRAD_COPY_IN]}
 
 
 @contextmanager

@@ -21,6 +21,7 @@ from .shapes import (
     Case,
     collective_cases,
     compute_cases,
+    fsdp_copy_cases,
     points,
 )
 
@@ -110,7 +111,9 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
 
     if compute:
         timer = Timer(torch.device("cuda" if device == "cuda" else "cpu"), warmup, repeats)
-        cases = list(dict.fromkeys(case for point in points(device) for case in compute_cases(point, compute)))
+        # FSDP2's copies first: a sweep of sizes that takes seconds, which a short budget should not cut
+        copies = fsdp_copy_cases(device) if "elementwise" in compute else []
+        cases = copies + list(dict.fromkeys(case for point in points(device) for case in compute_cases(point, compute)))
         timings: dict[Case, dict[str, list[float]]] = {}
         for case in cases * rounds:  # pass after pass; the deadline may cut the first one short
             if time.time() >= compute_deadline:

@@ -7,10 +7,11 @@ Points are visited in a fixed shuffled order so that a time budget that runs out
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from dataclasses import dataclass, field, replace
 
-from tracekit.core.samples import DTENSOR_SUFFIX
+from tracekit.core.samples import DTENSOR_SUFFIX, FSDP2_UNIT, FSDP_COPIES
 
 #: Primitives `tracekit sample` can time.
 COMPUTE = ("gemm", "attention", "norm", "elementwise", "activation", "embedding", "cross_entropy", "optimizer",
@@ -69,6 +70,12 @@ FRAMEWORK_MAX_ELEMENTS = 128 * 128
 #: operator): four GEMMs, attention, activation, two norms, two residual/dropout elementwise ops.
 LAYER_OPERATORS = {"linear1": 1, "linear2": 1, "linear3": 1, "linear4": 1, "flash_atten": 1, "gelu": 1,
                    "layernorm": 2, "res_add": 2}
+#: FSDP2's copies (tracekit.core.samples.FSDP_COPIES) are timed on the parameters of one GPT layer (a unit) of
+#: these hidden sizes over two shard ranks: ~12·h² elements, 32 sizes each (a model group of its own needs 30), evenly
+#: spread on a log scale from 16 to 1024 on a CPU, from 256 to 8192 on a GPU.
+FSDP_COPY_HIDDEN = {"cpu": [round(16 * 2 ** (i * 6 / 31)) for i in range(32)],
+                    "cuda": [round(256 * 2 ** (i * 5 / 31)) for i in range(32)]}
+FSDP_COPY_RANKS = 2
 MESSAGE_BYTES = {"cpu": [2 ** e for e in range(10, 25)], "cuda": [2 ** e for e in range(16, 31)]}
 
 
@@ -117,9 +124,29 @@ def compute_cases(point: Point, primitives: set[str]) -> list[Case]:
             for variant in (f"{kind}_optimizer", f"{kind}_optimizer{DTENSOR_SUFFIX}"):
                 cases.append(_case("optimizer", variant, layers=layers, width=h, tp=t, params=params))
     if "framework" in primitives and t == 1 and rows * h <= FRAMEWORK_MAX_ELEMENTS:
-        cases.append(_case("framework", "reference_layer", rows=rows, width=h, numel=rows * h,
-                           extra={"point": replace(point, vocab=0)}))  # a layer has no vocabulary
+        for variant in ("reference_layer", FSDP2_UNIT):
+            cases.append(_case("framework", variant, rows=rows, width=h, numel=rows * h,
+                               extra={"point": replace(point, vocab=0)}))  # a layer has no vocabulary
     return cases
+
+
+def fsdp_copy_cases(device: str) -> list[Case]:
+    """FSDP2's three copies of one unit, a GPT layer of each of FSDP_COPY_HIDDEN's sizes; `numel` is the elements
+    each copies (the shard in, the gathered parameters out, the gradients in)."""
+    cases = []
+    for h in FSDP_COPY_HIDDEN[device]:
+        params = sum(math.prod(shape) for shape in unit_shapes(h))
+        shard = sum(-(-shape[0] // FSDP_COPY_RANKS) * math.prod(shape[1:]) for shape in unit_shapes(h))
+        for variant in FSDP_COPIES:
+            numel = shard if variant == FSDP_COPIES[0] else params
+            cases.append(_case("elementwise", variant, rows=numel, width=1, numel=numel, extra={"hidden": h}))
+    return cases
+
+
+def unit_shapes(h: int) -> list[tuple[int, ...]]:
+    """The parameters of one GPT layer of hidden size `h` (QKV, projection, two MLP linears with biases, two
+    layer norms), in the order a module lists them."""
+    return [(h,), (h,), (3 * h, h), (3 * h,), (h, h), (h,), (h,), (h,), (4 * h, h), (4 * h,), (h, 4 * h), (h,)]
 
 
 def layer_cases(point: Point) -> list[tuple[Case, int]]:
