@@ -4,7 +4,6 @@ Backward is the operator's whole backward (e.g. a linear's dgrad + wgrad GEMMs),
 features, as the seed paper's samples and the predictor's operator graph both use it."""
 from __future__ import annotations
 
-import math
 import statistics
 import tempfile
 import time
@@ -23,7 +22,16 @@ from tracekit.core.samples import (
     FSDP_GRAD_COPY_IN,
 )
 
-from .shapes import FSDP_COPY_RANKS, Case, Point, layer_cases, unit_shapes
+from .shapes import (
+    FSDP_COPY_RANKS,
+    OPTIMIZER_SHARDS,
+    Case,
+    Point,
+    layer_cases,
+    shard_shapes,
+    stage_shapes,
+    unit_shapes,
+)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -109,9 +117,11 @@ def time_case(case: Case, dtype_name: str, timer: Timer) -> dict[str, float]:
         target = torch.randint(0, int(f["width"]), (int(f["rows"]),), device=dev)
         fwd, bwd = timer.fwd_bwd([logits], lambda: F.cross_entropy(logits.float(), target, reduction="none"))
     elif kind == "optimizer" and case.variant.endswith(DTENSOR_SUFFIX):
-        return {"optimizer": _dtensor_optimizer_step(_stage_shapes(f), timer)}
+        shapes = stage_shapes(int(f["layers"]), int(f["width"]), int(f["tp"]), case.get("stage_params"))
+        return {"optimizer": _dtensor_optimizer_step(shard_shapes(shapes, OPTIMIZER_SHARDS), timer)}
     elif kind == "optimizer":
-        return {"optimizer": _optimizer_step(_stage_shapes(f), dtype, timer)}
+        shapes = stage_shapes(int(f["layers"]), int(f["width"]), int(f["tp"]), int(f["params"]))
+        return {"optimizer": _optimizer_step(shapes, dtype, timer)}
     elif kind == "framework" and case.variant == FSDP2_UNIT:
         return _fsdp2_unit_overhead(case.get("point"), dtype_name, timer)
     elif kind == "framework":
@@ -143,21 +153,6 @@ def _fsdp_copy(variant: str, hidden: int, dtype, dev: torch.device, n: int = FSD
         grads, dim=0, num_chunks=n, out=torch.empty((n, shard_numel), device=dev, dtype=dtype))
 
 
-def _stage_shapes(f: dict[str, float]) -> list[tuple[int, ...]]:
-    """The parameter tensors of one pipeline stage as a Megatron GPT stage holds them on one tensor-parallel rank:
-    per layer QKV, projection and two MLP linears (weights and biases) and two norms; the rest of `params` (the
-    first stage's embeddings, the last stage's final norm) as one more matrix `width` wide."""
-    h, t = int(f["width"]), max(1, int(f["tp"]))
-    ffn = 4 * h // t
-    layer = [(3 * h // t, h), (3 * h // t,), (h, h // t), (h,), (ffn, h), (ffn,), (h, ffn), (h,), (h,), (h,), (h,),
-             (h,)]
-    shapes = layer * int(f["layers"])
-    rest = int(f["params"]) - sum(math.prod(shape) for shape in shapes)
-    if rest >= h:
-        shapes.append((rest // h, h))
-    return shapes
-
-
 def _optimizer_step(shapes: list[tuple[int, ...]], dtype, timer: Timer) -> float:
     """Adam over tensors of these shapes (fp32 main copies for fp16/bf16, as Megatron), as the trainer steps it."""
     from tracekit.reference.train import MixedPrecisionAdam
@@ -173,9 +168,9 @@ def _optimizer_step(shapes: list[tuple[int, ...]], dtype, timer: Timer) -> float
 
 
 def _dtensor_optimizer_step(shapes: list[tuple[int, ...]], timer: Timer) -> float:
-    """Adam over fp32 DTensor shards on a one-rank mesh, as torch FSDP2 steps its sharded parameters: fp32 whatever
-    the compute dtype (its mixed-precision policy casts a copy for compute), every op of the step dispatched through
-    DTensor (on a CPU, Adam's per-tensor loop: foreach is for CUDA tensors)."""
+    """Adam over fp32 DTensor shards of these (local) shapes on a one-rank mesh, as torch FSDP2 steps its sharded
+    parameters: fp32 whatever the compute dtype (its mixed-precision policy casts a copy for compute), every op of the
+    step dispatched through DTensor (on a CPU, Adam's per-tensor loop: foreach is for CUDA tensors)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 

@@ -76,6 +76,12 @@ LAYER_OPERATORS = {"linear1": 1, "linear2": 1, "linear3": 1, "linear4": 1, "flas
 FSDP_COPY_HIDDEN = {"cpu": [round(16 * 2 ** (i * 6 / 31)) for i in range(32)],
                     "cuda": [round(256 * 2 ** (i * 5 / 31)) for i in range(32)]}
 FSDP_COPY_RANKS = 2
+#: The DTensor (FSDP2) optimizer step is timed on a rank's shards over this many ranks: its `params` are the rank's
+#: elements, over as many tensors as the whole stage (on a CPU the step pays per tensor as much as per element).
+OPTIMIZER_SHARDS = 2
+#: First stages of more layers (a job without pipelining is one stage: a CPU step's per-tensor cost grows with its
+#: layers, not only with its elements) are timed too at hidden sizes up to this, where each step takes milliseconds.
+DEEP_STAGE_LAYERS, DEEP_STAGE_MAX_HIDDEN = (2, 4), 128
 MESSAGE_BYTES = {"cpu": [2 ** e for e in range(10, 25)], "cuda": [2 ** e for e in range(16, 31)]}
 
 
@@ -118,11 +124,16 @@ def compute_cases(point: Point, primitives: set[str]) -> list[Case]:
                            tp=t))
     if "optimizer" in primitives:
         layer = (3 * h // t) * h + 3 * h // t + h * (h // t) + h + f_t * h + f_t + h * f_t + h + 4 * h
-        for kind, layers in (("firstStage", 1), ("middleStage", 2), ("lastStage", 1)):
+        stages = [("firstStage", 1), ("middleStage", 2), ("lastStage", 1)]
+        if h <= DEEP_STAGE_MAX_HIDDEN:
+            stages += [("firstStage", layers) for layers in DEEP_STAGE_LAYERS]
+        for kind, layers in stages:
             params = layers * layer + (v_t * h + p.seq * h if kind == "firstStage" else 0) + \
                 (2 * h if kind == "lastStage" else 0)
-            for variant in (f"{kind}_optimizer", f"{kind}_optimizer{DTENSOR_SUFFIX}"):
-                cases.append(_case("optimizer", variant, layers=layers, width=h, tp=t, params=params))
+            cases.append(_case("optimizer", f"{kind}_optimizer", layers=layers, width=h, tp=t, params=params))
+            local = sum(math.prod(s) for s in shard_shapes(stage_shapes(layers, h, t, params), OPTIMIZER_SHARDS))
+            cases.append(_case("optimizer", f"{kind}_optimizer{DTENSOR_SUFFIX}", {"stage_params": params},
+                               layers=layers, width=h, tp=t, params=local))
     if "framework" in primitives and t == 1 and rows * h <= FRAMEWORK_MAX_ELEMENTS:
         for variant in ("reference_layer", FSDP2_UNIT):
             cases.append(_case("framework", variant, rows=rows, width=h, numel=rows * h,
@@ -147,6 +158,27 @@ def unit_shapes(h: int) -> list[tuple[int, ...]]:
     """The parameters of one GPT layer of hidden size `h` (QKV, projection, two MLP linears with biases, two
     layer norms), in the order a module lists them."""
     return [(h,), (h,), (3 * h, h), (3 * h,), (h, h), (h,), (h,), (h,), (4 * h, h), (4 * h,), (h, 4 * h), (h,)]
+
+
+def stage_shapes(layers: int, h: int, tp: int, params: int) -> list[tuple[int, ...]]:
+    """The parameter tensors of one pipeline stage as a Megatron GPT stage holds them on one tensor-parallel rank:
+    per layer QKV, projection and two MLP linears (weights and biases) and two norms; the rest of `params` (the
+    first stage's embeddings, the last stage's final norm) as one more matrix `h` wide."""
+    t = max(1, tp)
+    ffn = 4 * h // t
+    layer = [(3 * h // t, h), (3 * h // t,), (h, h // t), (h,), (ffn, h), (ffn,), (h, ffn), (h,), (h,), (h,), (h,),
+             (h,)]
+    shapes = layer * layers
+    rest = params - sum(math.prod(shape) for shape in shapes)
+    if rest >= h:
+        shapes.append((rest // h, h))
+    return shapes
+
+
+def shard_shapes(shapes: list[tuple[int, ...]], ranks: int) -> list[tuple[int, ...]]:
+    """Rank 0's shard of each tensor split along its first dimension over `ranks` (FSDP2's `Shard(0)`: the larger
+    part of an uneven split)."""
+    return [(-(-shape[0] // ranks), *shape[1:]) for shape in shapes]
 
 
 def layer_cases(point: Point) -> list[tuple[Case, int]]:
