@@ -115,9 +115,9 @@ def test_fsdp2_copies_are_ingested_as_their_ops_and_predicted_where_they_run(fsd
     """FSDP2 copies each unit's shard into the gather buffer and the gathered parameters out (per gather: in
     forward, and again before a layer's backward), and the unit's gradients into the reduce-scatter buffer (after its
     backward). The predictor's graph has these copies per variant and pass, as many as the raw trace runs; ingest
-    keeps each copy a CPU trace shows as an operator of its own as an elementwise row of its op with the elements it
-    copies. (On a CPU trace the layers' backward copies run inside the autograd node whose hook issues them, and
-    ingest keeps top-level operators: their time is that node's.)"""
+    keeps each as an elementwise row of its op with the elements it copies, those of the backward too, which run in
+    FSDP2's hooks inside autograd nodes (the nodes' rows then leave the hooks' time out)."""
+    from extractors.kineto import read_trace
     from predictor.graph import build_graph
     from tracekit.core.config import TrainingConfig
     from tracekit.core.samples import FSDP_COPIES, FSDP_COPY_IN, FSDP_COPY_OUT, FSDP_GRAD_COPY_IN
@@ -125,10 +125,9 @@ def test_fsdp2_copies_are_ingested_as_their_ops_and_predicted_where_they_run(fsd
 
     out, store, _ = fsdp_run
     steps = 3
-    forward = {(FSDP_COPY_IN, "fwd"): {LAYER / 2: LAYERS * MICRO, ROOT / 2: MICRO},
-               (FSDP_COPY_OUT, "fwd"): {LAYER: LAYERS * MICRO, ROOT: MICRO}}
     expected = {  # (variant, pass) → elements per copy → copies per step and rank
-        **forward,
+        (FSDP_COPY_IN, "fwd"): {LAYER / 2: LAYERS * MICRO, ROOT / 2: MICRO},
+        (FSDP_COPY_OUT, "fwd"): {LAYER: LAYERS * MICRO, ROOT: MICRO},
         (FSDP_COPY_IN, "bwd"): {LAYER / 2: LAYERS * MICRO},
         (FSDP_COPY_OUT, "bwd"): {LAYER: LAYERS * MICRO},
         (FSDP_GRAD_COPY_IN, "bwd"): {LAYER: LAYERS * MICRO, ROOT: MICRO},
@@ -143,8 +142,15 @@ def test_fsdp2_copies_are_ingested_as_their_ops_and_predicted_where_they_run(fsd
     copies = copies[copies["variant"].isin(FSDP_COPIES)]
     found = {key: (frame["numel"].value_counts() / (steps * RANKS)).to_dict()
              for key, frame in copies.groupby(["variant", "pass"])}
-    assert found == {**forward, (FSDP_GRAD_COPY_IN, "bwd"): {ROOT: MICRO}}  # the root's, after the backward
+    assert found == expected
     assert (copies["rows"] == copies["numel"]).all() and (copies["width"] == 1).all()
+    # FSDP2's autograd node for a unit's post-backward hook (its gradients' copy, reduce-scatter and wait) keeps its
+    # own time only
+    events = read_trace(next((out / "tensorboard").iterdir())).device_events
+    hooked = {e["ts"]: e["dur"] for e in trace["traceEvents"] if e.get("ph") == "X"
+              and e["name"].startswith("autograd::engine::evaluate_function: RegisterPostBackward")}
+    rows = events[events["name"].str.startswith("autograd::engine::evaluate_function: RegisterPostBackward")]
+    assert len(rows) and all(row.dur_us < hooked[row.ts_us] for row in rows.itertuples())
 
     manifest = json.loads((out / "manifest.json").read_text())
     config = TrainingConfig.from_megatron_log((out / "train.log").read_text(), "train.log")

@@ -11,7 +11,10 @@ recorded as the reduce-scatter it was asked for, with the output shard as its me
 duration on a CPU run, as `tracekit sample` times a call).
 A backward node (`autograd::engine::evaluate_function: AddmmBackward0`) is the whole backward of the forward op
 that shares its autograd `Sequence number` (role `whole`, linked as in backward.py); it takes that op's name and
-input shapes (the convention of sampled `bwd` rows).
+input shapes (the convention of sampled `bwd` rows). FSDP2's backward hooks run inside the autograd node whose
+gradient triggers them (a layer's gather before its backward inside the node of the op after it, its reduce-scatter
+inside `RegisterPostBackwardFunctionBackward`): a top-level op's time leaves out the FSDP ranges nested in it, and
+the copies inside those ranges (tracekit.core.samples.FSDP_COPIES) are rows of their own, as in forward.
 Hardware is `cpu-<model>` from the trace's top-level `cpu_model` key (add it while profiling with
 `prof.add_metadata("cpu_model", ...)`); torch does not record the CPU model itself, so other CPU traces get
 `cpu-unknown`.
@@ -23,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from tracekit.core.hardware import normalize_hardware
-from tracekit.core.samples import FEATURE_COLUMNS
+from tracekit.core.samples import FEATURE_COLUMNS, FSDP_COPIES
 
 from .backward import WHOLE, backward_node_op, forward_by_sequence, forward_op
 from .classify import collective_kind, is_pointwise_op, op_primitive
@@ -55,6 +58,7 @@ def cpu_events(c: EventColumns, world_size: int | None) -> EventTable:
     forward = forward_by_sequence(c, ctx.backward)
     issuer = _issuing_calls(c, ctx) if annotated_comms else {}
     resume = _op_starts_by_thread(c, ctx) if issuer else {}
+    hooks, hooked_copies = _fsdp_hooks(c, ctx)
     for i in range(len(names)):
         name = names[i]
         is_ann = bool(c.op_is_annotation[i])
@@ -62,15 +66,16 @@ def cpu_events(c: EventColumns, world_size: int | None) -> EventTable:
         caller = int(ctx.cpu_op[i])
         if is_ann and not (comm_ann and (caller < 0 or _is_comm_call(names[caller]))):
             continue
-        if not is_ann and not ctx.top_level[i]:
+        if not is_ann and not ctx.top_level[i] and i not in hooked_copies:
             continue
-        if c.op_dur[i] <= 0:
+        dur = float(c.op_dur[i]) - hooks.get(i, 0.0)
+        if dur <= 0:
             continue
         c10d = _is_comm_call(name)
         if c10d and annotated_comms:
             continue  # the issuing call of a collective whose work is timed by its gloo: annotation
         row: dict[str, Any] = {key: None for key in EVENT_COLUMNS}
-        row.update(ts_us=float(c.op_ts[i]), dur_us=float(c.op_dur[i]), name=name, op=name, kind="cpu_op",
+        row.update(ts_us=float(c.op_ts[i]), dur_us=dur, name=name, op=name, kind="cpu_op",
                    stream=int(c.threads[int(c.op_thread[i])][1]) if isinstance(c.threads[int(c.op_thread[i])][1], int)
                    else -1)
         if comm_ann or c10d or name == "record_param_comms":
@@ -145,6 +150,31 @@ def cpu_events(c: EventColumns, world_size: int | None) -> EventTable:
         columns["iteration"] = np.where(ok, numbers[np.maximum(pos, 0)], -1)
     columns["stream"] = np.array(columns["stream"], dtype=np.int64)
     return EventTable(columns)
+
+
+def _fsdp_hooks(c: EventColumns, ctx) -> tuple[dict[int, float], set[int]]:
+    """FSDP2's hooks inside top-level operators (module docstring): µs of the outermost FSDP ranges nested in each
+    such op, and the FSDP copies directly inside those ranges (no other operator between the copy and its range: an
+    `aten::` op a copy calls is part of the copy)."""
+    names, parent, n = c.op_name, ctx.parent, len(c.op_name)
+    hooks: dict[int, float] = {}
+    copies: set[int] = set()
+    candidates = [i for i in np.flatnonzero(c.op_is_annotation | ~ctx.top_level).tolist()
+                  if names[i] in FSDP_COPIES or (c.op_is_annotation[i] and names[i].startswith("FSDP::"))]
+    for i in candidates:
+        in_range, q = False, int(parent[i])
+        while 0 <= q < n and not ctx.top_level[q]:
+            if not c.op_is_annotation[q] and names[i] in FSDP_COPIES and not in_range:
+                break  # a copy inside another operator within the range: that operator's
+            in_range = in_range or (bool(c.op_is_annotation[q]) and fsdp_unit(names[q]) is not None)
+            q = int(parent[q])
+        if not (0 <= q < n and ctx.top_level[q]):
+            continue
+        if names[i] in FSDP_COPIES and in_range:
+            copies.add(i)
+        elif c.op_is_annotation[i] and fsdp_unit(names[i]) is not None and not in_range:
+            hooks[q] = hooks.get(q, 0.0) + float(c.op_dur[i])
+    return hooks, copies
 
 
 def _issuing_calls(c: EventColumns, ctx) -> dict[int, int]:
