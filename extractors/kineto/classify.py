@@ -8,11 +8,13 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from .shapes import FSDP_COPY_OPS
+
 _OP_RULES = (  # (regex on the op name without namespace, primitive); first match wins
     (re.compile(r"reshape_and_cache|copy_blocks|swap_blocks"), "elementwise"),  # paged KV-cache copies
-    # FSDP2's copies into and out of its collectives' buffers (tracekit.core.samples.FSDP_COPIES), and the aten ops
-    # they call (whose names say nothing of a collective)
-    (re.compile(r"^(all_gather_copy_in|split_with_sizes_copy|_?chunk_cat)$"), "elementwise"),
+    # FSDP2's copies into and out of its collectives' buffers, and the aten ops they call (whose names say nothing of
+    # a collective)
+    (re.compile("^(" + "|".join(sorted(FSDP_COPY_OPS)) + ")$"), "elementwise"),
     (re.compile(r"^(bmm|baddbmm|addbmm)$"), "bmm"),
     (re.compile(r"^(mm|addmm|_addmm_activation|matmul|linear|addmv|mv|_scaled_mm|_int_mm|dot)$"), "gemm"),
     (re.compile(r"attention|^_flash_attn|flash_attn|^_efficient_attention|fmha|FlashAttn|FusedAttn", re.I),

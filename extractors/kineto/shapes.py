@@ -152,8 +152,9 @@ def _rows_width(shapes: list) -> dict:
     return {"rows": math.prod(first[:-1]) if len(first) > 1 else 1, "width": first[-1], "numel": math.prod(first)}
 
 
-#: FSDP2's copies (tracekit.core.samples.FSDP_COPIES) and the aten ops they call, without namespace.
-_FSDP_COPY_NAMES = frozenset({name.split("::", 1)[-1] for name in FSDP_COPIES} | {"_chunk_cat"})
+#: FSDP2's copies (tracekit.core.samples.FSDP_COPIES) and the aten ops they call, without namespace (classify.py
+#: makes them elementwise).
+FSDP_COPY_OPS = frozenset({name.split("::", 1)[-1] for name in FSDP_COPIES} | {"_chunk_cat"})
 
 
 def _copied(dims: list) -> dict:
@@ -194,7 +195,7 @@ def op_features(op: str, primitive: str, dims_blob: bytes, types_blob: bytes, co
     elif primitive == "optimizer":
         numel = sum(_numel(s) for s in shapes[:1])
         feats = {"params": numel, "numel": numel} if numel else {}
-    elif op.split("::", 1)[-1] in _FSDP_COPY_NAMES:
+    elif op.split("::", 1)[-1] in FSDP_COPY_OPS:
         feats = _copied(dims)
     elif primitive not in ("memcpy", "memset"):
         feats = _rows_width(shapes)

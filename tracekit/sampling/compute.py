@@ -28,9 +28,9 @@ from .shapes import (
     Case,
     Point,
     layer_cases,
+    layer_shapes,
     shard_shapes,
     stage_shapes,
-    unit_shapes,
 )
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -137,8 +137,8 @@ def _fsdp_copy(variant: str, hidden: int, dtype, dev: torch.device, n: int = FSD
     the copy's time, as in a training step)."""
     import torch.distributed.fsdp._fully_shard._fsdp_collectives  # noqa: F401  (registers torch.ops.fsdp)
 
-    shapes = unit_shapes(hidden)
-    shards = [torch.randn((-(-s[0] // n), *s[1:]), device=dev).to(dtype).view(-1) for s in shapes]  # flat, as FSDP2's
+    shapes = layer_shapes(hidden)
+    shards = [torch.randn(s, device=dev).to(dtype).view(-1) for s in shard_shapes(shapes, n)]  # flat, as FSDP2's
     split = [t.numel() for t in shards]
     shard_numel = sum(split)
     if variant == FSDP_COPY_IN:

@@ -11,7 +11,7 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
-from tracekit.core.samples import DTENSOR_SUFFIX, FSDP2_UNIT, FSDP_COPIES
+from tracekit.core.samples import DTENSOR_SUFFIX, FSDP2_UNIT, FSDP_COPIES, FSDP_COPY_IN
 
 #: Primitives `tracekit sample` can time.
 COMPUTE = ("gemm", "attention", "norm", "elementwise", "activation", "embedding", "cross_entropy", "optimizer",
@@ -123,7 +123,7 @@ def compute_cases(point: Point, primitives: set[str]) -> list[Case]:
         cases.append(_case("cross_entropy", "parallel_cross_entropy_128", rows=rows, width=v_t, numel=rows * v_t,
                            tp=t))
     if "optimizer" in primitives:
-        layer = (3 * h // t) * h + 3 * h // t + h * (h // t) + h + f_t * h + f_t + h * f_t + h + 4 * h
+        layer = sum(math.prod(shape) for shape in layer_shapes(h, t))
         stages = [("firstStage", 1), ("middleStage", 2), ("lastStage", 1)]
         if h <= DEEP_STAGE_MAX_HIDDEN:
             stages += [("firstStage", layers) for layers in DEEP_STAGE_LAYERS]
@@ -146,29 +146,28 @@ def fsdp_copy_cases(device: str) -> list[Case]:
     each copies (the shard in, the gathered parameters out, the gradients in)."""
     cases = []
     for h in FSDP_COPY_HIDDEN[device]:
-        params = sum(math.prod(shape) for shape in unit_shapes(h))
-        shard = sum(-(-shape[0] // FSDP_COPY_RANKS) * math.prod(shape[1:]) for shape in unit_shapes(h))
+        params = sum(math.prod(shape) for shape in layer_shapes(h))
+        shard = sum(math.prod(shape) for shape in shard_shapes(layer_shapes(h), FSDP_COPY_RANKS))
         for variant in FSDP_COPIES:
-            numel = shard if variant == FSDP_COPIES[0] else params
+            numel = shard if variant == FSDP_COPY_IN else params
             cases.append(_case("elementwise", variant, rows=numel, width=1, numel=numel, extra={"hidden": h}))
     return cases
 
 
-def unit_shapes(h: int) -> list[tuple[int, ...]]:
-    """The parameters of one GPT layer of hidden size `h` (QKV, projection, two MLP linears with biases, two
-    layer norms), in the order a module lists them."""
-    return [(h,), (h,), (3 * h, h), (3 * h,), (h, h), (h,), (h,), (h,), (4 * h, h), (4 * h,), (h, 4 * h), (h,)]
+def layer_shapes(h: int, tp: int = 1) -> list[tuple[int, ...]]:
+    """The parameter tensors of one GPT layer of hidden size `h` on one of `tp` tensor-parallel ranks: QKV,
+    projection and two MLP linears (weights and biases), two layer norms (weights and biases)."""
+    t = max(1, tp)
+    ffn = 4 * h // t
+    return [(3 * h // t, h), (3 * h // t,), (h, h // t), (h,), (ffn, h), (ffn,), (h, ffn), (h,), (h,), (h,), (h,),
+            (h,)]
 
 
 def stage_shapes(layers: int, h: int, tp: int, params: int) -> list[tuple[int, ...]]:
     """The parameter tensors of one pipeline stage as a Megatron GPT stage holds them on one tensor-parallel rank:
-    per layer QKV, projection and two MLP linears (weights and biases) and two norms; the rest of `params` (the
-    first stage's embeddings, the last stage's final norm) as one more matrix `h` wide."""
-    t = max(1, tp)
-    ffn = 4 * h // t
-    layer = [(3 * h // t, h), (3 * h // t,), (h, h // t), (h,), (ffn, h), (ffn,), (h, ffn), (h,), (h,), (h,), (h,),
-             (h,)]
-    shapes = layer * layers
+    `layers` layers (`layer_shapes`); the rest of `params` (the first stage's embeddings, the last stage's final
+    norm) as one more matrix `h` wide."""
+    shapes = layer_shapes(h, tp) * layers
     rest = params - sum(math.prod(shape) for shape in shapes)
     if rest >= h:
         shapes.append((rest // h, h))
