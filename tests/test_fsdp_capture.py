@@ -163,3 +163,31 @@ def test_fsdp2_copies_are_ingested_as_their_ops_and_predicted_where_they_run(fsd
             per_numel = predicted.setdefault((spec["variant"], spec["pass"]), {})
             per_numel[spec["numel"]] = per_numel.get(spec["numel"], 0) + op.count * MICRO
     assert predicted == expected
+
+
+def test_the_aten_ops_inside_an_fsdp2_copy_belong_to_the_copy(fsdp_run):
+    """On a GPU, an FSDP2 copy's kernels are launched by the aten ops it calls (`all_gather_copy_in` calls
+    `_foreach_copy_`, a name optimizers use too): ingest links them to the copy. Here the nesting is read from the
+    raw trace's spans on each thread and compared with what the linkage passes down to every op."""
+    from extractors.kineto.events import decode_events
+    from extractors.kineto.linkage import op_context
+    from extractors.kineto.load import open_trace
+    from tracekit.core.samples import FSDP_COPIES
+
+    out, _, _ = fsdp_run
+    columns = decode_events(open_trace(next((out / "tensorboard").iterdir())).events_raw)
+    context, _ = op_context(columns)
+    copies = [(i, columns.op_thread[i], columns.op_ts[i], columns.op_ts[i] + columns.op_dur[i])
+              for i, name in enumerate(columns.op_name) if name in FSDP_COPIES]
+    assert copies
+    inside = {name: 0 for name in ("aten::_foreach_copy_", "aten::split_with_sizes_copy", "aten::_chunk_cat")}
+    for i, name in enumerate(columns.op_name):
+        around = [c for c, thread, start, end in copies
+                  if thread == columns.op_thread[i] and start <= columns.op_ts[i] < end]
+        assert context.fsdp_copy[i] == (around[0] if around else -1), name
+        if around and name in inside:
+            inside[name] += 1
+    assert all(inside.values()), inside  # each copy's aten op is in the trace, inside its copy
+    optimizer_foreach = [i for i, name in enumerate(columns.op_name)
+                         if name.startswith("aten::_foreach_") and context.optimizer[i]]
+    assert all(context.fsdp_copy[i] == -1 for i in optimizer_foreach)

@@ -11,8 +11,10 @@ One sweep over each thread's operators (sorted by start, longest first) builds t
 an operator inherits from its ancestors: backward (autograd engine / *Backward ops / fwdbwd flow targets),
 optimizer step, the enclosing record_param_comms and nccl:/gloo: annotation, the innermost user annotation, the
 innermost autograd node (an `evaluate_function:` span or node call carrying a `Sequence number`; a node call inside
-the span of its own evaluate_function counts as that span) and the outermost GEMM op inside that node (what
-`backward.py` reads a backward kernel's role from).
+the span of its own evaluate_function counts as that span), the outermost GEMM op inside that node (what
+`backward.py` reads a backward kernel's role from) and the outermost FSDP2 copy op (`fsdp::all_gather_copy_in`, ...):
+on a GPU its kernels are launched by the aten ops it calls (`_foreach_copy_`, a name optimizers use too,
+`split_with_sizes_copy`, `_chunk_cat`), and are the copy's.
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
+
+from tracekit.core.samples import FSDP_COPIES
 
 from .events import EventColumns
 
@@ -50,6 +54,7 @@ class OpContext:
     top_level: np.ndarray  # bool: cpu_op without a cpu_op ancestor
     node: np.ndarray  # innermost autograd node ancestor-or-self (its evaluate_function span where recorded)
     node_gemm: np.ndarray  # outermost GEMM op between the op and its node (ancestor-or-self)
+    fsdp_copy: np.ndarray  # outermost FSDP2 copy op (FSDP_COPIES) ancestor-or-self
 
 
 @dataclass
@@ -72,6 +77,7 @@ def _name_flags(names: list) -> dict:
             not _NOT_LAYER.match(name),
             bool(_NODE.search(name)),
             bool(_GEMM_OP.match(name)),
+            name in FSDP_COPIES,
         )
     return flags
 
@@ -101,7 +107,7 @@ def op_context(c: EventColumns) -> tuple[OpContext, np.ndarray]:
     ts_l, thread_l = ts.tolist(), thread.tolist()
     flow_ends = c.bwd_flow_ends
     par_l, cpu_l, cop_l, cann_l, lay_l = [-1] * n_ops, [-1] * n_ops, [-1] * n_ops, [-1] * n_ops, [-1] * n_ops
-    node_l, gemm_l = [-1] * n_ops, [-1] * n_ops
+    node_l, gemm_l, copy_l = [-1] * n_ops, [-1] * n_ops, [-1] * n_ops
     seq_l = c.op_seq.tolist() if c.op_seq is not None and len(c.op_seq) == n_ops else [-1] * n_ops
     bwd_l, opt_l = [False] * n_ops, [False] * n_ops
     rt_l = [-1] * n_rt
@@ -122,7 +128,7 @@ def op_context(c: EventColumns) -> tuple[OpContext, np.ndarray]:
             continue
         i = idx
         name = names[i]
-        is_bwd, is_opt, is_comm_ann, is_layer, is_node, is_gemm = flags[name]
+        is_bwd, is_opt, is_comm_ann, is_layer, is_node, is_gemm, is_copy = flags[name]
         if stack:
             p = stack[-1]
             par_l[i] = p
@@ -130,6 +136,7 @@ def op_context(c: EventColumns) -> tuple[OpContext, np.ndarray]:
             cop_l[i] = cop_l[p]
             cann_l[i] = cann_l[p]
             lay_l[i] = lay_l[p]
+            copy_l[i] = copy_l[p]
             bwd_l[i] = bwd_l[p] or is_bwd
             opt_l[i] = opt_l[p] or is_opt
             if bwd_l[i]:  # autograd nodes are backward ops
@@ -155,6 +162,8 @@ def op_context(c: EventColumns) -> tuple[OpContext, np.ndarray]:
             cpu_l[i] = i
             if name == "record_param_comms":
                 cop_l[i] = i
+            if is_copy and copy_l[i] < 0:
+                copy_l[i] = i
         if stack and ends[i] > ends[stack[-1]] + _ESCAPE_US:
             continue  # async work record (gloo:send) outliving its caller: nothing nests inside it
         stack.append(i)
@@ -170,7 +179,9 @@ def op_context(c: EventColumns) -> tuple[OpContext, np.ndarray]:
     top_level = ~c.op_is_annotation & (np.where(parent >= 0, cpu_op[np.maximum(parent, 0)], -1) < 0)
     node = np.asarray(node_l, np.int64) if n_ops else np.full(0, -1, np.int64)
     node_gemm = np.asarray(gemm_l, np.int64) if n_ops else np.full(0, -1, np.int64)
-    return OpContext(parent, cpu_op, comm_op, comm_ann, layer, backward, optimizer, top_level, node, node_gemm), rt_op
+    fsdp_copy = np.asarray(copy_l, np.int64) if n_ops else np.full(0, -1, np.int64)
+    return (OpContext(parent, cpu_op, comm_op, comm_ann, layer, backward, optimizer, top_level, node, node_gemm,
+                      fsdp_copy), rt_op)
 
 
 def _lookup(keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.ndarray:

@@ -79,6 +79,7 @@ def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None) -> EventTa
     dev_op = lk.dev_op.tolist()
     dev_kind, dev_bytes = c.dev_kind, c.dev_bytes.tolist()
     cpu_op, comm_op, comm_ann = ctx.cpu_op.tolist(), ctx.comm_op.tolist(), ctx.comm_annotation.tolist()
+    fsdp_copy = ctx.fsdp_copy.tolist()
     optimizer, backward, layer = ctx.optimizer.tolist(), ctx.backward.tolist(), ctx.layer.tolist()
     feat_rows = {name: [np.nan] * n for name in FEATURE_COLUMNS}
     comm_rows: list[int] = []
@@ -89,8 +90,8 @@ def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None) -> EventTa
         kernel = names[i]
         inner = dev_op[i]
         launcher = -1
-        if inner >= 0:
-            launcher = cpu_op[inner] if cpu_op[inner] >= 0 else inner
+        if inner >= 0:  # an FSDP2 copy's kernels are the copy's, whichever aten op inside it launched them
+            launcher = fsdp_copy[inner] if fsdp_copy[inner] >= 0 else cpu_op[inner] if cpu_op[inner] >= 0 else inner
         op = op_names[launcher] if launcher >= 0 else None
         fields = c.dev_comm.get(i)
         rpc = comm_op[inner] if inner >= 0 else -1
@@ -135,9 +136,11 @@ def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None) -> EventTa
         cols["op"][i] = op
         if inner >= 0 and layer[inner] >= 0:
             cols["layer"][i] = unit_or_label(op_names[layer[inner]])
-    # a twin's op is not this kernel's autograd node: borrowed, it would sum into the twin's backward
+    # a twin's op is not this kernel's autograd node: borrowed, it would sum into the twin's backward; an FSDP2 copy
+    # in backward runs in a hook inside some node, and is the copy's, not that node's forward op's
+    in_copy = np.array([op >= 0 and fsdp_copy[op] >= 0 for op in dev_op], dtype=bool)
     bwd = link_backward(c, lk, (np.array(cols["category"], dtype=object) == "computation")
-                        & (np.array(cols["pass"], dtype=object) == "bwd") & ~lk.dev_twin)
+                        & (np.array(cols["pass"], dtype=object) == "bwd") & ~lk.dev_twin & ~in_copy)
     fwd_name: list = [None] * n
     for i in np.flatnonzero(bwd.forward >= 0).tolist():  # the forward op's primitive, dtype and shapes
         fwd = int(bwd.forward[i])
