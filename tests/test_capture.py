@@ -218,6 +218,29 @@ def test_gloo_collective_samples_span_what_the_calling_thread_waited(tp_run):
     assert done.returncode == 0 and json.loads(done.stdout)["errors"] == [], done.stdout[-500:]
 
 
+def test_an_operators_row_leaves_out_the_collectives_it_waited_for(tp_run):
+    """Tensor parallelism issues its all-reduces inside autograd functions (`_ReduceFromTP`): the function's row
+    leaves out what its thread waited for the gloo work, which is a row of its own. Then the calling thread's time is
+    not counted twice: per profiled step, the computation rows plus the all-reduces' work fit in the step (the
+    ProfilerStep# span of the raw JSON)."""
+    from extractors.kineto import read_trace
+
+    out, _, _ = tp_run
+    for path in (out / "tensorboard").iterdir():
+        raw = [e for e in _load(path)["traceEvents"] if e.get("ph") == "X"]
+        wrappers = [e for e in raw if e["name"] == "_ReduceFromTP"]
+        calls = [e for e in raw if e["name"] == "c10d::allreduce_"]
+        assert any(w["tid"] == c["tid"] and w["ts"] <= c["ts"] <= w["ts"] + w["dur"] for w in wrappers for c in calls)
+        steps = {int(e["name"].split("#")[1]): e["dur"] for e in raw if e["name"].startswith("ProfilerStep#")}
+        events = read_trace(path).device_events
+        for step, frame in events[events["iteration"] >= 0].groupby("iteration"):
+            compute = frame.loc[frame["category"] == "computation", "dur_us"].sum()
+            waited = frame.loc[frame["primitive"] == "all_reduce", "dur_us"].sum()
+            assert compute + waited <= steps[step], (step, compute, waited, steps[step])
+        rows = events[events["name"] == "_ReduceFromTP"]
+        assert len(rows) == len(wrappers) and rows["dur_us"].sum() < 0.5 * sum(w["dur"] for w in wrappers)
+
+
 def test_pp_ingest_finds_the_pipeline_transfers(pp_run):
     out, manifest = pp_run
     assert manifest.ingest["status"] == "ok", manifest.ingest

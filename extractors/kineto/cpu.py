@@ -7,8 +7,10 @@ a trace has none, record_param_comms or the c10d:: call itself: otherwise that c
 gloo runs a reduce-scatter as an all-reduce of the whole buffer on a worker thread; such work is matched to the
 `c10d::` call that issued it (same process, issued before it, holding its buffer; first come, first served) and
 recorded as the reduce-scatter it was asked for, with the output shard as its message (the convention of samples);
-`launch_ts_us` is the call's start and `blocked_us` what the calling thread waited for it (a collective's sample
-duration on a CPU run, as `tracekit sample` times a call).
+`launch_ts_us` is the call's start and `blocked_us` what the calling thread waited for it, up to its next operator
+or the end of the top-level operator the call is in (a collective's sample duration on a CPU run, as `tracekit
+sample` times a call). A collective issued inside a top-level operator (tensor parallelism's all-reduces inside
+autograd functions, `_ReduceFromTP`) is a row of its own: that operator's row leaves out the call and the wait.
 A backward node (`autograd::engine::evaluate_function: AddmmBackward0`) is the whole backward of the forward op
 that shares its autograd `Sequence number` (role `whole`, linked as in backward.py); it takes that op's name and
 input shapes (the convention of sampled `bwd` rows). FSDP2's backward hooks run inside the autograd node whose
@@ -57,8 +59,12 @@ def cpu_events(c: EventColumns, world_size: int | None) -> EventTable:
     annotated_comms = bool(np.any(ctx.comm_annotation == np.arange(len(names))))
     forward = forward_by_sequence(c, ctx.backward)
     issuer = _issuing_calls(c, ctx) if annotated_comms else {}
-    resume = _op_starts_by_thread(c, ctx) if issuer else {}
+    outer = _top_level_ancestors(ctx)
+    blocked = _blocked_us(c, outer, issuer) if issuer else {}
     hooks, hooked_copies = _fsdp_hooks(c, ctx)
+    for q, spans in _collective_waits(c, ctx, outer, blocked).items():
+        hooks.setdefault(q, []).extend(spans)
+    left_out = {q: _union_us(spans) for q, spans in hooks.items()}
     for i in range(len(names)):
         name = names[i]
         is_ann = bool(c.op_is_annotation[i])
@@ -68,7 +74,7 @@ def cpu_events(c: EventColumns, world_size: int | None) -> EventTable:
             continue
         if not is_ann and not ctx.top_level[i] and i not in hooked_copies:
             continue
-        dur = float(c.op_dur[i]) - hooks.get(i, 0.0)
+        dur = float(c.op_dur[i]) - left_out.get(i, 0.0)
         if dur <= 0:
             continue
         c10d = _is_comm_call(name)
@@ -88,7 +94,7 @@ def cpu_events(c: EventColumns, world_size: int | None) -> EventTable:
             call = issuer.get(i, -1)
             if call >= 0:
                 row["launch_ts_us"] = float(c.op_ts[call])
-                row["blocked_us"] = _blocked_us(c, resume, call, float(c.op_ts[i] + c.op_dur[i]))
+                row["blocked_us"] = blocked[call]
             if call >= 0 and kind == "all_reduce" and collective_kind(names[call]) == "reduce_scatter":
                 shard, _ = tensor_bytes(c.op_dims[call], c.op_types[call], count=1)  # the output, first
                 kind, nbytes = "reduce_scatter", float(shard) if shard else nbytes
@@ -152,12 +158,12 @@ def cpu_events(c: EventColumns, world_size: int | None) -> EventTable:
     return EventTable(columns)
 
 
-def _fsdp_hooks(c: EventColumns, ctx) -> tuple[dict[int, float], set[int]]:
-    """FSDP2's hooks inside top-level operators (module docstring): µs of the outermost FSDP ranges nested in each
-    such op, and the FSDP copies directly inside those ranges (no other operator between the copy and its range: an
-    `aten::` op a copy calls is part of the copy)."""
+def _fsdp_hooks(c: EventColumns, ctx) -> tuple[dict[int, list[tuple[float, float]]], set[int]]:
+    """FSDP2's hooks inside top-level operators (module docstring): the spans of the outermost FSDP ranges nested in
+    each such op, and the FSDP copies directly inside those ranges (no other operator between the copy and its range:
+    an `aten::` op a copy calls is part of the copy)."""
     names, parent, n = c.op_name, ctx.parent, len(c.op_name)
-    hooks: dict[int, float] = {}
+    hooks: dict[int, list[tuple[float, float]]] = {}
     copies: set[int] = set()
     candidates = [i for i in np.flatnonzero(c.op_is_annotation | ~ctx.top_level).tolist()
                   if names[i] in FSDP_COPIES or (c.op_is_annotation[i] and names[i].startswith("FSDP::"))]
@@ -173,8 +179,36 @@ def _fsdp_hooks(c: EventColumns, ctx) -> tuple[dict[int, float], set[int]]:
         if names[i] in FSDP_COPIES and in_range:
             copies.add(i)
         elif c.op_is_annotation[i] and fsdp_unit(names[i]) is not None and not in_range:
-            hooks[q] = hooks.get(q, 0.0) + float(c.op_dur[i])
+            hooks.setdefault(q, []).append((float(c.op_ts[i]), float(c.op_ts[i] + c.op_dur[i])))
     return hooks, copies
+
+
+def _collective_waits(c: EventColumns, ctx, outer: np.ndarray, blocked: dict[int, float]
+                      ) -> dict[int, list[tuple[float, float]]]:
+    """Collectives issued inside a top-level operator (module docstring), per such op: the spans of the `c10d::`
+    calls nested in it, each as long as its thread was blocked on the call's gloo work where it waited for it."""
+    names, parent, n = c.op_name, ctx.parent, len(c.op_name)
+    out: dict[int, list[tuple[float, float]]] = {}
+    for call in np.flatnonzero(~ctx.top_level & ~c.op_is_annotation).tolist():
+        if not _is_comm_call(names[call]) or (0 <= parent[call] < n and _is_comm_call(names[int(parent[call])])):
+            continue  # not a call, or the inner call of one (record_param_comms inside c10d::allreduce_)
+        q = int(outer[call])
+        if q < 0:
+            continue
+        waited = blocked.get(call, float("nan"))
+        span = waited if waited == waited else float(c.op_dur[call])  # NaN: asynchronous, the call's own time
+        out.setdefault(q, []).append((float(c.op_ts[call]), float(c.op_ts[call]) + span))
+    return out
+
+
+def _union_us(spans: list[tuple[float, float]]) -> float:
+    """µs covered by the union of `spans` (an FSDP range and a wait inside it count once)."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 def _issuing_calls(c: EventColumns, ctx) -> dict[int, int]:
@@ -213,20 +247,43 @@ def _tensor_shapes(dims: list) -> list:
     return out
 
 
-def _op_starts_by_thread(c: EventColumns, ctx) -> dict[int, np.ndarray]:
-    """Sorted start times of each thread's top-level operators."""
-    ops = np.flatnonzero(ctx.top_level & ~c.op_is_annotation)
-    return {int(t): np.sort(c.op_ts[ops[c.op_thread[ops] == t]]) for t in distinct(c.op_thread[ops])}
+def _top_level_ancestors(ctx) -> np.ndarray:
+    """Per operator, its top-level ancestor-or-self (-1: none, an annotation outside every operator)."""
+    parent, top = ctx.parent.tolist(), ctx.top_level.tolist()
+    out = [-1] * len(parent)
+    for i in range(len(parent)):  # a parent sits before its children in neither order: walk up, memoised
+        path, q = [], i
+        while q >= 0 and out[q] < 0 and not top[q]:
+            path.append(q)
+            q = parent[q]
+        found = q if q < 0 or top[q] else out[q]
+        for p in path:
+            out[p] = found
+        if q >= 0 and top[q]:
+            out[q] = q
+    return np.asarray(out, dtype=np.int64)
 
 
-def _blocked_us(c: EventColumns, starts: dict[int, np.ndarray], call: int, work_end: float) -> float:
-    """How long the thread that issued gloo work waited for it: from the call to its next operator after the work
-    ended. NaN when that thread ran another operator meanwhile (an asynchronous call: nothing was waited for)."""
-    mine = starts.get(int(c.op_thread[call]), np.empty(0))
-    nxt = int(np.searchsorted(mine, c.op_ts[call] + c.op_dur[call]))
-    if nxt < len(mine) and mine[nxt] < work_end:
-        return float("nan")
-    return float((mine[nxt] if nxt < len(mine) else work_end) - c.op_ts[call])
+def _blocked_us(c: EventColumns, outer: np.ndarray, issuer: dict[int, int]) -> dict[int, float]:
+    """Per `c10d::` call that issued gloo work: how long its thread waited for that work, from the call to the next
+    operator on the thread after the call (or the end of the top-level operator around the call, if sooner). NaN
+    when the thread went on before the work ended (an asynchronous call: nothing was waited for)."""
+    ops = np.flatnonzero(~c.op_is_annotation)
+    starts = {int(t): np.sort(c.op_ts[ops[c.op_thread[ops] == t]]) for t in distinct(c.op_thread[ops])}
+    out = {}
+    for work, call in issuer.items():
+        mine = starts[int(c.op_thread[call])]
+        after = float(c.op_ts[call] + c.op_dur[call])
+        nxt = int(np.searchsorted(mine, after))
+        resume = float(mine[nxt]) if nxt < len(mine) else float("inf")
+        q = int(outer[call])
+        if q >= 0 and q != call:
+            resume = min(resume, float(c.op_ts[q] + c.op_dur[q]))
+        work_end = float(c.op_ts[work] + c.op_dur[work])
+        if resume == float("inf"):
+            resume = work_end
+        out[call] = float("nan") if resume < work_end else resume - float(c.op_ts[call])
+    return out
 
 
 def _is_comm_call(name: str) -> bool:
