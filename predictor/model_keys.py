@@ -2,9 +2,9 @@
 row (its variant for primitives whose variants are different kernels, the topology `<nodes>x<ranks per node>` for
 collectives, the role of a GEMM backward part, the input dtype of a GEMM below half precision or in TF32
 (`fp8`, `fp8_block`, ..., `tf32`; a role and a dtype together: `dgrad:fp8`), `*` for the rest), the variant aliases
-of the published sample sets,
-and the sample hygiene training applies (duplicates, rows without shape features). Used by `predictor.training`
-to form training sets and by `predictor.models` to route rows to them."""
+of the published sample sets, and the sample hygiene training applies (duplicates, a collective's repeats at one
+point, rows without shape features). Used by `predictor.training` to form training sets and by `predictor.models` to
+route rows to them."""
 from __future__ import annotations
 
 import re
@@ -155,6 +155,23 @@ def deduplicate(samples: pd.DataFrame) -> pd.DataFrame:
     sample file and in a combined file of the same sweep."""
     cols = ["hardware", "primitive", "pass", "variant", *FEATURE_COLUMNS, "duration_us"]
     return samples.drop_duplicates(subset=[c for c in cols if c in samples.columns])
+
+
+def mean_of_repeats(samples: pd.DataFrame) -> pd.DataFrame:
+    """Collectives measured more than once at the same point (hardware, pass, variant, dtype and features: message,
+    group, topology) become one row with their mean time. An iteration sums every occurrence, so a model must answer
+    the mean; the regressor fits log time, which at one point answers the rows' geometric mean, and a collective's
+    time is a heavy-tailed wait (a captured gloo all-reduce of 16 KiB: mean 1.7× the geometric mean; send/recv up
+    to 7×). Compute rows stay as they are: their repeats scatter little (a CPU's GEMMs: mean ≤ 1.1× the geometric
+    mean)."""
+    comm = samples["primitive"].isin(COLLECTIVE_PRIMITIVES)
+    if not comm.any():
+        return samples
+    keys = [c for c in ("hardware", "primitive", "pass", "variant", "dtype", *FEATURE_COLUMNS) if c in samples.columns]
+    rows = samples[comm]
+    mean = rows.groupby(keys, dropna=False, sort=False)["duration_us"].transform("mean")
+    merged = rows.assign(duration_us=mean)[~rows.duplicated(subset=keys)]
+    return pd.concat([samples[~comm], merged]).sort_index()
 
 
 def shapeless_rows(samples: pd.DataFrame) -> pd.Series:

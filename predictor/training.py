@@ -21,7 +21,7 @@ from tracekit.core.errors import ModelError
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES, FSDP2_UNIT, HOST_PRIMITIVES
 
 from .lowp_gemm import learn
-from .model_keys import deduplicate, groups_of, model_id, shapeless_rows, training_sets
+from .model_keys import deduplicate, groups_of, mean_of_repeats, model_id, shapeless_rows, training_sets
 from .models import FORMAT, INDEX, ModelSet
 from .regressor import FitResult, fit
 from .roofline import rates
@@ -43,7 +43,7 @@ def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict
     for samples of a fixed grid of shapes (published tables): outside it the transfer and roofline paths answer."""
     framework = framework_overheads(samples)
     samples = samples[~samples["primitive"].isin(HOST_PRIMITIVES)]
-    samples = deduplicate(samples[(samples["duration_us"] > 0) & (samples["primitive"] != "other")])
+    samples = mean_of_repeats(deduplicate(samples[(samples["duration_us"] > 0) & (samples["primitive"] != "other")]))
     if samples.empty:
         raise ModelError("no classified samples to train on")
     shapeless = shapeless_rows(samples)

@@ -241,6 +241,31 @@ def test_an_operators_row_leaves_out_the_collectives_it_waited_for(tp_run):
         assert len(rows) == len(wrappers) and rows["dur_us"].sum() < 0.5 * sum(w["dur"] for w in wrappers)
 
 
+def test_a_collective_model_answers_the_mean_of_its_repeats(tp_run, tmp_path):
+    """An iteration sums every all-reduce it issues, so the model trained on a capture answers a message size with
+    the arithmetic mean of that size's samples, not the geometric mean a log-time fit of the raw rows gives (gloo's
+    waits are heavy-tailed). Expected values are numpy's mean and geometric mean of the store's rows."""
+    import numpy as np
+
+    from predictor.models import ModelSet
+    from predictor.training import train_models
+    from tracekit.core.store import SampleStore
+
+    _, _, store_dir = tp_run
+    samples = SampleStore(store_dir).read()
+    reduces = samples[samples["primitive"] == "all_reduce"]
+    size = reduces["bytes"].value_counts().idxmax()
+    rows = reduces[reduces["bytes"] == size]
+    times = rows["duration_us"].to_numpy()
+    assert len(times) >= 10
+    train_models(samples, tmp_path / "models", folds=2)
+    answer = ModelSet.load(tmp_path / "models").predict(rows.head(1))["duration_us"].iloc[0]
+    mean, geometric = times.mean(), float(np.exp(np.log(times).mean()))
+    assert answer == pytest.approx(mean, rel=0.1)
+    if mean > 1.25 * geometric:  # a spread that tells the two apart (gloo's, on most machines)
+        assert answer > (mean + geometric) / 2
+
+
 def test_pp_ingest_finds_the_pipeline_transfers(pp_run):
     out, manifest = pp_run
     assert manifest.ingest["status"] == "ok", manifest.ingest
