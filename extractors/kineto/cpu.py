@@ -251,7 +251,7 @@ def _top_level_ancestors(ctx) -> np.ndarray:
     """Per operator, its top-level ancestor-or-self (-1: none, an annotation outside every operator)."""
     parent, top = ctx.parent.tolist(), ctx.top_level.tolist()
     out = [-1] * len(parent)
-    for i in range(len(parent)):  # a parent sits before its children in neither order: walk up, memoised
+    for i in range(len(parent)):  # rows are not ordered parents first: walk up each chain, memoised
         path, q = [], i
         while q >= 0 and out[q] < 0 and not top[q]:
             path.append(q)
