@@ -8,13 +8,13 @@ Public API (stable; used by the CLI, `tracekit diff/validate` and capture):
 
 `models` is anything with the interface of `predictor.models.ModelSet` — `predict(frame) -> frame`,
 `hardware_ids()`, `framework_us(hw)`, `sampled_cluster(hw)`, `sampled_topologies(hw, primitive)`,
-`resolve(hw, primitive, pass, group)`, and optionally `role_primitives(hw)` (the primitives whose backward the
-graph asks per role; without it, whole): `predict` gets a frame of operator rows (hardware, primitive, pass, dtype,
-variant, role + FEATURE_COLUMNS) and returns `duration_us`, `path` ('model' | 'derived' | 'transfer' | 'roofline' |
-'lowp') and `out_of_range` on the same index (a GPU without models takes `transfer`: the note of
-`estimates.resolve_hardware` names its source GPUs). Collectives not measured on the configuration's cluster and
-topology take the algorithm model of `predictor.collectives` instead (path 'physics'; beyond the sampled message
-sizes, anchored to the learned model).
+`resolve(hw, primitive, pass, group)`, and optionally `role_primitives(hw)` (the primitives whose backward the graph
+asks per role; without it, whole) and `fsdp_unit_us(hw)` (torch FSDP2's host time per unit; without it, none):
+`predict` gets a frame of operator rows (hardware, primitive, pass, dtype, variant, role + FEATURE_COLUMNS) and
+returns `duration_us`, `path` ('model' | 'derived' | 'transfer' | 'roofline' | 'lowp') and `out_of_range` on the
+same index (a GPU without models takes `transfer`: the note of `estimates.resolve_hardware` names its source GPUs).
+Collectives not measured on the configuration's cluster and topology take the algorithm model of
+`predictor.collectives` instead (path 'physics'; beyond the sampled message sizes, anchored to the learned model).
 `predict_many` builds every configuration's graph, de-duplicates the operator rows of all of them and asks the
 models once (plus once for learned collectives outside their sampled sizes, when there are any; only rows not
 answered before by the same models object: estimates are cached per process,
@@ -239,9 +239,9 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
             continue
         graph, cluster, notes = item
         idx = next(it)
-        units = models.fsdp_unit_us(graph.hardware) if hasattr(models, "fsdp_unit_us") else {}
-        est = Estimates(duration[idx], list(paths[idx]), oor[idx], models.framework_us(graph.hardware),
-                        units if fsdp.pays_unit_hooks(graph.config) else {})
+        units = models.fsdp_unit_us(graph.hardware) \
+            if fsdp.pays_unit_hooks(graph.config) and hasattr(models, "fsdp_unit_us") else {}
+        est = Estimates(duration[idx], list(paths[idx]), oor[idx], models.framework_us(graph.hardware), units)
         if not np.all(np.isfinite(est.duration_us)):
             bad = [graph.specs[i]["variant"] for i in np.flatnonzero(~np.isfinite(est.duration_us))]
             out.append(ConfigError(f"no estimate for operators {sorted(set(bad))} on {graph.hardware}"))

@@ -248,20 +248,15 @@ def _tensor_shapes(dims: list) -> list:
 
 
 def _top_level_ancestors(ctx) -> np.ndarray:
-    """Per operator, its top-level ancestor-or-self (-1: none, an annotation outside every operator)."""
-    parent, top = ctx.parent.tolist(), ctx.top_level.tolist()
-    out = [-1] * len(parent)
-    for i in range(len(parent)):  # rows are not ordered parents first: walk up each chain, memoised
-        path, q = [], i
-        while q >= 0 and out[q] < 0 and not top[q]:
-            path.append(q)
-            q = parent[q]
-        found = q if q < 0 or top[q] else out[q]
-        for p in path:
-            out[p] = found
-        if q >= 0 and top[q]:
-            out[q] = q
-    return np.asarray(out, dtype=np.int64)
+    """Per operator, its top-level ancestor-or-self (-1: none, an annotation outside every operator): its nearest
+    operator ancestor-or-self (`cpu_op`), climbed operator by operator until none is above."""
+    top = ctx.cpu_op.copy()
+    while True:
+        parent = np.where(top >= 0, ctx.parent[np.maximum(top, 0)], -1)
+        above = np.where(parent >= 0, ctx.cpu_op[np.maximum(parent, 0)], -1)
+        if not (above >= 0).any():
+            return top
+        top = np.where(above >= 0, above, top)
 
 
 def _blocked_us(c: EventColumns, outer: np.ndarray, issuer: dict[int, int]) -> dict[int, float]:

@@ -138,7 +138,8 @@ def _gpu_events(c: EventColumns, lk: Linkage, world_size: int | None) -> EventTa
             cols["layer"][i] = unit_or_label(op_names[layer[inner]])
     # a twin's op is not this kernel's autograd node: borrowed, it would sum into the twin's backward; an FSDP2 copy
     # in backward runs in a hook inside some node, and is the copy's, not that node's forward op's
-    in_copy = np.array([op >= 0 and fsdp_copy[op] >= 0 for op in dev_op], dtype=bool)
+    in_copy = (lk.dev_op >= 0) & (ctx.fsdp_copy[np.maximum(lk.dev_op, 0)] >= 0) if len(ctx.fsdp_copy) \
+        else np.zeros(n, dtype=bool)
     bwd = link_backward(c, lk, (np.array(cols["category"], dtype=object) == "computation")
                         & (np.array(cols["pass"], dtype=object) == "bwd") & ~lk.dev_twin & ~in_copy)
     fwd_name: list = [None] * n

@@ -190,18 +190,10 @@ def _framework_overhead(point: Point, dtype_name: str, timer: Timer) -> dict[str
     """{pass: µs per operator} that a layer pass spends beyond its operators' own times: the reference trainer's
     transformer layer (Megatron's structure on one rank) timed whole, minus each of its operators timed alone as the
     other samples are, divided by the number of operators the predictor counts in a layer pass."""
-    from tracekit.reference.arguments import parse_args
-    from tracekit.reference.launch import megatron_flags
     from tracekit.reference.model import TransformerLayer
-    from tracekit.reference.parallel import Topology
 
     dtype, dev = DTYPES[dtype_name], timer.device
-    flags = megatron_flags(num_layers=1, hidden_size=point.hidden, num_attention_heads=point.heads,
-                           seq_length=point.seq, micro_batch_size=point.micro_batch,
-                           global_batch_size=point.micro_batch, vocab_size=1, train_iters=1,  # no vocabulary
-                           bf16=dtype_name == "bf16", fp16=dtype_name == "fp16")
-    args = parse_args(flags, 1, dev.type == "cuda")
-    topo = Topology(0, 1, 1, 1, 1, 0, 0, 0, None, None, None, dev)
+    args, topo = _reference_layer_setup(point, dtype_name, dev)
     with _single_process_group():
         layer = TransformerLayer(args, topo, 0, dtype).train()
         x = _leaf((point.seq, point.micro_batch, point.hidden), dtype, dev)
@@ -215,6 +207,20 @@ def _framework_overhead(point: Point, dtype_name: str, timer: Timer) -> dict[str
     return {"fwd": (whole[0] - parts[0]) / operators, "bwd": (whole[1] - parts[1]) / operators}
 
 
+def _reference_layer_setup(point: Point, dtype_name: str, dev: torch.device):
+    """(arguments, one-rank topology) of the reference trainer's transformer layer at `point`: one layer, no
+    vocabulary, on one rank of `dev`."""
+    from tracekit.reference.arguments import parse_args
+    from tracekit.reference.launch import megatron_flags
+    from tracekit.reference.parallel import Topology
+
+    flags = megatron_flags(num_layers=1, hidden_size=point.hidden, num_attention_heads=point.heads,
+                           seq_length=point.seq, micro_batch_size=point.micro_batch,
+                           global_batch_size=point.micro_batch, vocab_size=1, train_iters=1,  # no vocabulary
+                           bf16=dtype_name == "bf16", fp16=dtype_name == "fp16")
+    return parse_args(flags, 1, dev.type == "cuda"), Topology(0, 1, 1, 1, 1, 0, 0, 0, None, None, None, dev)
+
+
 def _fsdp2_unit_overhead(point: Point, dtype_name: str, timer: Timer) -> dict[str, float]:
     """{pass: µs per unit} that torch FSDP2 spends on each unit (a transformer layer it shards) beyond the layer's own
     operators and the copies the predictor counts as operators: its hooks before and after the unit's forward and
@@ -226,18 +232,10 @@ def _fsdp2_unit_overhead(point: Point, dtype_name: str, timer: Timer) -> dict[st
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from tracekit.reference.arguments import parse_args
-    from tracekit.reference.launch import megatron_flags
     from tracekit.reference.model import TransformerLayer
-    from tracekit.reference.parallel import Topology
 
     dtype, dev = DTYPES[dtype_name], timer.device
-    flags = megatron_flags(num_layers=1, hidden_size=point.hidden, num_attention_heads=point.heads,
-                           seq_length=point.seq, micro_batch_size=point.micro_batch,
-                           global_batch_size=point.micro_batch, vocab_size=1, train_iters=1,
-                           bf16=dtype_name == "bf16", fp16=dtype_name == "fp16")
-    args = parse_args(flags, 1, dev.type == "cuda")
-    topo = Topology(0, 1, 1, 1, 1, 0, 0, 0, None, None, None, dev)
+    args, topo = _reference_layer_setup(point, dtype_name, dev)
     times: dict[tuple[bool, int], tuple[float, float]] = {}
     timer = Timer(dev, timer.warmup, 3 * timer.repeats)  # a difference of differences: more repeats steady it
     with _single_process_group():
