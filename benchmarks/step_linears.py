@@ -5,10 +5,12 @@ every configuration low; this times the reference trainer's forward linears wher
 
 Two local ranks run the reference trainer (default: the CPU loop's configuration 2, TP=2, hidden 128, no profiler)
 with `F.linear` of `tracekit.reference.parallel` wrapped in a timer. After training, rank 0 times each linear shape
-again in a loop (warm, as `tracekit sample` times an operator) on the very tensors of its last step, and on fresh
-random ones. Then it times one linear hot and after its core slept 1 and 5 ms (a TP step idles both cores in every
-gloo wait). Prints, per shape: median µs in the step (the first fifth of the calls left out), looped on the step's
-tensors, looped on fresh tensors, and the ratio step / looped.
+again in a loop on the very tensors of its last step: writing over the previous call's freed output, and as
+`tracekit sample` times a forward on a CPU (each output kept, into memory just returned to the system: first-touch
+pages, as a step's forward activations); and looped on fresh random tensors. Then it times one linear hot and after
+its core slept 1 and 5 ms (a TP step idles both cores in every gloo wait). Prints, per shape: median µs in the step
+(the first fifth of the calls left out), looped, as sampled, looped on fresh tensors, and the ratios step / looped
+and step / as sampled.
 """
 from __future__ import annotations
 
@@ -38,6 +40,20 @@ def _median_us(call, repeats: int = LOOPED, before=None) -> float:
     return statistics.median(times) * 1e6
 
 
+def _first_touch_us(call, repeats: int = LOOPED) -> float:
+    """Median µs of `call()` as `tracekit sample` times a forward on a CPU (tracekit.sampling.compute.Timer)."""
+    from tracekit.sampling.compute import return_freed_memory
+
+    kept = []
+    return_freed_memory()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        kept.append(call())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
 def worker(trainer_args: list[str]) -> None:
     import torch
     import torch.nn.functional as F
@@ -61,14 +77,17 @@ def worker(trainer_args: list[str]) -> None:
     train(trainer_args)
     if os.environ.get("RANK") != "0":
         return
-    print(f"{'input, weight, bias':34s} {'in step':>8s} {'looped':>8s} {'fresh':>8s}  step/looped")
+    print(f"{'input, weight, bias':34s} {'in step':>8s} {'looped':>8s} {'sampled':>8s} {'fresh':>8s}  step/looped"
+          "  step/sampled")
     for key, times in in_step.items():
         x, w, b = last[key]
         fresh = (torch.randn_like(x), torch.randn_like(w) * 0.02, None if b is None else torch.randn_like(b))
         step = statistics.median(times[len(times) // 5:])
         looped = _median_us(lambda: linear(x, w, b))
+        sampled = _first_touch_us(lambda: linear(x, w, b))
         again = _median_us(lambda: linear(*fresh))
-        print(f"{str(key):34s} {step:8.1f} {looped:8.1f} {again:8.1f}  {step / looped:.2f}")
+        print(f"{str(key):34s} {step:8.1f} {looped:8.1f} {sampled:8.1f} {again:8.1f}  {step / looped:11.2f}"
+              f"  {step / sampled:12.2f}")
     x, w, b = next(iter(last.values()))
     hot = _median_us(lambda: linear(x, w, b), 100)
     slept = {ms: _median_us(lambda: linear(x, w, b), 100, lambda ms=ms: time.sleep(ms / 1000)) for ms in (1, 5)}

@@ -2,8 +2,10 @@
 
 `run_collectives` starts N copies of this module (`python -m tracekit.sampling.collectives`); each joins the group
 and times every case in bursts, as nccl-tests does: after a barrier, BURST operations, time per operation = the
-slowest rank's summed operation time / BURST, median over repeated bursts. The whole case list is timed in up to
-`rounds` passes; rank 0 prints one JSON line per timed case and pass, which the parent turns into samples.
+slowest rank's summed operation time / BURST, averaged over repeated bursts. A step pays every operation, so the
+mean is its cost: gloo's waits are heavy-tailed (mean ~2× median inside a training step). The whole case list is
+timed in up to `rounds` passes; rank 0 prints one JSON line per timed case and pass, which the parent turns into
+samples.
 
 On CUDA the operations of a burst run back to back. On CPU each operation is preceded by GAP_US of computation on
 the calling thread, as in a training step, where gloo's threads go idle between collectives and must wake up for
@@ -28,13 +30,14 @@ _CASE_PREFIX = "TRACEKIT_CASE "
 BURST = 10  # operations per timed burst
 GAP_US = {"cpu": 500.0, "cuda": 0.0}  # computation before each operation of a burst
 #: Latency-bound messages (up to SMALL_BYTES) get SMALL_REPEATS × the repeats: their time is a heavy-tailed wait
-#: (gloo: median 0.3 ms, mean 1.4 ms, p90 4 ms for 16 KiB), so their bursts scatter most, and they are cheap to time.
+#: (gloo: median 0.3 ms, mean 1.4 ms, p90 4 ms for 16 KiB), so their bursts' mean is steadied by more of them, and
+#: they are cheap to time.
 SMALL_BYTES, SMALL_REPEATS = 256 * 1024, 3
 
 
 def run_collectives(cases: list[Case], ranks: int, device: str, dtype: str, warmup: int, repeats: int, rounds: int,
                     seconds: float) -> Iterator[tuple[Case, float]]:
-    """Yield (case, median µs of one pass) as the worker group times each case, in up to `rounds` passes over
+    """Yield (case, mean µs of one pass) as the worker group times each case, in up to `rounds` passes over
     `cases`; stops `seconds` after the group is up (its processes' start-up, seconds on a loaded machine, is not
     taken from the time the collectives have)."""
     if ranks < 2:
@@ -171,7 +174,7 @@ def _worker(spec: dict) -> None:
                 if i >= spec["warmup"]:
                     times.append(float(elapsed))
             if rank == 0:
-                print(_CASE_PREFIX + json.dumps([index, statistics.median(times) * 1e6]), flush=True)
+                print(_CASE_PREFIX + json.dumps([index, statistics.fmean(times) * 1e6]), flush=True)
         if flag.item():
             break
     dist.barrier()  # no rank tears down while another still talks to it

@@ -4,6 +4,9 @@ Backward is the operator's whole backward (e.g. a linear's dgrad + wgrad GEMMs),
 features, as the seed paper's samples and the predictor's operator graph both use it."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import statistics
 import tempfile
 import time
@@ -37,45 +40,95 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class Timer:
-    def __init__(self, device: torch.device, warmup: int, repeats: int):
+    """Median timings after warm-up. `first_touch` (default: on a CPU) times allocations into pages touched for the
+    first time, as a training step makes them (`fwd_bwd`, `once`)."""
+
+    def __init__(self, device: torch.device, warmup: int, repeats: int, first_touch: bool | None = None):
         self.device, self.warmup, self.repeats = device, warmup, repeats
+        self.first_touch = device.type == "cpu" if first_touch is None else first_touch
 
     def sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
     def fwd_bwd(self, leaves: list[torch.Tensor], forward: Callable[[], torch.Tensor]) -> tuple[float, float]:
-        """Median forward and backward µs of `forward()` (its result is reduced by backward with ones)."""
-        fwd, bwd = [], []
+        """Median forward and backward µs of `forward()` (its result is reduced by backward with ones).
+
+        With `first_touch` (on a CPU) the forwards run first, each keeping its activations, into memory just
+        returned to the system, then the backwards. A training step runs so: its forward keeps a pass's activations
+        for the backward in pages the allocator returned to the system at the end of the last iteration (glibc trims
+        a heap whose free top outgrows its threshold; a looped operator never frees enough to reach it). A forward's
+        first touch of those pages is part of its time in a step: ~1.5× a linear's and ~5× a GELU's time writing
+        over the previous repeat's output (`benchmarks/step_linears.py`); a backward's gradients reuse the pages the
+        activations free. Otherwise (on CUDA) the two alternate: the caching allocator hands back blocks it holds
+        (no first touch), and large shapes' activations would not fit many times over."""
+        keep = self.first_touch
+        if keep:
+            return_freed_memory()
+        outs, fwd, bwd = [], [], []
         grad = None
-        for i in range(self.warmup + self.repeats):
+        for _ in range(self.warmup + self.repeats):
             for leaf in leaves:
                 leaf.grad = None
             self.sync()
             t0 = time.perf_counter()
             out = forward()
             self.sync()
-            t1 = time.perf_counter()
+            fwd.append(time.perf_counter() - t0)
             if grad is None:
                 grad = torch.ones_like(out)
-            out.backward(grad)
-            self.sync()
-            t2 = time.perf_counter()
-            if i >= self.warmup:
-                fwd.append(t1 - t0)
-                bwd.append(t2 - t1)
-        return statistics.median(fwd) * 1e6, statistics.median(bwd) * 1e6
+            if keep:
+                outs.append(out)
+            else:
+                bwd.append(self._backward(out, grad))
+        for out in outs:
+            for leaf in leaves:
+                leaf.grad = None
+            bwd.append(self._backward(out, grad))
+        return _median_us(fwd[self.warmup:]), _median_us(bwd[self.warmup:])
+
+    def _backward(self, out: torch.Tensor, grad: torch.Tensor | None) -> float:
+        t0 = time.perf_counter()
+        out.backward(grad)
+        self.sync()
+        return time.perf_counter() - t0
 
     def once(self, step: Callable[[], None]) -> float:
+        """Median µs of `step()`. With `first_touch` each run's allocations are pages touched for the first time, as
+        in a training step, where the memory the last pass freed has gone back to the system (`fwd_bwd`): FSDP2's
+        copy out of a layer's gathered parameters then takes ~6× its time writing over the last run's freed buffer."""
         times = []
         for i in range(self.warmup + self.repeats):
+            if self.first_touch:
+                return_freed_memory()
             self.sync()
             t0 = time.perf_counter()
             step()
             self.sync()
             if i >= self.warmup:
                 times.append(time.perf_counter() - t0)
-        return statistics.median(times) * 1e6
+        return _median_us(times)
+
+
+def _median_us(seconds: list[float]) -> float:
+    return statistics.median(seconds) * 1e6
+
+
+def return_freed_memory() -> None:
+    """Have glibc's allocator return the memory this process has freed to the system (`malloc_trim(0)`), so the
+    next allocations are pages touched for the first time, as a training step's forward activations are. Called
+    through ctypes: no maintained package wraps it. Elsewhere (macOS, musl) there is no such call; nothing is done."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 def _leaf(shape, dtype, device, scale: float = 1.0) -> torch.Tensor:
@@ -175,7 +228,7 @@ def _dtensor_optimizer_step(shapes: list[tuple[int, ...]], timer: Timer) -> floa
     from torch.distributed.tensor import Shard, distribute_tensor
 
     dev = timer.device
-    with _single_process_group():
+    with one_rank_group():
         mesh = init_device_mesh(dev.type, (1,))
         params = []
         for shape in shapes:
@@ -194,7 +247,7 @@ def _framework_overhead(point: Point, dtype_name: str, timer: Timer) -> dict[str
 
     dtype, dev = DTYPES[dtype_name], timer.device
     args, topo = _reference_layer_setup(point, dtype_name, dev)
-    with _single_process_group():
+    with one_rank_group():
         layer = TransformerLayer(args, topo, 0, dtype).train()
         x = _leaf((point.seq, point.micro_batch, point.hidden), dtype, dev)
         whole = timer.fwd_bwd([x, *layer.parameters()], lambda: layer(x))
@@ -228,7 +281,9 @@ def _fsdp2_unit_overhead(point: Point, dtype_name: str, timer: Timer) -> dict[st
     reference layers are timed plain and sharded (each layer a unit, reshard after forward, under a root that holds
     no parameters) on a one-rank mesh; per unit: the sharded stacks' difference less the plain stacks', halved, less
     the unit's copies timed alone (forward: shard in and out; backward: those again and the gradients in). The
-    one-rank collectives stay in (on one rank a gather is a copy, a reduce-scatter FSDP2 skips)."""
+    one-rank collectives stay in (on one rank a gather is a copy, a reduce-scatter FSDP2 skips). Everything here is
+    timed reusing freed memory (no `first_touch`): inside the stacks a unit's copies write over the buffers the unit
+    before freed, so the copies subtracted must too (the copies' own samples carry the first touch a step pays)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -237,8 +292,9 @@ def _fsdp2_unit_overhead(point: Point, dtype_name: str, timer: Timer) -> dict[st
     dtype, dev = DTYPES[dtype_name], timer.device
     args, topo = _reference_layer_setup(point, dtype_name, dev)
     times: dict[tuple[bool, int], tuple[float, float]] = {}
-    timer = Timer(dev, timer.warmup, 3 * timer.repeats)  # a difference of differences: more repeats steady it
-    with _single_process_group():
+    # a difference of differences: more repeats steady it
+    timer = Timer(dev, timer.warmup, 3 * timer.repeats, first_touch=False)
+    with one_rank_group():
         mesh = init_device_mesh(dev.type, (1,))
         for sharded in (False, True):
             for layers in (1, 3):
@@ -257,9 +313,11 @@ def _fsdp2_unit_overhead(point: Point, dtype_name: str, timer: Timer) -> dict[st
 
 
 @contextmanager
-def _single_process_group():
-    """A one-process gloo group for the reference layer's parallel mappings (identities on one rank), unless a group
-    is already set up."""
+def one_rank_group():
+    """A one-process gloo group for the reference layer's parallel mappings (identities on one rank) and DTensor's
+    one-rank meshes, unless a group is already set up. `tracekit sample` holds one for its whole compute phase: a
+    group set up per shape leaves gloo's transport threads behind (DTensor keeps a reference), and dozens of them
+    waking on their own make this machine's later collective samples ~1.5× quicker than a training step's."""
     import torch.distributed as dist
 
     if dist.is_initialized():

@@ -74,7 +74,7 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
     import torch
 
     from .collectives import run_collectives
-    from .compute import DTYPES, Timer, time_case
+    from .compute import DTYPES, Timer, one_rank_group, time_case
 
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"device must be cpu or cuda, not {device!r}")
@@ -115,12 +115,13 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
         copies = fsdp_copy_cases(device) if "elementwise" in compute else []
         cases = copies + list(dict.fromkeys(case for point in points(device) for case in compute_cases(point, compute)))
         timings: dict[Case, dict[str, list[float]]] = {}
-        for case in cases * rounds:  # pass after pass; the deadline may cut the first one short
-            if time.time() >= compute_deadline:
-                break
-            for pass_, micros in time_case(case, dtype, timer).items():
-                timings.setdefault(case, {}).setdefault(pass_, []).append(micros)
-            report()
+        with one_rank_group():
+            for case in cases * rounds:  # pass after pass; the deadline may cut the first one short
+                if time.time() >= compute_deadline:
+                    break
+                for pass_, micros in time_case(case, dtype, timer).items():
+                    timings.setdefault(case, {}).setdefault(pass_, []).append(micros)
+                report()
         result.stopped_by_budget = len(timings) < len(cases)
         for case, passes in timings.items():
             for pass_, values in passes.items():
