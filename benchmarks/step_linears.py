@@ -17,9 +17,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import trainer_ranks  # noqa: E402
 
 CONFIG_2 = ["--num-layers", "2", "--hidden-size", "128", "--num-attention-heads", "8", "--seq-length", "64",
             "--micro-batch-size", "1", "--global-batch-size", "4", "--tensor-model-parallel-size", "2",
@@ -97,17 +100,11 @@ def worker(trainer_args: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=30, help="training iterations (default 30)")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args, trainer = parser.parse_known_args()
-    trainer = [a for a in trainer if a != "--"]
+    args, trainer = trainer_ranks.parse(parser)
     if args.worker:
         worker(trainer)
         return
-    trainer = (trainer or CONFIG_2) + ["--train-iters", str(args.iters)]
-    print(f"reference trainer, 2 ranks: {' '.join(trainer)}; load average {os.getloadavg()[0]:.1f}", flush=True)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           __file__, "--worker", "--", *trainer], env=dict(os.environ, OMP_NUM_THREADS="1"),
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    done = trainer_ranks.run(__file__, 2, (trainer or CONFIG_2) + ["--train-iters", str(args.iters)])
     lines = done.stdout.splitlines()
     table = next((i for i, line in enumerate(lines) if line.startswith("input, weight, bias")), len(lines))
     print("\n".join(lines[table:]) or done.stdout[-2000:])

@@ -23,6 +23,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import trainer_ranks  # noqa: E402
 
 CONFIG_6 = ["--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "8", "--seq-length", "64",
             "--micro-batch-size", "2", "--global-batch-size", "8", "--use-torch-fsdp2", "--vocab-size", "1000",
@@ -118,20 +122,13 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2, help="local ranks (default 2)")
     parser.add_argument("--iters", type=int, default=60, help="training iterations (default 60)")
     parser.add_argument("--models", help="a model set to predict the same job with (tracekit train --models-out)")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args, trainer = parser.parse_known_args()
-    trainer = [a for a in trainer if a != "--"]
+    args, trainer = trainer_ranks.parse(parser)
     if args.worker:
         worker(trainer)
         return
     trainer = (trainer or CONFIG_6) + ["--train-iters", str(args.iters)]
-    print(f"reference trainer, {args.ranks} ranks: {' '.join(trainer)}; load average {os.getloadavg()[0]:.1f}",
-          flush=True)
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                           str(args.ranks), __file__, "--worker", "--", *trainer],
-                          env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
-                          stderr=subprocess.DEVNULL, text=True)
+    done = trainer_ranks.run(__file__, args.ranks, trainer)
     line = next((x for x in done.stdout.splitlines() if x.startswith("STEP_PHASES ")), None)
     if done.returncode != 0 or line is None:
         sys.exit(f"the trainer failed (exit {done.returncode}): {done.stdout[-1000:]}")
