@@ -65,11 +65,11 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
     """Time `primitives` (compute and/or collectives) for about `budget_s` seconds; add the samples to `store`.
 
     Every shape is timed in up to `rounds` separate passes over the whole shape list (each pass: warm-up, then
-    the median of `repeats`), and its sample is the median over the passes: a slow spell of the machine then
-    spoils one pass of a few shapes, not the sample. The budget ends the passes: the first covers as many shapes as
-    it allows. `progress(fraction)` is called as the budget is used. Compute primitives run
-    in this process with `threads` torch threads (1 matches torchrun's OMP_NUM_THREADS=1 per rank); collectives
-    over `ranks` local processes.
+    the median of `repeats`, or for a collective the mean of its bursts), and its sample is the median over the
+    passes: a slow spell of the machine then spoils one pass of a few shapes, not the sample. The budget ends the
+    passes: the first covers as many shapes as it allows. `progress(fraction)` is called as the budget is used.
+    Compute primitives run in this process with `threads` torch threads (1 matches torchrun's OMP_NUM_THREADS=1
+    per rank), under one one-rank process group; collectives over `ranks` local processes.
     """
     import torch
 
