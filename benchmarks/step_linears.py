@@ -43,18 +43,16 @@ def _median_us(call, repeats: int = LOOPED, before=None) -> float:
     return statistics.median(times) * 1e6
 
 
-def _first_touch_us(call, repeats: int = LOOPED) -> float:
-    """Median µs of `call()` as `tracekit sample` times a forward on a CPU (tracekit.sampling.compute.Timer)."""
-    from tracekit.sampling.compute import return_freed_memory
+def _sampled_us(linear, x, w, b) -> float:
+    """Median forward µs of `linear(x, w, b)` as `tracekit sample` times a forward on a CPU (its Timer)."""
+    import torch
 
-    kept = []
-    return_freed_memory()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        kept.append(call())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+    from tracekit.sampling.compute import Timer
+
+    x, w = (t.detach().clone().requires_grad_() for t in (x, w))
+    b = None if b is None else b.detach().clone().requires_grad_()
+    leaves = [t for t in (x, w, b) if t is not None]
+    return Timer(torch.device("cpu"), 10, LOOPED // 3).fwd_bwd(leaves, lambda: linear(x, w, b))[0]
 
 
 def worker(trainer_args: list[str]) -> None:
@@ -87,7 +85,7 @@ def worker(trainer_args: list[str]) -> None:
         fresh = (torch.randn_like(x), torch.randn_like(w) * 0.02, None if b is None else torch.randn_like(b))
         step = statistics.median(times[len(times) // 5:])
         looped = _median_us(lambda: linear(x, w, b))
-        sampled = _first_touch_us(lambda: linear(x, w, b))
+        sampled = _sampled_us(linear, x, w, b)
         again = _median_us(lambda: linear(*fresh))
         print(f"{str(key):34s} {step:8.1f} {looped:8.1f} {sampled:8.1f} {again:8.1f}  {step / looped:11.2f}"
               f"  {step / sampled:12.2f}")

@@ -94,24 +94,17 @@ def worker(trainer_args: list[str]) -> None:
 
 
 def predicted(trainer_args: list[str], ranks: int, models: str) -> dict:
+    """`tracekit predict` of the trainer's job, from the arguments block its log starts with (as `tracekit capture`
+    reads a run's configuration)."""
     from tracekit.core.hardware import cpu_hardware_id
-    from tracekit.reference.arguments import parse_args
+    from tracekit.reference.arguments import arguments_block, parse_args
 
-    args = parse_args(trainer_args, ranks, False)
-    config = {"num_layers": args.num_layers, "hidden_size": args.hidden_size,
-              "num_attention_heads": args.num_attention_heads, "seq_length": args.seq_length,
-              "micro_batch_size": args.micro_batch_size, "global_batch_size": args.global_batch_size,
-              "tensor_model_parallel_size": args.tensor_model_parallel_size,
-              "pipeline_model_parallel_size": args.pipeline_model_parallel_size,
-              "sequence_parallel": args.sequence_parallel, "use_torch_fsdp2": args.use_torch_fsdp2,
-              "torch_fsdp2_reshard_after_forward": args.torch_fsdp2_reshard_after_forward,
-              "vocab_size": args.vocab_size, "world_size": ranks, "precision": "fp32"}
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
-        json.dump(config, file)
-    done = subprocess.run([sys.executable, "-c", "from tracekit.cli import main; main()", "predict", file.name,
-                           "--hardware", cpu_hardware_id(), "--gpus-per-node", str(ranks), "--models", models,
-                           "--json"], capture_output=True, text=True)
-    os.unlink(file.name)
+    with tempfile.TemporaryDirectory(prefix="tracekit-step-phases-") as folder:
+        log = Path(folder) / "train.log"
+        log.write_text(arguments_block(parse_args(trainer_args, ranks, False)) + "\n")
+        done = subprocess.run([sys.executable, "-c", "from tracekit.cli import main; main()", "predict", str(log),
+                               "--hardware", cpu_hardware_id(), "--gpus-per-node", str(ranks), "--models", models,
+                               "--json"], capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"tracekit predict failed: {done.stderr.strip().splitlines()[-1:]}")
     return json.loads(done.stdout)

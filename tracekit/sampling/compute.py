@@ -68,8 +68,6 @@ class Timer:
         outs, fwd, bwd = [], [], []
         grad = None
         for _ in range(self.warmup + self.repeats):
-            for leaf in leaves:
-                leaf.grad = None
             self.sync()
             t0 = time.perf_counter()
             out = forward()
@@ -80,14 +78,14 @@ class Timer:
             if keep:
                 outs.append(out)
             else:
-                bwd.append(self._backward(out, grad))
-        for out in outs:
-            for leaf in leaves:
-                leaf.grad = None
-            bwd.append(self._backward(out, grad))
+                bwd.append(self._backward(leaves, out, grad))
+        bwd += [self._backward(leaves, out, grad) for out in outs]
         return _median_us(fwd[self.warmup:]), _median_us(bwd[self.warmup:])
 
-    def _backward(self, out: torch.Tensor, grad: torch.Tensor | None) -> float:
+    def _backward(self, leaves: list[torch.Tensor], out: torch.Tensor, grad: torch.Tensor | None) -> float:
+        """µs of `out`'s backward into fresh gradients (none accumulated from the last repeat)."""
+        for leaf in leaves:
+            leaf.grad = None
         t0 = time.perf_counter()
         out.backward(grad)
         self.sync()
