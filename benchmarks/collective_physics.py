@@ -1,21 +1,22 @@
-"""The collective algorithm model (predictor.collectives) against every measured collective table in the corpus.
+"""The collective algorithm model (predictor.costs.physics.collectives) against every measured collective table in the
+corpus.
 
 Scores the α–β model over each table's cluster preset — vTrain's nccl-tests all-reduce tables of one 8×A100
 NVSwitch node (as `dgx-a100`), the seed paper's NCCL samples on Perlmutter (4×A100 NVLink mesh per node, Slingshot) and
 Vista (1 GH200 per node, NDR400) — beside the learned models of the bundled set on the same rows (which were
 trained on these very samples, so their figure is in-sample). Prints MAPE, median and signed bias per table.
 
-The efficiencies of `predictor.collectives.EFFICIENCY` come from these tables (one number per fabric: vTrain's
-NVSwitch tables, Perlmutter's intra-node all-reduce, Vista's network all-reduce); everything else is datasheet link
-rates. The Perlmutter inter-node and all-gather samples run 5–20× below those links (the seed paper's runs; see
+The efficiencies of `predictor.costs.physics.collectives.EFFICIENCY` come from these tables (one number per fabric:
+vTrain's NVSwitch tables, Perlmutter's intra-node all-reduce, Vista's network all-reduce); everything else is datasheet
+link rates. The Perlmutter inter-node and all-gather samples run 5–20× below those links (the seed paper's runs; see
 the table): the physics does not reproduce them, and predictions for Perlmutter use the learned models where
 those were sampled (`tracekit train --cluster A100-SXM4-80GB=perlmutter`).
 
 XLA's collective table of one 8×H100 node (`dgx-h100`: NVLink 4 NVSwitch with NVLS; all-reduce, all-gather,
 reduce-scatter, all-to-all in groups of 8, 4 and 2, 1 KiB–2 GiB) is where NVLink 4's efficiencies come from
-(`predictor.collectives.NVSWITCH_EFFICIENCY[450]` and `NVLS_EFFICIENCY`): fitted here on its groups of 8 at ≥ 16 MiB
-(grid search of the mean |log(predicted / measured)|), scored on its groups of 4 and 2 (≥ 16 MiB and all sizes),
-before (the previous constants, 0.73 and 0.6) and after. The run checks that the constants in the module are the
+(`predictor.costs.physics.collectives.NVSWITCH_EFFICIENCY[450]` and `NVLS_EFFICIENCY`): fitted here on its groups of 8
+at ≥ 16 MiB (grid search of the mean |log(predicted / measured)|), scored on its groups of 4 and 2 (≥ 16 MiB and all
+sizes), before (the previous constants, 0.73 and 0.6) and after. The run checks that the constants in the module are the
 fitted ones.
 
 Run: .venv/bin/python benchmarks/collective_physics.py
@@ -34,8 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 from extractors import xla_collectives  # noqa: E402
 from predictor import collectives  # noqa: E402
-from predictor.collectives import collective_us  # noqa: E402
-from predictor.models import ModelSet  # noqa: E402
+from predictor.costs.learned.models import ModelSet  # noqa: E402
+from predictor.costs.physics.collectives import collective_us  # noqa: E402
 from tracekit.core.cluster import preset  # noqa: E402
 
 SAMPLES = ROOT.parent / "shared" / "corpus" / "operator-samples"

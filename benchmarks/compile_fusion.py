@@ -1,7 +1,7 @@
-"""What torch.compile changes in a prediction (predictor.compile_fusion), side by side with the eager one: torchtitan's
-Llama 3 presets (tests/data/jobs) on A100 and H100 with `[compile] enable` off and on — the layer's memory-bound
-kernels and their bytes per layer, forward and backward, and the iteration time with the torchtitan stack. No
-torchtitan measurement is in the corpus, so these are the model's ratios, not accuracy figures; the llm-foundry rows'
+"""What torch.compile changes in a prediction (predictor.layers.compile_fusion), side by side with the eager one:
+torchtitan's Llama 3 presets (tests/data/jobs) on A100 and H100 with `[compile] enable` off and on — the layer's
+memory-bound kernels and their bytes per layer, forward and backward, and the iteration time with the torchtitan stack.
+No torchtitan measurement is in the corpus, so these are the model's ratios, not accuracy figures; the llm-foundry rows'
 what-if (every row compiled) is printed by `benchmarks/e2e_accuracy.py --only llm-foundry`.
 
     .venv/bin/python benchmarks/compile_fusion.py        # ~30 s
@@ -18,17 +18,17 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from predictor.compile_fusion import FUSED_PRIMITIVES  # noqa: E402
-from predictor.features import compute_work  # noqa: E402
-from predictor.graph import build_graph  # noqa: E402
-from predictor.models import ModelSet  # noqa: E402
+from extractors.jobs.torchtitan import read_torchtitan  # noqa: E402
+from predictor.assembly.graph import build_graph  # noqa: E402
+from predictor.costs.features import compute_work  # noqa: E402
+from predictor.costs.learned.models import ModelSet  # noqa: E402
+from predictor.layers.compile_fusion import FUSED_PRIMITIVES  # noqa: E402
 from predictor.predict import predict  # noqa: E402
-from predictor.stack import get_stack  # noqa: E402
 from tracekit.core.cluster import Cluster  # noqa: E402
 from tracekit.core.config import TrainingConfig  # noqa: E402
 from tracekit.core.runtime import RuntimeSettings  # noqa: E402
 from tracekit.core.samples import FSDP_COPIES  # noqa: E402
-from tracekit.core.torchtitan_job import read_torchtitan  # noqa: E402
+from tracekit.core.stacks import get_stack  # noqa: E402
 
 JOBS = ROOT / "tests" / "data" / "jobs"
 RUNS = (("llama3_8b.toml", 8), ("llama3_70b.toml", 64))

@@ -60,19 +60,20 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from predictor import batch as B  # noqa: E402
-from predictor.calibration import NONE, device_scaled, host_scaled  # noqa: E402
-from predictor.calibration_fit import (  # noqa: E402
+from extractors import jobs as B  # noqa: E402
+from predictor.costs.learned.models import ModelSet  # noqa: E402
+from predictor.predict import prepare_many  # noqa: E402
+from predictor.sweeps.calibration_fit import (  # noqa: E402
     fit_prepared,
     fit_with_hosts,
     held_out_times_s,
     iteration_times_s,
 )
-from predictor.models import ModelSet  # noqa: E402
-from predictor.predict import prepare_many  # noqa: E402
-from predictor.stack import host_class, stack_path, stacks  # noqa: E402
 from tracekit.core.atomic import atomic_write_json  # noqa: E402
+from tracekit.core.calibration import NONE, device_scaled, host_scaled  # noqa: E402
 from tracekit.core.hardware import architecture, hardware_spec  # noqa: E402
+from tracekit.core.hosts import host_class  # noqa: E402
+from tracekit.core.stacks import stack_path, stacks  # noqa: E402
 
 E2E = ROOT.parent / "shared" / "corpus" / "e2e"
 SETS = {
@@ -233,7 +234,7 @@ def write_stack(cal, measured_rows: int, cv_mape: float) -> None:
     doc["fit"] = {
         "data": f"shared corpus e2e/{SETS[FIT_SET][0]} ({measured_rows} rows; vTrain's measured Megatron-DeepSpeed "
                 "iterations, one 8×A100 node)",
-        "method": "Gauss–Newton on relative error of predicted vs measured iteration time (predictor.calibration)",
+        "method": "Gauss–Newton on relative error of predicted vs measured iteration time (tracekit.core.calibration)",
         "params": list(FIT_PARAMS),
         f"mape_{FOLDS}fold_cv_on_fit_set": round(cv_mape, 4),
         "scored_on": ["e2e/vtrain_a100_multi_node.csv", "e2e/narayanan2021_table1_a100_selene.csv "
@@ -313,8 +314,8 @@ def llmfoundry(models, worst: int, refit: bool) -> tuple:
 
 
 def compiled_what_if(models, good: list, shipped: np.ndarray, measured: np.ndarray) -> None:
-    """The same rows as if each had compiled its blocks (`torch_compile`, predictor.compile_fusion; the rows state no
-    compile: MosaicML's benchmarks ran eager), with the shipped composer constants: what compile changes."""
+    """The same rows as if each had compiled its blocks (`torch_compile`, predictor.layers.compile_fusion; the rows
+    state no compile: MosaicML's benchmarks ran eager), with the shipped composer constants: what compile changes."""
     rows = [B.parse_row(r.cells, r.line, None, None, {"torch_compile": True}) for r in good]
     prepared = prepare_many([r.config for r in rows], [r.cluster for r in rows], models)
     times = times_with_row_stacks(rows, prepared)
@@ -329,7 +330,7 @@ def write_composer(cal, rows: int, cv_mape: float, sizes: int) -> None:
     doc["fit"] = {
         "data": f"shared corpus e2e/{LLMFOUNDRY} ({rows} rows; MosaicML's MPT 125M-70B benchmarks, Composer + FSDP "
                 "FULL_SHARD on A100 40/80 GB, 8-512 GPUs)",
-        "method": "Gauss–Newton on relative error of predicted vs measured iteration time (predictor.calibration)",
+        "method": "Gauss–Newton on relative error of predicted vs measured iteration time (tracekit.core.calibration)",
         "params": list(COMPOSER_PARAMS),
         f"mape_leave_one_model_size_out_{sizes}_sizes": round(cv_mape, 4),
         "by": "benchmarks/e2e_accuracy.py --fit-composer",
@@ -599,7 +600,7 @@ def write_core(cal, scales: dict[str, float], rows: int, cases: int, cv_mape: fl
         "data": f"shared corpus e2e/{CI} ({rows} rows, {cases} test cases; Megatron-LM's CI functional-test runs on "
                 "DGX A100, DGX H100 and GB200)",
         "method": "Gauss–Newton on relative error of predicted vs measured iteration time, the constants on DGX "
-                  "A100's host CPU and one scale of them per other host CPU (predictor.calibration_fit."
+                  "A100's host CPU and one scale of them per other host CPU (predictor.sweeps.calibration_fit."
                   "fit_with_hosts)",
         "params": list(CORE_PARAMS),
         "reference_host": CORE_REFERENCE_HOST,

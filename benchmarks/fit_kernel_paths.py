@@ -1,4 +1,4 @@
-"""Fit the scalar (`align1`) GEMM path's rate of `predictor.kernel_paths` on another GPU's traces.
+"""Fit the scalar (`align1`) GEMM path's rate of `predictor.costs.physics.kernel_paths` on another GPU's traces.
 
 Data: the A100 GEMM kernels of the corpus's HTA traces (kineto/hta: trace_diff_control, timeline_analysis_sampled,
 trace_filter_sampled) that cuBLAS ran as CUTLASS `*_align1` tensor-core kernels, read with tracekit's own trace
@@ -8,7 +8,7 @@ kernels of the TraceLens traces.
 
 The GPU-side kernel floor (`gpu_kernel_floor_us`): the shortest compute kernel (not a copy or a memset) of the same
 A100 traces; kernel durations in a trace are GPU-side, without the host's launch cost. Printed beside it: the
-shortest GEMM kernel (not used: a GEMM keeps the 5 µs fixed time, see `predictor.kernel_paths`).
+shortest GEMM kernel (not used: a GEMM keeps the 5 µs fixed time, see `predictor.costs.physics.kernel_paths`).
 
 For each kernel: elements moved by a 128×128-tiled GEMM (`kernel_paths.scalar_gemm_elements`) / ((time − the
 fixed time min(5 µs, time / 2)) · SMs · tensor clock (`kernel_paths.tensor_clock_hz`; A100's is its table
@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from extractors.kineto import read_trace, trace_samples  # noqa: E402
-from predictor.kernel_paths import TILE, scalar_gemm_elements, tensor_clock_hz  # noqa: E402
-from predictor.roofline import KERNEL_OVERHEAD_US  # noqa: E402
+from predictor.costs.physics.kernel_paths import TILE, scalar_gemm_elements, tensor_clock_hz  # noqa: E402
+from predictor.costs.physics.roofline import KERNEL_OVERHEAD_US  # noqa: E402
 from tracekit.core.atomic import atomic_write_json  # noqa: E402
 from tracekit.core.hardware import hardware_spec  # noqa: E402
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES  # noqa: E402

@@ -27,7 +27,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from predictor.models import ModelSet  # noqa: E402
+from predictor.costs.learned.models import ModelSet  # noqa: E402
 from tracekit.core.hardware import hardware_spec  # noqa: E402
 
 TABLES = ROOT.parent / "shared" / "corpus" / "operator-samples" / "xla-matmul"

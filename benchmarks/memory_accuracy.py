@@ -6,10 +6,10 @@ current and peak) on the job's last rank — the last pipeline stage — at each
 (megatron/training/training.py, `--log-memory-to-tensorboard`). Current allocation at the log point, after the
 optimizer step, is what stays between iterations (weights, gradients, optimizer state); the peak adds the
 activations and the transient tensors of forward, loss and backward; both hold the GEMM libraries' workspaces
-(predictor.workspaces). For each run the last stage's figures
-(`predictor.memory.stage_memory`) are scored against them: MAPE, median, p90 and signed bias, per model family,
+(predictor.memory.workspaces). For each run the last stage's figures
+(`predictor.memory.stages.stage_memory`) are scored against them: MAPE, median, p90 and signed bias, per model family,
 precision, recompute and model size, and the worst runs. Nothing is fitted on these rows: the memory model is the
-frameworks' facts (module docstring of predictor/memory.py).
+frameworks' facts (module docstring of predictor/memory/stages.py).
 
 Every other corpus set is a run that ran, so each fits on its GPU: the rows predicted to need more than the GPU's
 memory are counted and listed (a physical bound, not a measurement of the peak).
@@ -27,8 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from predictor.batch import parse_row, read_rows  # noqa: E402
-from predictor.memory import config_memory, stage_memory  # noqa: E402
+from extractors.jobs.rows import parse_row  # noqa: E402
+from extractors.jobs.table import read_rows  # noqa: E402
+from predictor.memory.stages import config_memory, stage_memory  # noqa: E402
 from tracekit.core.hardware import hardware_spec  # noqa: E402
 
 GB = 1e9

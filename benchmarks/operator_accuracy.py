@@ -15,16 +15,16 @@ Beside it, in the same run, a random forest (scikit-learn's RandomForestRegresso
 same rows, features, target and folds as each XGBoost fit: per (GPU, primitive), the median absolute percentage error
 of the held-out rows (the rows training sets aside as outliers left out of both) and the ratio XGBoost / forest.
 
-`--transfer` measures instead the transfer path (`predictor.transfer`: estimates for a GPU without models), per
-primitive, median absolute percentage error, side by side in one run with the plain roofline and with the models of
-the most similar GPU used as they are (what one gets by predicting an H100 as a GH200):
+`--transfer` measures instead the transfer path (`predictor.costs.physics.transfer`: estimates for a GPU without
+models), per primitive, median absolute percentage error, side by side in one run with the plain roofline and with the
+models of the most similar GPU used as they are (what one gets by predicting an H100 as a GH200):
 (a) leave-one-GPU-out on the seed paper's compute samples: the bundled models without GH200's score GH200's
     samples from A100's models, and back (each set of bundled models was trained on its own GPU's samples only);
 (b) the corpus's real kernels from ingest (TraceLens H100, B200, MI300X traces; kernels with shapes), which no
     bundled model was trained on, with the set without the published tables' GPUs (their own models: `--tables`).
 Usage: python benchmarks/operator_accuracy.py --transfer [--corpus ../shared/corpus] [--json out.json]  (~20 s)
 `--breakdown bmm,softmax` adds, per trace and shape, the H100 kernels of those primitives: measured and predicted
-median, the path that answered and whether `predictor.kernel_paths` took the shape as unaligned (#24).
+median, the path that answered and whether `predictor.costs.physics.kernel_paths` took the shape as unaligned (#24).
 `--write-selection tracekit/data/transfer.json` writes, from (a) alone, which primitives take the transfer path.
 
 `--tables` scores the models trained on published performance tables (XLA's H100, B200 and MI300X GEMM tables,
@@ -48,11 +48,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from extractors import ett  # noqa: E402
-from predictor.model_keys import deduplicate, groups_of, shapeless_rows  # noqa: E402
-from predictor.models import ModelSet  # noqa: E402
-from predictor.regressor import RATIO_TARGET, cv_splits, design, faster_than_peak, fit, predict  # noqa: E402
-from predictor.roofline import estimate_us  # noqa: E402
-from predictor.transfer import choose, source_weights  # noqa: E402
+from predictor.costs.learned.model_keys import deduplicate, groups_of, shapeless_rows  # noqa: E402
+from predictor.costs.learned.models import ModelSet  # noqa: E402
+from predictor.costs.learned.regressor import (  # noqa: E402
+    RATIO_TARGET,
+    cv_splits,
+    design,
+    faster_than_peak,
+    fit,
+    predict,
+)
+from predictor.costs.physics.roofline import estimate_us  # noqa: E402
+from predictor.costs.physics.transfer import choose, source_weights  # noqa: E402
 from tracekit.core.atomic import atomic_write_json  # noqa: E402
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES, COMPUTE_PRIMITIVES  # noqa: E402
 
@@ -188,7 +195,7 @@ def compare(rows: pd.DataFrame, models: ModelSet, label: str, selected: bool = T
 
 def selection(tables: list[pd.DataFrame]) -> dict:
     """Per primitive: the leave-one-GPU-out errors of transfer and roofline in each direction, and whether
-    `predictor.transfer` uses the transfer path for it (`choose`)."""
+    `predictor.costs.physics.transfer` uses the transfer path for it (`choose`)."""
     out = {}
     for table in tables:
         for row in table.itertuples(index=False):
@@ -207,8 +214,8 @@ def selection(tables: list[pd.DataFrame]) -> dict:
 
 def seed_rows(root: str) -> pd.DataFrame:
     """The seed paper's compute samples (collectives depend on the links, not the GPU: not transferred), without
-    the rows training sets aside as impossible (`predictor.regressor.faster_than_peak`; a set mostly beyond the
-    peak, whole): an estimate is not scored against a time no part can reach."""
+    the rows training sets aside as impossible (`predictor.costs.learned.regressor.faster_than_peak`; a set mostly
+    beyond the peak, whole): an estimate is not scored against a time no part can reach."""
     samples = pd.concat([ett.read_file(p) for p in ett.list_files(root)], ignore_index=True)
     samples = deduplicate(samples)
     samples = samples[~samples["primitive"].isin(COLLECTIVE_PRIMITIVES)].reset_index(drop=True)
@@ -238,8 +245,9 @@ def corpus_rows(corpus: Path) -> pd.DataFrame:
 
 def breakdown(rows: pd.DataFrame, models: ModelSet, hardware: str, primitives: tuple[str, ...]) -> pd.DataFrame:
     """Per trace and shape of `hardware`'s kernels of `primitives`: kernels, dtype, measured and predicted median
-    (µs), signed error, the path that answered and whether `predictor.kernel_paths` took the shape as unaligned."""
-    from predictor import kernel_paths
+    (µs), signed error, the path that answered and whether `predictor.costs.physics.kernel_paths` took the shape as
+    unaligned."""
+    from predictor.costs.physics import kernel_paths
 
     part = rows[(rows["hardware"] == hardware) & rows["primitive"].isin(primitives)].reset_index(drop=True)
     answer = models.predict(part)
@@ -286,7 +294,8 @@ def transfer_main(args) -> None:
         f"{'met' if v['selected'] <= v['goal'] else 'not met'})"
         for p, v in goals.items()) + f" · {time.perf_counter() - start:.0f} s")
     if args.breakdown:
-        print("\nH100 kernels of the corpus traces per trace and shape (median µs; unaligned: predictor.kernel_paths)")
+        print("\nH100 kernels of the corpus traces per trace and shape (median µs; unaligned: "
+              "predictor.costs.physics.kernel_paths)")
         print(breakdown(corpus, without_tables, "H100-80GB-HBM3", tuple(args.breakdown.split(","))).to_string(
             index=False))
     if args.json:

@@ -24,9 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from predictor import batch as B  # noqa: E402
-from predictor.estimates import clear_estimate_cache  # noqa: E402
-from predictor.models import ModelSet  # noqa: E402
+from extractors import jobs as B  # noqa: E402
+from predictor.costs.estimates import clear_estimate_cache  # noqa: E402
+from predictor.costs.learned.models import ModelSet  # noqa: E402
 from predictor.predict import predict, predict_many  # noqa: E402
 
 E2E = ROOT.parent / "shared" / "corpus" / "e2e" / "vtrain_a100_single_node.csv"

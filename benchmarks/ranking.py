@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.e2e_accuracy import FOLDS, fit_stack, load  # noqa: E402
-from predictor.calibration import NONE  # noqa: E402
-from predictor.calibration_fit import held_out_times_s, iteration_times_s  # noqa: E402
-from predictor.models import ModelSet  # noqa: E402
+from predictor.costs.learned.models import ModelSet  # noqa: E402
+from predictor.sweeps.calibration_fit import held_out_times_s, iteration_times_s  # noqa: E402
+from tracekit.core.calibration import NONE  # noqa: E402
 
 
 def ranking(rows, predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:

@@ -48,10 +48,10 @@ RAY_OPTIONS = {"num_cpus": 2, "object_store_memory": 256 * 1024 * 1024}
 
 
 def _search_setup(size: str):
-    from predictor.models import ModelSet
-    from predictor.stack import DEFAULT, get_stack
+    from extractors.jobs.megatron import parse_megatron_argv
+    from predictor.costs.learned.models import ModelSet
     from tracekit.core.cluster import preset
-    from tracekit.core.config import parse_megatron_argv
+    from tracekit.core.stacks import DEFAULT, get_stack
 
     args, gpus, cp = SEARCH_JOBS[size]
     profile, cluster = get_stack(DEFAULT), preset(CLUSTER)
@@ -65,12 +65,12 @@ def _ranking_digest(candidates) -> str:
 
 
 def _work_search(size: str, executor: str) -> dict:
-    from predictor.search import search
+    from predictor.sweeps.search import search
 
     base, gpus, cp, cluster, models, calibration = _search_setup(size)
     runner, started = None, 0.0
     if executor == "ray":
-        from predictor.ray_executor import RayExecutor
+        from predictor.sweeps.ray_executor import RayExecutor
         from tracekit.core.ray_runtime import connect
 
         t = time.perf_counter()
@@ -89,7 +89,7 @@ def _work_search(size: str, executor: str) -> dict:
 def _work_search_sample(size: str, sample: int) -> dict:
     """`evaluate` (this checkout's, or an earlier one's on PYTHONPATH) on a fixed random sample of the candidates,
     given as their settings so that any version can rebuild them."""
-    from predictor import search as S
+    from predictor.sweeps import search as S
     from tracekit.core.config import TrainingConfig
 
     base, gpus, cp, cluster, models, calibration = _search_setup(size)
@@ -160,8 +160,8 @@ def _ray_workers_peak_mb() -> list[float]:
 
 def _preload(name: str) -> None:
     if name.startswith("search"):
-        import predictor.models  # noqa: F401
-        import predictor.search  # noqa: F401
+        import predictor.costs.learned.models  # noqa: F401
+        import predictor.sweeps.search  # noqa: F401
     elif name == "ingest":
         import extractors.kineto  # noqa: F401
         import tracekit.core.store  # noqa: F401
@@ -238,7 +238,7 @@ def search_part(size: str, compare_rev: str | None, sample: int) -> None:
 
 def _before_after(size: str, rev: str, sample: int) -> None:
     sys.path.insert(0, str(ROOT))
-    from predictor.search import SEARCH_KEYS, enumerate_configs
+    from predictor.sweeps.search import SEARCH_KEYS, enumerate_configs
 
     base, gpus, cp, _, _, _ = _search_setup(size)
     configs, _ = enumerate_configs(base, gpus, set(), cp)

@@ -37,10 +37,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from extractors import aiter_gemm, xla_collectives, xla_gemm  # noqa: E402
-from predictor.lowp_gemm import bounded, learn  # noqa: E402
-from predictor.model_keys import deduplicate, groups_of  # noqa: E402
-from predictor.models import ModelSet  # noqa: E402
-from predictor.regressor import fit, predict  # noqa: E402
+from predictor.costs.learned.model_keys import deduplicate, groups_of  # noqa: E402
+from predictor.costs.learned.models import ModelSet  # noqa: E402
+from predictor.costs.learned.regressor import fit, predict  # noqa: E402
+from predictor.costs.physics.lowp_gemm import bounded, learn  # noqa: E402
 
 CORPUS = ROOT.parent / "shared" / "corpus"
 TABLES = CORPUS / "operator-samples"
@@ -182,7 +182,7 @@ def _lowp_cross(after: ModelSet) -> list[dict]:
 def collectives_h100() -> list[dict]:
     from collective_physics import FIT_BYTES, PREVIOUS, _with
 
-    from predictor import collectives
+    from predictor.costs.physics import collectives
 
     frame = xla_collectives.read_file(TABLES / "xla-collectives" / "h100_sm90.csv").samples
     frame = frame.assign(group=groups_of(frame)).reset_index(drop=True)

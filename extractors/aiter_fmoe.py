@@ -3,8 +3,8 @@ the tuning machine) → grouped-GEMM samples.
 
 A row is one MoE layer's experts on `token` tokens: `expert` experts, each token routed to `topk` of them, hidden
 `model_dim`, expert width `inter_dim` (gate and up together when `use_g1u1`). Its two timed kernels are the two
-grouped GEMMs of the experts, as the operator graph describes them (predictor.moe_ops: a `gemm` row with `batch` =
-experts, each group m = token · topk / expert rows):
+grouped GEMMs of the experts, as the operator graph describes them (predictor.layers.moe.ops: a `gemm` row with `batch`
+= experts, each group m = token · topk / expert rows):
 - stage 1 (`us1`): [m, model_dim] × [model_dim, inter_dim (× 2 with use_g1u1)], the activation fused;
 - stage 2 (`us2`): [m, inter_dim] × [inter_dim, model_dim], the routing weights applied.
 dtype from `q_type`: QuantType.No → bf16, per_Tensor → fp8, per_Token → fp8 (one scale per row: the epilogue cost of

@@ -11,8 +11,8 @@ for a reduce-scatter is the per-device output T / n: its time is n · elements �
 `time_us` column, elements · 4 / throughput, is n× too short for reduce-scatter rows; it is not read). With T so
 defined, every row is an integer number of nanoseconds, which is the integrity check; a row that fails it is refused.
 
-tracekit's `bytes` (predictor.collectives): the whole buffer for all_reduce and all_to_all, each rank's shard for
-all_gather and reduce_scatter, so all_gather and reduce_scatter rows get T / n. The groups are `iota` replica
+tracekit's `bytes` (predictor.costs.physics.collectives): the whole buffer for all_reduce and all_to_all, each rank's
+shard for all_gather and reduce_scatter, so all_gather and reduce_scatter rows get T / n. The groups are `iota` replica
 groups of one 8-GPU node: [1×8] one group of 8, [2×4] two groups of 4, [4×2] four groups of 2, all running at once
 (every GPU of the node busy, as in training); group_size = ranks_per_node = the group's size, nodes = 1. Elements are
 f32 (`dtype` fp32).

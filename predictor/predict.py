@@ -6,7 +6,7 @@ Public API (stable; used by the CLI, `tracekit diff/validate` and capture):
     predict_many(configs, clusters, models, calibration=None) -> list[Prediction | Exception]  (calibration: one, or
         one per configuration)
 
-`models` is anything with the interface of `predictor.models.ModelSet` — `predict(frame) -> frame`,
+`models` is anything with the interface of `predictor.costs.learned.models.ModelSet` — `predict(frame) -> frame`,
 `hardware_ids()`, `framework_us(hw)`, `sampled_cluster(hw)`, `sampled_topologies(hw, primitive)`,
 `resolve(hw, primitive, pass, group)`, and optionally `role_primitives(hw)` (the primitives whose backward the graph
 asks per role; without it, whole) and `fsdp_unit_us(hw)` (torch FSDP2's host time per unit; without it, none):
@@ -14,24 +14,24 @@ asks per role; without it, whole) and `fsdp_unit_us(hw)` (torch FSDP2's host tim
 returns `duration_us`, `path` ('model' | 'derived' | 'transfer' | 'roofline' | 'lowp') and `out_of_range` on the
 same index (a GPU without models takes `transfer`: the note of `estimates.resolve_hardware` names its source GPUs).
 Collectives not measured on the configuration's cluster and topology take the algorithm model of
-`predictor.collectives` instead (path 'physics'; beyond the sampled message sizes, anchored to the learned model).
-`predict_many` builds every configuration's graph, de-duplicates the operator rows of all of them and asks the
+`predictor.costs.physics.collectives` instead (path 'physics'; beyond the sampled message sizes, anchored to the learned
+model). `predict_many` builds every configuration's graph, de-duplicates the operator rows of all of them and asks the
 models once (plus once for learned collectives outside their sampled sizes, when there are any; only rows not
 answered before by the same models object: estimates are cached per process,
-`predictor.estimates.clear_estimate_cache()` forgets them); a configuration that cannot be built (ConfigError...)
+`predictor.costs.estimates.clear_estimate_cache()` forgets them); a configuration that cannot be built (ConfigError...)
 yields its exception in place. `clusters` is one Cluster for all or one per config.
 
-Pipeline: graph (predictor.graph) → distinct operator rows → durations (models; predictor.estimates) → calibration
-constants (predictor.calibration) → each stage's work (predictor.stage_work) → schedule simulation
-(predictor.schedule) → Prediction, its tables built by predictor.tables. This module holds the entry points
-(predict, predict_many, prepare_many, compose, compose_many) and the Prediction.
+Pipeline: graph (predictor.assembly.graph) → distinct operator rows → durations (models; predictor.costs.estimates) →
+calibration constants (tracekit.core.calibration) → each stage's work (predictor.schedule.stage_work) → schedule
+simulation (predictor.schedule.pipeline) → Prediction, its tables built by predictor.report.tables. This module holds
+the entry points (predict, predict_many, prepare_many, compose, compose_many) and the Prediction.
 
 `Prediction.to_dict()` (the `--json` document), times in seconds unless the key ends in `_us`:
     iteration_time_s, breakdown{compute, exposed_communication, pipeline_bubble, optimizer, other} (seconds, sum =
     iteration time, for the busiest pipeline stage `critical_stage`), tflops_per_gpu, mfu, tokens_per_s,
     memory_gb_per_gpu{weights, gradients, optimizer_state, activations, workspaces, total}, fits_in_memory (null: no
     datasheet entry), memory_capacity_gb, warnings[] (a configuration that does not fit: its memory warning first; a
-    model FLOP rate above the best published MFU: `predictor.plausibility`'s warning; above the GPU's peak a
+    model FLOP rate above the best published MFU: `predictor.report.plausibility`'s warning; above the GPU's peak a
     prediction is a PlausibilityError instead),
     top_operators[{name, pass, primitive, variant, time_s, share}] (busiest stage, per iteration),
     fallbacks[{primitive, pass, variant, path, out_of_range, time_s}] (ops not estimated by a trained model in range),
@@ -50,26 +50,25 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from predictor.architecture.flops import throughput
+from predictor.assembly.graph import build_graph
+from predictor.costs.estimates import Estimates, estimate_rows, resolve_hardware
+from predictor.ir.graph import Graph
+from predictor.memory.stages import config_memory
+from predictor.parallel import fsdp
+from predictor.report import tables
+from predictor.report.plausibility import check as plausibility
+from predictor.schedule.framework_costs import cluster_for
+from predictor.schedule.pipeline import BREAKDOWN, Timeline, Work
+from predictor.schedule.stage_work import simulation_inputs
+from predictor.schedule.zero_bubble import as_run, simulate_jobs
+from tracekit.core.calibration import NONE, Calibration
 from tracekit.core.cluster import Cluster
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError, PlausibilityError
 from tracekit.core.hardware import hardware_spec
 from tracekit.core.megatron_arguments import unmodelled_warning
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES
-
-from . import fsdp, tables
-from .calibration import NONE, Calibration
-from .estimates import Estimates, estimate_rows, resolve_hardware
-from .flops import throughput
-from .framework_costs import cluster_for
-from .graph import Graph, build_graph
-from .memory import config_memory
-from .plausibility import check as plausibility
-from .schedule import Timeline, Work
-from .stage_work import simulation_inputs
-from .zero_bubble import as_run, simulate_jobs
-
-BREAKDOWN = ("compute", "exposed_communication", "pipeline_bubble", "optimizer", "other")
 
 
 @dataclass
@@ -187,8 +186,8 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
 
     Compute operators are answered by `models`. Collectives are answered by the learned models only where they
     were measured: on the cluster the model set's samples of that hardware came from (`models.sampled_cluster`)
-    and in a topology sampled there; everywhere else by the algorithm model of `predictor.collectives` over the
-    cluster's links (path `physics`)."""
+    and in a topology sampled there; everywhere else by the algorithm model of `predictor.costs.physics.collectives`
+    over the cluster's links (path `physics`)."""
     if isinstance(clusters, Cluster):
         clusters = [clusters] * len(configs)
     if len(clusters) != len(configs):
@@ -264,7 +263,7 @@ def compose_many(prepared: Sequence[tuple], calibration: Calibration | None = No
     """`compose` of many prepared graphs (graph, estimates, cluster, notes); those of one pipeline shape share
     their schedule simulation's arrays (`schedule.simulate_many`; PyTorch's zero-bubble schedules are simulated one
     by one: `zero_bubble.simulate`). A graph that cannot be composed yields its ConfigError in place, an impossible
-    prediction (`predictor.plausibility`) its PlausibilityError."""
+    prediction (`predictor.report.plausibility`) its PlausibilityError."""
     cal = calibration or NONE
     inputs = [simulation_inputs(graph, est, cal) for graph, est, _, _ in prepared]
     timelines = simulate_jobs([job for _, job in inputs])

@@ -1,7 +1,7 @@
-"""Fine-grained activation offloading as time (predictor.activation_offload): the bytes each module's group copies are
-what its ops save for the backward, worked out here by hand from Megatron-core's modules; the copies back hide at most
-their own time; a run that offloads is slower and holds less memory than the same run without it; the flags are
-classified as modelled."""
+"""Fine-grained activation offloading as time (predictor.schedule.activation_offload): the bytes each module's group
+copies are what its ops save for the backward, worked out here by hand from Megatron-core's modules; the copies back
+hide at most their own time; a run that offloads is slower and holds less memory than the same run without it; the flags
+are classified as modelled."""
 from __future__ import annotations
 
 import csv
@@ -9,7 +9,12 @@ import csv
 import numpy as np
 import pytest
 
-from predictor.activation_offload import (
+from extractors.jobs.rows import parse_row
+from predictor.assembly.graph import build_graph
+from predictor.costs.learned.models import ModelSet
+from predictor.memory.stages import stage_memory
+from predictor.predict import predict
+from predictor.schedule.activation_offload import (
     LINK_EFFICIENCY,
     LayerCopies,
     backward_exposed_us,
@@ -17,11 +22,6 @@ from predictor.activation_offload import (
     link_bytes_per_us,
     segment_copies,
 )
-from predictor.batch import parse_row
-from predictor.graph import build_graph
-from predictor.memory import stage_memory
-from predictor.models import ModelSet
-from predictor.predict import predict
 from tests.conftest import CORPUS
 from tracekit.core.config import TrainingConfig
 from tracekit.core.megatron_arguments import flag_classes, unmodelled_flags

@@ -195,8 +195,8 @@ def test_role_models_answer_a_held_out_steps_whole_linear_backwards(training, tm
     """Models trained on five steps' per-role samples answer the sixth step's linear backwards asked in the seed
     form (one whole row per forward GEMM, path `derived`: dgrad + wgrad + bgrad) close to the whole backward the raw
     trace measured; and the graph asks such a set for its GEMM backwards per role."""
-    from predictor.models import ModelSet
-    from predictor.training import train_models
+    from predictor.costs.learned.models import ModelSet
+    from predictor.costs.learned.training import train_models
 
     trace, nodes = training
     samples = trace_samples(trace, "test")
@@ -220,7 +220,7 @@ def test_role_models_answer_a_held_out_steps_whole_linear_backwards(training, tm
 def test_graph_asks_gemm_backward_per_role_with_the_forward_shapes():
     """Per role, a linear's backward is dgrad + wgrad (one forward's FLOPs each) + bgrad where it has a bias (not
     the LM head), all keyed by the forward GEMM's shape: the same work as the whole form."""
-    from predictor.graph import build_graph
+    from predictor.assembly.graph import build_graph
     from tracekit.core.config import TrainingConfig
 
     config = TrainingConfig(num_layers=4, hidden_size=1024, num_attention_heads=16, seq_length=1024,

@@ -7,11 +7,13 @@ import dataclasses
 
 import pytest
 
-from predictor.batch import parse_row, read_cell
-from predictor.stack import get_stack, select_stack, stacks
+from extractors.jobs.megatron import config_from_argv
+from extractors.jobs.rows import parse_row
+from extractors.jobs.table import read_cell
 from tests.conftest import CORPUS
 from tracekit.core.cluster import infer_cluster, stated_network_gbs
 from tracekit.core.errors import ConfigError
+from tracekit.core.stacks import get_stack, select_stack, stacks
 
 E2E = CORPUS / "e2e"
 SETS = ("vtrain_a100_single_node.csv", "vtrain_a100_multi_node.csv", "narayanan2021_table1_a100_selene.csv")
@@ -74,7 +76,7 @@ def test_num_gpus_that_disagrees_with_the_split_is_an_error_naming_both():
     ("AMD Instinct MI300X", "MI300X", None),
 ])
 def test_hardware_text_maps_to_a_datasheet_entry(text, hardware, note):
-    from predictor.batch import hardware_text
+    from extractors.jobs.table import hardware_text
 
     got, said = hardware_text({"hardware_gpu": text})
     assert got == hardware
@@ -124,10 +126,9 @@ def test_cluster_inferred_from_the_interconnect_text():
 
 
 def test_fp8_rows_are_predicted_and_flagged_and_refused_only_without_fp8_tensor_cores(tmp_path):
-    from predictor.calibration import NONE
-    from predictor.models import ModelSet
+    from predictor.costs.learned.models import ModelSet
     from predictor.predict import predict_many
-    from tracekit.core.config import TrainingConfig
+    from tracekit.core.calibration import NONE
 
     base = dict(rows_of("narayanan2021_table1_a100_selene.csv")[3], hardware_gpu="NVIDIA H100 SXM5 80GB",
                 gpu_memory_gb="80", interconnect="DGX H100", framework="Megatron-core with Transformer Engine")
@@ -151,7 +152,7 @@ def test_fp8_rows_are_predicted_and_flagged_and_refused_only_without_fp8_tensor_
         h100 = parse_row(dict(base, precision=recipe), 5, None, None)
         (err,) = predict_many([h100.config], [h100.cluster], ModelSet.load(), NONE)
         assert isinstance(err, ConfigError) and "tensor cores: H100-80GB-HBM3 has none" in str(err)
-    args = TrainingConfig.from_megatron_args("--num-layers 2 --hidden-size 64 --num-attention-heads 4 "
+    args = config_from_argv("--num-layers 2 --hidden-size 64 --num-attention-heads 4 "
                                              "--seq-length 32 --bf16 --fp8-format hybrid")
     assert args.precision == "fp8"
 
@@ -160,7 +161,7 @@ def test_every_row_of_every_corpus_set_parses_or_names_its_contradiction():
     """Every published row is read with the CLI's defaults; the only refusal is a row whose stated split Megatron
     itself refuses (EP 64 on the 32 GPUs of a pipeline stage), named as such."""
     refused = []
-    from predictor.batch import read_rows
+    from extractors.jobs.table import read_rows
 
     for path in sorted(E2E.glob("*.csv")):
         _, cells = read_rows(path)
@@ -175,7 +176,7 @@ def test_every_row_of_every_corpus_set_parses_or_names_its_contradiction():
 def test_a_rows_recompute_modules_are_read_with_the_granularity_its_column_states():
     """Bridge rows say `selective` in activation_recompute and name the modules in their notes: both are read, and
     recomputing the norms and the MoE activation (instead of core attention) lowers the activations kept."""
-    from predictor.memory import config_memory
+    from predictor.memory.stages import config_memory
 
     path = CORPUS / "e2e" / "megatron_bridge_perf.csv"
     with open(path, newline="") as fh:
@@ -206,7 +207,7 @@ def test_the_recompute_cells_own_settings_are_read_and_recompute_only_those_laye
     recompute of 5 layers per chunk, not of all 32 — which keeps the other 27 layers' activations."""
     import dataclasses
 
-    from predictor.memory import config_memory
+    from predictor.memory.stages import config_memory
 
     line, cells = next((i, c) for i, c in enumerate(rows_of("megatron_bridge_perf.csv"), start=2)
                        if c["activation_recompute"].startswith("full (recompute_method=block"))

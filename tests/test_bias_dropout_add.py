@@ -1,14 +1,14 @@
-"""Megatron-core's unfused bias-dropout-add (predictor.bias_dropout_add): the bias add a kernel of its own before the
-residual add where `bias_dropout_fusion` is off and the linears have biases (the attention's and a dense MLP's, not
-an MoE layer's), sized as the [tokens, hidden] output it reads and writes; the flag slows a prediction and is no
-longer named unmodelled; Megatron-Bridge's GPT-OSS rows run it unfused, as their provider sets."""
+"""Megatron-core's unfused bias-dropout-add (predictor.layers.mlp.bias_dropout_add): the bias add a kernel of its own
+before the residual add where `bias_dropout_fusion` is off and the linears have biases (the attention's and a dense
+MLP's, not an MoE layer's), sized as the [tokens, hidden] output it reads and writes; the flag slows a prediction and is
+no longer named unmodelled; Megatron-Bridge's GPT-OSS rows run it unfused, as their provider sets."""
 from __future__ import annotations
 
 import pytest
 
-from predictor.batch import parse_row
-from predictor.graph import build_graph
-from predictor.models import ModelSet
+from extractors.jobs.rows import parse_row
+from predictor.assembly.graph import build_graph
+from predictor.costs.learned.models import ModelSet
 from predictor.predict import predict
 from tests.conftest import bridge_rows
 from tracekit.core.cluster import preset

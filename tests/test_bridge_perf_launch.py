@@ -1,17 +1,17 @@
-"""What Megatron-Bridge's performance launchers set over the model recipe (predictor.bridge_perf_launch), on the
+"""What Megatron-Bridge's performance launchers set over the model recipe (extractors.jobs.bridge.perf_launch), on the
 corpus's published rows: bf16 gradient reduction (half the bytes of the fp32 one, in the gradient buffer and on the
 wire), fused RoPE on every model; and MXFP8's parameters, which Bridge keeps quantised and Megatron-core gathers in
-bf16 (predictor.bridge_precision, predictor.data_parallel)."""
+bf16 (extractors.jobs.bridge.precision, predictor.parallel.data_parallel)."""
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
 
-from predictor.batch import parse_row
-from predictor.bridge_perf_launch import launcher_settings
-from predictor.graph import build_graph
-from predictor.memory import config_memory
+from extractors.jobs.bridge.perf_launch import launcher_settings
+from extractors.jobs.rows import parse_row
+from predictor.assembly.graph import build_graph
+from predictor.memory.stages import config_memory
 from tests.conftest import bridge_rows
 from tracekit.core.config import TrainingConfig
 
@@ -50,9 +50,9 @@ def test_the_launcher_is_the_directory_the_preset_comes_from(notes, launcher):
 
 def test_every_published_row_reduces_gradients_in_bf16_and_fuses_rope():
     """Every row of the table comes from a Bridge performance launcher, and every launcher version the rows name
-    sets `grad_reduce_in_fp32=False` and `apply_rope_fusion=True` (module docstring of predictor.bridge_perf_launch):
-    2-byte gradients, RoPE as TE's fused kernels — the DeepSeek-V3 provider's False and the Qwen3/GPT-OSS providers'
-    default overridden."""
+    sets `grad_reduce_in_fp32=False` and `apply_rope_fusion=True` (module docstring of
+    extractors.jobs.bridge.perf_launch): 2-byte gradients, RoPE as TE's fused kernels — the DeepSeek-V3 provider's False
+    and the Qwen3/GPT-OSS providers' default overridden."""
     parsed = [(line, row.config) for line, cells in bridge_rows()
               if (row := parse_row(cells, line, None, None)).config is not None]
     assert len(parsed) >= 90
@@ -70,7 +70,7 @@ def test_the_row_states_its_own_setting_over_the_launchers():
 def test_bf16_reduction_halves_the_gradient_reduce_bytes_and_the_gradient_buffer():
     """Qwen3-30B-A3B on 8 GB200 (26.08, a flat perf recipe): the data-parallel reduce-scatter of the same buckets
     moves half the bytes in bf16, and the gradient buffer holds half the bytes (the distributed optimizer's fp32
-    copies of its shard come on top, sharded: predictor.memory)."""
+    copies of its shard come on top, sharded: predictor.memory.stages)."""
     line, cells = _row(lambda r: "perf_recipes" in r["notes"] and r["model_name"].startswith("Qwen3"))
     bf16 = _config(line, cells)
     fp32 = dataclasses.replace(bf16, accumulate_allreduce_grads_in_fp32=True)

@@ -1,4 +1,4 @@
-"""Megatron-Bridge's precision presets (predictor.bridge_precision) on the corpus's published rows."""
+"""Megatron-Bridge's precision presets (extractors.jobs.bridge.precision) on the corpus's published rows."""
 from __future__ import annotations
 
 import csv
@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from predictor.batch import parse_row
-from predictor.bridge_precision import precision_settings, preset_recipe
-from predictor.memory import config_memory
+from extractors.jobs.bridge.precision import precision_settings, preset_recipe
+from extractors.jobs.rows import parse_row
+from predictor.memory.stages import config_memory
 from tests.conftest import CORPUS
 
 BRIDGE = CORPUS / "e2e" / "megatron_bridge_perf.csv"

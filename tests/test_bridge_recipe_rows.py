@@ -1,5 +1,5 @@
 """What Megatron-Bridge's performance scripts set for a published row in words its notes use
-(predictor.row_settings): a token-drop run is `apply_moe_token_drop`'s (capacity factor 1.0, each expert's input
+(extractors.jobs.notes): a token-drop run is `apply_moe_token_drop`'s (capacity factor 1.0, each expert's input
 padded to its capacity, the all-to-all dispatcher), and the r0.1.0 perf matrix's `cuda_graphs` key is
 `model.enable_cuda_graph` (Megatron-core's per-layer graphs of the whole layer). On the corpus's real rows."""
 from __future__ import annotations
@@ -8,8 +8,9 @@ import re
 
 import pytest
 
-from predictor.batch import parse_row, predict_rows
-from predictor.models import ModelSet
+from extractors.jobs.rows import parse_row
+from predictor.batch import predict_rows
+from predictor.costs.learned.models import ModelSet
 from tests.conftest import bridge_rows
 
 

@@ -1,13 +1,13 @@
-"""What Megatron-Bridge's model recipes set beyond provider and precision (predictor.bridge_recipes), and the
+"""What Megatron-Bridge's model recipes set beyond provider and precision (extractors.jobs.bridge.recipes), and the
 pipeline layout a published row without one ran with (tracekit.core.pipeline_layout.filled_layout), on the corpus's
 published Bridge rows."""
 from __future__ import annotations
 
 import pytest
 
-from predictor.batch import parse_row
-from predictor.bridge_recipes import preset_model_recipe, recipe_settings
-from predictor.models import ModelSet
+from extractors.jobs.bridge.recipes import preset_model_recipe, recipe_settings
+from extractors.jobs.rows import parse_row
+from predictor.costs.learned.models import ModelSet
 from predictor.predict import predict_many
 from tests.conftest import bridge_rows
 from tracekit.core.pipeline_layout import filled_layout, parse_layout

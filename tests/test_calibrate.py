@@ -110,7 +110,7 @@ def test_auto_chooses_the_constants_by_their_real_held_out_error(fitted, tmp_pat
     """--params auto (the default): each candidate set's leave-one-out MAPE is what fitting it on two captures and
     predicting the third gives; the chosen set has the fewest constants among those within one standard error of
     the lowest; with three runs no set has more than two constants."""
-    from predictor.calibration_fit import CANDIDATE_PARAMS
+    from predictor.sweeps.calibration_fit import CANDIDATE_PARAMS
 
     fit = fitted["doc"]["fit"]
     tried = fit["selection"]["candidates"]
@@ -138,11 +138,11 @@ def test_auto_chooses_the_constants_by_their_real_held_out_error(fitted, tmp_pat
 
 def test_auto_keeps_the_models_as_they_are_when_no_constant_predicts_better(fitted):
     """Runs the models already predict exactly: no candidate set beats none, so none is fitted."""
-    from predictor.calibration import NONE
-    from predictor.calibration_fit import fit_calibration, iteration_times_s
-    from predictor.models import ModelSet
+    from predictor.costs.learned.models import ModelSet
     from predictor.predict import prepare_many
+    from predictor.sweeps.calibration_fit import fit_calibration, iteration_times_s
     from tracekit.cli.calibrate import measured_run
+    from tracekit.core.calibration import NONE
 
     runs = [measured_run(d) for d in fitted["dirs"]]
     models = ModelSet.load(fitted["models"])
@@ -157,11 +157,11 @@ def test_auto_keeps_the_models_as_they_are_when_no_constant_predicts_better(fitt
 def test_auto_fits_the_constant_that_explains_the_runs(fitted):
     """Runs that take the models' times plus 50 µs per compute operator: only op_overhead_us predicts every run
     left out exactly, so it is chosen (alone) and fitted to 50."""
-    from predictor.calibration import NONE
-    from predictor.calibration_fit import fit_calibration, iteration_times_s
-    from predictor.models import ModelSet
+    from predictor.costs.learned.models import ModelSet
     from predictor.predict import prepare_many
+    from predictor.sweeps.calibration_fit import fit_calibration, iteration_times_s
     from tracekit.cli.calibrate import measured_run
+    from tracekit.core.calibration import NONE
 
     runs = [measured_run(d) for d in fitted["dirs"]]
     models = ModelSet.load(fitted["models"])

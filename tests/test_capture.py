@@ -254,8 +254,8 @@ def test_a_collective_model_answers_the_mean_of_its_repeats(tp_run, tmp_path):
     two points, which it does not split, and answers their geometric mean for both."""
     import numpy as np
 
-    from predictor.models import ModelSet
-    from predictor.training import train_models
+    from predictor.costs.learned.models import ModelSet
+    from predictor.costs.learned.training import train_models
     from tracekit.core.store import SampleStore
 
     _, _, store_dir = tp_run

@@ -1,5 +1,6 @@
-"""The collective algorithm model (predictor.collectives) on facts that cannot drift: bus-bandwidth identities,
-locality, monotonicity, the hierarchical decomposition, and its agreement with the corpus's nccl-tests tables."""
+"""The collective algorithm model (predictor.costs.physics.collectives) on facts that cannot drift: bus-bandwidth
+identities, locality, monotonicity, the hierarchical decomposition, and its agreement with the corpus's nccl-tests
+tables."""
 from __future__ import annotations
 
 import itertools
@@ -8,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor.collectives import collective_us
+from predictor.costs.physics.collectives import collective_us
 from tests.conftest import CORPUS
 from tracekit.core.cluster import PRESETS, preset
 

@@ -1,4 +1,4 @@
-"""torch.compile's fused kernels (predictor.compile_fusion) against blocks compiled by TorchInductor on this CPU
+"""torch.compile's fused kernels (predictor.layers.compile_fusion) against blocks compiled by TorchInductor on this CPU
 (tools/capture_compiled_block.py: torchtitan's Llama 3 block and a GPT-2/MPT-style block with biases and dropout,
 each compiled as torchtitan's apply_compile does, forward + backward profiled; the traces are kept gzip'd in
 tests/data/compile), and the physics of the model: bytes, launches, extern kernels untouched."""
@@ -13,14 +13,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor.compile_fusion import FUSED_PRIMITIVES, VARIANT
-from predictor.features import compute_work
-from predictor.graph import build_graph
+from extractors.jobs.torchtitan import read_torchtitan
+from predictor.assembly.graph import build_graph
+from predictor.costs.features import compute_work
+from predictor.layers.compile_fusion import FUSED_PRIMITIVES, VARIANT
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import InputError
 from tracekit.core.runtime import RuntimeSettings
 from tracekit.core.samples import FSDP_COPIES
-from tracekit.core.torchtitan_job import read_torchtitan
 
 DATA = Path(__file__).parent / "data"
 #: The captured blocks' shapes (tools/capture_compiled_block.py): hidden 64, 4 heads, batch 2, sequence 32, fp32.
@@ -78,7 +78,7 @@ def test_fused_kernel_counts_match_a_block_compiled_on_this_cpu(name):
 
 
 def _layer_bytes(c: TrainingConfig) -> tuple[float, float]:
-    """Bytes the memory-bound ops of one layer move, forward and backward (predictor.features' count per row)."""
+    """Bytes the memory-bound ops of one layer move, forward and backward (predictor.costs.features' count per row)."""
     g = build_graph(c, "A100-SXM4-80GB")
     seg = g.segment(0, 0)
     out = []
@@ -127,7 +127,7 @@ def test_a_compiled_job_is_read_as_compiled_and_its_components_are_checked(tmp_p
 
 @pytest.mark.parametrize("hardware", ["A100-SXM4-80GB", "H100-80GB-HBM3"])
 def test_compile_keeps_gemms_and_attention_and_never_adds_time_or_launches(hardware):
-    from predictor.models import ModelSet
+    from predictor.costs.learned.models import ModelSet
     from predictor.predict import predict
     from tracekit.core.cluster import Cluster
 
@@ -154,7 +154,7 @@ def test_compile_keeps_gemms_and_attention_and_never_adds_time_or_launches(hardw
 def test_a_composer_yaml_with_a_compile_config_is_read_as_compiled(tmp_path):
     import yaml
 
-    from tracekit.core.composer_job import read_composer
+    from extractors.jobs.composer import read_composer
 
     data = yaml.safe_load((DATA / "jobs" / "mpt-7b.yaml").read_text())
     assert "torch_compile" not in read_composer(DATA / "jobs" / "mpt-7b.yaml", world_size=8).settings

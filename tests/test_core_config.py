@@ -1,7 +1,8 @@
 """TrainingConfig: Megatron argument parsing, derived defaults, and the split checks."""
 import pytest
 
-from tracekit.core.config import TrainingConfig, parse_iteration_times_ms
+from extractors.jobs.megatron import config_from_argv, config_from_file, config_from_log, parse_iteration_times_ms
+from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError, InputError
 
 LOG = """\
@@ -27,7 +28,7 @@ using world size: 8, data-parallel size: 2, context-parallel size: 1 tensor-mode
 
 
 def test_megatron_log_block_and_derived_defaults():
-    config = TrainingConfig.from_megatron_log(LOG)
+    config = config_from_log(LOG)
     assert (config.tp, config.pp, config.dp, config.world_size) == (2, 2, 2, 8)
     assert config.precision == "bf16" and config.swiglu and config.recompute_granularity == "none"
     assert config.ffn_hidden_size == int(8 * 2048 / 3 / 64) * 64 == 5440  # Megatron's SwiGLU default
@@ -42,7 +43,7 @@ def test_megatron_argv_flags():
             " --seq-length 4096 --micro-batch-size 4 --global-batch-size 64 --tensor-model-parallel-size 2"
             " --pipeline-model-parallel-size 4 --fp16 --recompute-activations --use-distributed-optimizer"
             " --group-query-attention --num-query-groups 8 --normalization RMSNorm --disable-bias-linear")
-    config = TrainingConfig.from_megatron_args(argv)
+    config = config_from_argv(argv)
     assert config.precision == "fp16" and config.recompute_granularity == "selective"
     assert config.use_distributed_optimizer and not config.add_bias_linear
     assert config.num_query_groups == 8 and config.normalization == "RMSNorm"
@@ -92,28 +93,28 @@ def test_world_size_not_divisible_raises_at_construction():
 def test_config_files(tmp_path):
     good = tmp_path / "c.yaml"
     good.write_text("num_layers: 4\nhidden_size: 256\nnum_attention_heads: 8\nseq_length: 128\ntp: 2\n")
-    assert TrainingConfig.from_file(good).tp == 2
+    assert config_from_file(good).tp == 2
     log = tmp_path / "train.log"
     log.write_text(LOG)
-    assert TrainingConfig.from_file(log).hidden_size == 2048
+    assert config_from_file(log).hidden_size == 2048
     bad = tmp_path / "c.json"
     bad.write_text("{not json")
     with pytest.raises(InputError, match=r"c\.json: not valid JSON"):
-        TrainingConfig.from_file(bad)
+        config_from_file(bad)
     incomplete = tmp_path / "d.json"
     incomplete.write_text('{"num_layers": 2}')
     with pytest.raises(InputError, match="lacks hidden_size, num_attention_heads, seq_length"):
-        TrainingConfig.from_file(incomplete)
+        config_from_file(incomplete)
 
 
 def test_layers_per_virtual_stage_sets_the_interleaving_degree():
     argv = ("--num-layers 24 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 "
             "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 3 "
             "--global-batch-size 8 --micro-batch-size 1")
-    config = TrainingConfig.from_megatron_args(argv).validate()
+    config = config_from_argv(argv).validate()
     assert config.vp == 24 // (4 * 3)
     with pytest.raises(ConfigError, match="not divisible by pp · num_layers_per_virtual_pipeline_stage = 20"):
-        TrainingConfig.from_megatron_args(argv.replace("stage 3", "stage 5"))
+        config_from_argv(argv.replace("stage 3", "stage 5"))
 
 
 @pytest.mark.parametrize("args, message", [
@@ -125,7 +126,7 @@ def test_layers_per_virtual_stage_sets_the_interleaving_degree():
 def test_sizes_past_any_real_job_are_refused_not_simulated_for_hours(args, message):
     base = "--hidden-size 1024 --num-attention-heads 16 --seq-length 1024 "
     with pytest.raises(ConfigError, match=message):
-        TrainingConfig.from_megatron_args(base + args).validate()
+        config_from_argv(base + args).validate()
 
 
 # Megatron's argparse (allow_abbrev=False) refuses any flag it does not define; tracekit does the same against the
@@ -141,41 +142,41 @@ BASE = "--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 
 ])
 def test_flags_megatron_does_not_have_are_refused(flag, message):
     with pytest.raises(ConfigError, match="--allow-unknown") as info:
-        TrainingConfig.from_megatron_args(f"{BASE} {flag}")
+        config_from_argv(f"{BASE} {flag}")
     assert message in str(info.value)
 
 
 def test_megatron_flags_tracekit_does_not_model_are_accepted_and_kept_aside():
     argv = (f"{BASE} --lr 1e-4 --train-iters 100 --data-path 0.5 a 0.5 b --tokenizer-type GPT2BPETokenizer "
             "--no-persist-layer-norm --use-mcore-models --transformer-impl local --attention-backend flash")
-    config = TrainingConfig.from_megatron_args(argv)
+    config = config_from_argv(argv)
     assert config.extra["lr"] == 1e-4 and config.train_iters == 100
     assert config.extra["data_path"] == ["0.5", "a", "0.5", "b"] and config.extra["persist_layer_norm"] is False
 
 
 def test_a_switch_does_not_swallow_the_next_word():
     # --use-mcore-models takes no value in Megatron's parser: the word after it is not its value
-    config = TrainingConfig.from_megatron_args(f"{BASE} --use-mcore-models stray-word --fp16")
+    config = config_from_argv(f"{BASE} --use-mcore-models stray-word --fp16")
     assert config.extra["use_mcore_models"] is True and config.precision == "fp16"
 
 
 def test_allow_unknown_keeps_newer_flags_with_a_warning(tmp_path):
     warnings: list[str] = []
-    config = TrainingConfig.from_megatron_args(f"{BASE} --zebra-mode 3 --sequence-paralel", unknown=warnings)
+    config = config_from_argv(f"{BASE} --zebra-mode 3 --sequence-paralel", unknown=warnings)
     assert config.extra["zebra_mode"] == 3 and not config.sequence_parallel
     assert len(warnings) == 2 and "did you mean 'sequence_parallel'?" in warnings[1]
     job = tmp_path / "job.yaml"
     job.write_text("num_layers: 4\nhidden_size: 1024\nnum_attention_heads: 16\nseq_length: 1024\nzebra_mode: 3\n")
     with pytest.raises(InputError, match="job.yaml.*unknown setting 'zebra_mode'"):
-        TrainingConfig.from_file(job)
+        config_from_file(job)
     warnings.clear()
-    assert TrainingConfig.from_file(job, unknown=warnings).num_layers == 4 and "zebra_mode" in warnings[0]
+    assert config_from_file(job, unknown=warnings).num_layers == 4 and "zebra_mode" in warnings[0]
 
 
 def test_a_megatron_log_from_a_newer_version_is_read_as_it_is():
     # a log is what a real run accepted: arguments tracekit has never heard of are not an error there
     log = LOG.replace("  bf16 ...", "  zebra_mode ...................................... 3\n  bf16 ...")
-    assert TrainingConfig.from_megatron_log(log).extra["zebra_mode"] == 3
+    assert config_from_log(log).extra["zebra_mode"] == 3
 
 
 @pytest.mark.parametrize("cell", ["['core_attn', \"mlp\"]", "[core_attn, mlp]", "core_attn,mlp", ["core_attn", "mlp"]])
@@ -193,7 +194,7 @@ def test_a_list_setting_reads_the_same_however_it_is_written(cell):
 def test_settings_kept_aside_survive_a_round_trip_through_to_dict():
     """`predict --gpus` and `search` rebuild a configuration from `to_dict()` with other splits: the settings kept in
     `extra` (here the logging interval and the loss fusion) must come back as settings, not nested under `extra`."""
-    c = TrainingConfig.from_megatron_args("--num-layers 2 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 "
+    c = config_from_argv("--num-layers 2 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 "
                                           "--micro-batch-size 1 --global-batch-size 8 --log-interval 5 "
                                           "--cross-entropy-loss-fusion")
     again = TrainingConfig.from_mapping({**c.to_dict(), "world_size": 8, "data_parallel_size": None})

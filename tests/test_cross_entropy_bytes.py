@@ -1,5 +1,5 @@
-"""Megatron-core's native vocab-parallel cross entropy (predictor.cross_entropy_bytes): never faster than its fp32
-passes at the GPU's HBM bandwidth on any datasheet GPU, the fused loss (Transformer Engine's) not held to them, the
+"""Megatron-core's native vocab-parallel cross entropy (predictor.layers.embedding.cross_entropy): never faster than its
+fp32 passes at the GPU's HBM bandwidth on any datasheet GPU, the fused loss (Transformer Engine's) not held to them, the
 loss's time growing with the vocabulary and with slower memory, and the published Megatron-Bridge rows read with the
 fused loss every Bridge model provider runs (GPTModelProvider's `cross_entropy_loss_fusion`)."""
 from __future__ import annotations
@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor.batch import parse_row
-from predictor.cross_entropy_bytes import FUSED, NATIVE
-from predictor.graph import build_graph
-from predictor.models import ModelSet
+from extractors.jobs.rows import parse_row
+from predictor.assembly.graph import build_graph
+from predictor.costs.learned.models import ModelSet
+from predictor.layers.embedding.cross_entropy import FUSED, NATIVE
 from tests.conftest import bridge_rows
 from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import SPECS, hardware_spec

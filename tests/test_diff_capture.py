@@ -42,7 +42,7 @@ def run(tmp_path_factory) -> dict:
     set (the seed paper's A100 QKV-GEMM samples): on this CPU the predictor falls back to its roofline of the
     measured CPU rates, which is what a user without CPU models gets."""
     from extractors.ett import read_file
-    from predictor.training import train_models
+    from predictor.costs.learned.training import train_models
 
     base = tmp_path_factory.mktemp("diffrun")
     out, store = base / "capture", base / "store"
@@ -269,7 +269,7 @@ def test_validate_refit_reports_error_before_and_after(run, diff, tmp_path):
     assert {m["hardware"] for m in index["models"]} == {json.loads(
         cli("ingest", *run["traces"], "--store", tmp_path / "s2", "--json").stdout)["traces"][0]["hardware"]}
     # "after" is what the retrained models predict for the run's configuration on its cluster
-    from predictor.models import ModelSet
+    from predictor.costs.learned.models import ModelSet
     from predictor.predict import predict
     from tracekit.capture.manifest import Manifest
     from tracekit.core.cluster import Cluster

@@ -37,12 +37,12 @@ def test_every_page_loads_only_the_sites_own_scripts_and_styles(site):
 
 
 def test_mermaid_diagrams_are_drawn_offline(site, tmp_path):
-    """docs/architecture.md's two flowcharts: the page holds them as mermaid blocks and the bundled script; headless
+    """docs/architecture.md's three flowcharts: the page holds them as mermaid blocks and the bundled script; headless
     Chromium (no network) turns each into an SVG."""
     sources = re.findall(r"^```mermaid$", (ROOT / "docs" / "architecture.md").read_text(), re.M)
     page = site / "architecture" / "index.html"
     html = page.read_text()
-    assert html.count('class="mermaid"') == len(sources) == 2
+    assert html.count('class="mermaid"') == len(sources) == 3
     assert re.search(r'<script src="\.\./javascripts/mermaid\.min\.js"', html)
     assert (site / "javascripts" / "mermaid.min.js").stat().st_size > 1_000_000
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -57,6 +57,6 @@ def test_mermaid_diagrams_are_drawn_offline(site, tmp_path):
     # Material replaces each block with a div whose shadow root holds the SVG: it is drawn when the block's text
     # (flowchart TD ...) is gone from the light DOM and no syntax-error diagram took its place
     blocks = re.findall(r'<div class="mermaid"[^>]*>(.*?)</div>', dom, re.S)
-    assert len(blocks) == 2, re.findall(r'<(?:pre|div) class="mermaid[^"]*"[^>]*>.{0,80}', dom, re.S)
+    assert len(blocks) == 3, re.findall(r'<(?:pre|div) class="mermaid[^"]*"[^>]*>.{0,80}', dom, re.S)
     assert not re.search(r"flowchart (TD|BT)", dom)
     assert "Syntax error" not in dom

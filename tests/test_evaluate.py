@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from extractors import ett
-from predictor.training import train_models
+from predictor.costs.learned.training import train_models
 from tests.conftest import SAMPLES
 from tracekit.cli import app
 

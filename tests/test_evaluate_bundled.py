@@ -8,7 +8,7 @@ import json
 import pandas as pd
 from typer.testing import CliRunner
 
-from predictor.models import ModelSet, bundled_models_dir
+from predictor.costs.learned.models import ModelSet, bundled_models_dir
 from tests.conftest import SAMPLES
 from tracekit.cli import app
 

@@ -13,21 +13,23 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from predictor import batch as B
-from predictor.calibration import HOST_CONSTANTS, NONE, host_scaled
-from predictor.calibration_fit import fit_with_hosts
-from predictor.framework_costs import capture, chunk_tensors, cluster_for, pass_costs
-from predictor.graph import build_graph
+from extractors import jobs as B
+from extractors.jobs.megatron import config_from_argv
+from predictor.assembly.graph import build_graph
 from predictor.predict import predict, prepare_many
-from predictor.stack import get_stack, host_class, host_cpus, stacks
-from predictor.stage_work import simulate_graph
+from predictor.schedule.framework_costs import capture, chunk_tensors, cluster_for, pass_costs
+from predictor.schedule.stage_work import simulate_graph
+from predictor.sweeps.calibration_fit import fit_with_hosts
 from tests.conftest import E2E
 from tracekit.cli import app
+from tracekit.core.calibration import HOST_CONSTANTS, NONE, host_scaled
 from tracekit.core.cluster import preset
 from tracekit.core.config import TrainingConfig, own_setting_names
 from tracekit.core.errors import ConfigError
 from tracekit.core.hardware import hardware_spec
+from tracekit.core.hosts import host_class, host_cpus
 from tracekit.core.megatron_arguments import CLASSES, dest_form, flag_classes, unmodelled_flags
+from tracekit.core.stacks import get_stack, stacks
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAGS = json.loads((ROOT / "tracekit" / "data" / "megatron_flags.json").read_text())["flags"]
@@ -39,13 +41,13 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def models():
-    from predictor.models import ModelSet
+    from predictor.costs.learned.models import ModelSet
 
     return ModelSet.load()
 
 
 def config(extra: str = "", base: str = TINY) -> TrainingConfig:
-    return TrainingConfig.from_megatron_args(f"{base} {extra}", get_stack("megatron-core").config)
+    return config_from_argv(f"{base} {extra}", get_stack("megatron-core").config)
 
 
 def prediction(models, extra: str = "", hardware: str = "A100-SXM4-80GB", cal=None, base: str = TINY):
@@ -322,8 +324,8 @@ def test_the_host_fit_recovers_planted_constants_and_a_host_scale(models):
 def test_device_scales_are_per_gpu_architecture_and_every_stack_takes_them():
     """The tensor-core scale follows the GPU's architecture (a GB200 is a Blackwell like a B200), not its stack; a
     CPU and an architecture the profile does not name keep 1."""
-    from predictor.stack import get_stack
     from tracekit.core.hardware import architecture
+    from tracekit.core.stacks import get_stack
 
     assert architecture("GB200-186GB") == architecture("B200-180GB") == architecture("B300-288GB") == "blackwell"
     assert architecture("H200-141GB") == "hopper" and architecture("cpu-amd-epyc") is None

@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from predictor.graph import build_graph
-from predictor.memory import config_memory
+from predictor.assembly.graph import build_graph
+from predictor.memory.stages import config_memory
 from tracekit.core.cluster import Cluster
 from tracekit.core.config import TrainingConfig
 from tracekit.core.sharding import ShardingSettings
@@ -85,7 +85,7 @@ def test_memory_of_the_sharded_parts_falls_as_one_over_n():
 
 
 def test_hsdp_inside_a_node_is_never_slower_than_across_nodes():
-    from predictor.models import ModelSet
+    from predictor.costs.learned.models import ModelSet
     from predictor.predict import predict
 
     models = ModelSet.load(None)
@@ -100,7 +100,7 @@ def test_hsdp_inside_a_node_is_never_slower_than_across_nodes():
 
 
 def test_fsdp_collectives_are_hidden_behind_compute_on_gpus():
-    from predictor.models import ModelSet
+    from predictor.costs.learned.models import ModelSet
     from predictor.predict import predict
 
     models = ModelSet.load(None)
@@ -114,8 +114,8 @@ def test_fsdp_collectives_are_hidden_behind_compute_on_gpus():
 
 
 def test_search_splits_an_fsdp_jobs_shard_group_and_prunes_by_memory():
-    from predictor.models import ModelSet
-    from predictor.search import enumerate_configs, search
+    from predictor.costs.learned.models import ModelSet
+    from predictor.sweeps.search import enumerate_configs, search
     from tracekit.core.sharding import sharding_of
 
     base = dict(num_layers=LAYERS, hidden_size=H, num_attention_heads=16, seq_length=1024, ffn_hidden_size=FFN,
@@ -152,7 +152,7 @@ def test_llmfoundry_published_runs_are_all_predicted_and_fit_their_gpus(tmp_path
     assert len(rows) == 139 and all(r["error"] == "" for r in rows)
     assert {r["stack"] for r in rows} == {"composer"}
     assert all(float(r["predicted_memory_gb_per_gpu"]) <= float(r["gpu_memory_gb"]) for r in rows)
-    from predictor.batch import parse_row
+    from extractors.jobs.rows import parse_row
 
     line, big = next((i + 2, r) for i, r in enumerate(rows) if r["model_name"] == "MPT-70b")
     config = parse_row(big, line, None, None).config
@@ -227,7 +227,7 @@ def test_fsdp2_steps_its_dtensor_parameters_and_a_gpu_model_set_answers_with_the
     """FSDP2's sharded parameters are DTensors: its optimizer step is the DTensor variant of the stage's step (sampled
     of its own on a CPU, where the host's dispatch is the time); the bundled GPU models hold no DTensor step and
     answer with the plain step of the same stage and size, what the GPU's kernels take."""
-    from predictor.models import ModelSet
+    from predictor.costs.learned.models import ModelSet
     from tracekit.core.samples import DTENSOR_SUFFIX
 
     c = _config(8, sharded_data_parallel=implementation, data_parallel_sharding_strategy="optim_grads_params")

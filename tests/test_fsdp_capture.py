@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from extractors.jobs.megatron import config_from_log
 from tracekit.reference.launch import launch_argv
 
 TRACEKIT = [sys.executable, "-c", "from tracekit.cli import main; main()"]
@@ -118,8 +119,7 @@ def test_fsdp2_copies_are_ingested_as_their_ops_and_predicted_where_they_run(fsd
     keeps each as an elementwise row of its op with the elements it copies, those of the backward too, which run in
     FSDP2's hooks inside autograd nodes (the nodes' rows then leave the hooks' time out)."""
     from extractors.kineto import read_trace
-    from predictor.graph import build_graph
-    from tracekit.core.config import TrainingConfig
+    from predictor.assembly.graph import build_graph
     from tracekit.core.samples import FSDP_COPIES, FSDP_COPY_IN, FSDP_COPY_OUT, FSDP_GRAD_COPY_IN
     from tracekit.core.store import SampleStore
 
@@ -153,7 +153,7 @@ def test_fsdp2_copies_are_ingested_as_their_ops_and_predicted_where_they_run(fsd
     assert len(rows) and all(row.dur_us < hooked[row.ts_us] for row in rows.itertuples())
 
     manifest = json.loads((out / "manifest.json").read_text())
-    config = TrainingConfig.from_megatron_log((out / "train.log").read_text(), "train.log")
+    config = config_from_log((out / "train.log").read_text(), "train.log")
     graph = build_graph(config, manifest["hardware"])
     seg = graph.segment(0, 0)
     predicted: dict = {}
@@ -169,7 +169,7 @@ def test_the_aten_ops_inside_an_fsdp2_copy_belong_to_the_copy(fsdp_run):
     """On a GPU, an FSDP2 copy's kernels are launched by the aten ops it calls (`all_gather_copy_in` calls
     `_foreach_copy_`, a name optimizers use too): ingest links them to the copy. Here the nesting is read from the
     raw trace's spans on each thread and compared with what the linkage passes down to every op."""
-    from extractors.kineto.events import decode_events
+    from extractors.kineto.decode import decode_events
     from extractors.kineto.linkage import op_context
     from extractors.kineto.load import open_trace
     from tracekit.core.samples import FSDP_COPIES

@@ -11,8 +11,8 @@ from pathlib import Path
 import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from extractors.jobs.rows import parse_row
 from extractors.kineto import read_trace, trace_samples
-from predictor.batch import parse_row
 from tests.conftest import E2E
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import TracekitError

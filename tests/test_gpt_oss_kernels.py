@@ -1,14 +1,14 @@
 """GPT-OSS's attention and expert-parallel schedule as the software runs them (issue #21): a sliding-window layer's
-fused kernel computes whole key tiles (predictor.attention_tiles), and the combined 1F1B schedule of
-`overlap_moe_expert_parallel_comm` runs its first forward and last backward alone (predictor.ep_overlap). Checked
-against tile geometry worked by hand, the graph's FLOPs and predictions with the bundled models."""
+fused kernel computes whole key tiles (predictor.layers.attention.tiles), and the combined 1F1B schedule of
+`overlap_moe_expert_parallel_comm` runs its first forward and last backward alone (predictor.schedule.ep_overlap).
+Checked against tile geometry worked by hand, the graph's FLOPs and predictions with the bundled models."""
 from __future__ import annotations
 
 import pytest
 
-from predictor.attention_tiles import KEY_TILE, window_keys
-from predictor.graph import build_graph
-from predictor.models import ModelSet
+from predictor.assembly.graph import build_graph
+from predictor.costs.learned.models import ModelSet
+from predictor.layers.attention.tiles import KEY_TILE, window_keys
 from predictor.predict import predict
 from tracekit.core.cluster import preset
 from tracekit.core.config import TrainingConfig
@@ -73,7 +73,7 @@ def moe_config(**kw) -> TrainingConfig:
 def expert_collectives_s(p) -> float:
     """One iteration's expert-parallel collectives on the critical stage, all of them: M micro-batches' forwards and
     backwards."""
-    from predictor.stage_work import EXPERT_GROUPS
+    from predictor.schedule.stage_work import EXPERT_GROUPS
 
     seg = p.graph.segment(p.critical_stage, 0)
     per_mb = sum(p.durations_us[o.spec] * o.count for o in seg.fwd + seg.bwd if o.group in EXPERT_GROUPS)
@@ -95,7 +95,7 @@ def test_the_overlaps_first_forward_and_last_backward_expose_their_expert_collec
 
 
 def test_with_pipelining_the_overlap_keeps_hiding_every_pass():
-    from predictor.ep_overlap import alone_share
+    from predictor.schedule.ep_overlap import alone_share
 
     assert alone_share(moe_config(pipeline_model_parallel_size=2, overlap_moe_expert_parallel_comm=True)) == 0.0
     assert alone_share(moe_config(overlap_moe_expert_parallel_comm=True)) == pytest.approx(1 / 4)

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from predictor.flops import model_flops_per_iteration
-from predictor.graph import build_graph
-from predictor.placement import placements
+from extractors.jobs.megatron import config_from_argv
+from predictor.architecture.flops import model_flops_per_iteration
+from predictor.assembly.graph import build_graph
+from predictor.ir.placement import placements
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
 
@@ -137,7 +138,7 @@ def test_invalid_configs(kw, message):
 
 
 def test_memory_follows_korthikanti_and_mixed_precision_adam():
-    from predictor.memory import memory_per_gpu
+    from predictor.memory.stages import memory_per_gpu
 
     c = gpt(num_layers=4, hidden_size=1024, num_attention_heads=16, seq_length=1024, micro_batch_size=1,
             attention="unfused")
@@ -161,7 +162,7 @@ def test_memory_follows_korthikanti_and_mixed_precision_adam():
 
 
 def test_cpu_offloading_keeps_the_offloaded_layers_activations_on_the_host():
-    from predictor.memory import config_memory
+    from predictor.memory.stages import config_memory
 
     c = gpt(num_layers=4, hidden_size=1024, num_attention_heads=16, seq_length=1024, micro_batch_size=1,
             attention="unfused")
@@ -187,6 +188,6 @@ def test_core_attention_is_one_host_operator_fused_or_not():
         assert kernels[0] == (1 if attention == "flash" else 4)  # baddbmm, softmax, dropout (p 0.1), bmm
     assert launched == {"flash": [1, 1], "unfused": [1, 1]}
     args = "--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --micro-batch-size 1"
-    local = TrainingConfig.from_megatron_args(args + " --global-batch-size 8 --transformer-impl local")
-    te = TrainingConfig.from_megatron_args(args + " --global-batch-size 8")
+    local = config_from_argv(args + " --global-batch-size 8 --transformer-impl local")
+    te = config_from_argv(args + " --global-batch-size 8")
     assert (local.attention, te.attention) == ("unfused", "flash")

@@ -1,5 +1,5 @@
-"""TEGroupedMLP's passes around the experts' GEMMs (predictor.grouped_mlp_ops) and the Megatron-Bridge providers'
-architecture (predictor.bridge_providers): bytes moved from the tensors' sizes, zero when the feature is off, the
+"""TEGroupedMLP's passes around the experts' GEMMs (predictor.layers.moe.grouped_mlp) and the Megatron-Bridge providers'
+architecture (extractors.jobs.bridge.providers): bytes moved from the tensors' sizes, zero when the feature is off, the
 direction of the change, and the published GPT-OSS rows read as their provider defines the model."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import csv
 
 import pytest
 
-from predictor.batch import parse_row
-from predictor.bridge_providers import provider_settings
-from predictor.graph import build_graph
+from extractors.jobs.bridge.providers import provider_settings
+from extractors.jobs.rows import parse_row
+from predictor.assembly.graph import build_graph
 from tests.conftest import E2E
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
@@ -75,7 +75,7 @@ def test_no_bias_pass_without_biases_grouped_gemms_or_with_tes_op_fuser(off):
 
 
 def test_the_passes_make_the_iteration_longer_and_the_recompute_replays_the_clamp():
-    from predictor.models import ModelSet
+    from predictor.costs.learned.models import ModelSet
     from predictor.predict import predict
     from tracekit.core.cluster import preset
 
@@ -144,7 +144,7 @@ def test_gradients_stated_without_fp32_accumulation_are_kept_and_reduced_in_bf16
     """Megatron-Bridge's `grad_reduce_in_fp32=False` (GPT-OSS's recipes): 2-byte gradient buffers (plus the fp32
     copy of its shard the distributed optimizer makes: less memory, not half) and half the bytes each data-parallel
     reduce-scatter moves; unstated, bf16 keeps Megatron's fp32 main gradients."""
-    from predictor.memory import config_memory
+    from predictor.memory.stages import config_memory
 
     common = dict(world_size=8, data_parallel_size=8, use_distributed_optimizer=True)  # the recipes' optimizer
     fp32 = gpt_oss_like(**common)

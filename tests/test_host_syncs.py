@@ -1,23 +1,23 @@
-"""Megatron-core's device synchronisations in MoE layers (predictor.host_syncs) and what they cost the schedule
-(predictor.stage_work): where they are (token counts before the experts' first GEMM, the quick-GELU GLU's offset
-tensor), where they are not (fixed-size experts, CUDA graphs), their replay in recompute, and the idle time each
-adds to a layer pass, from the bundled models and the stack's host constants."""
+"""Megatron-core's device synchronisations in MoE layers (predictor.layers.moe.host_syncs) and what they cost the
+schedule (predictor.schedule.stage_work): where they are (token counts before the experts' first GEMM, the quick-GELU
+GLU's offset tensor), where they are not (fixed-size experts, CUDA graphs), their replay in recompute, and the idle time
+each adds to a layer pass, from the bundled models and the stack's host constants."""
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
 
-from predictor.estimates import calibrated_durations
-from predictor.framework_costs import SYNC_US, Capture
-from predictor.graph import build_graph
-from predictor.models import ModelSet
+from predictor.assembly.graph import build_graph
+from predictor.costs.estimates import calibrated_durations
+from predictor.costs.learned.models import ModelSet
 from predictor.predict import compose, prepare_many
-from predictor.stack import get_stack
-from predictor.stage_work import _work
+from predictor.schedule.framework_costs import SYNC_US, Capture
+from predictor.schedule.stage_work import _work
 from tests.test_grouped_mlp_ops import gpt_oss_like
 from tracekit.core.cluster import preset
 from tracekit.core.config import TrainingConfig
+from tracekit.core.stacks import get_stack
 
 HW = "H100-80GB-HBM3"
 

@@ -16,7 +16,8 @@ VTRAIN = SAMPLES / "vtrain-allreduce" / "a100"
 runner = CliRunner()
 
 STDOUT = """\
-# nThread 1 nGpus 1 minBytes 1048576 maxBytes 2097152 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0
+# nThread 1 nGpus 1 minBytes 1048576 maxBytes 2097152 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 validation:
+# 1 graph: 0
 #
 # Using devices
 #  Rank  0 Group  0 Pid  31962 on     node-a device  0 [0x07] NVIDIA A100-SXM4-80GB

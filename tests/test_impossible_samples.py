@@ -1,5 +1,5 @@
 """Samples that cannot be real: tensor-core rows timed faster than their FLOPs at the part's dense peak
-(predictor.regressor.faster_than_peak), on the seed paper's published flash-attention samples."""
+(predictor.costs.learned.regressor.faster_than_peak), on the seed paper's published flash-attention samples."""
 from __future__ import annotations
 
 import json
@@ -7,9 +7,9 @@ import json
 import numpy as np
 
 from extractors.ett import read_file
-from predictor.features import compute_work
-from predictor.regressor import PEAK_SLACK, faster_than_peak, flag_outliers
-from predictor.training import train_models
+from predictor.costs.features import compute_work
+from predictor.costs.learned.regressor import PEAK_SLACK, faster_than_peak, flag_outliers
+from predictor.costs.learned.training import train_models
 from tests.conftest import CORPUS
 from tracekit.core.hardware import hardware_spec
 

@@ -7,7 +7,7 @@ import msgspec
 import numpy as np
 import orjson
 
-import extractors.kineto.events as events_module
+import extractors.kineto.decode as events_module
 from extractors.kineto.load import open_trace
 from tests.conftest import KINETO
 
@@ -43,7 +43,7 @@ def test_chunk_cut_inside_a_string_falls_back_to_the_exact_split(tmp_path, monke
     undecodable = 0
     for chunk in events_module._byte_chunks(memoryview(open_trace(path).events_raw)):
         try:
-            events_module._EVENTS.decode(chunk)
+            events_module.EVENTS.decode(chunk)
         except (msgspec.DecodeError, msgspec.ValidationError):
             undecodable += 1
     assert undecodable  # a cut landed inside the string: the fast split fails and the fallback must be exact

@@ -1,13 +1,13 @@
-"""The loss report and the logging barrier of Megatron's training loop (predictor.iteration_syncs): the last stage
-all-reduces 2 fp32 values over the data- and context-parallel ranks every iteration; every rank joins a barrier every
-`log_interval` iterations (Megatron's default 100); both end the iteration, exposed. Expected sizes come from
+"""The loss report and the logging barrier of Megatron's training loop (predictor.parallel.iteration_syncs): the last
+stage all-reduces 2 fp32 values over the data- and context-parallel ranks every iteration; every rank joins a barrier
+every `log_interval` iterations (Megatron's default 100); both end the iteration, exposed. Expected sizes come from
 Megatron's code (module docstring), not from the code under test."""
 from __future__ import annotations
 
 import pytest
 
-from predictor.graph import build_graph
-from predictor.models import ModelSet
+from predictor.assembly.graph import build_graph
+from predictor.costs.learned.models import ModelSet
 from predictor.predict import predict
 from tracekit.core.cluster import preset
 from tracekit.core.config import TrainingConfig

@@ -8,12 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.core.composer_job import read_composer
+from extractors.jobs.composer import read_composer
+from extractors.jobs.files import read_job
+from extractors.jobs.megatron import config_from_argv
+from extractors.jobs.sharding_cells import settings_from_text
+from extractors.jobs.torchtitan import read_torchtitan
+from extractors.jobs.torchtitan_runs import split_layers
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError, InputError
-from tracekit.core.job_files import read_job
-from tracekit.core.sharding import settings_from_text, sharding_of
-from tracekit.core.torchtitan_job import read_torchtitan, split_layers
+from tracekit.core.sharding import sharding_of
 
 JOBS = Path(__file__).parent / "data" / "jobs"
 
@@ -170,12 +173,12 @@ def test_e2e_hybrid_cell_and_unknown_cell():
 
 def test_megatron_flags_and_their_refusals():
     base = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, world_size=8)
-    c = TrainingConfig.from_megatron_args("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+    c = config_from_argv("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
                                           "--use-torch-fsdp2 --torch-fsdp2-no-reshard-after-forward")
     shard = sharding_of(c)
     assert (shard.implementation, shard.strategy, shard.reshard_after_forward) == \
         ("torch-fsdp2", "optim_grads_params", False)
-    from tracekit.core.config import parse_megatron_argv
+    from extractors.jobs.megatron import parse_megatron_argv
 
     flags = parse_megatron_argv("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads "
                                 "--num-distributed-optimizer-instances 2")
@@ -236,7 +239,7 @@ def test_torchtitan_layer_split_and_checkpointing_policies(tmp_path):
 
 
 def test_per_op_checkpointing_replays_every_other_gemm_and_the_memory_bound_ops():
-    from predictor.graph import build_graph
+    from predictor.assembly.graph import build_graph
 
     c = _config(read_torchtitan(JOBS / "llama3_8b.toml", world_size=8))
     graph = build_graph(c, "A100-SXM4-80GB", 8)
@@ -268,8 +271,8 @@ def test_a_published_torchtitan_row_runs_as_torchtitan_runs_it():
     """A row of a torchtitan table (the 405B shape: 126 layers over pp 8, which Megatron would refuse without a
     layout) is split torchtitan's way, its bare "FSDP" is FSDP2 and keeps parameters under pipelining, TP comes with
     SP; the prediction has FSDP's per-iteration gathers and no DDP buckets."""
-    from predictor.batch import parse_row
-    from predictor.models import ModelSet
+    from extractors.jobs.rows import parse_row
+    from predictor.costs.learned.models import ModelSet
     from predictor.predict import predict
 
     cells = {"framework": "torchtitan", "hardware_gpu": "H100 SXM", "gpu_memory_gb": "80", "gpus_per_node": "8",

@@ -1,5 +1,5 @@
-"""Megatron-Bridge jobs on NVL72 racks run in Slurm segments (predictor.job_segments): the segment is the job's NVLink
-domain, so an expert-parallel group of consecutive ranks stays inside one rack and its all-to-all on NVLink."""
+"""Megatron-Bridge jobs on NVL72 racks run in Slurm segments (extractors.jobs.bridge.segments): the segment is the job's
+NVLink domain, so an expert-parallel group of consecutive ranks stays inside one rack and its all-to-all on NVLink."""
 from __future__ import annotations
 
 import csv
@@ -7,10 +7,10 @@ import csv
 import pandas as pd
 import pytest
 
-from predictor.batch import parse_row
-from predictor.collectives import collective_us
-from predictor.job_segments import launched_cluster, segment_trays, segmented
-from predictor.placement import placements
+from extractors.jobs.bridge.segments import launched_cluster, segment_trays, segmented
+from extractors.jobs.rows import parse_row
+from predictor.costs.physics.collectives import collective_us
+from predictor.ir.placement import placements
 from tests.conftest import E2E
 from tracekit.core.cluster import preset
 
@@ -90,7 +90,7 @@ def test_a_deepseek_step_inside_segments_is_never_slower_and_exposes_less_all_to
     """Line 64 of the Bridge table (DeepSeek-V3, 256 GB200, pp 8 · EP 32, HybridEP): the same row predicted on the
     72-GPU racks and on the launcher's 64-GPU segments — the step on NVLink-only EP groups is not longer, its
     exposed communication smaller, its compute the same."""
-    from predictor.models import ModelSet
+    from predictor.costs.learned.models import ModelSet
     from predictor.predict import predict
 
     line, cells = next((ln, c) for ln, c in _bridge_rows("DeepSeekV3") if ln == 64)

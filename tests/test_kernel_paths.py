@@ -1,4 +1,5 @@
-"""Unaligned shapes on NVIDIA GPUs: the kernels they force and what they cost (`predictor.kernel_paths`, #24).
+"""Unaligned shapes on NVIDIA GPUs: the kernels they force and what they cost (`predictor.costs.physics.kernel_paths`,
+#24).
 
 Physics and invariants, on the bundled models and the datasheet table: an unaligned shape is never predicted faster
 than the next aligned one, no estimate beats the dtype's dense peak or the memory bandwidth, the scalar path moves
@@ -9,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor import kernel_paths
-from predictor.models import ModelSet
+from predictor.costs.learned.models import ModelSet
+from predictor.costs.physics import kernel_paths
 from tracekit.core.hardware import hardware_spec
 
 H100 = "H100-80GB-HBM3"
@@ -164,7 +165,7 @@ def test_no_estimate_is_below_the_gpu_side_floor(hardware):
 def test_the_roofline_answers_lose_only_the_host_part_of_the_launch():
     """Rows only the roofline answers: an activation on H100 is the roofline less (launch − floor), never below the
     floor; a bmm below H100's table grid keeps the roofline (a GEMM kernel's fixed time)."""
-    from predictor.roofline import estimate_us
+    from predictor.costs.physics.roofline import estimate_us
 
     models = ModelSet.load()
     floor = kernel_paths.gpu_floor_us()

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from extractors import xla_gemm
-from predictor.lowp_gemm import GRID, learn
-from predictor.models import ModelSet
+from predictor.costs.learned.models import ModelSet
+from predictor.costs.physics.lowp_gemm import GRID, learn
 from tests.conftest import SAMPLES
 from tracekit.core.errors import ConfigError
 from tracekit.core.hardware import SPECS

@@ -11,11 +11,11 @@ import dataclasses
 import pytest
 import yaml
 
-from predictor.batch import parse_row
-from predictor.memory import _in_flight, stage_memory
+from extractors.jobs.composer import read_composer
+from extractors.jobs.rows import parse_row
+from predictor.memory.stages import _in_flight, stage_memory
 from tests.conftest import CORPUS
 from tests.test_job_files import JOBS
-from tracekit.core.composer_job import read_composer
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import InputError
 
@@ -100,8 +100,8 @@ def test_llm_foundry_loss_fn_is_read_and_a_misspelt_one_refused(tmp_path):
 
 def test_a_bridge_rows_model_provider_sets_its_cross_entropy():
     """Every Megatron-Bridge provider derives from GPTModelProvider, which fuses the cross entropy
-    (`cross_entropy_loss_fusion = True`: predictor.bridge_providers), and every performance launcher names
-    Transformer Engine's implementation (predictor.bridge_perf_launch)."""
+    (`cross_entropy_loss_fusion = True`: extractors.jobs.bridge.providers), and every performance launcher names
+    Transformer Engine's implementation (extractors.jobs.bridge.perf_launch)."""
     rows = _rows("megatron_bridge_perf.csv")
     seen = set()
     for i, cells in enumerate(rows):

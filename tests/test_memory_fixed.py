@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
-from predictor.memory import _in_flight, stage_memory
-from predictor.workspaces import cublas_config_bytes, workspace_bytes
-from predictor.zero_bubble import orders
-from predictor.zero_bubble_memory import peak_stages
+from predictor.memory.stages import _in_flight, stage_memory
+from predictor.memory.workspaces import cublas_config_bytes, workspace_bytes
+from predictor.memory.zero_bubble import peak_stages
+from predictor.schedule.zero_bubble import orders
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
 from tracekit.core.pipeline_layout import LayoutSettings

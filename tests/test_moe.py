@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from predictor.ep_dispatch import distinct_ranks
-from predictor.graph import build_graph
-from predictor.placement import placements
+from predictor.assembly.graph import build_graph
+from predictor.ir.placement import placements
+from predictor.layers.moe.dispatch import distinct_ranks
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
 
@@ -50,10 +50,10 @@ def test_top2_of_8_has_twice_the_expert_flops_of_top1():
 @pytest.mark.parametrize("ep, tp", [(2, 1), (4, 1), (8, 1), (4, 2)])
 def test_ep_all_to_all_moves_tokens_topk_hidden_bytes_per_rank(ep, tp):
     """Each rank's dispatch buffer is tokens·k·h·bytes, of which (EP−1)/EP leaves the rank (the collective's
-    convention: `bytes` the whole buffer; predictor.features.ring_traffic the bytes on the wire)."""
+    convention: `bytes` the whole buffer; predictor.costs.features.ring_traffic the bytes on the wire)."""
     import pandas as pd
 
-    from predictor.features import ring_traffic
+    from predictor.costs.features import ring_traffic
 
     c = model(num_experts=8, moe_router_topk=2, expert_model_parallel_size=ep, tensor_model_parallel_size=tp,
               sequence_parallel=tp > 1, moe_token_dispatcher_type="alltoall", world_size=8 * tp)
@@ -76,7 +76,7 @@ def test_flex_dispatch_sends_a_token_once_per_rank():
 def test_flex_dispatch_across_nodes_sends_a_token_once_per_remote_node():
     """DeepEP/HybridEP across nodes: the network carries a token once per distinct remote node, never more than
     once per remote rank (the per-rank count) nor once per expert (alltoall); within one node nothing changes."""
-    from predictor.ep_dispatch import dispatch_tokens, remote_nodes
+    from predictor.layers.moe.dispatch import dispatch_tokens, remote_nodes
 
     # DeepSeek-V3: 256 experts top-8 over EP 32 on 4 nodes of 8
     nodes, r, ep = 4, 8, 32
@@ -96,8 +96,8 @@ def test_flex_dispatch_across_nodes_sends_a_token_once_per_remote_node():
 def test_flex_dispatch_across_nodes_is_not_slower_than_alltoall():
     """The same MoE run across 4 DGX H100 nodes: the flex dispatcher's exchanges (a token once per remote node)
     take less time than alltoall's (once per expert) and than counting the token once per remote rank."""
-    from predictor.ep_dispatch import distinct_ranks as per_rank
-    from predictor.models import ModelSet
+    from predictor.costs.learned.models import ModelSet
+    from predictor.layers.moe.dispatch import distinct_ranks as per_rank
     from predictor.predict import predict
     from tracekit.core.cluster import preset
 
@@ -128,7 +128,7 @@ def test_expert_groups_follow_megatrons_expert_rank_order():
 
 
 def test_dispatch_inside_an_nvl72_rack_is_never_slower_than_across_racks():
-    from predictor.models import ModelSet
+    from predictor.costs.learned.models import ModelSet
     from predictor.predict import predict
     from tracekit.core.cluster import preset
 
@@ -150,7 +150,7 @@ def test_dispatch_inside_an_nvl72_rack_is_never_slower_than_across_racks():
 
 
 def test_moe_settings_change_the_prediction_in_the_right_direction():
-    from predictor.models import ModelSet
+    from predictor.costs.learned.models import ModelSet
     from predictor.predict import predict
     from tracekit.core.cluster import preset
 
@@ -216,7 +216,7 @@ def test_uneven_pipeline_layouts_hold_every_layer_once():
 def test_layout_settings_change_the_pipeline_they_should():
     """A lighter first stage (fewer layers beside the embedding) moves the busiest stage's work; a layout string
     and the first/last counts that give the same split predict the same time."""
-    from predictor.models import ModelSet
+    from predictor.costs.learned.models import ModelSet
     from predictor.predict import predict
     from tracekit.core.cluster import preset
 

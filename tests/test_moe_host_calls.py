@@ -1,13 +1,13 @@
-"""The host calls of Megatron-core's MoE layer (predictor.moe_host_calls): counts per MoE layer derived by hand from
-the settings and Megatron-core's code, on CI rows' own launch lines and on small configurations; what changes them
+"""The host calls of Megatron-core's MoE layer (predictor.layers.moe.host_calls): counts per MoE layer derived by hand
+from the settings and Megatron-core's code, on CI rows' own launch lines and on small configurations; what changes them
 (Sinkhorn, aux-loss coefficients, dispatcher, grouped GEMM, permute fusion, local experts) and what does not (a dense
 model)."""
 from __future__ import annotations
 
 import pytest
 
-from predictor import batch as B
-from predictor.graph import build_graph
+from extractors import jobs as B
+from predictor.assembly.graph import build_graph
 from tests.conftest import CORPUS
 from tracekit.core.config import TrainingConfig
 

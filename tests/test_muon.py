@@ -1,12 +1,12 @@
-"""Megatron-core's Muon optimizer as work (predictor.muon): a Newton–Schulz iteration's FLOPs from the matrix's shape,
-worked out by hand; which matrices a stage orthogonalises and how the layer-wise distributed optimizer shares them;
-the flags; settings Megatron refuses are refused."""
+"""Megatron-core's Muon optimizer as work (predictor.parallel.muon): a Newton–Schulz iteration's FLOPs from the matrix's
+shape, worked out by hand; which matrices a stage orthogonalises and how the layer-wise distributed optimizer shares
+them; the flags; settings Megatron refuses are refused."""
 from __future__ import annotations
 
 import pytest
 
-from predictor.graph import build_graph
-from predictor.muon import muon_settings, ns_gemms, ns_step_flops, stage_matrices
+from predictor.assembly.graph import build_graph
+from predictor.parallel.muon import muon_settings, ns_gemms, ns_step_flops, stage_matrices
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
 from tracekit.core.megatron_arguments import flag_classes

@@ -1,4 +1,4 @@
-"""RMSNorm and RoPE as the kernels a stack runs (predictor.norm_rope_ops): invariants over every GPU of the
+"""RMSNorm and RoPE as the kernels a stack runs (predictor.layers.norm_rope): invariants over every GPU of the
 datasheet table (a fused RMSNorm never slower than the fused LayerNorm of its shape, a fused RoPE within its bytes
 at a fraction of the GPU's HBM bandwidth and never faster than them at the peak, Blackwell never slower than Hopper),
 the bytes the fused RoPE rows stand for, and the published Megatron-Bridge rows read with the kernels their
@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor.batch import parse_row
-from predictor.graph import build_graph
-from predictor.models import ModelSet
-from predictor.norm_rope_ops import FUSED_RMSNORM, FUSED_ROPE
+from extractors.jobs.rows import parse_row
+from predictor.assembly.graph import build_graph
+from predictor.costs.learned.models import ModelSet
+from predictor.layers.norm_rope import FUSED_RMSNORM, FUSED_ROPE
 from tests.conftest import E2E
 from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import SPECS, hardware_spec
@@ -136,7 +136,7 @@ def _bridge_rows() -> list[tuple[dict, TrainingConfig]]:
 
 def test_the_bridge_rows_run_fused_rmsnorm_and_rope_as_their_launchers_set_it():
     """Only Llama 3's provider fuses RoPE, but every Bridge performance launcher sets `apply_rope_fusion=True`
-    over the model recipe (predictor.bridge_perf_launch)."""
+    over the model recipe (extractors.jobs.bridge.perf_launch)."""
     rows = _bridge_rows()
     assert len(rows) >= 90
     for row, c in rows:

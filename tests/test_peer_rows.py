@@ -9,7 +9,7 @@ import csv
 import pytest
 
 from benchmarks.e2e_accuracy import BRIDGE, CI, peer_rows
-from predictor.batch import parse_row
+from extractors.jobs.rows import parse_row
 from tests.conftest import E2E
 from tracekit.core.hardware import hardware_spec
 

@@ -1,4 +1,4 @@
-"""The plausibility guard (`predictor.plausibility`): no prediction above the GPU's dense peak for its GEMM dtype
+"""The plausibility guard (`predictor.report.plausibility`): no prediction above the GPU's dense peak for its GEMM dtype
 (over search spaces of every datasheet GPU and every precision the configuration accepts), a typed error when one
 would be, a warning naming the extrapolated parts above the best published MFU, and a table of published MFUs whose
 corpus entries are the corpus's own figures."""
@@ -10,13 +10,14 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from extractors.jobs.megatron import parse_megatron_argv
 from predictor import ModelSet, predict_iteration
-from predictor.flops import model_flops_per_iteration
-from predictor.plausibility import PUBLISHED, TABLE, best_published, check
+from predictor.architecture.flops import model_flops_per_iteration
+from predictor.report.plausibility import PUBLISHED, TABLE, best_published, check
 from tests.conftest import E2E
 from tracekit.cli import app
 from tracekit.core.cluster import default_cluster
-from tracekit.core.config import TrainingConfig, parse_megatron_argv
+from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError, PlausibilityError
 from tracekit.core.hardware import PEAK_KIND, SPECS, hardware_spec
 from tracekit.core.precision import recipe, recipe_name
@@ -52,9 +53,9 @@ def test_no_prediction_exceeds_the_dense_peak_of_its_gemm_dtype(models):
     memory), on every datasheet GPU, in every precision the configuration accepts and the GPU's tensor cores take,
     predicted in one batched call: model FLOP/s per GPU, recomputed here from the model's FLOPs and the predicted
     time, stay below the peak, and the guard removed none (it would have: a bug)."""
-    from predictor.memory import config_memory
+    from predictor.memory.stages import config_memory
     from predictor.predict import predict_many
-    from predictor.search import enumerate_configs
+    from predictor.sweeps.search import enumerate_configs
 
     fixed = {"recompute_granularity", "use_distributed_optimizer", "virtual_pipeline_model_parallel_size",
              "sequence_parallel", "precision"}
@@ -127,7 +128,7 @@ def test_every_entry_has_a_source_and_its_corpus_figures_are_the_corpus_rows():
         with open(E2E / where["file"], newline="") as fh:
             row = list(csv.DictReader(fh))[where["line"] - 2]  # the header is line 1
         assert float(row[where["column"]]) == entry["tflops_per_gpu"], entry
-        from predictor.batch import hardware_text
+        from extractors.jobs.table import hardware_text
 
         assert hardware_text(row)[0] == entry["hardware"], entry
         assert PEAK_KIND[recipe(recipe_name(row["precision"].split()[0])).gemm_dtype] == entry["precision"], entry

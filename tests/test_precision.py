@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from predictor.graph import build_graph
+from extractors.jobs.megatron import config_from_argv
+from predictor.assembly.graph import build_graph
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
 from tracekit.core.precision import RECIPES, recipe_name
@@ -33,7 +34,7 @@ def test_unknown_recipes_are_refused_with_a_suggestion():
     ("--bf16 --fp4-format e2m1 --fp4-recipe nvfp4", "nvfp4"), ("--fp16", "fp16"),
 ])
 def test_megatron_flags_select_the_recipe_whatever_their_order(flags, recipe):
-    c = TrainingConfig.from_megatron_args(f"--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+    c = config_from_argv(f"--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
                                           f"{flags}")
     assert c.precision == recipe
 
@@ -100,7 +101,7 @@ def test_fp8_parameter_gather_halves_the_gather_bytes():
 def test_recipes_change_the_prediction_in_the_right_direction():
     """Lower-precision GEMMs are faster, keeping layers in bf16 slower, current scaling's extra amax pass slower
     than delayed scaling; the same model in bf16 is the reference."""
-    from predictor.models import ModelSet
+    from predictor.costs.learned.models import ModelSet
     from predictor.predict import predict
     from tracekit.core.cluster import preset
 

@@ -22,7 +22,7 @@ ARGS = ("--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length
 
 @pytest.fixture(scope="module")
 def models():
-    from predictor.models import ModelSet
+    from predictor.costs.learned.models import ModelSet
 
     return ModelSet.load()
 
@@ -202,7 +202,7 @@ def test_stack_flag_fills_what_the_input_does_not_state(tmp_path):
     res = run(str(job), "--hardware", "A100-SXM4-80GB", "--stack", "megatron-lm-2012")
     assert res.exit_code == 2 and "did you mean 'megatron-lm-2021'" in res.stderr
     # host constants are GPU facts: a CPU prediction under a GPU stack carries none
-    from predictor.stack import get_stack
+    from tracekit.core.stacks import get_stack
 
     assert get_stack("megatron-deepspeed-2023").calibration("cpu-some-cpu").values() == \
         get_stack("gpt-neox").calibration("A100-SXM4-80GB").values()
@@ -388,8 +388,8 @@ def test_every_estimate_grows_with_its_work_far_past_the_trained_ranges(models, 
 def test_gradients_in_fp32_double_the_data_parallel_traffic(models):
     """fp32 gradients double what data parallelism moves; fp16 gradients take less memory only until the fp16
     optimizer gives its fp32 main parameters fp32 copies of them (2 + 4 bytes a parameter against 4)."""
-    from predictor.graph import build_graph
-    from predictor.memory import memory_per_gpu
+    from predictor.assembly.graph import build_graph
+    from predictor.memory.stages import memory_per_gpu
 
     base = dict(num_layers=4, hidden_size=1024, num_attention_heads=16, seq_length=1024, global_batch_size=8,
                 data_parallel_size=2, precision="fp16")

@@ -10,15 +10,17 @@ import predictor
 
 
 def _type_checking_names() -> dict[str, tuple[str, str]]:
-    """Public name → (module, attribute) as the `if TYPE_CHECKING:` block of predictor/__init__.py imports it."""
+    """Public name → (module, attribute) as the `if TYPE_CHECKING:` block of predictor/__init__.py imports it (a module
+    of the package relative, `.costs.learned.models`; tracekit's shared types absolute, `tracekit.core.stacks`)."""
     tree = ast.parse(Path(predictor.__file__).read_text())
     block = next(node for node in tree.body
                  if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
     names = {}
     for node in block.body:
-        assert isinstance(node, ast.ImportFrom) and node.level == 1 and node.module
+        assert isinstance(node, ast.ImportFrom) and node.level in (0, 1) and node.module
+        module = "." * node.level + node.module
         for alias in node.names:
-            names[alias.asname or alias.name] = (node.module, alias.name)
+            names[alias.asname or alias.name] = (module, alias.name)
     return names
 
 
@@ -30,5 +32,5 @@ def test_declared_resolved_and_typed_names_agree():
 
 def test_every_name_resolves_to_its_module_attribute():
     for name, (module, attribute) in predictor._EXPORTS.items():
-        assert getattr(predictor, name) is getattr(import_module(f"predictor.{module}"), attribute), name
+        assert getattr(predictor, name) is getattr(import_module(module, "predictor"), attribute), name
     assert sorted(dir(predictor)) == sorted(predictor.__all__)

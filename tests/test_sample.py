@@ -264,7 +264,7 @@ def test_fsdp2_copies_are_sampled_over_a_sweep_of_units_with_the_elements_they_c
     Each is the same op in forward and backward, so one timing serves both passes."""
     import torch
 
-    from predictor.model_keys import MIN_GROUP_ROWS
+    from predictor.costs.learned.model_keys import MIN_GROUP_ROWS
     from tracekit.core.samples import FSDP_COPIES, FSDP_COPY_IN
     from tracekit.sampling.compute import Timer, time_case
     from tracekit.sampling.shapes import fsdp_copy_cases

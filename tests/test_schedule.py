@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from predictor.schedule import Work, simulate, stage_order
+from predictor.schedule.pipeline import Work, simulate, stage_order
 
 
 def uniform(pp: int, vp: int, f: float, b: float):
@@ -124,7 +124,7 @@ def test_fast_simulation_equals_the_reference_exactly(monkeypatch, path):
     (first and last stages heavier, as embedding and loss make them), with and without P2P time and overlap."""
     import random
 
-    from predictor import schedule
+    from predictor.schedule import pipeline as schedule
 
     monkeypatch.setattr(schedule, "VECTOR_MIN", 1 if path == "arrays" else 10 ** 9)
     rng = random.Random(7)
@@ -152,7 +152,7 @@ def test_interleaved_groups_follow_megatrons_table():
     """Megatron's documented orders (model_parallel_config.py, microbatch_group_size_per_vp_stage): PP=2 VP=2 with
     groups of 2 and 4 micro-batches runs forwards 0 1 0 1 2 3 2 3; groups of 3 and 5 micro-batches 0 1 2 0 1 2 3 4 3
     4; and the default group (pp) is the depth-first order the schedule used before groups existed."""
-    from predictor.schedule import schedule_table
+    from predictor.schedule.pipeline import schedule_table
 
     assert [i for i, _ in schedule_table(4, 2, 2)] == [0, 1, 0, 1, 2, 3, 2, 3]
     assert [i for i, _ in schedule_table(5, 2, 3)] == [0, 1, 2, 0, 1, 2, 3, 4, 3, 4]

@@ -6,12 +6,13 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from predictor.models import ModelSet
+from extractors.jobs.megatron import parse_megatron_argv
+from predictor.costs.learned.models import ModelSet
 from predictor.predict import predict
-from predictor.search import search
+from predictor.sweeps.search import search
 from tracekit.cli import app
 from tracekit.core.cluster import preset
-from tracekit.core.config import TrainingConfig, parse_megatron_argv
+from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import hardware_spec
 
 JOB = "--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --global-batch-size 32 --fp16"
@@ -98,7 +99,7 @@ def test_cli_json_contract_vary_and_objectives():
 
 
 def test_ray_executor_gives_the_local_ranking(models, ray_local):
-    from predictor.ray_executor import RayExecutor
+    from predictor.sweeps.ray_executor import RayExecutor
 
     base = parse_megatron_argv(JOB)
     local = search(base, 8, preset("dgx-a100"), models)
@@ -111,7 +112,7 @@ def test_ray_executor_gives_the_local_ranking(models, ray_local):
 def test_ray_executor_without_ray_says_how_to_install_it(monkeypatch):
     import sys
 
-    from predictor.ray_executor import RayExecutor
+    from predictor.sweeps.ray_executor import RayExecutor
     from tracekit.core.errors import ConfigError
     from tracekit.core.ray_runtime import INSTALL_HINT
 
@@ -124,7 +125,7 @@ def test_ray_executor_without_ray_says_how_to_install_it(monkeypatch):
 def test_batched_search_ranks_as_one_prediction_at_a_time(models, monkeypatch):
     """The search simulates candidates of one pipeline shape together as arrays; each candidate's iteration time
     and breakdown equal `predict` of it alone, simulated task by task, exactly: the ranking is the same."""
-    from predictor import schedule
+    from predictor.schedule import pipeline as schedule
 
     base = parse_megatron_argv(JOB)
     result = search(base, 8, preset("dgx-a100"), models)
@@ -155,7 +156,7 @@ def test_context_parallelism_is_searched_when_opened(models):
 
 def test_an_moe_search_opens_expert_parallelism():
     """EP divides the experts, EP·ETP a stage's GPUs, ETP is 1 or the TP size; every such split is a candidate."""
-    from predictor.search import enumerate_configs
+    from predictor.sweeps.search import enumerate_configs
 
     base = {"num_layers": 4, "hidden_size": 1024, "num_attention_heads": 16, "seq_length": 1024,
             "global_batch_size": 32, "num_experts": 8, "moe_router_topk": 2, "swiglu": True}

@@ -9,12 +9,14 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from predictor import DEFAULT_STACK, ModelSet, get_stack, parse_row, predict_iteration, predict_rows, read_rows
-from predictor.search import SEARCH_KEYS, search
+from extractors.jobs import parse_row, read_rows
+from extractors.jobs.megatron import config_from_argv, parse_megatron_argv
+from predictor import DEFAULT_STACK, ModelSet, get_stack, predict_iteration, predict_rows
+from predictor.sweeps.search import SEARCH_KEYS, search
 from tests.conftest import E2E, TRACES
 from tracekit.cli import app
 from tracekit.core.cluster import default_cluster, preset
-from tracekit.core.config import TrainingConfig, parse_megatron_argv
+from tracekit.core.config import TrainingConfig
 
 runner = CliRunner()
 #: Rows of each e2e file searched (evenly spaced among the rows that predict today): the whole corpus would take
@@ -94,7 +96,7 @@ def test_the_issue_job_keeps_its_own_split_in_the_table(models):
     stack = get_stack(DEFAULT_STACK)
     cluster, _ = default_cluster("H100-80GB-HBM3")
     base = {**stack.config, **parse_megatron_argv(args)}
-    config = TrainingConfig.from_megatron_args(args, stack.config)
+    config = config_from_argv(args, stack.config)
     config = TrainingConfig.from_mapping({**{k: v for k, v in config.to_dict().items() if v is not None},
                                           "world_size": 64, "data_parallel_size": None})
     alone = predict_iteration(config, cluster, models, stack.calibration(cluster.hardware))

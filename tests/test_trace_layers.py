@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from extractors.kineto import read_trace
 from predictor import ModelSet, predict_iteration
-from predictor.trace_out import write_traces
+from predictor.report.trace_out import write_traces
 from tracekit.core.cluster import Cluster
 from tracekit.core.config import TrainingConfig
 

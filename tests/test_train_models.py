@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from extractors import ett
-from predictor.models import ModelSet
-from predictor.regressor import cv_splits, fit
-from predictor.training import train_models
+from predictor.costs.learned.models import ModelSet
+from predictor.costs.learned.regressor import cv_splits, fit
+from predictor.costs.learned.training import train_models
 from tests.conftest import SAMPLES
 from tracekit.cli import app
 from tracekit.core.errors import ModelError

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from extractors import ett
-from predictor import roofline
-from predictor.models import ModelSet
-from predictor.training import train_models
+from predictor.costs.learned.models import ModelSet
+from predictor.costs.learned.training import train_models
+from predictor.costs.physics import roofline
 from tests.conftest import SAMPLES
 
 ETT = SAMPLES / "estimate-train-time"
@@ -142,7 +142,7 @@ def test_a_cpu_model_predicts_the_same_on_a_machine_with_other_rates(tmp_path):
     import subprocess
     import sys
 
-    from predictor.roofline import cpu_rates
+    from predictor.costs.physics.roofline import cpu_rates
     from tracekit.core.hardware import cpu_hardware_id
 
     here = cpu_rates()
@@ -152,9 +152,9 @@ def test_a_cpu_model_predicts_the_same_on_a_machine_with_other_rates(tmp_path):
         rates = {k: (v * factor if k != "sms" else v) for k, v in here.__dict__.items()}
         (folder / "cpu-rates.json").write_text(json.dumps({cpu_hardware_id(): rates}))
     data = Path(__file__).parent / "data" / "cpu_collectives.csv"
-    train = (f"import pandas as pd; from predictor.training import train_models; "
+    train = (f"import pandas as pd; from predictor.costs.learned.training import train_models; "
              f"train_models(pd.read_csv({str(data)!r}, comment='#'), {str(tmp_path / 'set')!r}, {{}}, folds=2)")
-    ask = (f"import pandas as pd; from predictor.models import ModelSet; "
+    ask = (f"import pandas as pd; from predictor.costs.learned.models import ModelSet; "
            f"s = pd.read_csv({str(data)!r}, comment='#').drop(columns='duration_us'); "
            f"print(list(ModelSet.load({str(tmp_path / 'set')!r}).predict(s)['duration_us']))")
 

@@ -53,8 +53,8 @@ def test_rows_without_shapes_do_not_blur_a_shaped_model(tmp_path):
     import numpy as np
 
     from extractors import ett
-    from predictor.models import ModelSet
-    from predictor.training import train_models
+    from predictor.costs.learned.models import ModelSet
+    from predictor.costs.learned.training import train_models
     from tests.conftest import SAMPLES
 
     shaped = ett.read_file(SAMPLES / "estimate-train-time" / "Perlmutter" / "operator"

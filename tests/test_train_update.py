@@ -9,8 +9,8 @@ import pandas as pd
 from typer.testing import CliRunner
 
 from extractors import ett
-from predictor.models import ModelSet
-from predictor.training import train_models
+from predictor.costs.learned.models import ModelSet
+from predictor.costs.learned.training import train_models
 from tests.conftest import SAMPLES
 from tracekit.cli import app
 

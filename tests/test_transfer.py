@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from extractors import ett
-from predictor.models import ModelSet
+from predictor.costs.learned.models import ModelSet
 from tests.conftest import KINETO, ROOT, SAMPLES
 from tracekit.cli import app
 from tracekit.core.errors import InputError

@@ -38,7 +38,7 @@ def sample(tmp_path_factory) -> tuple[Path, list[dict]]:
 def models_dir(tmp_path_factory) -> Path:
     """A small real model set: the forward QKV-projection GEMM of the seed paper's A100 samples."""
     from extractors.ett import read_file
-    from predictor.training import train_models
+    from predictor.costs.learned.training import train_models
 
     samples = read_file(SAMPLES / "estimate-train-time" / "Perlmutter" / "operator" /
                         "NVIDIAA100-SXM4-80GB_linear1_fp16.csv")
@@ -49,16 +49,16 @@ def models_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def models(models_dir):
-    from predictor.models import ModelSet
+    from predictor.costs.learned.models import ModelSet
 
     return ModelSet.load(models_dir)
 
 
 def test_published_rows_errors_and_order(sample, models):
     from predictor.predict import predict
-    from predictor.stack import get_stack
     from tracekit.core.cluster import preset
     from tracekit.core.config import TrainingConfig
+    from tracekit.core.stacks import get_stack
     from tracekit.validate import validate_published
 
     path, picked = sample

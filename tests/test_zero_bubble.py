@@ -1,6 +1,6 @@
-"""PyTorch's zero-bubble pipeline schedules (predictor.zero_bubble), checked by the physics of a pipeline: every task
-of every (stage, micro-batch) runs once on the rank its placement names, never before what it waits on, the split
-backward does the same work as the whole one, and filling the bubble with weight gradients shortens the iteration
+"""PyTorch's zero-bubble pipeline schedules (predictor.schedule.zero_bubble), checked by the physics of a pipeline:
+every task of every (stage, micro-batch) runs once on the rank its placement names, never before what it waits on, the
+split backward does the same work as the whole one, and filling the bubble with weight gradients shortens the iteration
 against 1F1B's known bubble of (pp − 1)·(F + B). The placements are written out here from PyTorch's definitions
 (loop: stage g on rank g mod pp; V: rank r holds stages r and 2·pp − 1 − r), not read from the code."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ from collections import Counter
 
 import pytest
 
-from predictor.schedule import Work, simulate
-from predictor.zero_bubble import simulate as simulate_zb
+from predictor.schedule.pipeline import Work, simulate
+from predictor.schedule.zero_bubble import simulate as simulate_zb
 from tracekit.core.errors import ConfigError
 
 SPLIT = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
@@ -116,11 +116,11 @@ TOML = ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size =
 
 @pytest.fixture(scope="module")
 def torchtitan_predictions(tmp_path_factory):
-    from predictor.models import ModelSet
+    from extractors.jobs.torchtitan import read_torchtitan
+    from predictor.costs.learned.models import ModelSet
     from predictor.predict import predict_many
     from tracekit.core.cluster import Cluster
     from tracekit.core.config import TrainingConfig
-    from tracekit.core.torchtitan_job import read_torchtitan
 
     folder = tmp_path_factory.mktemp("jobs")
     names = ("Interleaved1F1B", "ZBVZeroBubble", "InterleavedZeroBubble")
@@ -157,7 +157,7 @@ def test_split_backward_does_the_whole_backward_work(torchtitan_predictions):
 def test_predicted_trace_of_a_v_schedule_runs_one_kernel_at_a_time_within_the_iteration(torchtitan_predictions):
     """Each rank's predicted trace (the V's second arm is another layout stage than Megatron's chunk) lays its
     compute kernels one after another, inside one iteration."""
-    from predictor.trace_out import rank_trace
+    from predictor.report.trace_out import rank_trace
 
     p = torchtitan_predictions["ZBVZeroBubble"]
     c = p.config
@@ -172,8 +172,8 @@ def test_predicted_trace_of_a_v_schedule_runs_one_kernel_at_a_time_within_the_it
 
 
 def _zbv_config(tmp_path):
+    from extractors.jobs.torchtitan import read_torchtitan
     from tracekit.core.config import TrainingConfig
-    from tracekit.core.torchtitan_job import read_torchtitan
 
     job = tmp_path / "zbv.toml"
     job.write_text(TOML.format("ZBVZeroBubble"))
@@ -187,8 +187,8 @@ def test_weight_part_is_the_gemms_weight_gradients(tmp_path, roles):
     in two halves. Either way the two parts add up to the whole backward for any operator durations."""
     import numpy as np
 
-    from predictor.graph import build_graph
-    from predictor.stage_work import split_backward
+    from predictor.assembly.graph import build_graph
+    from predictor.schedule.stage_work import split_backward
 
     graph = build_graph(_zbv_config(tmp_path), "H100-80GB-HBM3", 8, backward_roles=roles)
     dur = np.random.default_rng(0).uniform(1.0, 10.0, len(graph.specs))

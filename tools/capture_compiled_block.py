@@ -1,5 +1,6 @@
 """Capture one transformer block's forward and backward under `torch.compile` on this CPU with torch's profiler: the
-fixture `tests/data/compile/<name>.json.gz` that tests/test_compile_fusion.py checks predictor.compile_fusion against.
+fixture `tests/data/compile/<name>.json.gz` that tests/test_compile_fusion.py checks predictor.layers.compile_fusion
+against.
 
 Two blocks, shaped as the trainers tracekit models build them and compiled per block as torchtitan's
 `apply_compile` does (`torch.compile(block, fullgraph=True)`):

@@ -1,9 +1,8 @@
-"""Decode a trace's event array into compact per-kind columns.
+"""A trace's events as compact per-kind columns.
 
 Events are decoded with typed msgspec Structs that name only the fields tracekit uses (everything else in an
-event is skipped by the parser). Large arrays are decoded in chunks of ~16 MB cut at `},{` boundaries (a cut that
-lands inside a string or nested object fails to decode, and then the array is split exactly into raw events
-first), each chunk reduced to typed arrays before the next, so peak memory stays near the size of the JSON.
+event is skipped by the parser); `ColumnBuilder` reduces each batch of them to typed arrays before the next (the
+chunked decoding of large arrays is `extractors.kineto.decode`'s), so peak memory stays near the size of the JSON.
 
 Handles complete events (`X`) and begin/end pairs (`B`/`E`, paired per thread); timestamps may be integer or
 float microseconds (kept as float64 µs on the file's own clock; `baseTimeNanoseconds` is reported, not added,
@@ -25,13 +24,7 @@ _EMPTY = msgspec.Raw(b"")
 DEVICE_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset", "mtia_ccp_events": "kernel"}
 #: Host-side operator categories.
 OP_CATEGORIES = frozenset({"cpu_op", "user_annotation"})
-#: Chunk sizes of the chunked decoder: bytes (boundary scan) and events (exact fallback).
-CHUNK_BYTES = 16 << 20
-CHUNK_EVENTS = 50_000
-_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _WANTS_CONCRETE = re.compile(r"attention|attn|fmha|index_select", re.I).search
-#: Arrays larger than this (bytes) are decoded in chunks.
-CHUNK_THRESHOLD = 16 << 20
 
 
 class _Args(msgspec.Struct, gc=False):
@@ -69,7 +62,7 @@ class Event(msgspec.Struct, gc=False):
     args: _Args | None = None
 
 
-_EVENTS = msgspec.json.Decoder(list[Event])
+EVENTS = msgspec.json.Decoder(list[Event])
 
 #: category → role: 0 skipped, 1 host operator, 2 device activity, 3 runtime/driver call (filled lazily)
 _CATEGORY_ROLE: dict = {**{cat: 2 for cat in DEVICE_CATEGORIES}, **{cat: 1 for cat in OP_CATEGORIES}}
@@ -80,7 +73,7 @@ def _role(cat) -> int:
     if isinstance(cat, str) or cat is None:
         _CATEGORY_ROLE[cat] = role
     return role
-_RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
+RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
 
 
 @dataclass
@@ -180,7 +173,7 @@ def _comm(a: _Args) -> CommFields | None:
     )
 
 
-class _Builder:
+class ColumnBuilder:
     """Accumulates events into typed arrays (8 bytes per value) and shared strings."""
 
     def __init__(self) -> None:
@@ -361,56 +354,3 @@ class _Builder:
         c.rt_ts, c.rt_thread = np.asarray(self.rt["ts"], f8), np.asarray(self.rt["thread"], i8)
         c.rt_corr = np.asarray(self.rt["corr"], i8)
         return c
-
-
-def _byte_chunks(view: memoryview):
-    """Split a JSON event array at `},{` boundaries about CHUNK_BYTES apart; yields JSON arrays (bytearrays).
-
-    A boundary found inside a string or a nested object makes that chunk invalid JSON (or not a list of events),
-    which the caller detects by failing to decode it, and then falls back to the exact two-pass split.
-    """
-    end = len(view)
-    while end > 0 and view[end - 1:end] in (b" ", b"\n", b"\r", b"\t"):
-        end -= 1
-    if view[:1] != b"[" or view[end - 1:end] != b"]":
-        raise msgspec.DecodeError("event array is not a JSON array")
-    start = 1
-    while start < end - 1:
-        match = _BOUNDARY.search(view, start + CHUNK_BYTES, end - 1) if start + CHUNK_BYTES < end - 1 else None
-        stop = match.start() + 1 if match else end - 1
-        chunk = bytearray(b"[")
-        chunk += view[start:stop]
-        chunk += b"]"
-        yield chunk
-        start = match.end() - 1 if match else end
-
-
-def event_columns(events: list) -> EventColumns:
-    """EventColumns of already decoded events (a list of `Event`)."""
-    builder = _Builder()
-    builder.add(events)
-    return builder.finish()
-
-
-def decode_events(events_raw) -> EventColumns:
-    """Decode a raw JSON event array into EventColumns (chunked when large). Raises msgspec errors."""
-    view = memoryview(events_raw)
-    if len(view) <= CHUNK_THRESHOLD:
-        return event_columns(_EVENTS.decode(view))
-    builder = _Builder()
-    try:
-        for chunk in _byte_chunks(view):
-            builder.add(_EVENTS.decode(chunk))
-        return builder.finish()
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        pass
-    builder = _Builder()  # exact fallback: split into raw events first, then decode chunks of them
-    raws = _RAW_LIST.decode(view)
-    for start in range(0, len(raws), CHUNK_EVENTS):
-        part = raws[start:start + CHUNK_EVENTS]
-        chunk = b"[" + b",".join(part) + b"]"
-        del part
-        builder.add(_EVENTS.decode(chunk))
-        del chunk
-    del raws
-    return builder.finish()

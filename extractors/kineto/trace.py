@@ -17,7 +17,8 @@ from .backward import link_backward
 from .classify import classify, is_comm_kernel
 from .collectives import assign_sequence, comm_info
 from .cpu import cpu_events, cpu_hardware
-from .events import Event, EventColumns, decode_events, event_columns
+from .decode import decode_events, event_columns
+from .events import Event, EventColumns
 from .fsdp import unit_or_label
 from .linkage import Linkage, link, profiler_steps
 from .load import open_trace

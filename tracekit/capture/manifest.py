@@ -12,13 +12,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from extractors.jobs.megatron import ARGS_BEGIN, config_from_log, parse_iteration_times_ms, parse_megatron_argv
 from tracekit.core.atomic import atomic_write_json
-from tracekit.core.config import (
-    ARGS_BEGIN,
-    TrainingConfig,
-    parse_iteration_times_ms,
-    parse_megatron_argv,
-)
+from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError, InputError
 from tracekit.core.hardware import cpu_hardware_id, normalize_hardware
 from tracekit.core.redact import redact, redact_argv
@@ -133,7 +129,7 @@ def configuration(log_text: str, argv: list[str], world_size: int | None
     errors = []
     if ARGS_BEGIN.search(log_text):
         try:
-            return TrainingConfig.from_megatron_log(log_text, LOG_NAME), "log", None
+            return config_from_log(log_text, LOG_NAME), "log", None
         except (ConfigError, InputError) as exc:
             errors.append(str(exc))
     _, script_args = split_launch(argv)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tracekit.core.config import ARGS_BEGIN
+from extractors.jobs.megatron import ARGS_BEGIN
 from tracekit.core.errors import InputError
 
 GZIP = b"\x1f\x8b"

@@ -74,7 +74,7 @@ def models(
                       + ", ".join(f"{s['hardware']} {s['weight']:.2f}" for s in entry["sources"])
                       + "; other primitives the roofline", markup=False)
     for entry in index.get("framework", []):
-        if "per_unit_us" in entry:  # torch FSDP2's hooks (predictor.fsdp)
+        if "per_unit_us" in entry:  # torch FSDP2's hooks (predictor.parallel.fsdp)
             console.print(f"torch FSDP2's hooks per unit on {entry['hardware']}, {entry['pass']}: "
                           f"{entry['per_unit_us']:.1f} µs (median of {entry['samples']} sampled layers)", markup=False)
             continue

@@ -101,12 +101,18 @@ def predict_command(
 
         if trace_out is not None and trace_out.exists() and not trace_out.is_dir():
             raise InputError(trace_out, "exists and is not a directory (--trace-out takes a folder for the traces)")
+        from extractors.jobs.megatron import (
+            ARGS_BEGIN,
+            config_from_argv,
+            config_from_file,
+            config_from_log,
+            parse_arguments_block,
+        )
         from predictor import DEFAULT_STACK as DEFAULT, get_stack, stack_of_arguments
-        from tracekit.core.config import ARGS_BEGIN, parse_arguments_block
 
         from .job_file import job_mapping, job_text
 
-        native = None  # a torchtitan TOML or a Composer YAML (tracekit.core.job_files)
+        native = None  # a torchtitan TOML or a Composer YAML (extractors.jobs.files)
         if config is not None:  # a trace, a table, a binary file, bad YAML: refused in one line before any parser
             job = job_text(config, "predict")
             if config.suffix.lower() in (".yaml", ".yml", ".json"):
@@ -136,12 +142,12 @@ def predict_command(
         if native is not None:
             cfg = TrainingConfig.from_mapping(native.settings, profile.config)
         elif log_text is not None:  # the text already read
-            cfg = TrainingConfig.from_megatron_log(log_text, str(log), profile.config)
+            cfg = config_from_log(log_text, str(log), profile.config)
         elif config is not None:
-            cfg = TrainingConfig.from_file(config, profile.config, unknown)
+            cfg = config_from_file(config, profile.config, unknown)
         else:
             assert megatron_args is not None  # the one source left (exactly one was given)
-            cfg = TrainingConfig.from_megatron_args(megatron_args, profile.config, unknown)
+            cfg = config_from_argv(megatron_args, profile.config, unknown)
         if overrides:
             merged = {k: v for k, v in cfg.to_dict().items() if v is not None}
             merged.update(overrides)
@@ -149,7 +155,8 @@ def predict_command(
         cluster, note = cluster_of(hardware, gpus_per_node, cluster_name)
         if cluster is None:
             fail("name the GPU with --hardware ID (e.g. A100-SXM4-80GB) or --cluster NAME|FILE")
-        from predictor import ModelSet, launched_cluster, load_calibration, predict_iteration as predict
+        from extractors.jobs import launched_cluster
+        from predictor import ModelSet, load_calibration, predict_iteration as predict
 
         cluster, placed = launched_cluster(profile.name, cluster, cfg.world_size)  # Bridge's Slurm segments
 
@@ -185,9 +192,9 @@ def predict_command(
 
 def _job(config: Path, gpus: Optional[int], hardware: Optional[str], gpus_per_node: Optional[int],
          cluster_name: Optional[str]):
-    """A torchtitan TOML or Composer YAML job (tracekit.core.job_files), read with the launch's GPUs and the node
+    """A torchtitan TOML or Composer YAML job (extractors.jobs.files), read with the launch's GPUs and the node
     size of the cluster it runs on; None for a Megatron configuration."""
-    from tracekit.core.job_files import read_job
+    from extractors.jobs.files import read_job
 
     where = cluster_of(hardware, gpus_per_node, cluster_name)[0]
     return read_job(config, gpus, where.domain_size if where is not None else gpus_per_node)
@@ -195,15 +202,8 @@ def _job(config: Path, gpus: Optional[int], hardware: Optional[str], gpus_per_no
 
 def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, calibration, overrides,
            as_json) -> None:
-    from predictor import (
-        ModelSet,
-        load_calibration,
-        output_row,
-        parse_row,
-        predict_rows,
-        read_rows,
-        write_rows,
-    )
+    from extractors.jobs import parse_row, read_rows
+    from predictor import ModelSet, load_calibration, output_row, predict_rows, write_rows
     from tracekit.core.hardware import normalize_hardware
 
     if out is None:

@@ -66,6 +66,7 @@ def search_command(
 ) -> None:
     check_ray_address(executor, ray_address)
     with user_errors():
+        from extractors.jobs.megatron import parse_megatron_argv
         from predictor import (
             DEFAULT_STACK as DEFAULT,
             SEARCH_KEYS,
@@ -74,21 +75,17 @@ def search_command(
             nothing_fits,
             search_configurations as search,
         )
-        from tracekit.core.config import (
-            check_settings,
-            own_setting_names,
-            parse_megatron_argv,
-            setting_name,
-        )
+        from tracekit.core.config import check_settings, own_setting_names
         from tracekit.core.megatron_arguments import refuse_unknown
+        from tracekit.core.settings import setting_name
 
         from .job_file import job_mapping, job_text
 
         if (config is None) == (megatron_args is None):
             fail("give the job as CONFIG or --megatron-args (one of them)")
-        native = None  # a torchtitan TOML or a Composer YAML (tracekit.core.job_files): its split is what is searched
+        native = None  # a torchtitan TOML or a Composer YAML (extractors.jobs.files): its split is what is searched
         if config is not None:
-            from tracekit.core.job_files import read_job
+            from extractors.jobs.files import read_job
 
             text = job_text(config, "search")
             if config.suffix.lower() in (".yaml", ".yml", ".json"):

@@ -9,12 +9,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .cluster import PRESETS, Cluster, infer_cluster, load_cluster, preset
-    from .config import TrainingConfig
-    from .errors import ConfigError, InputError, ModelError, StoreError, TracekitError
-    from .hardware import HardwareSpec, cpu_hardware_id, hardware_spec, normalize_hardware
-    from .samples import COLUMNS, FEATURE_COLUMNS, PASSES, PRIMITIVES, SCHEMA
-    from .store import SampleStore, default_store
+    from tracekit.core.cluster import PRESETS, Cluster, infer_cluster, load_cluster, preset
+    from tracekit.core.config import TrainingConfig
+    from tracekit.core.errors import ConfigError, InputError, ModelError, StoreError, TracekitError
+    from tracekit.core.hardware import HardwareSpec, cpu_hardware_id, hardware_spec, normalize_hardware
+    from tracekit.core.samples import COLUMNS, FEATURE_COLUMNS, PASSES, PRIMITIVES, SCHEMA
+    from tracekit.core.store import SampleStore, default_store
 
 _MODULE_OF = {
     **dict.fromkeys(("PRESETS", "Cluster", "infer_cluster", "load_cluster", "preset"), "cluster"),

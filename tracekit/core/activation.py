@@ -1,6 +1,6 @@
 """How Megatron-core runs the experts' gated activation, by Megatron's argument names (`megatron/core/transformer/
 transformer_config.py`, `megatron/core/transformer/moe/experts.py`, `megatron/core/fusions/fused_bias_geglu.py`);
-`predictor.grouped_mlp_ops` turns them into time.
+`predictor.layers.moe.grouped_mlp` turns them into time.
 
 - `activation_func_clamp_value` (`--activation-func-clamp-value`, GPT-OSS: 7.0): the gate half of a GLU is clamped
   from above and the linear half to ±value before the activation. Megatron's fused weighted GLU
@@ -10,7 +10,7 @@ transformer_config.py`, `megatron/core/transformer/moe/experts.py`, `megatron/co
 - `use_transformer_engine_op_fuser` (`--use-transformer-engine-op-fuser`; Megatron-Bridge's `cutedsl_fused_grouped_mlp`
   runs the experts through it): the experts run as Transformer Engine's fused operation chain, whose kernels apply the
   biases, clamp and activation themselves, so neither the clamp passes nor `TEGroupedMLP`'s per-expert FC2 bias
-  (`predictor.grouped_mlp_ops`) run.
+  (`predictor.layers.moe.grouped_mlp`) run.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError
+from tracekit.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError
-from .moe import layer_freq
+from tracekit.core.errors import ConfigError
+from tracekit.core.moe import layer_freq
 
 
 @dataclass(frozen=True)

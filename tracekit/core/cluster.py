@@ -17,9 +17,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError, InputError, did_you_mean
-from .hardware import hardware_spec, normalize_hardware
-from .yaml_file import read_yaml
+from tracekit.core.errors import ConfigError, InputError, did_you_mean
+from tracekit.core.hardware import hardware_spec, normalize_hardware
+from tracekit.core.yaml_file import read_yaml
 
 FABRICS = ("nvswitch", "nvlink", "pcie", "xgmi", "none")
 REDUCTIONS = ("none", "nvls", "sharp", "nvls+sharp")
@@ -60,7 +60,7 @@ class Cluster:
     @property
     def domain_size(self) -> int:
         """GPUs reachable over NVLink (or the node's own fabric) from each GPU: the unit a parallel group's
-        placement is measured in (`predictor.placement`): a group inside it uses the intra-node links."""
+        placement is measured in (`predictor.ir.placement`): a group inside it uses the intra-node links."""
         return self.nvlink_domain or self.gpus_per_node
 
     def link_gbs(self, crosses_nodes: bool) -> float | None:

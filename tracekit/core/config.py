@@ -1,74 +1,39 @@
-"""Training configurations of Megatron-style GPT jobs: parsing (YAML/JSON, Megatron argv, Megatron log), derived
-defaults as Megatron computes them, and validation of the parallel split."""
+"""Training configurations of Megatron-style GPT jobs: the settings (Megatron's argument names), their derived
+defaults as Megatron computes them, and validation of the parallel split. Setting names and values are
+`tracekit.core.settings`'; reading them from files, command lines and logs is `extractors.jobs`'."""
 from __future__ import annotations
 
 import dataclasses
-import json
-import re
-import shlex
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from . import (
-    activation as activation_settings,
-    attention as attention_settings,
+from tracekit.core import (
     moe as moe_settings,
     pipeline_layout,
     precision as precision_recipes,
-    runtime as runtime_settings,
-    sharding as sharding_settings,
 )
-from .activation import ActivationSettings
-from .attention import AttentionSettings
-from .errors import ConfigError, InputError, did_you_mean
-from .megatron_arguments import dest_form, is_switch, list_words, refuse_unknown
-from .moe import MoESettings
-from .pipeline_layout import LayoutSettings
-from .precision import LowPrecisionSettings
-from .runtime import RuntimeSettings
-from .sharding import ShardingSettings
-
-ARGS_BEGIN = re.compile(r"-{3,}\s*arguments\s*-{3,}")
-ARGS_END = re.compile(r"-{3,}\s*end of arguments\s*-{3,}")
-ARG_LINE = re.compile(r"^\s*(?:\[[^\]]*\]\s*)*([A-Za-z_][A-Za-z0-9_]*)\s+\.{2,}\s*(.*?)\s*$")
-ITER_TIME = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.]+)")
-
-#: Short and foreign names accepted for Megatron's argument names (CSV columns, YAML keys).
-ALIASES = {
-    "tp": "tensor_model_parallel_size",
-    "pp": "pipeline_model_parallel_size",
-    "cp": "context_parallel_size",
-    "dp": "data_parallel_size",
-    "vp": "virtual_pipeline_model_parallel_size",
-    "virtual_pipeline_stages": "virtual_pipeline_model_parallel_size",
-    "num_gpus": "world_size",
-    "activation_recompute": "recompute_granularity",
-    "attention_backend": "attention",
-    "heads": "num_attention_heads",
-    "layers": "num_layers",
-    "hidden": "hidden_size",
-    "seq_len": "seq_length",
-    "overlap_p2p_communication": "overlap_p2p_comm",  # Megatron's flag is --no-overlap-p2p-communication
-    "rope_fusion": "apply_rope_fusion",  # Megatron's flag is --no-rope-fusion
-    "num_virtual_stages_per_pipeline_rank": "virtual_pipeline_model_parallel_size",
-    "microbatch_group_size_per_virtual_pipeline_stage": "microbatch_group_size_per_vp_stage",
-    **moe_settings.ALIASES,
-    **runtime_settings.ALIASES,
-}
-
-#: Settings kept in a section of their own (a module each, holding their rules): section name → (type, fields).
-SECTIONS: dict[str, tuple[type, tuple[str, ...]]] = {
-    "moe": (MoESettings, moe_settings.FIELDS),
-    "attn": (AttentionSettings, attention_settings.FIELDS),
-    "act": (ActivationSettings, activation_settings.FIELDS),
-    "layout": (LayoutSettings, pipeline_layout.FIELDS),
-    "lowp": (LowPrecisionSettings, precision_recipes.LOWP_FIELDS),
-    "run": (RuntimeSettings, runtime_settings.FIELDS),
-    "sharding": (ShardingSettings, sharding_settings.FIELDS),
-}
-_SECTION_OF = {name: section for section, (_, names) in SECTIONS.items() for name in names}
-
+from tracekit.core.activation import ActivationSettings
+from tracekit.core.attention import AttentionSettings
+from tracekit.core.errors import ConfigError, did_you_mean
+from tracekit.core.megatron_arguments import dest_form, refuse_unknown
+from tracekit.core.moe import MoESettings
+from tracekit.core.pipeline_layout import LayoutSettings
+from tracekit.core.precision import LowPrecisionSettings
+from tracekit.core.runtime import RuntimeSettings
+from tracekit.core.settings import (
+    ALIASES,
+    READ,
+    SECTION_OF,
+    SECTIONS,
+    apply_setting,
+    build_sections,
+    coerce,
+    precision_name,
+    recompute_name,
+    scalar,
+    setting_name,
+)
+from tracekit.core.sharding import ShardingSettings
 
 #: Sizes past any real training job (the largest published: ~200 layers, ~100k GPUs, hidden ~50k, a few thousand
 #: micro-batches): a value beyond them is a typo, and simulating it would run for hours.
@@ -154,7 +119,7 @@ class TrainingConfig:
     attention: str = "flash"  # flash (flash/fused kernels) | unfused (baddbmm + masked softmax + bmm)
     position_embedding_type: str = "learned_absolute"  # learned_absolute | rope
     #: RoPE as Transformer Engine's fused kernels (Megatron's `--no-rope-fusion` turns it off; its TransformerConfig
-    #: default is off, Megatron-LM's arguments' on); False: the unfused element-wise chain (predictor.norm_rope_ops)
+    #: default is off, Megatron-LM's arguments' on); False: the unfused element-wise chain (predictor.layers.norm_rope)
     apply_rope_fusion: bool = False
     #: RMSNorm as one fused kernel (Transformer Engine's); False: an unfused module (GPT-NeoX's, the samples')
     fused_rmsnorm: bool = False
@@ -174,8 +139,8 @@ class TrainingConfig:
 
     # -- derived values (Megatron's defaults) -----------------------------------------------------------------
     def __post_init__(self) -> None:
-        self.recompute_granularity = _recompute(self.recompute_granularity)
-        self.precision = _precision(self.precision)
+        self.recompute_granularity = recompute_name(self.recompute_granularity)
+        self.precision = precision_name(self.precision)
         self.attention = str(self.attention).lower()
         if self.attention not in ("flash", "unfused"):
             raise ConfigError(f"attention must be 'flash' or 'unfused', not {self.attention!r}")
@@ -355,7 +320,7 @@ class TrainingConfig:
         file or command line a person typed, not a Megatron log) refuses a key that is neither Megatron's nor
         tracekit's (`micro_bach_size`, `--sequence-paralel`) with a suggestion, as Megatron's argparse would; given
         an `unknown` list (the user's --allow-unknown), such keys are kept aside and a warning is appended to it."""
-        known = ({f.name for f in dataclasses.fields(cls)} - {"extra"} - set(SECTIONS)) | set(_SECTION_OF)
+        known = ({f.name for f in dataclasses.fields(cls)} - {"extra"} - set(SECTIONS)) | set(SECTION_OF)
         if isinstance(mapping.get("extra"), dict):  # `to_dict`'s form: the settings kept aside, read as the others
             mapping = {**mapping["extra"], **{k: v for k, v in mapping.items() if k != "extra"}}
         values: dict[str, Any] = {}
@@ -364,14 +329,14 @@ class TrainingConfig:
             refuse_unknown(mapping, own_setting_names(), unknown)
         for raw_key, raw in mapping.items():
             key = setting_name(raw_key)
-            value = _scalar(raw)
+            value = scalar(raw)
             if value is None:
                 continue
-            _apply(key, value, values, extra, known)
+            apply_setting(key, value, values, extra, known)
         for raw_key, raw in (defaults or {}).items():
             key = setting_name(raw_key)
-            if key not in values and key not in extra and _scalar(raw) is not None:
-                _apply(key, _scalar(raw), values, extra, known)
+            if key not in values and key not in extra and scalar(raw) is not None:
+                apply_setting(key, scalar(raw), values, extra, known)
         missing = [n for n in ("num_layers", "hidden_size", "num_attention_heads", "seq_length") if n not in values]
         if missing:
             raise ConfigError(f"configuration lacks {', '.join(missing)}")
@@ -386,9 +351,9 @@ class TrainingConfig:
                 "moe_layer_freq" not in values:
             values["moe_layer_freq"] = moe_settings.first_k_dense(int(float(first_dense)), int(values["num_layers"]))
         sections: dict[str, dict[str, Any]] = {}
-        for key in [k for k in values if k in _SECTION_OF]:
-            sections.setdefault(_SECTION_OF[key], {})[key] = values.pop(key)
-        _sections(values, sections)
+        for key in [k for k in values if k in SECTION_OF]:
+            sections.setdefault(SECTION_OF[key], {})[key] = values.pop(key)
+        build_sections(values, sections)
         layout = values.get("layout")
         if layout is not None and layout.pipeline_model_parallel_layout and \
                 not values.get("virtual_pipeline_model_parallel_size"):
@@ -403,159 +368,17 @@ class TrainingConfig:
                                   f"num_layers_per_virtual_pipeline_stage = {stages}")
             values["virtual_pipeline_model_parallel_size"] = int(values["num_layers"]) // stages
         try:
-            config = cls(**{k: v if k in SECTIONS else _coerce(cls, k, v) for k, v in values.items()}, extra=extra)
+            config = cls(**{k: v if k in SECTIONS else coerce(cls, k, v) for k, v in values.items()}, extra=extra)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"invalid configuration value: {exc}") from exc
         return config
 
-    @classmethod
-    def from_megatron_args(cls, argv: str | Iterable[str], defaults: dict[str, Any] | None = None,
-                           unknown: list[str] | None = None) -> "TrainingConfig":
-        """Parse a Megatron command line (`--num-layers 24 --bf16 ...`); non-flag words are ignored; a flag Megatron
-        does not have (`--sequence-paralel`) is an error with a suggestion (a warning in `unknown`, if given)."""
-        return cls.from_mapping(parse_megatron_argv(argv), defaults, strict=True, unknown=unknown)
-
-    @classmethod
-    def from_megatron_log(cls, text: str, path: str = "log", defaults: dict[str, Any] | None = None
-                          ) -> "TrainingConfig":
-        """Parse the arguments block Megatron prints at start-up."""
-        return cls.from_mapping(parse_arguments_block(text, path), defaults)
-
-    @classmethod
-    def from_file(cls, path: str | Path, defaults: dict[str, Any] | None = None,
-                  unknown: list[str] | None = None) -> "TrainingConfig":
-        """YAML or JSON mapping of Megatron argument names; a Megatron log file is recognized by its block. Unknown
-        keys: as `from_mapping(strict=True, unknown=...)`."""
-        path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise InputError(path, f"cannot read ({exc.strerror or exc})") from exc
-        if ARGS_BEGIN.search(text):
-            return cls.from_megatron_log(text, str(path), defaults)
-        try:
-            if path.suffix.lower() == ".json":
-                data = json.loads(text)
-            else:
-                import yaml
-
-                data = yaml.safe_load(text)
-        except Exception as exc:  # noqa: BLE001 - any parser error is a bad input file
-            raise InputError(path, f"not valid {'JSON' if path.suffix.lower() == '.json' else 'YAML'} ({exc})") from exc
-        if not isinstance(data, dict):
-            raise InputError(path, "configuration must be a mapping of Megatron argument names to values")
-        if isinstance(data.get("arguments"), dict):
-            data = data["arguments"]
-        try:
-            return cls.from_mapping(data, defaults, strict=True, unknown=unknown)
-        except ConfigError as exc:
-            raise InputError(path, str(exc)) from exc
-
-
-def parse_megatron_argv(argv: str | Iterable[str]) -> dict[str, Any]:
-    """Megatron flags → {dest: value}; a flag with no value is True (`--no-x` sets x False). In a whole launch line
-    (`torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 24 ...`) only the flags after the script count."""
-    words = shlex.split(argv) if isinstance(argv, str) else list(argv)
-    scripts = [i for i, w in enumerate(words) if w.endswith(".py") and not w.startswith("-")]
-    if scripts:
-        words = words[scripts[-1] + 1:]
-    out: dict[str, Any] = {}
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if word.startswith("--") and len(word) > 2:
-            name, eq, inline = word[2:].partition("=")
-            if eq:
-                out[dest_form(name)] = inline
-            elif i + 1 < len(words) and not _is_flag(words[i + 1]) and not is_switch(name):
-                values = []
-                while i + 1 < len(words) and not _is_flag(words[i + 1]):
-                    values.append(words[i + 1])
-                    i += 1
-                out[dest_form(name)] = values[0] if len(values) == 1 else values
-            elif name.startswith("no-"):
-                out[dest_form(name[3:])] = False
-            else:
-                out[dest_form(name)] = True
-        i += 1
-    return out
-
-
-def parse_arguments_block(text: str, path: str = "log") -> dict[str, Any]:
-    """The `name ....... value` lines between Megatron's arguments markers."""
-    begin = ARGS_BEGIN.search(text)
-    if not begin:
-        raise InputError(path, "no Megatron arguments block (------ arguments ------) found")
-    end = ARGS_END.search(text, begin.end())
-    body = text[begin.end(): end.start() if end else len(text)]
-    out: dict[str, Any] = {}
-    for line in body.splitlines():
-        match = ARG_LINE.match(line)
-        if match:
-            out[match.group(1)] = match.group(2)
-    if not out:
-        raise InputError(path, "the Megatron arguments block is empty")
-    return out
-
-
-def parse_iteration_times_ms(text: str) -> list[float]:
-    """Every `elapsed time per iteration (ms): X` value in a Megatron log, in order."""
-    return [float(v) for v in ITER_TIME.findall(text)]
-
-
 # -- helpers ------------------------------------------------------------------------------------------------------
-def _is_flag(word: str) -> bool:
-    return word.startswith("--") and not re.fullmatch(r"--?\d+(\.\d+)?", word)
-
-
-def setting_name(key: str) -> str:
-    """A Megatron argument name (flag or dest form, or an alias such as `tp`) as TrainingConfig's field name."""
-    return ALIASES.get(dest_form(key), dest_form(key))
-
-
-def _scalar(raw: Any) -> Any:
-    """Strings from logs/CSV cells → Python values; a note after the value ('full (use_checkpoint=true)') is cut."""
-    if not isinstance(raw, str):
-        return raw
-    text = raw.strip()
-    if text == "" or text in ("None", "null", "nan", "NaN"):
-        return None
-    token = text.split()[0] if not text.startswith("[") else text
-    lowered = token.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    for kind in (int, float):
-        try:
-            return kind(token)
-        except ValueError:
-            pass
-    return token
-
-
-#: Megatron arguments `_apply` reads besides TrainingConfig's fields and ALIASES.
-_READ = ("fp16", "bf16", "fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe", "params_dtype",
-         "recompute_activations", "use_flash_attn", "transformer_impl", "disable_bias_linear",
-         "num_layers_per_virtual_pipeline_stage", "group_query_attention", "moe_first_k_dense",
-         *sharding_settings.FLAGS,
-         # kept in `extra` and read there: fine-grained activation offloading (predictor.activation_offload,
-         # predictor.memory), the optimizer (predictor.muon), the launch environment's CUBLAS_WORKSPACE_CONFIG
-         # (predictor.workspaces), the MoE layer's host calls (predictor.moe_host_calls), the unfused
-         # bias-dropout-add (predictor.bias_dropout_add), the fused loss (predictor.cross_entropy_bytes: its time;
-         # predictor.memory: the logits it keeps, by implementation) and the logging barrier's interval
-         # (predictor.iteration_syncs)
-         "fine_grained_activation_offloading", "offload_modules", "min_offloaded_tensor_size",
-         "activation_offload_fraction", "optimizer", "muon_num_ns_steps", "muon_tp_mode", "muon_split_qkv",
-         "cublas_workspace_config", "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_enable_expert_bias",
-         "bias_dropout_fusion", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "log_interval")
-#: Megatron's flags that pick a low-precision recipe (tracekit.core.precision.from_megatron reads them together).
-_LOWP_FLAGS = ("fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe")
-
-
 def own_setting_names() -> set[str]:
     """Every setting name tracekit reads itself: TrainingConfig's fields, their aliases, and the Megatron
     arguments it interprets."""
     return ({f.name for f in dataclasses.fields(TrainingConfig)} - {"extra"} - set(SECTIONS)) | set(ALIASES) \
-        | set(_READ) | set(_SECTION_OF)
+        | set(READ) | set(SECTION_OF)
 
 
 def check_settings(mapping: dict[str, Any]) -> None:
@@ -566,133 +389,4 @@ def check_settings(mapping: dict[str, Any]) -> None:
             raise ConfigError(f"unknown setting {raw_key!r}{did_you_mean(dest_form(raw_key), names)}: "
                               f"tracekit reads {', '.join(names)}")
 
-
-def _apply(key: str, value: Any, values: dict, extra: dict, known: set[str]) -> None:
-    if sharding_settings.apply_flag(key, value, values):
-        return
-    if key in ("fp16", "bf16"):
-        if value is True:  # the base dtype; --fp8-format / --fp4-format, read after every key, may lower the GEMMs
-            values.setdefault("_base_precision", key)
-        return
-    if key in _LOWP_FLAGS:  # Megatron/TE: --fp8-format e4m3|hybrid (--fp8-recipe ...), --fp4-format e2m1
-        values.setdefault("_lowp", {})[key] = value
-        return
-    if key == "recompute_modules":
-        values[key] = list_words(value)
-        return
-    if key == "moe_first_k_dense":  # published tables: the first k layers dense, the rest MoE
-        values["_first_k_dense"] = value
-        return
-    if key == "params_dtype":
-        values.setdefault("precision", {"torch.float16": "fp16", "torch.bfloat16": "bf16"}.get(str(value), "fp32"))
-        return
-    if key == "precision":
-        values["precision"] = value
-        return
-    if key == "recompute_activations" and value is True:
-        values.setdefault("recompute_granularity", "selective")
-        return
-    if key == "use_flash_attn":
-        values["attention"] = "flash" if value else values.get("attention", "unfused")
-        return
-    if key == "attention":
-        values["attention"] = "unfused" if str(value).lower() in ("unfused", "local", "false", "none") else "flash"
-        return
-    if key == "transformer_impl":  # Megatron-core's local layer spec runs core attention unfused (DotProductAttention)
-        values.setdefault("attention", "flash" if str(value) == "transformer_engine" else "unfused")
-        extra[key] = value
-        return
-    if key == "disable_bias_linear":
-        values["add_bias_linear"] = not value
-        return
-    if key == "num_layers_per_virtual_pipeline_stage":
-        values["_layers_per_virtual_stage"] = value
-        return
-    if key == "group_query_attention":
-        extra[key] = value
-        return
-    if key in known:
-        values[key] = value
-    else:
-        extra[key] = value
-
-
-def _coerce(cls, name: str, value: Any) -> Any:
-    kind = {f.name: f.type for f in dataclasses.fields(cls)}[name]
-    if "bool" in str(kind):
-        if isinstance(value, str):
-            return value.lower() in ("true", "1", "yes")
-        return bool(value)
-    if "int" in str(kind) and not isinstance(value, bool):
-        number = float(value)
-        if number != int(number):
-            raise ValueError(f"{name} must be a whole number, got {value}")
-        return int(number)
-    if "float" in str(kind):
-        return float(value)
-    return value
-
-
-def _sections(values: dict[str, Any], sections: dict[str, dict[str, Any]]) -> None:
-    """The section objects of the settings collected per section (`values[name]` = the section, or absent): MoE only
-    with experts, MLA/window attention only when asked for."""
-    moe = sections.get("moe", {})
-    if moe.get("num_experts") not in (None, 0, False):
-        values["moe"] = _build(MoESettings, moe)
-    attn = sections.get("attn", {})
-    if attn.get("multi_latent_attention") or attn.get("window_size") not in (None, False, "None") or \
-            attn.get("qk_layernorm") or attn.get("fp8_dot_product_attention"):
-        values["attn"] = _build(AttentionSettings, attn)
-    for name in ("layout", "lowp"):
-        if any(v not in (None, False) for v in sections.get(name, {}).values()):
-            values[name] = _build(SECTIONS[name][0], sections[name])
-    if activation_settings.stated(sections.get("act", {})):
-        values["act"] = _build(ActivationSettings, sections["act"])
-    if runtime_settings.stated(sections.get("run", {})):
-        values["run"] = _build(RuntimeSettings, sections["run"])
-    if sections.get("sharding"):  # stated sharding settings other than Megatron's defaults (plain DDP)
-        sharding = _build(ShardingSettings, sections["sharding"])
-        if sharding != ShardingSettings():
-            values["sharding"] = sharding
-
-
-def _build(kind: type, settings: dict[str, Any]) -> Any:
-    """A section from its settings, each coerced to its field's type (CSV cells and log values are strings)."""
-    types = {f.name: str(f.type) for f in dataclasses.fields(kind)}
-    out: dict[str, Any] = {}
-    for key, value in settings.items():
-        kind_text = types[key]
-        if value is None:
-            continue
-        if "bool" in kind_text and not isinstance(value, bool):
-            value = str(value).strip().lower() in ("true", "1", "yes")
-        elif kind_text.startswith("int") and not isinstance(value, bool):
-            number = float(value)
-            if number != int(number):
-                raise ConfigError(f"{key} must be a whole number, got {value}")
-            value = int(number)
-        elif kind_text.startswith("float"):
-            value = float(value)
-        elif kind_text.startswith("str") and isinstance(value, (int, float)) is False:
-            value = str(value) if not isinstance(value, (list, tuple)) else value
-        out[key] = value
-    try:
-        return kind(**out)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"invalid {kind.__name__} value: {exc}") from exc
-
-
-def _recompute(value: Any) -> str:
-    text = str(value or "none").strip().lower()
-    if text in ("none", "false", "no", "0", "off"):
-        return "none"
-    if text in ("full", "true", "yes", "1", "uniform", "block"):
-        return "full"
-    if text == "selective":
-        return "selective"
-    raise ConfigError(f"activation recompute must be none, selective or full, not {value!r}")
-
-
-def _precision(value: Any) -> str:
-    return precision_recipes.recipe_name(value)
 

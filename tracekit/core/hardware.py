@@ -7,7 +7,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InputError
+from tracekit.core.data_files import DATA
+from tracekit.core.errors import InputError
 
 _VENDOR_WORDS = {"NVIDIA", "TESLA", "AMD", "INSTINCT", "QUADRO", "GEFORCE", "RADEON"}
 _FUSED = re.compile(
@@ -108,7 +109,7 @@ PEAK_KIND = {"fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "bf16": "fp16", "fp
              "mxfp8": "fp8", "nvfp4": "fp4", "mxfp4": "fp4"}
 
 
-DATASHEETS = Path(__file__).resolve().parent.parent / "data" / "hardware.json"
+DATASHEETS = DATA / "hardware.json"
 _REQUIRED = ("id", "peak_tflops_fp16", "peak_tflops_fp32", "mem_bw_gbs", "memory_gb", "sms", "l2_mb", "clock_mhz",
              "intra_node_gbs", "inter_node_gbs", "source")
 

@@ -19,7 +19,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from .errors import ConfigError, did_you_mean
+from tracekit.core.errors import ConfigError, did_you_mean
 
 CLASSES = ("modelled", "no_effect", "time_unmodelled")
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from .errors import ConfigError
+from tracekit.core.errors import ConfigError
 
 DISPATCHERS = ("alltoall", "allgather", "flex")
 FLEX_BACKENDS = ("deepep", "hybridep", "ncclep")

@@ -19,7 +19,7 @@ The interleaved schedule (Megatron-core) runs micro-batches in groups of `microb
 (default pp) per model chunk: pp ≤ group ≤ micro-batches, and the last group holds 0 or ≥ pp micro-batches.
 
 `torch_pipeline_schedule` (tracekit's setting; None: Megatron's 1F1B / interleaved order) names one of PyTorch's
-`torch.distributed.pipelining` schedules that torchtitan runs and Megatron does not (predictor.zero_bubble):
+`torch.distributed.pipelining` schedules that torchtitan runs and Megatron does not (predictor.schedule.zero_bubble):
 LoopedBFS, InterleavedZeroBubble (loop placement: virtual stage i on rank i mod pp), ZBVZeroBubble and DualPipeV
 (V placement, exactly two stages per rank: rank r holds stages r and 2·pp−1−r), with PyTorch's own limits on the
 micro-batch count instead of Megatron's groups.
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from .errors import ConfigError, did_you_mean
+from tracekit.core.errors import ConfigError, did_you_mean
 
-#: PyTorch's pipeline schedules tracekit simulates beside Megatron's (predictor.zero_bubble).
+#: PyTorch's pipeline schedules tracekit simulates beside Megatron's (predictor.schedule.zero_bubble).
 ZERO_BUBBLE = ("LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 #: Those that place two stages per rank in a V (rank r: stages r and 2·pp−1−r).
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .errors import ConfigError, did_you_mean
+from tracekit.core.errors import ConfigError, did_you_mean
 
 
 @dataclass(frozen=True)

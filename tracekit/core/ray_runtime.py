@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from .errors import ConfigError
+from tracekit.core.errors import ConfigError
 
 INSTALL_HINT = "--executor ray needs Ray: pip install 'tracekit[ray]'"
 

@@ -1,7 +1,7 @@
 """What Megatron-core does around the model that costs time: CUDA graphs, deterministic mode, the per-iteration
 logging passes, timers, gradient-accumulation fusion, gradient clipping. Settings by Megatron's argument names
 (the vendored snapshot's `megatron/training/arguments.py`, `megatron/core/transformer/transformer_config.py`,
-`megatron/training/determinism.py`); `predictor.framework_costs` turns them into time.
+`megatron/training/determinism.py`); `predictor.schedule.framework_costs` turns them into time.
 
 - CUDA graphs: `cuda_graph_impl` none | local | transformer_engine | full_iteration. `local` and
   `transformer_engine` capture per-layer graphs whose coverage `cuda_graph_modules` names (attn, mlp, moe,
@@ -22,7 +22,8 @@ logging passes, timers, gradient-accumulation fusion, gradient clipping. Setting
   ≥ 1 times the optimizer's and gradient sync's phases, each timer a device synchronisation (and a barrier at
   level 1 when asked), level 2 every micro-batch's forward, backward and P2P calls too.
 - `torch_compile` (not a Megatron flag: torchtitan's `[compile] enable`, Composer's `compile_config`): each
-  transformer block compiled by TorchInductor, its memory-bound ops run as fused kernels (`predictor.compile_fusion`).
+  transformer block compiled by TorchInductor, its memory-bound ops run as fused kernels
+  (`predictor.layers.compile_fusion`).
 """
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError, did_you_mean
-from .megatron_arguments import list_words
+from tracekit.core.errors import ConfigError, did_you_mean
+from tracekit.core.megatron_arguments import list_words
 
 IMPLS = ("none", "local", "transformer_engine", "full_iteration")
 MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")

@@ -29,10 +29,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from filelock import FileLock
 
-from .arrow_arrays import holds_only, string_codes
-from .atomic import atomic_write_json
-from .errors import StoreError
-from .samples import SCHEMA, to_table
+from tracekit.core.arrow_arrays import holds_only, string_codes
+from tracekit.core.atomic import atomic_write_json
+from tracekit.core.errors import StoreError
+from tracekit.core.samples import SCHEMA, to_table
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 

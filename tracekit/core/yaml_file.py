@@ -11,7 +11,7 @@ def read_yaml(path: Path, kind: str = "YAML") -> Any:
     """The parsed document of `path` (`kind` names the format in the error line)."""
     import yaml
 
-    from .errors import InputError
+    from tracekit.core.errors import InputError
 
     try:
         text = path.read_text()

@@ -47,8 +47,8 @@ def diff_inputs(predicted: dict[str, Any] | list[KinetoTrace], real_traces: list
     """DiffReport of a prediction dict or parsed predicted traces against parsed real traces. `config`: the run's
     TrainingConfig when known (validate passes the manifest's); it maps ranks to pipeline stages and is checked
     against both sides (else the prediction's own configuration is used). `predicted_traces`: with a prediction
-    dict, the traces written of it (`predictor.trace_out`): the report's predicted timeline and per-layer times come
-    from them, every other number from the dict."""
+    dict, the traces written of it (`predictor.report.trace_out`): the report's predicted timeline and per-layer times
+    come from them, every other number from the dict."""
     config_dict = config.to_dict() if config is not None else None
     if isinstance(predicted, dict):
         if config_dict is None:

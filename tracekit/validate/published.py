@@ -12,12 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from predictor import ModelSet, ape_stats, parse_row, predict_rows, read_rows
+from extractors.jobs import parse_row, read_rows
+from predictor import ModelSet, ape_stats, predict_rows
 from tracekit.core.config import check_settings
 from tracekit.core.errors import ConfigError, InputError
 
 if TYPE_CHECKING:
-    from predictor import BatchRow, Calibration
+    from extractors.jobs import BatchRow
+    from predictor import Calibration
     from tracekit.core.cluster import Cluster
     from tracekit.core.config import TrainingConfig
 

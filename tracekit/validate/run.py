@@ -2,8 +2,8 @@
 prediction with the run's traces, and optionally refit — ingest the run, retrain on the whole store, predict again
 and report the error before and after.
 
-The prediction's own traces (`predictor.trace_out`, one per pipeline stage) are written too — into `trace_dir`, or a
-temporary folder when none is given — and read back for the report's predicted timeline and per-layer times. A
+The prediction's own traces (`predictor.report.trace_out`, one per pipeline stage) are written too — into `trace_dir`,
+or a temporary folder when none is given — and read back for the report's predicted timeline and per-layer times. A
 model set without models of the run's hardware is named in the report's first warning, with the commands that
 make them.
 
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from extractors.kineto import ingest_paths
 from predictor import ModelSet, predict_iteration as predict, train_models
-from predictor.trace_out import write_traces
+from predictor.report.trace_out import write_traces
 from tracekit.capture.manifest import MANIFEST_NAME, Manifest
 from tracekit.core.cluster import Cluster, default_cluster
 from tracekit.core.errors import InputError, ModelError

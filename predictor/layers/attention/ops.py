@@ -1,0 +1,126 @@
+"""The attention block of one decoder layer as Megatron-core runs it, as a list of `Pair`s (predictor.ir.ops).
+
+Multi-head / grouped-query attention (Transformer Engine spec): norm → [SP all-gather] → QKV GEMM (heads + 2 · query
+groups head slices per TP rank) → [q/k layernorm] → RoPE → [CP ring exchanges] → core attention (flash/fused kernel,
+or baddbmm + fused masked softmax + dropout + bmm when unfused) → output projection → all-reduce (reduce-scatter with
+SP) → bias-dropout-add. Multi-latent attention (tracekit.core.attention) replaces the QKV GEMM with its down
+projections (replicated over TP, on the gathered sequence), their norms and the up projections (split over TP), and
+runs attention with query/key head dim qk + rope dims and value head dim v. A sliding window bounds the keys each
+query reads: `seq_kv` = the keys the fused kernel's tiles cover around the band (predictor.layers.attention.tiles), not
+causal (the unfused path computes every score and masks the rest). Backward mirrors forward. Ring attention with CP
+exchanges K/V blocks cp − 1 times forward and twice that backward (dK/dV too).
+"""
+from __future__ import annotations
+
+from predictor.ir.ops import Backward, OpBuilder, OpUse, Pair
+from predictor.layers.attention.tiles import window_keys
+from predictor.layers.mlp.bias_dropout_add import bias_add
+from predictor.layers.norm_rope import norm, rope_ops
+from tracekit.core.attention import AttentionSettings
+
+
+def attention_block(b: OpBuilder, window: int | None, lowp: bool) -> list[Pair]:
+    """The attention half of a decoder layer; `window`: keys per query of a sliding-window layer (None: full);
+    `lowp`: the precision recipe applies to its linear layers."""
+    c, t, h = b.c, b.t, b.h
+    a_t = c.num_attention_heads // t
+    rows = b.tokens
+    pairs: list[Pair] = []
+    fwd, bwd = norm(b, "input_layernorm")
+    pairs.append((fwd, bwd, "layernorm"))
+    pairs.extend(b.tp_in("self_attention.linear_qkv", "attention"))
+    mla = c.attn if c.attn is not None and c.attn.multi_latent_attention else None
+    if mla is not None:
+        pairs.extend(_mla_projections(b, mla, lowp))
+        qk_dim, v_dim = mla.q_head_dim, mla.v_head_dim
+        kv_t = a_t
+        rope_dim = mla.qk_pos_emb_head_dim
+    else:
+        d = c.head_dim
+        g_t = c.num_query_groups // t
+        pairs.extend(b.linear("self_attention.linear_qkv", "linear1", rows, (a_t + 2 * g_t) * d, h, "attention", lowp))
+        if c.attn is not None and c.attn.qk_layernorm:
+            for name, heads in (("q_layernorm", a_t), ("k_layernorm", g_t)):
+                fwd, bwd = norm(b, f"self_attention.{name}", rows=rows * heads, width=d)
+                pairs.append((fwd, bwd, "attention"))
+        qk_dim = v_dim = d
+        kv_t = g_t
+        rope_dim = d
+    if c.position_embedding_type == "rope":
+        pairs.extend(rope_ops(b, rows, a_t, 1 if mla is not None else kv_t, rope_dim))
+    s, cp, mb = b.s, c.cp, b.b
+    if cp > 1:  # ring attention: (cp−1) K/V block exchanges forward, twice that backward (dK/dV too)
+        kv = rows * kv_t * (qk_dim + v_dim) * b.bytes
+        for step in range(cp - 1):
+            pairs.append((b.collective(f"self_attention.cp_kv.{step}", "send_recv", "cp", kv),
+                          b.collective(f"self_attention.cp_dkv.{step}", "send_recv", "cp", 2 * kv), "attention"))
+    # a window layer's kernel computes whole key tiles around the band (predictor.layers.attention.tiles)
+    seq_kv = s * cp if window is None else min(window_keys(s * cp, window), s * cp)
+    causal = 1 if window is None else 0
+    head_dim = (qk_dim + v_dim) / 2  # scores use qk_dim, context v_dim: the kernel's work is their mean × 2
+    attn_flops = 4.0 * mb * a_t * s * seq_kv * head_dim
+    attn_dtype = "fp8" if c.attn is not None and c.attn.fp8_dot_product_attention and lowp else None
+    if c.attention == "flash":
+        fwd, bwd = b.compute("self_attention.core_attention", "attention", "flash_atten", attn_flops, True,
+                             dtype=attn_dtype, batch=mb, heads=a_t, kv_heads=kv_t, seq=s, seq_kv=seq_kv,
+                             head_dim=head_dim, causal=causal)
+        pairs.append((fwd, bwd, "core_attn"))
+    else:  # the unfused path computes every score of the sequence and masks the window's outside
+        seq_kv = s * cp
+        attn_flops = 4.0 * mb * a_t * s * seq_kv * head_dim
+        scores = b.compute("self_attention.core_attention.baddbmm", "bmm", "baddbmm", attn_flops / 2, True,
+                           batch=mb * a_t, m=s, n=seq_kv, k=qk_dim)
+        softmax = b.compute("self_attention.core_attention.scale_mask_softmax", "softmax",
+                            "ScaledUpperTriangMaskedSoftmax", 0.0, True, batch=mb, heads=a_t, seq=s,
+                            rows=mb * a_t * s, width=seq_kv, numel=mb * a_t * s * seq_kv, causal=causal)
+        pairs.append((*scores, "core_attn"))
+        pairs.append((*_inside(softmax), "core_attn"))
+        if c.attention_dropout > 0:
+            drop = b.compute("self_attention.core_attention.dropout", "elementwise", "dropout", 0.0, True,
+                             rows=mb * a_t * s, width=seq_kv, numel=mb * a_t * s * seq_kv)
+            pairs.append((*_inside(drop), "core_attn"))
+        context = b.compute("self_attention.core_attention.bmm", "bmm", "bmm", attn_flops / 2, True,
+                            batch=mb * a_t, m=s, n=v_dim, k=seq_kv)
+        pairs.append((*_inside(context), "core_attn"))
+    pairs.extend(b.linear("self_attention.linear_proj", "linear2", rows, h, a_t * v_dim, "attention", lowp))
+    pairs.extend(b.tp_out("self_attention.linear_proj", "attention"))
+    # unfused bias-dropout-add (predictor.layers.mlp.bias_dropout_add)
+    pairs.extend(bias_add(b, "self_attention", "attention"))
+    fwd, bwd = b.residual("self_attention.bias_dropout_add")
+    pairs.append((fwd, bwd, "attention"))
+    return pairs
+
+
+def _inside(pair: tuple[OpUse, Backward]) -> tuple[OpUse, Backward]:
+    """An unfused core attention's later kernels, issued by the same module call as its first (Megatron's
+    DotProductAttention: baddbmm, fused masked softmax, dropout, bmm in one forward, their gradients in one autograd
+    pass): one host operator for the whole core attention, as for flash attention's one kernel."""
+    fwd, bwd = pair
+    for op in (fwd, *(bwd if isinstance(bwd, tuple) else (bwd,))):
+        op.launch = False
+    return fwd, bwd
+
+
+def _mla_projections(b: OpBuilder, a: AttentionSettings, lowp: bool) -> list[Pair]:
+    """MLA's query and key/value projections (tracekit.core.attention): down projections on every TP rank over the
+    whole gathered sequence, their norms, up projections split over TP (module `mla_up_proj`)."""
+    c, h, rows = b.c, b.h, b.tokens
+    a_t = c.num_attention_heads // b.t
+    pairs: list[Pair] = []
+    if a.q_lora_rank:
+        pairs.extend(b.linear("self_attention.linear_q_down_proj", "linear_q_down", rows, a.q_lora_rank, h,
+                              "attention", lowp, bias=False))
+        fwd, bwd = norm(b, "self_attention.q_layernorm", rows=rows, width=a.q_lora_rank)
+        pairs.append((fwd, bwd, "attention"))
+        pairs.extend(b.linear("self_attention.linear_q_up_proj", "linear_q_up", rows, a_t * a.q_head_dim,
+                              a.q_lora_rank, "mla_up_proj", lowp, bias=False))
+    else:
+        pairs.extend(b.linear("self_attention.linear_q_proj", "linear_q", rows, a_t * a.q_head_dim, h, "attention",
+                              lowp, bias=False))
+    pairs.extend(b.linear("self_attention.linear_kv_down_proj", "linear_kv_down", rows,
+                          a.kv_lora_rank + a.qk_pos_emb_head_dim, h, "attention", lowp, bias=False))
+    fwd, bwd = norm(b, "self_attention.kv_layernorm", rows=rows, width=a.kv_lora_rank)
+    pairs.append((fwd, bwd, "attention"))
+    pairs.extend(b.linear("self_attention.linear_kv_up_proj", "linear_kv_up", rows,
+                          a_t * (a.qk_head_dim + a.v_head_dim), a.kv_lora_rank, "mla_up_proj", lowp, bias=False))
+    return pairs
