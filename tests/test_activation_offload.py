@@ -12,6 +12,7 @@ import pytest
 from extractors.jobs.rows import parse_row
 from predictor.assembly.graph import build_graph
 from predictor.costs.learned.models import ModelSet
+from predictor.layers.decoder import blocks_named
 from predictor.memory.stages import stage_memory
 from predictor.predict import predict
 from predictor.schedule.activation_offload import (
@@ -31,6 +32,7 @@ BASE = dict(num_layers=4, hidden_size=H, num_attention_heads=A, seq_length=S, mi
             tensor_model_parallel_size=TP, sequence_parallel=True, world_size=TP, attention="unfused",
             hidden_dropout=0.0, attention_dropout=0.0, position_embedding_type="rope", normalization="RMSNorm")
 MODULES = ["attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm"]
+DENSE = blocks_named("dense")  # a dense layer's blocks: attention and MLP
 
 
 def _config(**more) -> TrainingConfig:
@@ -42,21 +44,21 @@ def test_each_group_copies_what_its_module_saves_for_the_backward():
     core attention keeps q, k, v of its 16 local heads and, unfused, the [b, heads, s, s] softmax output; the output
     projection's input is the attention output of the local heads."""
     c = _config(fine_grained_activation_offloading=True, offload_modules=MODULES)
-    got = group_bytes(c, moe_layer=False)
+    got = group_bytes(c, DENSE)
     d, heads, local = H // A, A // TP, S * B // TP
     assert got["attn_norm"] == got["mlp_norm"] == got["qkv_linear"] == 2 * local * H  # 4 MiB each
     assert got["core_attn"] == 2 * (3 * S * B * heads * d + B * heads * S * S)  # 3 × 4 MiB + 512 MiB
     assert got["attn_proj"] == 2 * S * B * heads * d
     small = _config(fine_grained_activation_offloading=True, offload_modules=MODULES,
                     min_offloaded_tensor_size=local * H + 1)  # the norm inputs now fall under the floor
-    assert group_bytes(small, moe_layer=False)["attn_norm"] == 0.0
+    assert group_bytes(small, DENSE)["attn_norm"] == 0.0
 
 
 def test_nothing_is_copied_without_the_switch_and_half_with_half_the_groups():
-    assert group_bytes(_config(offload_modules=MODULES), moe_layer=False) == {}
-    full = group_bytes(_config(fine_grained_activation_offloading=True, offload_modules=MODULES), False)
+    assert group_bytes(_config(offload_modules=MODULES), DENSE) == {}
+    full = group_bytes(_config(fine_grained_activation_offloading=True, offload_modules=MODULES), DENSE)
     half = group_bytes(_config(fine_grained_activation_offloading=True, offload_modules=MODULES,
-                               activation_offload_fraction=0.5), False)
+                               activation_offload_fraction=0.5), DENSE)
     assert half == {k: v / 2 for k, v in full.items()}
 
 

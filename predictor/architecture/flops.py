@@ -11,43 +11,19 @@ from __future__ import annotations
 
 from typing import TypedDict
 
+from predictor.layers.decoder import layer_blocks
 from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import hardware_spec
 
 
-def _attention_flops_per_token(c: TrainingConfig, layer: int, causal: bool) -> float:
-    """Forward FLOPs per token of one layer's attention: projections and scores (whole layer, all TP ranks)."""
-    h, s, heads = c.hidden_size, c.seq_length, c.num_attention_heads
-    a = c.attn
-    if a is not None and a.multi_latent_attention:
-        q = (h * a.q_lora_rank + a.q_lora_rank * heads * a.q_head_dim) if a.q_lora_rank else h * heads * a.q_head_dim
-        kv = h * (a.kv_lora_rank + a.qk_pos_emb_head_dim) + a.kv_lora_rank * heads * (a.qk_head_dim + a.v_head_dim)
-        proj = heads * a.v_head_dim * h
-        score_dim = a.q_head_dim + a.v_head_dim
-    else:
-        d, g = c.head_dim, c.num_query_groups
-        q, kv, proj = h * heads * d, h * 2 * g * d, heads * d * h
-        score_dim = 2 * d
-    window = a.window(layer) if a is not None else None
-    keys = min(s, window) if window else s
-    scores = heads * keys * score_dim * (0.5 if causal and not window else 1.0)
-    return 2.0 * (q + kv + proj + scores)
-
-
-def _mlp_flops_per_token(c: TrainingConfig, layer: int) -> float:
-    h = c.hidden_size
-    width = 3 if c.swiglu else 2
-    moe = c.moe
-    if moe is None or not moe.pattern(c.num_layers)[layer]:
-        return 2.0 * h * c.ffn_hidden_size * width
-    routed = moe.moe_router_topk * 2.0 * h * moe.ffn(c.ffn_hidden_size) * width
-    shared = 2.0 * h * (moe.moe_shared_expert_intermediate_size or 0) * width
-    return 2.0 * h * moe.num_experts + routed + shared
+def layer_flops_per_token(c: TrainingConfig, layer: int, causal: bool = False) -> float:
+    """Forward FLOPs per token of decoder layer `layer`: the sum of its blocks' (whole layer, all TP ranks)."""
+    return sum(block.flops_per_token(c, layer, causal) for block in layer_blocks(c, layer))
 
 
 def layer_forward_flops(config: TrainingConfig, tokens: int, layer: int = 0, causal: bool = False) -> float:
     """Forward FLOPs of decoder layer `layer` over `tokens` tokens (whole layer, all TP ranks together)."""
-    return tokens * (_attention_flops_per_token(config, layer, causal) + _mlp_flops_per_token(config, layer))
+    return tokens * layer_flops_per_token(config, layer, causal)
 
 
 def model_flops_per_iteration(config: TrainingConfig, causal: bool = False) -> float:
@@ -55,13 +31,11 @@ def model_flops_per_iteration(config: TrainingConfig, causal: bool = False) -> f
     c = config
     tokens = c.global_batch_size * c.seq_length
     head = 2.0 * tokens * c.hidden_size * c.padded_vocab_size
-    per_token = sum(_attention_flops_per_token(c, i, causal) + _mlp_flops_per_token(c, i)
-                    for i in range(c.num_layers))
+    per_token = sum(layer_flops_per_token(c, i, causal) for i in range(c.num_layers))
     mtp = c.layout.mtp_num_layers if c.layout and c.layout.mtp_num_layers else 0
     if mtp:
         last = c.num_layers - 1
-        per_token += mtp * (_attention_flops_per_token(c, last, causal) + _mlp_flops_per_token(c, last)
-                            + 2.0 * 2 * c.hidden_size * c.hidden_size)
+        per_token += mtp * (layer_flops_per_token(c, last, causal) + 2.0 * 2 * c.hidden_size * c.hidden_size)
         head *= 1 + mtp
     return 3.0 * (tokens * per_token + head)
 

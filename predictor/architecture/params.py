@@ -5,56 +5,25 @@ expert part (reduced over the expert data-parallel ranks), per layer and per pip
     chunk_params(config, stage, chunk) -> (dense, expert) of one model chunk on one GPU (its layers, the embedding,
         the final norm and output layer, MTP layers)
 
-Attention: QKV (or MLA's down/up projections: the down projections replicated over TP), output projection, the
-norms (q/kv layernorms with MLA or qk_layernorm). MLP: FC1 (×2 with SwiGLU) and FC2 split over TP. MoE: the router
-(replicated), the shared experts (split over TP like an MLP), the local experts (num_experts / EP of them, each
-split over expert TP).
+A layer's parameters are its blocks' (`predictor.layers.block.Block.params`: attention, MLP, MoE, each with its
+norm); a chunk adds the embedding (and learned positions), the final norm and output layer, and MTP layers.
 """
 from __future__ import annotations
 
+from predictor.layers.block import norm_params
+from predictor.layers.decoder import layer_blocks
 from tracekit.core.config import TrainingConfig
 from tracekit.core.pipeline_layout import chunks
 
 
-def _norm(c: TrainingConfig, width: int) -> int:
-    return width * (1 if c.normalization == "RMSNorm" else 2)
-
-
-def attention_params(c: TrainingConfig) -> int:
-    """One layer's attention on one TP rank."""
-    t, h, bias = c.tp, c.hidden_size, c.add_bias_linear
-    a = c.attn
-    heads = c.num_attention_heads // t
-    if a is not None and a.multi_latent_attention:
-        q = (h * a.q_lora_rank + _norm(c, a.q_lora_rank) + a.q_lora_rank * heads * a.q_head_dim) \
-            if a.q_lora_rank else h * heads * a.q_head_dim
-        kv = h * (a.kv_lora_rank + a.qk_pos_emb_head_dim) + _norm(c, a.kv_lora_rank) \
-            + a.kv_lora_rank * heads * (a.qk_head_dim + a.v_head_dim)
-        return q + kv + heads * a.v_head_dim * h + h * bias + _norm(c, h)
-    d, groups = c.head_dim, c.num_query_groups // t
-    qkv = h * (heads + 2 * groups) * d + (heads + 2 * groups) * d * bias
-    qk_norm = 2 * _norm(c, d) if a is not None and a.qk_layernorm else 0
-    return qkv + heads * d * h + h * bias + _norm(c, h) + qk_norm
-
-
-def mlp_params(c: TrainingConfig, ffn: int, split: int) -> int:
-    """An MLP of width `ffn` split over `split` ranks (FC1 ×2 with SwiGLU)."""
-    f, h, bias = ffn // split, c.hidden_size, c.add_bias_linear
-    fc1 = 2 * f if c.swiglu else f
-    return h * fc1 + fc1 * bias + f * h + h * bias
-
-
 def layer_params(c: TrainingConfig, layer: int) -> tuple[int, int]:
-    """(dense, expert) parameters of decoder layer `layer` on one GPU."""
-    h = c.hidden_size
-    dense = attention_params(c) + _norm(c, h)  # + the pre-MLP norm
-    moe = c.moe
-    if moe is None or not moe.pattern(c.num_layers)[layer]:
-        return dense + mlp_params(c, c.ffn_hidden_size, c.tp), 0
-    dense += h * moe.num_experts  # the router
-    if moe.moe_shared_expert_intermediate_size:
-        dense += mlp_params(c, moe.moe_shared_expert_intermediate_size, c.tp)
-    expert = moe.local_experts * mlp_params(c, moe.ffn(c.ffn_hidden_size), moe.etp(c.tp))
+    """(dense, expert) parameters of decoder layer `layer` on one GPU: the sum of its blocks'
+    (`predictor.layers.decoder.layer_blocks`)."""
+    dense = expert = 0
+    for block in layer_blocks(c, layer):
+        d, e = block.params(c)
+        dense += d
+        expert += e
     return dense, expert
 
 
@@ -63,7 +32,7 @@ def mtp_params(c: TrainingConfig) -> tuple[int, int]:
     the model's last, the final norm); the output layer is shared with the model's."""
     h = c.hidden_size
     dense, expert = layer_params(c, c.num_layers - 1)
-    return dense + 3 * _norm(c, h) + 2 * h * h // c.tp, expert
+    return dense + 3 * norm_params(c, h) + 2 * h * h // c.tp, expert
 
 
 def chunk_params(c: TrainingConfig, stage: int, chunk: int) -> tuple[int, int]:
@@ -72,20 +41,19 @@ def chunk_params(c: TrainingConfig, stage: int, chunk: int) -> tuple[int, int]:
     and its MTP layers."""
     part = chunks(c)[stage][chunk]
     dense = expert = 0
-    pattern = c.moe.pattern(c.num_layers) if c.moe else None
-    moe_layers = sum(pattern[layer] for layer in part.layers) if pattern else 0
-    for count, layer in ((len(part.layers) - moe_layers, pattern.index(0) if pattern and 0 in pattern else 0),
-                         (moe_layers, pattern.index(1) if pattern and 1 in pattern else 0)):
-        if count:  # a layer's parameters depend only on whether it is an MoE layer
-            d, e = layer_params(c, layer)
-            dense += count * d
-            expert += count * e
+    kinds: dict[tuple, list[int]] = {}  # a layer's parameters depend only on its blocks: once per kind
+    for layer in part.layers:
+        kinds.setdefault(layer_blocks(c, layer), []).append(layer)
+    for layers in kinds.values():
+        d, e = layer_params(c, layers[0])
+        dense += len(layers) * d
+        expert += len(layers) * e
     vocab_rows = c.padded_vocab_size // c.tp * c.hidden_size
     if part.embedding:
         dense += vocab_rows + (c.seq_length * c.hidden_size if c.position_embedding_type != "rope" else 0)
     if part.loss:
         tied_here = part.embedding and not c.untie_embeddings_and_output_weights
-        dense += _norm(c, c.hidden_size) + (0 if tied_here else vocab_rows)
+        dense += norm_params(c, c.hidden_size) + (0 if tied_here else vocab_rows)
     if part.mtp:
         d, e = mtp_params(c)
         dense += part.mtp * d

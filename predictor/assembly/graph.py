@@ -10,16 +10,16 @@ parts per role: `dgrad` and `wgrad` (one forward's FLOPs each) and, for a linear
 never the LM head), `bgrad` — together the same work as the whole row.
 
 Which layers each pipeline rank's model chunks hold is Megatron's rule (tracekit.core.pipeline_layout: even splits,
-uneven first/last stages, layouts, the embedding/loss counted as layers, MTP beside the loss). A decoder layer is an
-attention block (predictor.layers.attention.ops: MHA/GQA, MLA, sliding windows, CP) and an MLP block
-(predictor.layers.mlp.ops) or an MoE block (predictor.layers.moe.ops: router, dispatch, experts, combine, shared
-experts) per `moe_layer_freq`; layers of the same kind (dense or MoE, window, bf16 under a low-precision recipe,
-replayed in full or not) share one op list, repeated per layer (`OpUse.count`, `OpUse.block`). Forward and backward are
-mirrored: each op's backward in reverse order. Recompute `full` replays the layer's forward (with its collectives)
-before its backward (with `recompute_method block`, only the first `recompute_num_layers` layers of each chunk);
-`selective` replays the modules Megatron's `recompute_modules` names (default core attention). A job that compiles its
-blocks (`torch_compile`) runs each layer's memory-bound ops as Inductor's fused kernels
-(predictor.layers.compile_fusion). Per iteration and stage: the gradient sync and optimizer
+uneven first/last stages, layouts, the embedding/loss counted as layers, MTP beside the loss). A decoder layer is its
+blocks (predictor.layers.decoder: an attention block, predictor.layers.attention.ops: MHA/GQA, MLA, sliding windows,
+CP; and an MLP block, predictor.layers.mlp.ops, or an MoE block, predictor.layers.moe.ops: router, dispatch,
+experts, combine, shared experts, per `moe_layer_freq`), each block's ops in order; layers of the same kind (blocks,
+window, bf16 under a low-precision recipe, replayed in full or not) share one op list, repeated per layer
+(`OpUse.count`, `OpUse.block`). Forward and backward are mirrored: each op's backward in reverse order. Recompute `full`
+replays the layer's forward (with its collectives) before its backward (with `recompute_method block`, only the first
+`recompute_num_layers` layers of each chunk); `selective` replays the modules Megatron's `recompute_modules` names
+(default core attention). A job that compiles its blocks (`torch_compile`) runs each layer's memory-bound ops as
+Inductor's fused kernels (predictor.layers.compile_fusion). Per iteration and stage: the gradient sync and optimizer
 (predictor.parallel.data_parallel).
 """
 from __future__ import annotations
@@ -30,11 +30,10 @@ from dataclasses import dataclass
 from predictor.architecture.params import chunk_params
 from predictor.ir.graph import Graph, Segment
 from predictor.ir.ops import COMM, COMPUTE, Backward, OpBuilder, OpUse, Pair, parts
-from predictor.layers.attention.ops import attention_block
+from predictor.layers.block import Block
 from predictor.layers.compile_fusion import compiled, fuse_layer
+from predictor.layers.decoder import kind_name, layer_blocks
 from predictor.layers.embedding.ops import embedding, head, mtp_ends
-from predictor.layers.mlp.ops import mlp_block
-from predictor.layers.moe.ops import moe_block
 from predictor.layers.pytorch_native import per_op_replay
 from predictor.parallel import fsdp
 from predictor.parallel.data_parallel import stage_sync
@@ -48,14 +47,14 @@ __all__ = ["COMM", "COMPUTE", "Backward", "Graph", "OpUse", "Segment", "build_gr
 class _Kind:
     """What distinguishes one decoder layer's ops from another's."""
 
-    moe: bool
+    blocks: tuple[Block, ...]  # the layer's blocks (predictor.layers.decoder)
     window: int | None
     bf16: bool  # a layer the low-precision recipe keeps in bf16
     full_replay: bool
 
     @property
     def name(self) -> str:
-        return "-".join(filter(None, ("moe" if self.moe else "dense", f"w{self.window}" if self.window else "",
+        return "-".join(filter(None, (kind_name(self.blocks), f"w{self.window}" if self.window else "",
                                       "bf16" if self.bf16 else "", "replay" if self.full_replay else "")))
 
 
@@ -80,7 +79,7 @@ class _Layers:
         c = self.b.c
         full = c.recompute_granularity == "full" and (
             c.recompute_method != "block" or c.recompute_num_layers is None or position < c.recompute_num_layers)
-        return _Kind(moe=bool(c.moe and c.moe.pattern(c.num_layers)[layer]),
+        return _Kind(blocks=layer_blocks(c, layer),
                      window=c.attn.window(layer) if c.attn else None,
                      bf16=bool(c.lowp and c.lowp.bf16_layer(layer, c.num_layers) and c.recipe.low_precision),
                      full_replay=full)
@@ -91,7 +90,7 @@ class _Layers:
             b = self.b
             b.weight_casts = []
             lowp = not kind.bf16
-            pairs = attention_block(b, kind.window, lowp) + (moe_block(b, lowp) if kind.moe else mlp_block(b, lowp))
+            pairs = [pair for block in kind.blocks for pair in block.ops(b, kind.window, lowp)]
             if compiled(b.c):  # torch.compile: the layer's memory-bound ops as Inductor's fused kernels
                 pairs = fuse_layer(b, pairs)
             forward = [op.placed(1, False, kind.name) for op, _, _ in pairs if op is not None]

@@ -1,7 +1,8 @@
 """Memory per GPU: weights, gradients, optimizer state and activations of the most loaded pipeline stage.
 
 Activations follow Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (2022), per
-layer and micro-batch, generalised to the layers tracekit builds. What one layer keeps for its backward, in bytes per
+layer and micro-batch, generalised to the layers tracekit builds, each block of a layer answering for its own
+(`predictor.layers.block.Block.saved`). What one layer keeps for its backward, in bytes per
 token (2-byte activations, 1-byte dropout masks):
 - replicated over TP without SP (Korthikanti's 10·s·b·h): the two norms' inputs (4h), the QKV and FC1 inputs (4h),
   the two dropout masks (2h);
@@ -29,6 +30,8 @@ from itertools import accumulate
 
 from predictor.architecture.params import chunk_params, layer_params
 from predictor.ir.graph import Graph
+from predictor.layers.block import Saving
+from predictor.layers.decoder import layer_blocks
 from predictor.memory.lowp_weights import extra_weight_bytes
 from predictor.memory.workspaces import workspace_bytes
 from predictor.memory.zero_bubble import gemm_input_share, in_flight
@@ -43,69 +46,30 @@ GB = 1e9
 
 
 def _layer_bytes(c: TrainingConfig, layer: int, lowp: bool = True, host: frozenset[str] = frozenset()) -> float:
-    """Bytes one layer keeps per micro-batch on one GPU (module docstring); `lowp`: its GEMM inputs are kept in the
-    precision recipe's format (Transformer Engine saves the quantised copy for the weight gradient); `host`: the
-    modules whose saved tensors fine-grained activation offloading keeps on the host instead (`offload_modules`:
-    what a module saves inside its offload group — its input, and core attention's unfused scores too)."""
+    """Bytes one layer keeps per micro-batch on one GPU: the sum of its blocks' (`predictor.layers.block.Block.saved`,
+    module docstring); `lowp`: its GEMM inputs are kept in the precision recipe's format (Transformer Engine saves
+    the quantised copy for the weight gradient); `host`: the modules whose saved tensors fine-grained activation
+    offloading keeps on the host instead (`offload_modules`: what a module saves inside its offload group — its
+    input, and core attention's unfused scores too)."""
     tokens = c.seq_length // c.cp * c.micro_batch_size
-    t, h = c.tp, c.hidden_size
+    t = c.tp
     q = c.recipe.out_bytes / 2.0 if (lowp and c.recipe.low_precision) else 1.0  # a GEMM input's bytes over bf16's
     modules = set(c.recompute_modules or ("core_attn",)) if c.recompute_granularity == "selective" else set()
     if "per_op" in modules:  # torchtitan's per-op policy replays the norms (what it keeps of the rest: as is)
         modules.add("layernorm")
-    heads = c.num_attention_heads
-    s = c.seq_length // c.cp
-    # unfused attention keeps its softmax output (2 bytes a score) and, with attention dropout, the mask (1) and
-    # the dropped-out copy (2); dropout with p = 0 returns its input and keeps no mask (torch's `dropout`)
-    per_score = 2.0 + (3.0 if c.attention_dropout > 0 else 0.0)
-    scores = 0.0 if (c.attention == "flash" or "core_attn" in modules | host) else per_score * heads * s
-    norms = 2.0 * h * (2 - len(host & {"attn_norm", "mlp_norm"}))
     # `layernorm` replays the norms from their inputs (kept) and frees their outputs, the QKV/FC1/router inputs
     # (under fp8 those GEMMs save that bf16 output instead of an fp8 copy: Megatron's set_save_original_input)
     normed = 0.0 if "layernorm" in modules else 1.0
-    masks = 2.0 * h if c.hidden_dropout > 0 else 0.0  # the two hidden-dropout masks, 1 byte each
-    qkv_in = 0.0 if "qkv_linear" in host else 2.0 * h * q * normed
-    replicated = norms + qkv_in + masks  # the two norms' inputs, QKV's input, the dropout masks
-    proj = 0.0 if "attn_proj" in host else 1.0  # the output projection's input
-    core = 0.0 if "core_attn" in host else 1.0  # what core attention saves: q, k, v (and unfused, its scores)
-    a = c.attn
-    if a is not None and a.multi_latent_attention:
-        up = 0.0 if "mla_up_proj" in modules else 2.0 * heads * (a.q_head_dim + a.qk_head_dim + a.v_head_dim)
-        replicated += 2.0 * ((a.q_lora_rank or 0) + a.kv_lora_rank) * q  # the up projections' inputs
-        split = up * core + 2.0 * heads * a.v_head_dim * q * proj + scores
-    else:
-        d, groups = c.head_dim, c.num_query_groups
-        split = 2.0 * (heads + 2 * groups) * d * core + 2.0 * heads * d * q * proj + scores
-    moe = c.moe
-    extra = 0.0
-    if moe is not None and moe.pattern(c.num_layers)[layer]:
-        replicated += 2.0 * h * normed  # the router's input
-        f, etp = moe.ffn(c.ffn_hidden_size), moe.etp(t)
-        act = 0.0 if "moe" in modules or host & {"moe_act", "fused_group_mlp"} else \
-            2.0 * (2 * f if c.swiglu else f) / etp
-        fc1_in = 0.0 if host & {"expert_fc1", "fused_group_mlp"} else 2.0 * h * q
-        # `moe_act` replays the activation from its input (kept) and frees its output, FC2's input (saved in bf16
-        # under fp8: set_save_original_input)
-        fc2_in = 0.0 if "fused_group_mlp" in host or "moe_act" in modules else 2.0 * f * q / etp
-        per_copy = fc1_in + act + fc2_in
-        if "moe" not in modules:
-            routed_tokens = tokens / t if c.sequence_parallel else tokens
-            extra = moe.moe_router_topk * moe.load_factor() * etp * per_copy * routed_tokens
-        shared = moe.moe_shared_expert_intermediate_size
-        if shared and "shared_experts" not in modules:
-            split += _mlp_bytes(c, shared, q)
-    elif "mlp" not in modules:
-        replicated += 2.0 * h * q * normed  # FC1's input
-        split += _mlp_bytes(c, c.ffn_hidden_size, q)
+    saving = Saving(q, frozenset(modules), host, normed, tokens)
+    replicated = split = extra = 0.0
+    for block in layer_blocks(c, layer):
+        saved = block.saved(c, saving)
+        replicated += saved.replicated
+        split += saved.split
+        extra += saved.extra
     if c.sequence_parallel:
         return tokens * (replicated + split) / t + extra
     return tokens * (replicated + split / t) + extra
-
-
-def _mlp_bytes(c: TrainingConfig, ffn: int, q: float = 1.0) -> float:
-    """TP-split bytes per token of an MLP of width `ffn`: the activation's input and FC2's (a GEMM input: × q)."""
-    f1 = 2 * ffn if c.swiglu else ffn
-    return 2.0 * f1 + 2.0 * ffn * q
 
 
 def _input_bytes(c: TrainingConfig) -> float:
@@ -173,13 +137,12 @@ def stage_memory(c: TrainingConfig, hardware: str | None = None) -> list[dict[st
         dense_shard = sharded.optimizer_shard
     logits = c.seq_length // c.cp * c.micro_batch_size * c.padded_vocab_size / c.tp * _loss_bytes(c)
     layout = chunks(c)
-    pattern = c.moe.pattern(c.num_layers) if c.moe else None
     offloaded = int(c.extra.get("cpu_offloading_num_layers") or 0)  # Megatron's CPU offloading: activations on host
     host = frozenset(offload_modules(c))  # fine-grained activation offloading: these modules' inputs on the host
     per_lowp_weight = extra_weight_bytes(c, hardware)  # the recipe's quantised copies of a GEMM weight
     workspaces = workspace_bytes(c, hardware)
-    cache: dict[tuple[bool, bool], float] = {}
-    kept: dict[tuple[bool, bool], float] = {}
+    cache: dict[tuple[tuple, bool], float] = {}
+    kept: dict[tuple[tuple, bool], float] = {}
     rows: list[dict[str, float]] = []
     for stage in range(c.pp):
         dense = expert = 0
@@ -195,7 +158,7 @@ def stage_memory(c: TrainingConfig, hardware: str | None = None) -> list[dict[st
                     c.recompute_method != "block" or c.recompute_num_layers is None
                     or position < c.recompute_num_layers)
                 bf16 = bool(c.lowp and c.lowp.bf16_layer(layer, c.num_layers))
-                kind = (bool(pattern and pattern[layer]), bf16)  # what a layer's activations depend on
+                kind = (layer_blocks(c, layer), bf16)  # what a layer's activations depend on
                 if per_lowp_weight and not bf16:  # its GEMM weights (its norms and router, < 1%, with them)
                     lowp_params += sum(layer_params(c, layer))
                 if kind not in cache:

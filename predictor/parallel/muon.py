@@ -30,6 +30,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from predictor.layers.decoder import layer_blocks
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError, did_you_mean
 from tracekit.core.pipeline_layout import chunks
@@ -87,37 +88,18 @@ def ns_gemms(rows: int, cols: int) -> tuple[tuple[int, int, int], ...]:
     return (m, m, n), (m, m, m), (m, n, m)
 
 
-def _attention(c: TrainingConfig, split_qkv: bool) -> list[tuple[int, int]]:
-    """One layer's attention matrices (whole, before TP)."""
-    h, heads = c.hidden_size, c.num_attention_heads
-    a = c.attn
-    if a is not None and a.multi_latent_attention:
-        q = [(a.q_lora_rank, h), (heads * a.q_head_dim, a.q_lora_rank)] if a.q_lora_rank \
-            else [(heads * a.q_head_dim, h)]
-        return q + [(a.kv_lora_rank + a.qk_pos_emb_head_dim, h),
-                    (heads * (a.qk_head_dim + a.v_head_dim), a.kv_lora_rank), (h, heads * a.v_head_dim)]
-    d, groups = c.head_dim, c.num_query_groups
-    qkv = [(heads * d, h), (groups * d, h), (groups * d, h)] if split_qkv else [((heads + 2 * groups) * d, h)]
-    return qkv + [(h, heads * d)]
-
-
-def _mlp(c: TrainingConfig, ffn: int) -> list[tuple[int, int]]:
-    return [((2 if c.swiglu else 1) * ffn, c.hidden_size), (c.hidden_size, ffn)]
-
-
 def layer_matrices(c: TrainingConfig, layer: int, settings: MuonSettings
                    ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """(dense, expert) matrices Muon orthogonalises for decoder layer `layer` of one pipeline stage, as whole
-    matrices before tensor parallelism; the experts' are those of this GPU's expert-parallel rank."""
-    dense = _attention(c, settings.split_qkv)
-    moe = c.moe
-    if moe is None or not moe.pattern(c.num_layers)[layer]:
-        return dense + _mlp(c, c.ffn_hidden_size), []
-    dense = dense + [(moe.num_experts, c.hidden_size)]  # the router
-    if moe.moe_shared_expert_intermediate_size:
-        dense += _mlp(c, moe.moe_shared_expert_intermediate_size)
-    local = max(1, moe.num_experts // moe.ep)
-    return dense, _mlp(c, moe.ffn(c.ffn_hidden_size)) * local
+    matrices before tensor parallelism (its blocks', `predictor.layers.block.Block.matrices`); the experts' are
+    those of this GPU's expert-parallel rank."""
+    dense: list[tuple[int, int]] = []
+    expert: list[tuple[int, int]] = []
+    for block in layer_blocks(c, layer):
+        d, e = block.matrices(c, settings.split_qkv)
+        dense += d
+        expert += e
+    return dense, expert
 
 
 def _orthogonalised(rows: int, cols: int, split: int, mode: str) -> tuple[tuple[int, int], float]:

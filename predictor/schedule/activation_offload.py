@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from predictor.layers.block import Block
+from predictor.layers.decoder import blocks_named
 from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import hardware_spec
 from tracekit.core.hosts import host_memory_gbs
@@ -75,48 +77,16 @@ def _min_elements(c: TrainingConfig) -> float:
     return float(MIN_OFFLOADED_ELEMENTS if value is None else value)
 
 
-def group_tensors(c: TrainingConfig, moe_layer: bool) -> dict[str, list[float]]:
-    """Elements of each tensor every offloadable module saves for its backward, per layer and micro-batch on one GPU.
-    Tokens are the sequence (over CP) × micro-batch; with sequence parallelism the norms and the linears' inputs are
-    the local 1/tp of them (Transformer Engine saves the local shard and gathers it again in the backward); attention's
-    q, k, v and output hold the local heads of every token."""
-    tokens = c.seq_length // c.cp * c.micro_batch_size
-    t, h = c.tp, c.hidden_size
-    local = tokens // t if c.sequence_parallel else tokens
-    heads = c.num_attention_heads // t
-    s = c.seq_length // c.cp
-    a = c.attn
-    out: dict[str, list[float]] = {"attn_norm": [float(local * h)], "mlp_norm": [float(local * h)]}
-    if a is not None and a.multi_latent_attention:
-        q_dim = a.qk_head_dim + a.qk_pos_emb_head_dim
-        # the down projections' input, then each compressed tensor twice: its norm's input and its up projection's
-        ranks = [a.q_lora_rank, a.q_lora_rank] if a.q_lora_rank else []
-        out["qkv_linear"] = [float(local * r) for r in [h] + ranks + [a.kv_lora_rank, a.kv_lora_rank]]
-        qkv = [float(tokens * heads * q_dim), float(tokens * heads * q_dim), float(tokens * heads * a.v_head_dim)]
-        v_dim = a.v_head_dim
-    else:
-        d, groups = c.head_dim, max(1, c.num_query_groups // t)
-        out["qkv_linear"] = [float(local * h)]
-        qkv = [float(tokens * heads * d), float(tokens * groups * d), float(tokens * groups * d)]
-        v_dim = d
-    if c.attention == "flash":  # q, k, v, the output and the fp32 softmax statistics (2 elements of bf16 each)
-        core = qkv + [tokens * heads * v_dim, 2.0 * c.micro_batch_size * heads * s]
-    else:  # baddbmm's q and k, bmm's probabilities and v; with dropout its mask (half) and the dropped copy
-        probs = float(c.micro_batch_size * heads * s * s)
-        core = qkv + [probs] + ([0.5 * probs, probs] if c.attention_dropout > 0 else [])
-    out["core_attn"] = core
-    out["attn_proj"] = [float(tokens * heads * v_dim)]
-    moe = c.moe
-    if moe_layer and moe is not None:
-        f, etp = moe.ffn(c.ffn_hidden_size), moe.etp(t)
-        routed = moe.moe_router_topk * moe.load_factor() * etp * local  # token copies reaching this GPU's experts
-        fc1_in, act_in = routed * h, routed * (2 * f if c.swiglu else f) / etp
-        out["expert_fc1"], out["moe_act"] = [fc1_in], [act_in]
-        out["fused_group_mlp"] = [fc1_in, act_in, routed * f / etp]
+def group_tensors(c: TrainingConfig, blocks: tuple[Block, ...]) -> dict[str, list[float]]:
+    """Elements of each tensor every offloadable module of a layer of `blocks` saves for its backward, per layer and
+    micro-batch on one GPU: its blocks' (`predictor.layers.block.Block.offload_tensors`)."""
+    out: dict[str, list[float]] = {}
+    for block in blocks:
+        out.update(block.offload_tensors(c))
     return out
 
 
-def group_bytes(c: TrainingConfig, moe_layer: bool) -> dict[str, float]:
+def group_bytes(c: TrainingConfig, blocks: tuple[Block, ...]) -> dict[str, float]:
     """Bytes each offloaded module's group copies to the host (and back) per layer and micro-batch on one GPU: its
     saved tensors of at least `--min-offloaded-tensor-size` elements, in the training dtype, times
     `--activation-offload-fraction`."""
@@ -124,7 +94,7 @@ def group_bytes(c: TrainingConfig, moe_layer: bool) -> dict[str, float]:
     if not modules:
         return {}
     smallest, share = _min_elements(c), _fraction(c)
-    tensors = group_tensors(c, moe_layer)
+    tensors = group_tensors(c, blocks)
     return {m: share * c.dtype_bytes * sum(n for n in tensors[m] if n >= smallest)
             for m in modules if m in tensors}
 
@@ -189,11 +159,6 @@ def forward_exposed_us(copies_us: float, compute_us: float) -> float:
     return max(0.0, copies_us - compute_us)
 
 
-def _moe_block(block: str) -> bool:
-    """Whether a layer block (`OpUse.block`: `moe-…`, `dense-…`, `mtp0:moe-…`) is an MoE layer."""
-    return block.rsplit(":", 1)[-1].startswith("moe")
-
-
 def segment_copies(c: TrainingConfig, hardware: str, bwd: list[OpUse], dur) -> tuple[float, float]:
     """(µs the copies to the host take, µs the backward waits for the copies back) of one micro-batch of a segment,
     whose backward ops are `bwd` (per-layer ops carry their block and layer count) with µs per spec `dur`; (0, 0)
@@ -201,7 +166,7 @@ def segment_copies(c: TrainingConfig, hardware: str, bwd: list[OpUse], dur) -> t
     rate = link_bytes_per_us(hardware)
     if not offload_modules(c) or rate <= 0:
         return 0.0, 0.0
-    per_kind = {moe: LayerCopies(group_bytes(c, moe), rate) for moe in (False, True)}
+    per_kind: dict[tuple[Block, ...], LayerCopies] = {}
     copies = waits = 0.0
     runs: list[tuple[str, int, list[tuple[str, float]]]] = []
     for op in bwd:
@@ -211,7 +176,10 @@ def segment_copies(c: TrainingConfig, hardware: str, bwd: list[OpUse], dur) -> t
             runs.append((op.block, op.count, []))
         runs[-1][2].append(("" if op.recompute else op.name, float(dur[op.spec])))  # a replay is no group's
     for block, count, ops in runs:
-        layer = per_kind[_moe_block(block)]
+        blocks = blocks_named(block)
+        if blocks not in per_kind:
+            per_kind[blocks] = LayerCopies(group_bytes(c, blocks), rate)
+        layer = per_kind[blocks]
         copies += layer.total_us * count
         waits += backward_exposed_us(ops, layer) * count
     return copies, waits

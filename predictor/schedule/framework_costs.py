@@ -34,6 +34,7 @@ from predictor.costs.physics.collectives import BASE_US
 from predictor.costs.physics.roofline import MEMORY_EFFICIENCY, rates
 from predictor.ir.graph import Graph
 from predictor.ir.ops import OpUse
+from predictor.layers.decoder import layer_blocks
 from predictor.parallel import muon
 from tracekit.core.cluster import Cluster
 from tracekit.core.config import TrainingConfig
@@ -166,24 +167,15 @@ class ChunkTensors:
 
 def _layer_tensors(c: TrainingConfig, layer: int) -> tuple[int, int]:
     """(tensors, linear weights) of one decoder layer on one GPU: weights, biases and norm parameters as
-    Megatron-core's Transformer Engine layers register them."""
+    Megatron-core's Transformer Engine layers register them (its blocks', `predictor.layers.block.Block.tensors`)."""
     norm = 1 if c.normalization == "RMSNorm" else 2
     bias = 1 if c.add_bias_linear else 0
-    a = c.attn
-    if a is not None and a.multi_latent_attention:
-        linears, biased, norms = (2 if a.q_lora_rank else 1) + 3, 1, 2 + (1 if a.q_lora_rank else 0)
-    else:
-        linears, biased, norms = 2, 2, 1 + (2 if a is not None and a.qk_layernorm else 0)
-    moe = c.moe
-    if moe is not None and moe.pattern(c.num_layers)[layer]:
-        experts = 2 * moe.local_experts
-        shared = 2 if moe.moe_shared_expert_intermediate_size else 0
-        linears += 1 + experts + shared  # the router, the local experts' fc1/fc2, the shared experts
-        biased += experts + shared
-    else:
-        linears += 2
-        biased += 2
-    norms += 1
+    linears = biased = norms = 0
+    for block in layer_blocks(c, layer):
+        held = block.tensors(c)
+        linears += held.linears
+        biased += held.biased
+        norms += held.norms
     return linears + bias * biased + norm * norms, linears
 
 
