@@ -22,7 +22,7 @@ TILE = 128  # output tile edge used for tile/wave counts (typical tensor-core CT
 _DTYPE_BYTES = {
     "fp16": 2, "float16": 2, "half": 2, "c10::half": 2, "bf16": 2, "bfloat16": 2, "c10::bfloat16": 2,
     "fp32": 4, "float32": 4, "float": 4, "tf32": 4, "fp8": 1, "float8": 1, "fp64": 8, "double": 8, "float64": 8,
-    "fp8_block": 1 + 4 / 128, "mxfp8": 1 + 1 / 32, "nvfp4": 0.5 + 1 / 16, "mxfp4": 0.5 + 1 / 32,
+    "fp8_block": 1 + 4 / 128, "fp8_row": 1, "mxfp8": 1 + 1 / 32, "nvfp4": 0.5 + 1 / 16, "mxfp4": 0.5 + 1 / 32,
 }
 
 #: Shape features each primitive is described by (subset of core.samples.FEATURE_COLUMNS).

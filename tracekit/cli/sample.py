@@ -14,8 +14,8 @@ def sample_command(
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     primitives: str = typer.Option(
         None, "--primitives",
-        help="Comma list (default all): gemm, attention, norm, elementwise (with FSDP2's copies), activation, "
-        "embedding, cross_entropy, "
+        help="Comma list (default all): gemm (with MoE experts' and fp8 GEMMs), bmm, attention, softmax, norm, "
+        "elementwise (with FSDP2's copies, RoPE, dropout, MoE routing), activation, embedding, cross_entropy, "
         "optimizer, framework (CPU only: time per operator beyond the operators' own, from tracekit's reference "
         "layer), all_reduce, all_gather, reduce_scatter, send_recv.",
     ),
@@ -49,7 +49,7 @@ def sample_command(
     counts = result.counts()
     summary = {"hardware": result.hardware, "device": result.device, "dtype": result.dtype, "source": result.source,
                "seconds": round(result.seconds, 1), "stopped_by_budget": result.stopped_by_budget,
-               "samples": counts, "store": str(store or default_store())}
+               "samples": counts, "skipped": result.skipped, "store": str(store or default_store())}
     if as_json:
         print_json(summary)
         return
@@ -61,5 +61,7 @@ def sample_command(
     for name, count in sorted(counts.items()):
         table.add_row(name, str(count))
     console.print(table)
+    for name, reason in sorted(result.skipped.items()):
+        console.print(f"not sampled: {name}: {reason}")
     if result.stopped_by_budget:
         console.print("the budget ran out before every shape was timed; a larger --budget times more shapes")

@@ -106,7 +106,7 @@ class HardwareSpec:
 #: and MXFP4 on the fp4 ones; fp32 is the vector peak; TF32 runs at half the fp16 peak, as on every datasheet that
 #: lists it (A100 156/312, H100 495/989, B200 1125/2250, MI300X 654/1307).
 PEAK_KIND = {"fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "bf16": "fp16", "fp8": "fp8", "fp8_block": "fp8",
-             "mxfp8": "fp8", "nvfp4": "fp4", "mxfp4": "fp4"}
+             "fp8_row": "fp8", "mxfp8": "fp8", "nvfp4": "fp4", "mxfp4": "fp4"}
 
 
 DATASHEETS = DATA / "hardware.json"

@@ -23,6 +23,9 @@ PRIMITIVES = COMPUTE_PRIMITIVES + MEMORY_PRIMITIVES + COLLECTIVE_PRIMITIVES + HO
 #: Suffix of an optimizer step's variant over DTensor parameters (torch FSDP2's sharded parameters: every op of the
 #: step dispatches through DTensor), beside the plain-tensor step of the same stage (`firstStage_optimizer`).
 DTENSOR_SUFFIX = "_dtensor"
+#: Suffix of an optimizer step's variant with a fused multi-tensor Adam (torch's `fused=True` AdamW, as TE's and apex's
+#: FusedAdam step), beside the plain step of the same stage (a GPU's: torch's `foreach` AdamW, Megatron's fallback).
+FUSED_SUFFIX = "_fused"
 
 #: PyTorch FSDP2's copies around its collectives, by op name (the `variant` of their elementwise rows wherever they
 #: come from: a trace's op, `tracekit sample`, the predictor's graph): each unit's parameter shards into the
@@ -34,6 +37,13 @@ FSDP_COPIES = (FSDP_COPY_IN, FSDP_COPY_OUT, FSDP_GRAD_COPY_IN)
 #: The `framework` variant of FSDP2's own host time per unit and pass (its hooks, beyond the unit's operators and
 #: copies), beside `reference_layer`'s time per compute operator.
 FSDP2_UNIT = "fsdp2_unit"
+
+#: A gated linear unit's activation rows (SwiGLU, GLU: the FC1 output's two halves in, one half out) are stored as
+#: the GELU rows that move the same bytes, per pass: forward it reads both halves and writes one (3 element moves per
+#: output element against GELU's 2), backward it reads the gradient and both halves and writes both halves'
+#: gradients (5 against 3). `rows` and `numel` of a GLU row are its output's times this factor (`width` is the
+#: output's), as the predictor sizes them (predictor.layers.mlp.activation) and `tracekit sample` stores them.
+GLU_ROW_SCALE = {"fwd": 3.0 / 2.0, "bwd": 5.0 / 3.0}
 
 #: Passes, as stored: forward, backward, optimizer step, communication.
 PASSES = ("fwd", "bwd", "optimizer", "comm")

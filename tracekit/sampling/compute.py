@@ -25,6 +25,7 @@ from tracekit.core.samples import (
     FSDP_GRAD_COPY_IN,
 )
 
+from .optimizer_steps import adamw_step
 from .shapes import (
     FSDP_COPY_RANKS,
     OPTIMIZER_SHARDS,
@@ -51,8 +52,10 @@ class Timer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def fwd_bwd(self, leaves: list[torch.Tensor], forward: Callable[[], torch.Tensor]) -> tuple[float, float]:
-        """Median forward and backward µs of `forward()` (its result is reduced by backward with ones).
+    def fwd_bwd(self, leaves: list[torch.Tensor], forward: Callable[[], torch.Tensor | tuple[torch.Tensor, ...]]
+                ) -> tuple[float, float]:
+        """Median forward and backward µs of `forward()` (its result, a tensor or a tuple of them, is reduced by
+        backward with ones).
 
         With `first_touch` (on a CPU) the forwards run first, each keeping its activations, into memory just
         returned to the system, then the backwards. A training step runs so: its forward keeps a pass's activations
@@ -74,7 +77,7 @@ class Timer:
             self.sync()
             fwd.append(time.perf_counter() - t0)
             if grad is None:
-                grad = torch.ones_like(out)
+                grad = tuple(torch.ones_like(o) for o in out) if isinstance(out, tuple) else torch.ones_like(out)
             if keep:
                 outs.append(out)
             else:
@@ -82,16 +85,16 @@ class Timer:
         bwd += [self._backward(leaves, out, grad) for out in outs]
         return _median_us(fwd[self.warmup:]), _median_us(bwd[self.warmup:])
 
-    def _backward(self, leaves: list[torch.Tensor], out: torch.Tensor, grad: torch.Tensor | None) -> float:
+    def _backward(self, leaves: list[torch.Tensor], out, grad) -> float:
         """µs of `out`'s backward into fresh gradients (none accumulated from the last repeat)."""
         for leaf in leaves:
             leaf.grad = None
         t0 = time.perf_counter()
-        out.backward(grad)
+        torch.autograd.backward(out, grad)
         self.sync()
         return time.perf_counter() - t0
 
-    def once(self, step: Callable[[], None]) -> float:
+    def once(self, step: Callable[[], object]) -> float:
         """Median µs of `step()`. With `first_touch` each run's allocations are pages touched for the first time, as
         in a training step, where the memory the last pass freed has gone back to the system (`fwd_bwd`): FSDP2's
         copy out of a layer's gathered parameters then takes ~6× its time writing over the last run's freed buffer."""
@@ -129,7 +132,7 @@ def _malloc_trim():
         return None
 
 
-def _leaf(shape, dtype, device, scale: float = 1.0) -> torch.Tensor:
+def leaf(shape, dtype, device, scale: float = 1.0) -> torch.Tensor:
     return (torch.randn(shape, device=device, dtype=torch.float32) * scale).to(dtype).requires_grad_()
 
 
@@ -139,32 +142,33 @@ def time_case(case: Case, dtype_name: str, timer: Timer) -> dict[str, float]:
     f = dict(case.features)
     kind = case.primitive
     if kind == "gemm":
-        x, w = _leaf((int(f["m"]), int(f["k"])), dtype, dev), _leaf((int(f["n"]), int(f["k"])), dtype, dev, 0.02)
+        x, w = leaf((int(f["m"]), int(f["k"])), dtype, dev), leaf((int(f["n"]), int(f["k"])), dtype, dev, 0.02)
         fwd, bwd = timer.fwd_bwd([x, w], lambda: F.linear(x, w))
-    elif kind == "attention":
-        shape = (int(f["batch"]), int(f["heads"]), int(f["seq"]), int(f["head_dim"]))
-        q, k, v = (_leaf(shape, dtype, dev) for _ in range(3))
+    elif kind == "attention":  # grouped-query attention: fewer key/value heads, each serving a group of queries
+        batch, heads, kv_heads = int(f["batch"]), int(f["heads"]), int(f.get("kv_heads", f["heads"]))
+        q = leaf((batch, heads, int(f["seq"]), int(f["head_dim"])), dtype, dev)
+        k, v = (leaf((batch, kv_heads, int(f["seq_kv"]), int(f["head_dim"])), dtype, dev) for _ in range(2))
         fwd, bwd = timer.fwd_bwd([q, k, v], lambda: F.scaled_dot_product_attention(  # Megatron default dropout
-            q, k, v, is_causal=True, dropout_p=0.1))
+            q, k, v, is_causal=True, dropout_p=0.1, enable_gqa=kv_heads != heads))
     elif kind == "norm":
-        x = _leaf((int(f["rows"]), int(f["width"])), dtype, dev)
+        x = leaf((int(f["rows"]), int(f["width"])), dtype, dev)
         norm = torch.nn.LayerNorm(int(f["width"]), device=dev, dtype=dtype)
         fwd, bwd = timer.fwd_bwd([x, *norm.parameters()], lambda: norm(x))
     elif kind == "elementwise" and case.variant in FSDP_COPIES:
         micros = timer.once(_fsdp_copy(case.variant, case.get("hidden"), dtype, dev))
         return {"fwd": micros, "bwd": micros}  # the same op in either pass: FSDP2 gathers for both
     elif kind == "elementwise":
-        a, b = (_leaf((int(f["rows"]), int(f["width"])), dtype, dev) for _ in range(2))
+        a, b = (leaf((int(f["rows"]), int(f["width"])), dtype, dev) for _ in range(2))
         fwd, bwd = timer.fwd_bwd([a, b], lambda: a + F.dropout(b, p=0.1))
     elif kind == "activation":
-        x = _leaf((int(f["rows"]), int(f["width"])), dtype, dev)
+        x = leaf((int(f["rows"]), int(f["width"])), dtype, dev)
         fwd, bwd = timer.fwd_bwd([x], lambda: F.gelu(x))
     elif kind == "embedding":
-        weight = _leaf((int(f["params"]), int(f["width"])), dtype, dev, 0.02)
+        weight = leaf((int(f["params"]), int(f["width"])), dtype, dev, 0.02)
         tokens = torch.randint(0, int(f["params"]), (int(f["rows"]),), device=dev)
         fwd, bwd = timer.fwd_bwd([weight], lambda: F.embedding(tokens, weight))
     elif kind == "cross_entropy":
-        logits = _leaf((int(f["rows"]), int(f["width"])), dtype, dev)
+        logits = leaf((int(f["rows"]), int(f["width"])), dtype, dev)
         target = torch.randint(0, int(f["width"]), (int(f["rows"]),), device=dev)
         fwd, bwd = timer.fwd_bwd([logits], lambda: F.cross_entropy(logits.float(), target, reduction="none"))
     elif kind == "optimizer" and case.variant.endswith(DTENSOR_SUFFIX):
@@ -205,8 +209,13 @@ def _fsdp_copy(variant: str, hidden: int, dtype, dev: torch.device, n: int = FSD
 
 
 def _optimizer_step(shapes: list[tuple[int, ...]], dtype, timer: Timer) -> float:
-    """Adam over tensors of these shapes (fp32 main copies for fp16/bf16, as Megatron), as the trainer steps it."""
+    """The step of a stage's parameters as a run on this device takes it: on a GPU Megatron's (torch's AdamW,
+    `foreach`, on fp32 main copies: tracekit.sampling.optimizer_steps), on a CPU the reference trainer's (Adam, fp32
+    main copies for fp16/bf16, as Megatron)."""
     from tracekit.reference.train import MixedPrecisionAdam
+
+    if timer.device.type == "cuda":
+        return adamw_step(shapes, dtype, timer, fused=False)
 
     tensors = [torch.nn.Parameter(torch.randn(shape, device=timer.device).to(dtype)) for shape in shapes]
     for t in tensors:
@@ -247,7 +256,7 @@ def _framework_overhead(point: Point, dtype_name: str, timer: Timer) -> dict[str
     args, topo = _reference_layer_setup(point, dtype_name, dev)
     with one_rank_group():
         layer = TransformerLayer(args, topo, 0, dtype).train()
-        x = _leaf((point.seq, point.micro_batch, point.hidden), dtype, dev)
+        x = leaf((point.seq, point.micro_batch, point.hidden), dtype, dev)
         whole = timer.fwd_bwd([x, *layer.parameters()], lambda: layer(x))
     parts, cases = [0.0, 0.0], layer_cases(point)
     for case, count in cases:
@@ -301,7 +310,7 @@ def _fsdp2_unit_overhead(point: Point, dtype_name: str, timer: Timer) -> dict[st
                     for layer in stack:
                         fully_shard(layer, mesh=mesh, reshard_after_forward=True)
                     fully_shard(stack, mesh=mesh)
-                x = _leaf((point.seq, point.micro_batch, point.hidden), dtype, dev)
+                x = leaf((point.seq, point.micro_batch, point.hidden), dtype, dev)
                 times[(sharded, layers)] = timer.fwd_bwd([x], lambda: stack(x))
         copy = {variant: timer.once(_fsdp_copy(variant, point.hidden, dtype, dev, 1)) for variant in FSDP_COPIES}
     per_unit = [((times[(True, 3)][i] - times[(True, 1)][i]) - (times[(False, 3)][i] - times[(False, 1)][i])) / 2

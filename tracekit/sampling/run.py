@@ -2,6 +2,7 @@
 under this device's hardware id."""
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import time
@@ -14,6 +15,8 @@ from tracekit.core.hardware import cpu_hardware_id, normalize_hardware
 from tracekit.core.hashing import bytes_digest
 from tracekit.core.store import SampleStore
 
+from .model_cases import model_cases
+from .plan import compute_share, order, speed
 from .shapes import (
     COLLECTIVES,
     COMPUTE,
@@ -40,6 +43,8 @@ class SampleRun:
     rows: list[dict] = field(default_factory=list)
     seconds: float = 0.0
     stopped_by_budget: bool = False
+    #: "primitive/variant[/dtype]" → why those cases were not timed here (a kernel this torch or device lacks)
+    skipped: dict[str, str] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -74,7 +79,8 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
     import torch
 
     from .collectives import run_collectives
-    from .compute import DTYPES, Timer, one_rank_group, time_case
+    from .compute import DTYPES, Timer, one_rank_group
+    from .recipes import time_any, unsupported
 
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"device must be cpu or cuda, not {device!r}")
@@ -103,7 +109,7 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
     result = SampleRun(hardware, device, dtype)
     start = time.time()
     deadline = start + budget_s
-    compute_deadline = start + budget_s * (len(compute) / len(chosen)) if collectives else deadline
+    compute_deadline = start + compute_share(budget_s, len(compute), len(collectives))
 
     def report() -> None:
         if progress:
@@ -111,18 +117,29 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
 
     if compute:
         timer = Timer(torch.device("cuda" if device == "cuda" else "cpu"), warmup, repeats)
-        # FSDP2's copies first: a sweep of sizes that takes seconds, which a short budget should not cut
-        copies = fsdp_copy_cases(device) if "elementwise" in compute else []
-        cases = copies + list(dict.fromkeys(case for point in points(device) for case in compute_cases(point, compute)))
+        cases = planned_cases(device, compute, dtype, warmup + repeats, hardware)
         timings: dict[Case, dict[str, list[float]]] = {}
         with one_rank_group():
-            for case in cases * rounds:  # pass after pass; the deadline may cut the first one short
+            runnable = []
+            for case in cases:  # each kernel this torch or device lacks is named once, at a tiny shape
+                reason = unsupported(case, timer.device, dtype)
+                if reason:
+                    result.skipped.setdefault(kind_name(case), reason)
+                else:
+                    runnable.append(case)
+            for case in runnable * rounds:  # pass after pass; the deadline may cut the first one short
                 if time.time() >= compute_deadline:
                     break
-                for pass_, micros in time_case(case, dtype, timer).items():
+                try:
+                    timed = time_any(case, dtype, timer)
+                except torch.OutOfMemoryError:  # one shape too large for this GPU: named, the rest go on
+                    torch.cuda.empty_cache()
+                    result.skipped.setdefault(f"{kind_name(case)} {_shape(case)}", "out of memory on this device")
+                    continue
+                for pass_, micros in timed.items():
                     timings.setdefault(case, {}).setdefault(pass_, []).append(micros)
                 report()
-        result.stopped_by_budget = len(timings) < len(cases)
+        result.stopped_by_budget = len(timings) < len(runnable)
         for case, passes in timings.items():
             for pass_, values in passes.items():
                 result.rows.append(_row(hardware, case, pass_, dtype, statistics.median(values)))
@@ -154,7 +171,29 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
     return result
 
 
+def planned_cases(device: str, compute: set[str], dtype: str, runs: int, hardware: str | None = None) -> list[Case]:
+    """Every compute case of `device` among `compute` in the plan's order (tracekit.sampling.plan): FSDP2's copies,
+    the GPT grid's layer operators (tracekit.sampling.shapes) and the catalogue's (tracekit.sampling.model_cases),
+    the last two alternating so that a kind both give (a linear's GEMM) takes shapes from each."""
+    copies = fsdp_copy_cases(device) if "elementwise" in compute else []
+    grid = list(dict.fromkeys(case for point in points(device) for case in compute_cases(point, compute)))
+    catalog = model_cases(device, compute)
+    merged = copies + [c for pair in itertools.zip_longest(grid, catalog) for c in pair if c is not None]
+    return order(list(dict.fromkeys(merged)), speed(device, hardware), DTYPE_BYTES[dtype], runs, device)
+
+
+def kind_name(case: Case) -> str:
+    """`primitive/variant[/dtype]` of a case's kind (tracekit.sampling.shapes.Case.kind)."""
+    return "/".join(part for part in case.kind if part)
+
+
+def _shape(case: Case) -> str:
+    return " ".join(f"{k}={v:g}" for k, v in case.features)
+
+
 def _row(hardware: str, case: Case, pass_: str, dtype: str, micros: float) -> dict:
-    return {"hardware": hardware, "primitive": case.primitive, "pass": pass_, "dtype": dtype,
-            "variant": case.variant, **dict(case.features), "duration_us": float(micros),
-            "kernel": f"tracekit.sample:{case.variant}", "source_path": SOURCE_PATH}
+    recipe = case.get("recipe")
+    return {"hardware": hardware, "primitive": case.primitive, "pass": pass_, "dtype": case.dtype or dtype,
+            "variant": case.variant, **case.features_for(pass_), "duration_us": float(micros),
+            "kernel": f"tracekit.sample:{case.variant}" + (f" ({recipe})" if recipe else ""),
+            "source_path": SOURCE_PATH}

@@ -11,11 +11,11 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
-from tracekit.core.samples import DTENSOR_SUFFIX, FSDP2_UNIT, FSDP_COPIES, FSDP_COPY_IN
+from tracekit.core.samples import DTENSOR_SUFFIX, FSDP2_UNIT, FSDP_COPIES, FSDP_COPY_IN, FUSED_SUFFIX
 
 #: Primitives `tracekit sample` can time.
-COMPUTE = ("gemm", "attention", "norm", "elementwise", "activation", "embedding", "cross_entropy", "optimizer",
-           "framework")
+COMPUTE = ("gemm", "bmm", "attention", "softmax", "norm", "elementwise", "activation", "embedding", "cross_entropy",
+           "optimizer", "framework")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 SUPPORTED = COMPUTE + COLLECTIVES
 COLLECTIVE_VARIANTS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
@@ -44,18 +44,42 @@ class Point:
 
 @dataclass(frozen=True)
 class Case:
-    """One operator shape to time: primitive, variant (source label) and the sample features."""
+    """One operator shape to time: primitive, variant (source label) and the sample features. `passes` overrides
+    features per pass (a gated activation's rows are sized per pass as the predictor sizes them:
+    tracekit.sampling.model_cases); `dtype` overrides the run's dtype (an fp8 GEMM); `recipe` (in `extra`) names
+    the timing recipe of a case of tracekit.sampling.recipes (cases without one are compute.time_case's)."""
 
     primitive: str
     variant: str
     features: tuple[tuple[str, float], ...]
     extra: tuple[tuple[str, object], ...] = field(default=())
+    passes: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = field(default=())
+    dtype: str | None = None
 
     def feature(self, name: str) -> float:
         return dict(self.features)[name]
 
-    def get(self, name: str):
-        return dict(self.extra)[name]
+    def get(self, name: str, default: object = None):
+        return dict(self.extra).get(name, default)
+
+    def features_for(self, pass_: str) -> dict[str, float]:
+        """The features stored with this case's row of `pass_`."""
+        return {**dict(self.features), **dict(dict(self.passes).get(pass_, ()))}
+
+    @property
+    def kind(self) -> tuple[str, str, str]:
+        """(primitive, variant family, dtype override): what the budget plan covers once before any second shape
+        (tracekit.sampling.plan); an optimizer's stages and layer counts are one family per implementation."""
+        return self.primitive, family(self.variant), self.dtype or ""
+
+
+def family(variant: str) -> str:
+    """A variant without the pipeline stage an optimizer step is of (`firstStage_optimizer_fused` → `optimizer_fused`):
+    the stages are sizes of one step."""
+    for stage in ("firstStage_", "middleStage_", "lastStage_"):
+        if variant.startswith(stage):
+            return variant[len(stage):]
+    return variant
 
 
 GRIDS = {  # hidden, seq, micro-batch, tp, vocab
@@ -131,6 +155,8 @@ def compute_cases(point: Point, primitives: set[str]) -> list[Case]:
             params = layers * layer + (v_t * h + p.seq * h if kind == "firstStage" else 0) + \
                 (2 * h if kind == "lastStage" else 0)
             cases.append(_case("optimizer", f"{kind}_optimizer", layers=layers, width=h, tp=t, params=params))
+            cases.append(_case("optimizer", f"{kind}_optimizer{FUSED_SUFFIX}", {"recipe": "adamw_fused"},
+                               layers=layers, width=h, tp=t, params=params))
             local = sum(math.prod(s) for s in shard_shapes(stage_shapes(layers, h, t, params), OPTIMIZER_SHARDS))
             cases.append(_case("optimizer", f"{kind}_optimizer{DTENSOR_SUFFIX}", {"stage_params": params},
                                layers=layers, width=h, tp=t, params=local))

@@ -45,7 +45,8 @@ ALIASES = {
 ROLE_PRIMITIVES = ("gemm", "bmm")
 #: GEMM input dtypes with models of their own: a GEMM in one of these is another kernel on other tensor cores than
 #: the half-precision GEMMs the pooled models learn (fp32 stays pooled: CPU runs sample their GEMMs in fp32).
-DTYPE_GROUPS = ("tf32", "fp8", "fp8_block", "mxfp8", "nvfp4", "mxfp4")
+#: (`fp8_row`: fp8 with a scale per row and column, torch._scaled_mm's rowwise, as `tracekit sample` times it)
+DTYPE_GROUPS = ("tf32", "fp8", "fp8_block", "fp8_row", "mxfp8", "nvfp4", "mxfp4")
 
 
 def dtype_key(dtype: object, role: object = None) -> str | None:

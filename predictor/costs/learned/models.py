@@ -85,7 +85,7 @@ from predictor.costs.physics.transfer import transfer
 from tracekit.core.data_files import DATA
 from tracekit.core.errors import ModelError
 from tracekit.core.hardware import gpu_family, hardware_spec
-from tracekit.core.samples import DTENSOR_SUFFIX, GEMM_ROLES
+from tracekit.core.samples import DTENSOR_SUFFIX, FUSED_SUFFIX, GEMM_ROLES
 
 FORMAT = "tracekit-models/1"
 INDEX = "index.json"
@@ -188,8 +188,10 @@ class ModelSet:
                 return None
         if isinstance(variant, str) and variant in groups:
             return groups[variant]
-        if isinstance(variant, str) and variant.endswith(DTENSOR_SUFFIX):  # no DTensor step sampled here: the plain
-            return self.resolve(hardware, primitive, pass_, variant[:-len(DTENSOR_SUFFIX)])  # step of its stage
+        # no DTensor step or fused optimizer step sampled here: its stage's plain step (`rmsnorm_fused` is a kernel)
+        for suffix in (DTENSOR_SUFFIX, FUSED_SUFFIX) if primitive == "optimizer" else (DTENSOR_SUFFIX,):
+            if isinstance(variant, str) and variant.endswith(suffix):
+                return self.resolve(hardware, primitive, pass_, variant[:-len(suffix)])
         wanted = variant_key(variant)
         if wanted:
             for name, model in groups.items():

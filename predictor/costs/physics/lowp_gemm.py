@@ -31,7 +31,7 @@ from tracekit.core.errors import ConfigError
 from tracekit.core.hardware import hardware_spec
 
 #: Dtypes below bf16 the curve answers, and those above it the roofline bound answers.
-LOW = ("fp8", "fp8_block", "mxfp8", "nvfp4", "mxfp4")
+LOW = ("fp8", "fp8_block", "fp8_row", "mxfp8", "nvfp4", "mxfp4")
 HIGH = ("fp32",)
 #: Grid of e (bf16 efficiency) the learned curves are kept on.
 GRID = np.round(np.linspace(0.0, 1.0, 21), 3)
