@@ -52,7 +52,7 @@ from predictor.model_keys import deduplicate, groups_of, shapeless_rows  # noqa:
 from predictor.models import ModelSet  # noqa: E402
 from predictor.regressor import RATIO_TARGET, cv_splits, design, faster_than_peak, fit, predict  # noqa: E402
 from predictor.roofline import estimate_us  # noqa: E402
-from predictor.transfer import choose, source_weights  # noqa: E402
+from predictor.transfer import choose, source_weights, transfer_candidates  # noqa: E402
 from tracekit.core.atomic import atomic_write_json  # noqa: E402
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES, COMPUTE_PRIMITIVES  # noqa: E402
 
@@ -168,7 +168,7 @@ def compare(rows: pd.DataFrame, models: ModelSet, label: str, selected: bool = T
                         "roofline": (estimate_us(rows) - true) / true}).abs()
     ape["as_is"] = np.nan
     for (hw, primitive, pass_), index in rows.groupby(["hardware", "primitive", "pass"]).groups.items():
-        held = [h for h in models.hardware_ids() if models.resolve(h, str(primitive), str(pass_)) is not None]
+        held = transfer_candidates(models, str(primitive), str(pass_))
         weights = source_weights(str(hw), held)
         if not weights:
             continue

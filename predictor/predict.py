@@ -67,6 +67,7 @@ from .memory import config_memory
 from .plausibility import check as plausibility
 from .schedule import Timeline, Work
 from .stage_work import simulation_inputs
+from .transfer import transfer_candidates
 from .zero_bubble import as_run, simulate_jobs
 
 BREAKDOWN = ("compute", "exposed_communication", "pipeline_bubble", "optimizer", "other")
@@ -194,7 +195,7 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
     if len(clusters) != len(configs):
         raise ValueError("give one cluster, or one per configuration")
     available = list(models.hardware_ids())
-    compute = [hw for hw in available if models.resolve(hw, "gemm", "fwd") is not None]
+    compute = transfer_candidates(models, "gemm", "fwd")
     built: list[tuple[Graph, Cluster, list[str]] | Exception] = []
     rows: list[dict] = []
     row_cluster: list[Cluster | None] = []
