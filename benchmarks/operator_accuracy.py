@@ -59,7 +59,7 @@ from predictor.costs.learned.regressor import (  # noqa: E402
     predict,
 )
 from predictor.costs.physics.roofline import estimate_us  # noqa: E402
-from predictor.costs.physics.transfer import choose, source_weights  # noqa: E402
+from predictor.costs.physics.transfer import choose, source_weights, transfer_candidates  # noqa: E402
 from tracekit.core.atomic import atomic_write_json  # noqa: E402
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES, COMPUTE_PRIMITIVES  # noqa: E402
 
@@ -175,7 +175,7 @@ def compare(rows: pd.DataFrame, models: ModelSet, label: str, selected: bool = T
                         "roofline": (estimate_us(rows) - true) / true}).abs()
     ape["as_is"] = np.nan
     for (hw, primitive, pass_), index in rows.groupby(["hardware", "primitive", "pass"]).groups.items():
-        held = [h for h in models.hardware_ids() if models.resolve(h, str(primitive), str(pass_)) is not None]
+        held = transfer_candidates(models, str(primitive), str(pass_))
         weights = source_weights(str(hw), held)
         if not weights:
             continue

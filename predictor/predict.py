@@ -53,6 +53,7 @@ import numpy as np
 from predictor.architecture.flops import throughput
 from predictor.assembly.graph import build_graph
 from predictor.costs.estimates import Estimates, estimate_rows, resolve_hardware
+from predictor.costs.physics.transfer import transfer_candidates
 from predictor.ir.graph import Graph
 from predictor.memory.stages import config_memory
 from predictor.parallel import fsdp
@@ -193,7 +194,7 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
     if len(clusters) != len(configs):
         raise ValueError("give one cluster, or one per configuration")
     available = list(models.hardware_ids())
-    compute = [hw for hw in available if models.resolve(hw, "gemm", "fwd") is not None]
+    compute = transfer_candidates(models, "gemm", "fwd")
     built: list[tuple[Graph, Cluster, list[str]] | Exception] = []
     rows: list[dict] = []
     row_cluster: list[Cluster | None] = []

@@ -8,13 +8,16 @@ import re
 import socket
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT
 from tracekit.capture import Manifest, capture
 from tracekit.capture.manifest import LOG_NAME
-from tracekit.reference.launch import launch_argv
+from tracekit.capture.megatron_version import MegatronVersion, megatron_version
+from tracekit.reference.launch import launch_argv, megatron_flags
 
 TRACEKIT = [sys.executable, "-c", "from tracekit.cli import main; main()"]
 MODEL = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, micro_batch_size=2,
@@ -305,6 +308,55 @@ def test_pp_trace_has_the_pipeline_sends_of_one_activation(pp_run):
     sends = [e for e in trace["traceEvents"] if e.get("name") == "c10d::send"]
     assert len(sends) == 3 * 4  # 4 micro-batches × 3 profiled steps
     assert all(e["args"]["Input Dims"][0] == [[32, 2, 64]] for e in sends)
+
+
+def test_a_run_writing_the_017_layout_is_found_without_being_told(tmp_path):
+    """Default `--layout auto`, a launch whose Megatron version cannot be read (the reference trainer is no Megatron
+    tree): the flags every version takes are appended, the traces are looked for in both layouts and found where the
+    run wrote them (#35: they were reported as "no traces were written")."""
+    out = tmp_path / "capture"
+    argv = launch_argv(1, **MODEL, global_batch_size=2, trace_layout="torch_profile")
+    manifest = capture(out, argv, steps=STEPS, ingest=False, echo=False)
+    assert manifest.status == "ok", (out / "train.log").read_text()[-2000:]
+    assert manifest.traces == ["torch_profile/rank-0.json.gz"] and manifest.layout == "torch_profile"
+    assert "version not found" in manifest.layout_source and "found in the torch_profile layout" in \
+        manifest.layout_source
+    assert "--pytorch-profiler-collect-shapes" not in " ".join(manifest.notes)  # an older Megatron refuses it
+    assert not any("no traces" in note for note in manifest.notes)
+    events = _load(out / "torch_profile" / "rank-0.json.gz")["traceEvents"]
+    assert not any(e.get("cat") == "cpu_op" and "Input Dims" in e["args"] for e in events)  # shapes not asked for
+    done = _cli("capture", "--out", str(tmp_path / "bad"), "--layout", "newest", "--", *argv)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "auto, tensorboard, torch_profile" in done.stderr
+
+
+VENDORED = sorted((ROOT.parent / "shared" / "vendor").glob("megatron-lm-*.tar.gz"))
+
+
+@pytest.mark.skipif(not VENDORED, reason="the vendored Megatron-LM snapshot is not beside the checkout")
+def test_the_megatron_version_of_the_launch_picks_its_layout_and_its_shapes(tmp_path):
+    """A launch from a Megatron-LM tree (the vendored snapshot's own `megatron/core/package_info.py`, core 0.20; its
+    `pretrain_gpt.py` is the reference trainer, which runs on this CPU): the torch_profile layout is asked for with
+    shapes, and the trace has them."""
+    tree = tmp_path / "megatron-lm"
+    with tarfile.open(VENDORED[-1]) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("megatron/core/package_info.py"))
+        info = tree / "megatron" / "core" / "package_info.py"
+        info.parent.mkdir(parents=True)
+        info.write_bytes(tar.extractfile(member).read())
+    found = megatron_version(["torchrun", str(tree / "pretrain_gpt.py")], env={}, cwd=tmp_path)
+    assert found is not None and found.where == str(info) and found.release >= (0, 17)
+    assert MegatronVersion("0.16.0", "").layout == "tensorboard" and found.layout == "torch_profile"
+    (tree / "pretrain_gpt.py").write_text("from tracekit.reference.train import main\n\nmain()\n")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+            str(tree / "pretrain_gpt.py"), *megatron_flags(**MODEL, global_batch_size=2)]
+    out = tmp_path / "capture"
+    manifest = capture(out, argv, steps=STEPS, ingest=False, echo=False)
+    assert manifest.status == "ok", (out / "train.log").read_text()[-2000:]
+    assert manifest.layout == "torch_profile" and manifest.traces == ["torch_profile/rank-0.json.gz"]
+    assert manifest.layout_source.startswith(f"torch_profile asked for, from Megatron-core {found.version}")
+    assert "--pytorch-profiler-collect-shapes" in " ".join(manifest.notes)
+    events = _load(out / "torch_profile" / "rank-0.json.gz")["traceEvents"]
+    assert any(e.get("cat") == "cpu_op" and e["args"].get("Input Dims") for e in events)
 
 
 def test_failing_launch_passes_its_exit_code_and_keeps_what_it_captured(tmp_path):

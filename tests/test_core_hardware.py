@@ -2,7 +2,7 @@
 import pytest
 
 from tracekit.core.cluster import Cluster
-from tracekit.core.hardware import cpu_hardware_id, hardware_spec, normalize_hardware
+from tracekit.core.hardware import SPECS, cpu_hardware_id, hardware_spec, normalize_hardware
 from tracekit.core.redact import redact
 
 
@@ -21,6 +21,61 @@ from tracekit.core.redact import redact
 )
 def test_normalize(name, expected):
     assert normalize_hardware(name) == expected
+
+
+#: What `torch.cuda.get_device_name()` (cudaDeviceProp.name, as nvidia-smi and a trace's deviceProperties print it)
+#: returns on each part with a datasheet entry, from published logs and code that checks the name.
+DEVICE_NAMES = [
+    ("NVIDIA H200", "H200-141GB"),
+    ("NVIDIA H100 80GB HBM3", "H100-80GB-HBM3"),
+    ("NVIDIA H100 PCIe", "H100-PCIE-80GB"),
+    ("NVIDIA H800", "H800-80GB-HBM3"),
+    ("NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB"),
+    ("NVIDIA A100-SXM4-40GB", "A100-SXM4-40GB"),
+    ("NVIDIA A100 80GB PCIe", "A100-PCIE-80GB"),
+    ("NVIDIA GH200 480GB", "GH200-120GB"),  # the 96 GB HBM3 GH200, named for the Grace memory beside it
+    ("NVIDIA GH200 120GB", "GH200-120GB"),
+    ("NVIDIA GH200 96GB", "GH200-120GB"),
+    ("NVIDIA B200", "B200-180GB"),
+    ("NVIDIA GB200", "GB200-186GB"),
+    ("NVIDIA B300 SXM6 AC", "B300-288GB"),
+    ("NVIDIA GB300", "GB300-288GB"),
+    ("Tesla V100-SXM2-16GB", "V100-SXM2-16GB"),
+    ("Tesla V100-SXM2-32GB", "V100-SXM2-32GB"),
+    ("AMD Instinct MI250X", "MI250X"),
+    ("AMD Instinct MI300X", "MI300X"),
+    ("AMD Instinct MI355X", "MI355X"),
+]
+
+
+@pytest.mark.parametrize("name, expected", DEVICE_NAMES)
+def test_real_device_names_give_their_datasheet_id(name, expected):
+    """The sampler, ingest, capture and the CLI all key samples and models by this id: `NVIDIA H200` was `H200`,
+    which no bundled model or datasheet entry is named (#35)."""
+    assert normalize_hardware(name) == expected
+    assert hardware_spec(expected).name == expected
+
+
+@pytest.mark.parametrize("name, expected, family_entry", [
+    ("NVIDIA H200 NVL", "H200-NVL", "H200-141GB"),  # PCIe H200: lower clocks and power than the SXM part
+    ("NVIDIA H100 NVL", "H100-NVL", "H100-80GB-HBM3"),  # 94 GB
+    ("NVIDIA GH200 144G HBM3e", "GH200-144G-HBM3E", "GH200-120GB"),  # 144 GB HBM3e, 4.9 TB/s
+    ("NVIDIA H20", "H20", None),  # a cut-down Hopper, not an H200
+    ("NVIDIA L40S", "L40S", None),
+    ("NVIDIA A100-PCIE-40GB", "A100-PCIE-40GB", "A100-SXM4-40GB"),
+])
+def test_parts_without_their_own_datasheet_entry_keep_their_own_id(name, expected, family_entry):
+    """Another part is never given a neighbour's id (its samples and models stay its own); for its peaks it falls
+    back to its family's entry, or to none."""
+    assert normalize_hardware(name) == expected
+    spec = hardware_spec(expected)
+    assert (spec.name if spec else None) == family_entry
+
+
+def test_every_datasheet_id_is_its_own_normal_form():
+    for entry in SPECS:
+        assert normalize_hardware(entry) == entry
+        assert normalize_hardware("NVIDIA " + entry.replace("-", " ")) == entry  # as a spaced device name
 
 
 def test_specs_by_family():

@@ -20,7 +20,8 @@ def test_models_command_lists_the_bundled_set_and_its_data():
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert {m["hardware"] for m in doc["models"]} == {"A100-SXM4-80GB", "GH200-120GB", "A100-SXM4-40GB",
-                                                     "H100-80GB-HBM3", "B200-180GB", "MI300X", "MI355X"}
+                                                     "H100-80GB-HBM3", "B200-180GB", "MI300X", "MI355X",
+                                                     "H200-141GB"}
     corpus_files = {p.name for p in (SAMPLES / "estimate-train-time").rglob("*_fp16*.csv")} | \
         {p.name for p in (SAMPLES / "vtrain-allreduce" / "a100").glob("*.csv")}
     sources = {s["path"] for s in doc["provenance"]["sources"]}
@@ -29,7 +30,8 @@ def test_models_command_lists_the_bundled_set_and_its_data():
     # the published tables' GPUs (#24), added as an update: their files and where each came from
     table_files = {p.name for p in (SAMPLES / "xla-matmul").glob("*.csv")} | {"h100_sm90.csv"} | \
         {p.name for p in (SAMPLES / "rocm-aiter").glob("*gemm*.csv")}
-    update, retrained = doc["updates"]  # then the GH200 models retrained with the tensor-core peak rule (#24)
+    # then the GH200 models retrained with the tensor-core peak rule (#24), then H200's from its samples (#35)
+    update, retrained, h200 = doc["updates"]
     assert {s["path"] for s in update["provenance"]["sources"]} == table_files
     assert all(s["kind"].startswith("import:") and s.get("origin") or s["kind"] == "import:aiter-gemm"
                for s in update["provenance"]["sources"])
@@ -38,10 +40,16 @@ def test_models_command_lists_the_bundled_set_and_its_data():
         {f for f in corpus_files if f.startswith("NVIDIAGH200120GB")}
     assert not any(m["hardware"] == "GH200-120GB" and m["primitive"] == "attention" and m["pass"] == "bwd"
                    for m in doc["models"])  # its samples are beyond the peak (tests/test_impossible_samples.py)
+    h200_store = json.loads((SAMPLES / "h200-tracekit-sample" / "store" / "sources.json").read_text())
+    assert h200["hardware"] == ["H200-141GB"]
+    assert {s["id"] for s in h200["provenance"]["sources"]} == set(h200_store)
+    assert {meta["hardware"] for meta in h200_store.values()} == {"H200"}  # the store's id, read as H200-141GB
     assert doc["clusters"]["H100-80GB-HBM3"] == "dgx-h100"
+    sampled = {meta["path"] for meta in h200_store.values()}
     for model in doc["models"]:
         assert model["samples"] > 0 and model["cv_mape"] is not None
-        assert set(model["sources"]) <= corpus_files | table_files
+        assert set(model["sources"]) <= corpus_files | table_files | (sampled if model["hardware"] == "H200-141GB"
+                                                                      else set())
     size = sum(p.stat().st_size for p in bundled_models_dir().iterdir())
     assert size < 8 * 2**20  # small enough to ship in the wheel
     assert not list(bundled_models_dir().glob("*.pkl"))

@@ -34,7 +34,7 @@ class Manifest:
     exit_code: int
     command: list[str]
     mode: str  # "megatron" (its profiling flags) | "hook" (import hook around optimizer steps)
-    layout: str | None  # megatron mode: "tensorboard" (core ≤ 0.16) | "torch_profile" (core ≥ 0.17)
+    layout: str | None  # megatron mode: where the traces were found, "tensorboard" (core ≤ 0.16) | "torch_profile"
     steps: str
     configuration: dict | None
     configuration_source: str | None  # "log" (arguments block) | "argv" | None
@@ -54,6 +54,7 @@ class Manifest:
     iterations: list[int] = field(default_factory=list)  # log iteration number of each iteration_times_ms value
     profiled_iterations: list[int] = field(default_factory=list)  # their times include the profiler (warm-up,
     # recorded steps, trace export): on CPU runs that inflates them noticeably
+    layout_source: str | None = None  # megatron mode: which layout was asked for, why, and where traces were found
 
     def unprofiled_iteration_times_ms(self) -> list[float]:
         """Iteration times of the log lines whose iterations ran without the profiler."""

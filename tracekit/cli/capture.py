@@ -21,8 +21,10 @@ def capture_command(
     steps: str = typer.Option("10-13", "--steps", help="Steps START-END to profile (END excluded)."),
     ranks: str = typer.Option("all", "--ranks", help="Ranks to profile: 'all' or '0,1,...'."),
     layout: str = typer.Option(
-        "tensorboard", "--layout",
-        help="Megatron trace layout: 'tensorboard' (core ≤ 0.16) or 'torch_profile' (core ≥ 0.17).",
+        "auto", "--layout",
+        help="Megatron trace layout: 'tensorboard' (core ≤ 0.16), 'torch_profile' (core ≥ 0.17) or 'auto': the "
+        "one the Megatron-core version of the launch writes (megatron/core/package_info.py beside the script, in "
+        "the working directory or on PYTHONPATH). Traces are looked for in both; the manifest says where.",
     ),
     shapes: bool = typer.Option(True, "--shapes/--no-shapes", help="Record operator shapes."),
     mode: str = typer.Option(
@@ -72,6 +74,7 @@ def _summary(out_dir: Path, manifest) -> None:
     rows = [
         ("status", f"{manifest.status} (exit {manifest.exit_code})"),
         ("mode", manifest.mode + (f" ({manifest.layout} layout)" if manifest.layout else "")),
+        *([("layout", manifest.layout_source)] if manifest.layout_source else []),
         ("hardware", manifest.hardware),
         ("world size", str(manifest.world_size)),
         ("configuration", f"from {manifest.configuration_source}: layers {config.get('num_layers')}, hidden "

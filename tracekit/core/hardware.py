@@ -15,8 +15,27 @@ _FUSED = re.compile(
     r"^(GH200|GB200|GB300|H100|H200|H800|A100|A800|B200|B300|B100|V100|L40S|L4|A10G?|MI\d{3}X?)(\d+GB)$")
 
 
+#: Device names (as `torch.cuda.get_device_name`, `nvidia-smi` and a trace's `deviceProperties` give them, once
+#: normalized) that name one datasheet part exactly, but not in its id's words: the id of its datasheet entry. A name
+#: that is absent maps to its normalized self (`NVIDIA H200 NVL` → `H200-NVL`, `NVIDIA H20` → `H20`: other parts).
+DEVICE_IDS = {
+    "H200": "H200-141GB",  # NVIDIA H200 (SXM, 141 GB HBM3e); the H200 NVL (PCIe) is another part
+    "H100-PCIE": "H100-PCIE-80GB",  # NVIDIA H100 PCIe
+    "A100-80GB-PCIE": "A100-PCIE-80GB",  # NVIDIA A100 80GB PCIe
+    "H800": "H800-80GB-HBM3",  # NVIDIA H800 (SXM5)
+    "GH200-480GB": "GH200-120GB",  # NVIDIA GH200 480GB / 120GB / 96GB: the 96 GB HBM3 GH200, named for the Grace
+    "GH200-96GB": "GH200-120GB",  # memory beside it (480 or 120 GB LPDDR5X); the 144 GB HBM3e one is another part
+    "B200": "B200-180GB",  # NVIDIA B200
+    "GB200": "GB200-186GB",  # NVIDIA GB200
+    "B300": "B300-288GB",  # NVIDIA B300
+    "B300-SXM6-AC": "B300-288GB",  # NVIDIA B300 SXM6 AC
+    "GB300": "GB300-288GB",  # NVIDIA GB300
+}
+
+
 def normalize_hardware(name: str) -> str:
-    """Normalize a device name from a trace or a sample file into tracekit's hardware id.
+    """Normalize a device name from a trace or a sample file into tracekit's hardware id: the id of the part's
+    datasheet entry where the name identifies one (`DEVICE_IDS`), else the name's own words.
 
     >>> normalize_hardware("NVIDIA A100-SXM4-80GB")
     'A100-SXM4-80GB'
@@ -24,6 +43,8 @@ def normalize_hardware(name: str) -> str:
     'H100-80GB-HBM3'
     >>> normalize_hardware("NVIDIAGH200120GB")
     'GH200-120GB'
+    >>> normalize_hardware("NVIDIA H200")
+    'H200-141GB'
     """
     text = (name or "").strip()
     if not text:
@@ -39,7 +60,8 @@ def normalize_hardware(name: str) -> str:
     fused = _FUSED.match(joined)
     if fused:
         joined = f"{fused.group(1)}-{fused.group(2)}"
-    return re.sub(r"-{2,}", "-", joined) or "unknown"
+    joined = re.sub(r"-{2,}", "-", joined) or "unknown"
+    return DEVICE_IDS.get(joined, joined)
 
 
 def _slug(text: str) -> str:

@@ -163,8 +163,12 @@ class SampleStore:
 
     # -- reading ----------------------------------------------------------------------------------------------
     def read(self, hardware: str | list[str] | None = None, primitive: str | list[str] | None = None):
-        """All recorded samples (optionally of some hardware ids / primitives) as a pandas DataFrame."""
+        """All recorded samples (optionally of some hardware ids / primitives) as a pandas DataFrame. Rows an older
+        tracekit stored under a device name's own words read under today's id for it (`H200` as `H200-141GB`:
+        `tracekit.core.hardware.DEVICE_IDS`), and are found by either."""
         import pyarrow.compute as pc
+
+        from .hardware import DEVICE_IDS
 
         known = self.sources()
         files = set(known) | {meta["file"] for meta in known.values() if "file" in meta}
@@ -176,7 +180,7 @@ class SampleStore:
         for path in sorted(base.glob("hardware=*/primitive=*/*.parquet")) if base.exists() else []:
             hw = path.parent.parent.name.split("=", 1)[1]
             prim = path.parent.name.split("=", 1)[1]
-            if path.stem not in files or (hardware_set and hw not in hardware_set):
+            if path.stem not in files or (hardware_set and not {hw, DEVICE_IDS.get(hw)} & hardware_set):
                 continue
             if primitive_set and prim not in primitive_set:
                 continue
@@ -196,7 +200,11 @@ class SampleStore:
             if folder in batched:  # the order of one file per source (sorted by name): by source, stable
                 part = part.take(pc.sort_indices(part, [("source", "ascending")]))
             parts.append(part)
-        return pa.concat_tables(parts).to_pandas()
+        frame = pa.concat_tables(parts).to_pandas()
+        renamed = {hw: DEVICE_IDS[hw] for hw in frame["hardware"].unique() if hw in DEVICE_IDS}
+        if renamed:
+            frame["hardware"] = frame["hardware"].replace(renamed)
+        return frame
 
     def clear(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

@@ -41,6 +41,13 @@ d the root mean square of the log ratios; the estimate is the weighted geometric
 similar first, e.g. "GH200-120GB 0.78, A100-SXM4-80GB 0.22". `out_of_range` is True when any source model left its
 trained range.
 
+A source model must have learned kernel times, which the transfer scales by the rooflines: models trained on
+`tracekit sample` rows of a GPU alone are not sources (`WALL_CLOCK_SOURCES`). The sampler times each operator by
+the host's clock around a synchronize, so every row holds the launch and the synchronize with the kernel: in the
+H200 set of issue #35 no row is under 35 µs, no GEMM under 53 µs (1024×1024×128: 104 µs, its roofline 6 µs); as a
+source it took the median error of the transfer on the corpus's H100 GEMM kernels from 2.7% to 74%
+(`benchmarks/operator_accuracy.py --transfer`). Such a GPU's own predictions use its models (path `model`).
+
 Where the transfer is used is itself measured on source GPUs only: `tracekit/data/transfer.json` holds, per
 primitive, the leave-one-GPU-out median errors of transfer and roofline on the seed paper's samples (A100's models
 scoring GH200's samples and back), written by `python benchmarks/operator_accuracy.py --transfer --write-selection
@@ -64,6 +71,9 @@ from tracekit.core.hardware import HardwareSpec, hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES
 
 SELECTION = DATA / "transfer.json"
+#: Sample sources (`source_path`) whose rows on a GPU are wall-clock times of the host around a synchronize, not
+#: kernel times (`tracekit.sampling.run.SOURCE_PATH`).
+WALL_CLOCK_SOURCES = frozenset({"tracekit-sample"})
 #: Datasheet features compared to pick sources (HardwareSpec attribute names).
 SIMILARITY_FEATURES = ("peak_tflops_fp16", "mem_bw_gbs", "sms", "l2_mb", "clock_mhz")
 DISTANCE_FLOOR = 0.05
@@ -77,6 +87,22 @@ def selected_primitives() -> frozenset[str]:
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(f"{SELECTION}: unreadable transfer selection ({exc})") from exc
     return frozenset(p for p, entry in table.items() if entry.get("use"))
+
+
+def kernel_timed(model) -> bool:
+    """Whether a trained model learned kernel times: not when every row it was trained on is a wall-clock sample."""
+    sources = set(model.meta.get("sources") or ())
+    return not sources or not sources <= WALL_CLOCK_SOURCES
+
+
+def transfer_candidates(models, primitive: str, pass_: str) -> list[str]:
+    """The hardware ids whose model for the primitive and pass may serve as a transfer source (kernel-timed)."""
+    out = []
+    for hardware in models.hardware_ids():
+        model = models.resolve(hardware, primitive, pass_)
+        if model is not None and kernel_timed(model):
+            out.append(hardware)
+    return out
 
 
 def choose(leave_one_out: dict[str, dict[str, float]]) -> bool:
@@ -158,7 +184,7 @@ def transfer(models, frame: pd.DataFrame, rows: np.ndarray, primitives: frozense
                   keys[eligible].groupby(["hardware", "primitive", "pass"]).groups)
     for (hw, primitive, pass_), index in groups.items():
         pos = np.asarray(index)
-        candidates = [s for s in models.hardware_ids() if models.resolve(s, primitive, pass_) is not None]
+        candidates = transfer_candidates(models, primitive, pass_)
         vendors = source_weights(hw, candidates)
         every = source_weights(hw, candidates, same_vendor=False)
         for weights in (vendors, every) if every != vendors else (vendors,):
