@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import re
+from typing import Any
 
 import pytest
 
@@ -23,8 +24,8 @@ def nano_rows() -> list[dict[str, str]]:
 
 
 def config(**kw) -> TrainingConfig:
-    base = dict(num_layers=8, hidden_size=1024, num_attention_heads=16, seq_length=1024, add_bias_linear=False,
-                normalization="RMSNorm")
+    base: dict[str, Any] = dict(num_layers=8, hidden_size=1024, num_attention_heads=16, seq_length=1024,
+                                add_bias_linear=False, normalization="RMSNorm")
     base.update(kw)
     return TrainingConfig(**base)
 
