@@ -17,6 +17,7 @@ from tracekit.core.store import SampleStore
 from .shapes import (
     COLLECTIVES,
     COMPUTE,
+    SSM,
     SUPPORTED,
     Case,
     collective_cases,
@@ -75,6 +76,7 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
 
     from .collectives import run_collectives
     from .compute import DTYPES, Timer, one_rank_group, time_case
+    from .ssm import ssm_cases, time_ssm_case
 
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"device must be cpu or cuda, not {device!r}")
@@ -93,7 +95,7 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
             raise ConfigError("the framework overhead is sampled on --device cpu only (on a GPU the host queues "
                               "kernels ahead and its time between operators is hidden)")
         chosen.discard("framework")
-    compute = chosen & set(COMPUTE)
+    compute = chosen & set(COMPUTE + SSM)
     collectives = chosen & set(COLLECTIVES)
     if collectives and ranks < 2:
         raise ConfigError("collectives need --ranks of at least 2")
@@ -114,12 +116,14 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
         # FSDP2's copies first: a sweep of sizes that takes seconds, which a short budget should not cut
         copies = fsdp_copy_cases(device) if "elementwise" in compute else []
         cases = copies + list(dict.fromkeys(case for point in points(device) for case in compute_cases(point, compute)))
+        cases += ssm_cases(device, compute)
         timings: dict[Case, dict[str, list[float]]] = {}
         with one_rank_group():
             for case in cases * rounds:  # pass after pass; the deadline may cut the first one short
                 if time.time() >= compute_deadline:
                     break
-                for pass_, micros in time_case(case, dtype, timer).items():
+                timing = time_ssm_case if case.primitive in SSM else time_case
+                for pass_, micros in timing(case, dtype, timer).items():
                     timings.setdefault(case, {}).setdefault(pass_, []).append(micros)
                 report()
         result.stopped_by_budget = len(timings) < len(cases)
