@@ -4,7 +4,8 @@ Model FLOPs count the forward matrix work once and the backward twice (fwd + dgr
 attention scores over the full (not causal-halved) sequence, as the Megatron-LM papers do: for a standard GPT (ffn 4h,
 MHA) this is 72·B·s·L·h²·(1 + s/(6h) + V/(12·h·L)). Grouped-query attention projects fewer keys and values; MLA its
 down and up projections; an MoE layer counts its router, the top-k experts each token visits and the shared experts
-(the parameters a token touches); MTP layers count a decoder layer, their [2h → h] projection and the output layer.
+(the parameters a token touches; a latent MoE's experts at the latent width, plus its two latent projections); MTP
+layers count a decoder layer, their [2h → h] projection and the output layer.
 `causal=True` halves the score work (what the kernels compute: the plausibility bound of predictor.plausibility).
 """
 from __future__ import annotations
@@ -40,9 +41,10 @@ def _mlp_flops_per_token(c: TrainingConfig, layer: int) -> float:
     moe = c.moe
     if moe is None or not moe.pattern(c.num_layers)[layer]:
         return 2.0 * h * c.ffn_hidden_size * width
-    routed = moe.moe_router_topk * 2.0 * h * moe.ffn(c.ffn_hidden_size) * width
+    routed = moe.moe_router_topk * 2.0 * moe.expert_width(h) * moe.ffn(c.ffn_hidden_size) * width
     shared = 2.0 * h * (moe.moe_shared_expert_intermediate_size or 0) * width
-    return 2.0 * h * moe.num_experts + routed + shared
+    latent = 2.0 * 2 * h * moe.moe_latent_size if moe.moe_latent_size else 0.0  # the two latent projections
+    return 2.0 * h * moe.num_experts + routed + shared + latent
 
 
 def layer_forward_flops(config: TrainingConfig, tokens: int, layer: int = 0, causal: bool = False) -> float:

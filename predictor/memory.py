@@ -9,7 +9,8 @@ token (2-byte activations, 1-byte dropout masks):
   outputs and q/k/v), its output (2·heads·d_v), the unfused attention's scores (5·heads·s: Korthikanti's 5as/h term);
   the MLP's activation input and FC2 input (2·f1 + 2·f: 16h for a 4h GeLU MLP, which with the above gives
   Korthikanti's 24h/t); an MoE layer instead keeps its routed copies (k per token, λ-weighted, on the experts' ETP
-  ranks): FC1 input, activation input and FC2 input per copy, plus the shared experts like an MLP.
+  ranks): FC1 input (at a latent MoE's latent width), activation input and FC2 input per copy, plus the shared
+  experts like an MLP.
 With SP every part is split over TP. Recompute drops what it replays and keeps what it replays from (Megatron-core's
 CheckpointWithoutOutput and checkpoint): selective `core_attn` the scores (flash attention keeps none anyway),
 `layernorm` the norms' outputs (QKV's, FC1's and the router's inputs; the norms' inputs stay), `moe_act` the
@@ -84,7 +85,7 @@ def _layer_bytes(c: TrainingConfig, layer: int, lowp: bool = True, host: frozens
         f, etp = moe.ffn(c.ffn_hidden_size), moe.etp(t)
         act = 0.0 if "moe" in modules or host & {"moe_act", "fused_group_mlp"} else \
             2.0 * (2 * f if c.swiglu else f) / etp
-        fc1_in = 0.0 if host & {"expert_fc1", "fused_group_mlp"} else 2.0 * h * q
+        fc1_in = 0.0 if host & {"expert_fc1", "fused_group_mlp"} else 2.0 * moe.expert_width(h) * q
         # `moe_act` replays the activation from its input (kept) and frees its output, FC2's input (saved in bf16
         # under fp8: set_save_original_input)
         fc2_in = 0.0 if "fused_group_mlp" in host or "moe_act" in modules else 2.0 * f * q / etp

@@ -8,7 +8,7 @@ expert part (reduced over the expert data-parallel ranks), per layer and per pip
 Attention: QKV (or MLA's down/up projections: the down projections replicated over TP), output projection, the
 norms (q/kv layernorms with MLA or qk_layernorm). MLP: FC1 (×2 with SwiGLU) and FC2 split over TP. MoE: the router
 (replicated), the shared experts (split over TP like an MLP), the local experts (num_experts / EP of them, each
-split over expert TP).
+split over expert TP; a latent MoE's at the latent width, with its two latent projections replicated over TP).
 """
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ def attention_params(c: TrainingConfig) -> int:
     return qkv + heads * d * h + h * bias + _norm(c, h) + qk_norm
 
 
-def mlp_params(c: TrainingConfig, ffn: int, split: int) -> int:
-    """An MLP of width `ffn` split over `split` ranks (FC1 ×2 with SwiGLU)."""
-    f, h, bias = ffn // split, c.hidden_size, c.add_bias_linear
+def mlp_params(c: TrainingConfig, ffn: int, split: int, width: int | None = None) -> int:
+    """An MLP of width `ffn` split over `split` ranks (FC1 ×2 with SwiGLU) on inputs of `width` (hidden)."""
+    f, h, bias = ffn // split, width or c.hidden_size, c.add_bias_linear
     fc1 = 2 * f if c.swiglu else f
     return h * fc1 + fc1 * bias + f * h + h * bias
 
@@ -54,7 +54,10 @@ def layer_params(c: TrainingConfig, layer: int) -> tuple[int, int]:
     dense += h * moe.num_experts  # the router
     if moe.moe_shared_expert_intermediate_size:
         dense += mlp_params(c, moe.moe_shared_expert_intermediate_size, c.tp)
-    expert = moe.local_experts * mlp_params(c, moe.ffn(c.ffn_hidden_size), moe.etp(c.tp))
+    latent = moe.moe_latent_size
+    if latent:  # fc1_latent_proj [h → latent] and fc2_latent_proj [latent → h], replicated over TP
+        dense += 2 * h * latent + (latent + h) * c.add_bias_linear
+    expert = moe.local_experts * mlp_params(c, moe.ffn(c.ffn_hidden_size), moe.etp(c.tp), latent)
     return dense, expert
 
 

@@ -542,11 +542,12 @@ _READ = ("fp16", "bf16", "fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe",
          # (predictor.workspaces), the MoE layer's host calls (predictor.moe_host_calls), the unfused
          # bias-dropout-add (predictor.bias_dropout_add), the fused loss (predictor.cross_entropy_bytes: its time;
          # predictor.memory: the logits it keeps, by implementation) and the logging barrier's interval
-         # (predictor.iteration_syncs)
+         # (predictor.iteration_syncs), the activation of a non-gated MLP (predictor.glu_activation)
          "fine_grained_activation_offloading", "offload_modules", "min_offloaded_tensor_size",
          "activation_offload_fraction", "optimizer", "muon_num_ns_steps", "muon_tp_mode", "muon_split_qkv",
          "cublas_workspace_config", "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_enable_expert_bias",
-         "bias_dropout_fusion", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "log_interval")
+         "bias_dropout_fusion", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "log_interval",
+         "squared_relu")
 #: Megatron's flags that pick a low-precision recipe (tracekit.core.precision.from_megatron reads them together).
 _LOWP_FLAGS = ("fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe")
 
