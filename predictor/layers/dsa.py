@@ -40,7 +40,7 @@ import numpy as np
 from tracekit.core.attention import AttentionSettings
 from tracekit.core.hybrid import DSAShape, dsa_reuses_topk
 
-from ..ops import OpBuilder, Pair
+from ..ops import OpBuilder, OpUse, Pair
 from . import mla
 
 FP32 = 4.0
@@ -219,39 +219,50 @@ def _indexer(b: OpBuilder, a: AttentionSettings, shape: DSAShape, keys: int) -> 
                           b.collective(f"self_attention.indexer.gather_{name}.grad", "reduce_scatter", "tp", nbytes)
                           if grad else None, MODULE))
 
-    def add(pair: tuple) -> None:
-        fwd, bwd = pair
-        pairs.append((fwd, bwd if grad else None, MODULE))
+    def add(name: str, primitive: str, variant: str, flops: float = 0.0, dtype: str | None = None,
+            **features: float) -> None:
+        """One of the indexer's ops: with its backward only when the loss trains it (no spec of an unused one)."""
+        if grad:
+            fwd, bwd = b.compute(name, primitive, variant, flops, True, False, dtype, **features)
+            pairs.append((fwd, bwd, MODULE))
+        else:
+            pairs.append((_forward(b, name, primitive, variant, flops, dtype, **features), None, MODULE))
 
     for name, n_out, k_in in (("linear_wq_b", hi * di, shape.q_lora_rank), ("linear_wk", di, shape.hidden),
                               ("linear_weights_proj", hi, shape.hidden)):
-        add(b.gemm(f"self_attention.indexer.{name}", f"dsa_{name}", rows, n_out, k_in, bias=False))
-    add(b.compute("self_attention.indexer.k_norm", "norm", "layernorm", 0.0, True, rows=rows, width=di,
-                  numel=rows * di))
-    add(b.elementwise("self_attention.indexer.rotary", "RoPE", rows * (hi + 1) * shape.rope_dim, shape.rope_dim))
-    add(b.elementwise("self_attention.indexer.hadamard", "hadamard_rotate", rows * (hi + 1) * di, di))
+        add(f"self_attention.indexer.{name}", "gemm", f"dsa_{name}", 2.0 * rows * n_out * k_in, b.gemm_dtype,
+            m=rows, n=n_out, k=k_in, batch=1)
+    add("self_attention.indexer.k_norm", "norm", "layernorm", rows=rows, width=di, numel=rows * di)
+    numel = rows * (hi + 1) * shape.rope_dim
+    add("self_attention.indexer.rotary", "elementwise", "RoPE", rows=numel / shape.rope_dim, width=shape.rope_dim,
+        numel=numel)
+    numel = rows * (hi + 1) * di
+    add("self_attention.indexer.hadamard", "elementwise", "hadamard_rotate", rows=numel / di, width=di, numel=numel)
     if c.cp > 1:
         nbytes = rows * di * b.bytes
         pairs.append((b.collective("self_attention.indexer.cp_k_all_gather", "all_gather", "cp", nbytes), None,
                       MODULE))
     fused = shape.kernel_backend != "none"
     flops = index_scores_work(mb, s, keys, hi, di, fused)[0]
-    add(b.compute("self_attention.indexer.scores", "dsa_index_scores", shape.kernel_backend, flops, True, batch=mb,
-                  seq=s, seq_kv=keys, heads=hi, head_dim=di, causal=1 if fused else 0))
-    fwd, _ = b.compute("self_attention.indexer.topk", "dsa_topk", shape.kernel_backend, 0.0, True, rows=mb * s,
-                       width=keys, k=shape.topk, numel=mb * s * keys)
-    pairs.append((fwd, None, MODULE))
+    add("self_attention.indexer.scores", "dsa_index_scores", shape.kernel_backend, flops, batch=mb, seq=s,
+        seq_kv=keys, heads=hi, head_dim=di, causal=1 if fused else 0)
+    pairs.append((_forward(b, "self_attention.indexer.topk", "dsa_topk", shape.kernel_backend, 0.0, None,
+                           rows=mb * s, width=keys, k=shape.topk, numel=mb * s * keys), None, MODULE))
     if grad:  # the KL loss: the main attention's dense fp32 scores per head, their softmax, the target over TP
         n = c.num_attention_heads // b.t
         latent_qk = a.kv_lora_rank + a.qk_pos_emb_head_dim
-        scores, _ = b.compute("self_attention.indexer_loss.scores", "bmm", "bmm", 2.0 * mb * n * s * keys * latent_qk,
-                              True, dtype="fp32",
-                              batch=mb * n, m=s, n=keys, k=latent_qk)
-        softmax, _ = b.compute("self_attention.indexer_loss.softmax", "softmax", "masked_softmax", 0.0, True,
-                               dtype="fp32", batch=mb, heads=n, seq=s, rows=mb * n * s, width=keys,
-                               numel=mb * n * s * keys)
+        scores = _forward(b, "self_attention.indexer_loss.scores", "bmm", "bmm", 2.0 * mb * n * s * keys * latent_qk,
+                          "fp32", batch=mb * n, m=s, n=keys, k=latent_qk)
+        softmax = _forward(b, "self_attention.indexer_loss.softmax", "softmax", "masked_softmax", 0.0, "fp32",
+                           batch=mb, heads=n, seq=s, rows=mb * n * s, width=keys, numel=mb * n * s * keys)
         pairs.append((scores, None, MODULE))
         pairs.append((softmax, None, MODULE))
         pairs.append((b.collective("self_attention.indexer_loss.target_all_reduce", "all_reduce", "tp",
                                    mb * s * keys * FP32), None, MODULE))
     return pairs
+
+
+def _forward(b: OpBuilder, name: str, primitive: str, variant: str, flops: float, dtype: str | None,
+             **features: float) -> OpUse:
+    """A forward-only op (no backward spec made)."""
+    return OpUse(name, b.spec(primitive, "fwd", variant, None, dtype, **features), per_layer=True, flops=flops)
