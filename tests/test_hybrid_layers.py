@@ -244,3 +244,17 @@ def test_state_and_activation_bytes_follow_the_shapes():
     replicated, split = mamba.activation_bytes(shape)
     assert replicated == 4 * 2688
     assert split == 2 * shape.in_proj_dim + 6 * shape.d_inner + 4 * shape.groups
+
+
+def test_the_indexer_runs_a_backward_only_when_its_loss_trains_it():
+    a = AttentionSettings(multi_latent_attention=True, q_lora_rank=1536, kv_lora_rank=512)
+
+    def indexer_backwards(coeff):
+        shape = HybridSettings(dsa_indexer_n_heads=64, dsa_indexer_head_dim=128, dsa_indexer_topk=2048,
+                               dsa_indexer_loss_coeff=coeff).dsa(7168, 1536, 64)
+        pairs = dsa.ops(builder(4096), a, shape, 1, True)
+        return [op.name for op, bwd, _ in pairs if op is not None and op.name.startswith("self_attention.indexer.")
+                and bwd is not None]
+
+    assert indexer_backwards(None) == [] and indexer_backwards(0.0) == []
+    assert "self_attention.indexer.scores" in indexer_backwards(0.01)
