@@ -1,7 +1,7 @@
 """Every layer kind answers the questions of `predictor.layers.block.Block` consistently: its parameters, FLOPs,
 Muon's matrices and its parameter tensors describe the same weights, and a layer's answers are its blocks' sums.
-Checked on dense, GQA, MLA, MoE (with shared experts) and SwiGLU layers at tp = ep = 1, where one GPU holds whole
-matrices."""
+Checked on dense, GQA, MLA, MoE (with shared experts), latent MoE and SwiGLU layers at tp = ep = 1, where one GPU
+holds whole matrices."""
 from __future__ import annotations
 
 import pytest
@@ -21,6 +21,8 @@ CONFIGS = {
                 qk_pos_emb_head_dim=32, v_head_dim=64),
     "moe": dict(num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=512, swiglu=True,
                 moe_shared_expert_intermediate_size=1024),
+    "latent-moe": dict(num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=512, moe_latent_size=256,
+                       squared_relu=True),
 }
 
 

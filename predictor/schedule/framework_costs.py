@@ -6,9 +6,10 @@
   Python call and one `cudaGraphLaunch`). Per-layer graphs (`local`, `transformer_engine`) capture, per decoder layer
   and pass, the modules `cuda_graph_modules` names — attn: the input norm and self-attention with its residual; mlp
   (dense layers) and moe (MoE layers): the pre-MLP norm and the MLP or MoE block; moe_router: the pre-MLP norm,
-  the router and shared experts not overlapped with the dispatch — or the whole layer. `full_iteration` captures
-  every forward and backward of the iteration, so the per-micro-batch host time goes too (`microbatch_overhead_us`);
-  the optimizer step and the per-iteration host time stay.
+  the router and shared experts not overlapped with the dispatch, extended by moe_preprocess to the latent projection
+  and the dispatcher's permute (MoELayer.preprocess); mamba: a Mamba layer (its ops `mixer.*` and residual) — or the
+  whole layer. `full_iteration` captures every forward and backward of the iteration, so the per-micro-batch host
+  time goes too (`microbatch_overhead_us`); the optimizer step and the per-iteration host time stay.
 - **Per-parameter passes**, each a Python step and a kernel (or three) per parameter tensor — host time
   `tensor_op_us` of the calibration per tensor visited — and bytes moved at the GPU's memory bandwidth: without
   gradient-accumulation fusion, per micro-batch and weight, the weight gradient is added into the fp32 main gradient
@@ -85,6 +86,8 @@ def cluster_for(config: TrainingConfig, cluster: Cluster) -> Cluster:
 _ATTN = ("input_layernorm", "self_attention.")
 _MLP = ("pre_mlp_layernorm", "mlp.")
 _ROUTER = ("pre_mlp_layernorm", "mlp.router")
+_PREPROCESS = ("mlp.fc1_latent_proj", "mlp.token_dispatcher.permute")
+_MAMBA = ("mixer.", "mamba_bda")
 
 
 @dataclass(frozen=True)
@@ -147,8 +150,13 @@ def capture(config: TrainingConfig) -> Capture:
         moe_only.append(True)
         dense_only.append(False)
     elif "moe_router" in modules:
-        regions.append(_ROUTER + (() if shared_overlapped else ("mlp.shared_experts",)))
+        regions.append(_ROUTER + (() if shared_overlapped else ("mlp.shared_experts",))
+                       + (_PREPROCESS if "moe_preprocess" in modules else ()))
         moe_only.append(True)
+        dense_only.append(False)
+    if "mamba" in modules:
+        regions.append(_MAMBA)
+        moe_only.append(False)
         dense_only.append(False)
     return Capture(regions=tuple(regions), moe_only=tuple(moe_only), dense_only=tuple(dense_only))
 

@@ -13,6 +13,9 @@ names, with the rules Megatron applies to them.
   default 1.0 — dropless routing with an auxiliary loss keeps it near balance, but how near is a property of the run,
   not of its settings) scales it; a capacity factor caps it (`moe_expert_capacity_factor`; with
   `moe_pad_expert_input_to_capacity` every expert computes exactly its capacity).
+- Latent MoE (`moe_latent_size`, Nemotron 3): a projection [hidden → latent] before the dispatch and [latent → hidden]
+  after the combine (Transformer Engine linears replicated over TP), so the tokens travel and the experts compute at
+  the latent width: each expert's FC1 is [latent → ffn], its FC2 [ffn → latent]. The shared experts stay at hidden.
 """
 from __future__ import annotations
 
@@ -53,6 +56,7 @@ class MoESettings:
     moe_router_dtype: str | None = None
     overlap_moe_expert_parallel_comm: bool = False
     moe_shared_expert_overlap: bool = False
+    moe_latent_size: int | None = None  # None: the experts run at hidden
     #: tracekit's own: load of the busiest expert rank over the mean (1.0: balanced); see the module docstring
     moe_imbalance: float = 1.0
 
@@ -67,6 +71,8 @@ class MoESettings:
         if self.moe_flex_dispatcher_backend not in FLEX_BACKENDS:
             raise ConfigError(f"moe_flex_dispatcher_backend must be one of {', '.join(FLEX_BACKENDS)}, not "
                               f"{self.moe_flex_dispatcher_backend!r}")
+        if self.moe_latent_size is not None and self.moe_latent_size <= 0:
+            raise ConfigError("MoE latent projection dimension has to be greater than zero.")
         if self.moe_imbalance < 1.0:
             raise ConfigError(f"moe_imbalance is the busiest expert rank's load over the mean: ≥ 1, not "
                               f"{self.moe_imbalance}")
@@ -77,6 +83,10 @@ class MoESettings:
 
     def ffn(self, ffn_hidden_size: int) -> int:
         return self.moe_ffn_hidden_size or ffn_hidden_size
+
+    def expert_width(self, hidden_size: int) -> int:
+        """The width the tokens are dispatched and the experts computed at: the latent size, else hidden."""
+        return self.moe_latent_size or hidden_size
 
     @property
     def ep(self) -> int:
@@ -135,6 +145,9 @@ class MoESettings:
                               f"{c.num_layers}")
         if (self.ep > 1 or etp > 1) and c.tp > 1 and not c.sequence_parallel:
             raise ConfigError("Megatron requires sequence_parallel with MoE when tensor_model_parallel_size > 1")
+        if self.moe_latent_size and self.moe_shared_expert_overlap:
+            raise ConfigError("Shared expert overlap with MoE latent projections is not supported during training. "
+                              "Disable moe_shared_expert_overlap.")
         groups, group_topk = self.moe_router_num_groups, self.moe_router_group_topk
         if groups and (self.num_experts % groups or not group_topk or group_topk > groups):
             raise ConfigError(f"group-limited routing needs num_experts divisible by moe_router_num_groups "

@@ -5,7 +5,8 @@ logging passes, timers, gradient-accumulation fusion, gradient clipping. Setting
 
 - CUDA graphs: `cuda_graph_impl` none | local | transformer_engine | full_iteration. `local` and
   `transformer_engine` capture per-layer graphs whose coverage `cuda_graph_modules` names (attn, mlp, moe,
-  moe_router, moe_preprocess; empty or `full`: the whole layer); `full_iteration` captures the whole forward-backward
+  moe_router, moe_preprocess — with moe_router only —, mamba: a hybrid model's Mamba layers; empty or `full`: the
+  whole layer); `full_iteration` captures the whole forward-backward
   (not the optimizer step). The older spellings are read as Megatron migrates them: `--enable-cuda-graph` is
   `local`, `--external-cuda-graph` is `transformer_engine`, `--cuda-graph-scope` is `--cuda-graph-modules` (its
   value `full_iteration` is `--cuda-graph-impl full_iteration`).
@@ -139,6 +140,11 @@ class RuntimeSettings:
             raise ConfigError("Megatron refuses --enable-cuda-graph or --external-cuda-graph with --cuda-graph-impl")
         if self.enable_cuda_graph and self.external_cuda_graph:
             raise ConfigError("Megatron refuses --enable-cuda-graph together with --external-cuda-graph")
+        modules = self.graph_modules
+        if "moe" in modules and "moe_router" in modules:
+            raise ConfigError("cuda_graph_modules must not contain both moe and moe_router.")
+        if self.graph_impl == "transformer_engine" and "moe_preprocess" in modules and "moe_router" not in modules:
+            raise ConfigError("moe_preprocess cuda graph is only supported with moe_router cuda graph.")
         if self.graph_impl == "full_iteration" and self.graph_modules:
             raise ConfigError("Megatron refuses --cuda-graph-modules with --cuda-graph-impl full_iteration (it "
                               f"captures the whole iteration), got {', '.join(sorted(self.graph_modules))}")

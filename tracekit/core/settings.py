@@ -98,11 +98,13 @@ READ = ("fp16", "bf16", "fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe", 
          # CUBLAS_WORKSPACE_CONFIG (predictor.memory.workspaces), the MoE layer's host calls
          # (predictor.layers.moe.host_calls), the unfused bias-dropout-add (predictor.layers.mlp.bias_dropout_add), the
          # fused loss (predictor.layers.embedding.cross_entropy: its time; predictor.memory.stages: the logits it keeps,
-         # by implementation) and the logging barrier's interval (predictor.parallel.iteration_syncs)
+         # by implementation), the logging barrier's interval (predictor.parallel.iteration_syncs) and the activation
+         # of a non-gated MLP (predictor.layers.mlp.activation)
          "fine_grained_activation_offloading", "offload_modules", "min_offloaded_tensor_size",
          "activation_offload_fraction", "optimizer", "muon_num_ns_steps", "muon_tp_mode", "muon_split_qkv",
          "cublas_workspace_config", "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_enable_expert_bias",
-         "bias_dropout_fusion", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "log_interval")
+         "bias_dropout_fusion", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "log_interval",
+         "squared_relu")
 #: Megatron's flags that pick a low-precision recipe (tracekit.core.precision.from_megatron reads them together).
 LOWP_FLAGS = ("fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe")
 

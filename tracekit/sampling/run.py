@@ -20,6 +20,7 @@ from .plan import compute_share, order, speed
 from .shapes import (
     COLLECTIVES,
     COMPUTE,
+    SSM,
     SUPPORTED,
     Case,
     collective_cases,
@@ -27,6 +28,7 @@ from .shapes import (
     fsdp_copy_cases,
     points,
 )
+from .ssm import ssm_cases
 
 SOURCE_PATH = "tracekit-sample"
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -81,6 +83,7 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
     from .collectives import run_collectives
     from .compute import DTYPES, Timer, one_rank_group
     from .recipes import time_any, unsupported
+    from .ssm import time_ssm_case
 
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"device must be cpu or cuda, not {device!r}")
@@ -99,7 +102,7 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
             raise ConfigError("the framework overhead is sampled on --device cpu only (on a GPU the host queues "
                               "kernels ahead and its time between operators is hidden)")
         chosen.discard("framework")
-    compute = chosen & set(COMPUTE)
+    compute = chosen & set(COMPUTE + SSM)
     collectives = chosen & set(COLLECTIVES)
     if collectives and ranks < 2:
         raise ConfigError("collectives need --ranks of at least 2")
@@ -130,8 +133,9 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
             for case in runnable * rounds:  # pass after pass; the deadline may cut the first one short
                 if time.time() >= compute_deadline:
                     break
+                timing = time_ssm_case if case.primitive in SSM else time_any
                 try:
-                    timed = time_any(case, dtype, timer)
+                    timed = timing(case, dtype, timer)
                 except torch.OutOfMemoryError:  # one shape too large for this GPU: named, the rest go on
                     torch.cuda.empty_cache()
                     result.skipped.setdefault(f"{kind_name(case)} {_shape(case)}", "out of memory on this device")
@@ -179,6 +183,7 @@ def planned_cases(device: str, compute: set[str], dtype: str, runs: int, hardwar
     grid = list(dict.fromkeys(case for point in points(device) for case in compute_cases(point, compute)))
     catalog = model_cases(device, compute)
     merged = copies + [c for pair in itertools.zip_longest(grid, catalog) for c in pair if c is not None]
+    merged += ssm_cases(device, compute)  # the hybrid models' mixers (tracekit.sampling.ssm)
     return order(list(dict.fromkeys(merged)), speed(device, hardware), DTYPE_BYTES[dtype], runs, device)
 
 

@@ -17,7 +17,10 @@ from tracekit.core.samples import DTENSOR_SUFFIX, FSDP2_UNIT, FSDP_COPIES, FSDP_
 COMPUTE = ("gemm", "bmm", "attention", "softmax", "norm", "elementwise", "activation", "embedding", "cross_entropy",
            "optimizer", "framework")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
-SUPPORTED = COMPUTE + COLLECTIVES
+#: The recurrent mixers' kernels (SSD steps, causal convolution, delta rule), timed by tracekit.sampling.ssm
+SSM = ("ssd_chunk_cumsum", "ssd_chunk_state", "ssd_state_passing", "ssd_bmm_chunk", "ssd_chunk_scan", "causal_conv1d",
+       "gdn_chunk_rule")
+SUPPORTED = COMPUTE + SSM + COLLECTIVES
 COLLECTIVE_VARIANTS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
                        "send_recv": "p2p"}
 

@@ -7,7 +7,9 @@ input gradient backward: 2 and 3 element moves per element). A gated unit (SwiGL
 writes [rows, width]: forward it reads both halves and writes one (3 moves per output element), backward it reads
 the gradient and both halves and writes both halves' gradients (5 moves). So a GLU row is sized as the GELU that
 moves the same bytes: 3/2 of its output rows forward, 5/3 backward (the routing weights of the weighted forms, one
-per row, and the reductions of their gradients are left out: a lower bound).
+per row, and the reductions of their gradients are left out: a lower bound). Squared ReLU (`--squared-relu`, Nemotron
+3's experts and MLPs: relu(x)², not gated) moves what GELU moves (its row is the variant `squared_relu`, answered by
+the GELU kernel's model where none of its own was trained).
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ def activation(b: OpBuilder, name: str, rows: float, width: float, module: str) 
     """The activation over `rows` × `width` outputs of the configuration's MLP (`swiglu`: a gated unit)."""
     numel = rows * width
     if not b.c.swiglu:
-        fwd, bwd = b.compute(name, "activation", "gelu", 0.0, True, rows=rows, width=width, numel=numel)
+        variant = "squared_relu" if b.c.extra.get("squared_relu") else "gelu"
+        fwd, bwd = b.compute(name, "activation", variant, 0.0, True, rows=rows, width=width, numel=numel)
         return fwd, bwd, module
     fwd_rows, bwd_rows = (rows * glu / gelu for glu, gelu in zip(GLU_MOVES, GELU_MOVES))
     fwd, _ = b.compute(name, "activation", "swiglu", 0.0, True, rows=fwd_rows, width=width, numel=fwd_rows * width)

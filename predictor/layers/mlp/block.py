@@ -14,9 +14,9 @@ from predictor.layers.mlp.ops import mlp_block
 from tracekit.core.config import TrainingConfig
 
 
-def mlp_params(c: TrainingConfig, ffn: int, split: int) -> int:
-    """An MLP of width `ffn` split over `split` ranks (FC1 ×2 with SwiGLU)."""
-    f, h, bias = ffn // split, c.hidden_size, c.add_bias_linear
+def mlp_params(c: TrainingConfig, ffn: int, split: int, width: int | None = None) -> int:
+    """An MLP of width `ffn` split over `split` ranks (FC1 ×2 with SwiGLU) on inputs of `width` (hidden)."""
+    f, h, bias = ffn // split, width or c.hidden_size, c.add_bias_linear
     fc1 = 2 * f if c.swiglu else f
     return h * fc1 + fc1 * bias + f * h + h * bias
 
@@ -27,9 +27,10 @@ def mlp_saved_bytes(c: TrainingConfig, ffn: int, q: float = 1.0) -> float:
     return 2.0 * f1 + 2.0 * ffn * q
 
 
-def mlp_matrices(c: TrainingConfig, ffn: int) -> list[Matrix]:
-    """FC1's and FC2's weights of an MLP of width `ffn`, whole."""
-    return [((2 if c.swiglu else 1) * ffn, c.hidden_size), (c.hidden_size, ffn)]
+def mlp_matrices(c: TrainingConfig, ffn: int, width: int | None = None) -> list[Matrix]:
+    """FC1's and FC2's weights of an MLP of width `ffn` on inputs of `width` (hidden), whole."""
+    h = width or c.hidden_size
+    return [((2 if c.swiglu else 1) * ffn, h), (h, ffn)]
 
 
 def mlp_flops_per_token(c: TrainingConfig, ffn: int) -> float:

@@ -45,9 +45,11 @@ def glu_clamp(b: OpBuilder, rows: float, fc1_out: float) -> list[Pair]:
                    "moe")
 
 
-def fc2_bias(b: OpBuilder, rows: float) -> list[Pair]:
-    """`_apply_bias` on the experts' FC2 output ([rows, hidden]); none without biases or under TE's op fuser."""
+def fc2_bias(b: OpBuilder, rows: float, width: float | None = None) -> list[Pair]:
+    """`_apply_bias` on the experts' FC2 output ([rows, width]: hidden, or a latent MoE's latent size); none without
+    biases or under TE's op fuser."""
     act = b.c.act
     if not b.c.add_bias_linear or (act is not None and act.use_transformer_engine_op_fuser):
         return []
-    return _passes(b, "mlp.experts.apply_bias", "expert_bias", rows * b.h, b.h, BIAS_MOVES, "moe", "moe")
+    width = b.h if width is None else width
+    return _passes(b, "mlp.experts.apply_bias", "expert_bias", rows * width, width, BIAS_MOVES, "moe", "moe")

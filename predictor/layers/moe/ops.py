@@ -19,6 +19,9 @@ h elements over the EP group, λ-weighted for the busiest rank); `allgather` gat
 (predictor.layers.moe.dispatch counts the copies). Backward runs the same exchanges in reverse order, the experts' GEMMs
 twice (dgrad and wgrad).
 
+Latent MoE (`moe_latent_size`): the [T, h] × [h, latent] projection before the permute and [T, latent] × [latent, h]
+after the unpermute (replicated over TP); the permute, dispatch, experts and combine work at the latent width.
+
 The router's and the dispatcher's other calls (loss bookkeeping, Sinkhorn, metadata, the probabilities' exchanges)
 and the synchronisations they make are predictor.layers.moe.host_calls'.
 """
@@ -44,6 +47,7 @@ def moe_block(b: OpBuilder, lowp: bool) -> list[Pair]:
     local = moe.local_experts
     load = moe.load_factor()
     f = moe.ffn(c.ffn_hidden_size)
+    d = moe.expert_width(h)  # the width tokens travel and the experts compute at (the latent size, else hidden)
     act = b.bytes
     pairs: list[Pair] = []
     fwd, bwd = norm(b, "pre_mlp_layernorm")
@@ -56,7 +60,9 @@ def moe_block(b: OpBuilder, lowp: bool) -> list[Pair]:
     pairs.extend(router_calls(b))  # the router's own calls around them (predictor.layers.moe.host_calls)
     before, after, permute_syncs = dispatch_calls(b)  # the dispatcher's metadata and probabilities
     copies = tokens * k  # token copies this rank routes
-    fwd, bwd = b.elementwise("mlp.token_dispatcher.permute", "moe_permute", copies * h, h)
+    if moe.moe_latent_size:
+        pairs.extend(b.linear("mlp.fc1_latent_proj", "latent_proj", tokens, d, h, "moe", lowp))
+    fwd, bwd = b.elementwise("mlp.token_dispatcher.permute", "moe_permute", copies * d, d)
     fwd.syncs += permute_syncs
     pairs.append((fwd, bwd, "moe"))
     dispatcher = moe.dispatcher
@@ -64,7 +70,7 @@ def moe_block(b: OpBuilder, lowp: bool) -> list[Pair]:
     dispatch: list[Pair] = []
     combine: list[Pair] = []
     if dispatcher == "allgather":
-        shard = tokens * h * act
+        shard = tokens * d * act
         dispatch.append((b.collective("mlp.token_dispatcher.all_gather", "all_gather", "tpep", shard),
                          b.collective("mlp.token_dispatcher.all_gather.grad", "reduce_scatter", "tpep", shard), "moe"))
         combine.append((b.collective("mlp.token_dispatcher.reduce_scatter", "reduce_scatter", "tpep", shard),
@@ -72,14 +78,14 @@ def moe_block(b: OpBuilder, lowp: bool) -> list[Pair]:
     else:
         place = b.groups["ep"]
         sent = dispatch_tokens(dispatcher, tokens, experts, ep, k, place.nodes, place.ranks_per_node)
-        nbytes = sent * load * h * act
+        nbytes = sent * load * d * act
         variant = "alltoall" if dispatcher == "alltoall" else dispatcher
         for name, where in (("dispatch", dispatch), ("combine", combine)):
             where.append((b.collective(f"mlp.token_dispatcher.{name}", "all_to_all", "ep", nbytes, variant=variant),
                           b.collective(f"mlp.token_dispatcher.{name}.grad", "all_to_all", "ep", nbytes,
                                        variant=variant), "moe"))
         if etp > 1:
-            shard = copies * load * h * act
+            shard = copies * load * d * act
             dispatch.append((b.collective("mlp.token_dispatcher.etp_all_gather", "all_gather", "etp", shard),
                              b.collective("mlp.token_dispatcher.etp_all_gather.grad", "reduce_scatter", "etp", shard),
                              "moe"))
@@ -96,7 +102,7 @@ def moe_block(b: OpBuilder, lowp: bool) -> list[Pair]:
     runs = [("", local)] if moe.moe_grouped_gemm else [(f".{e}", 1) for e in range(local)]
     for suffix, batch in runs:
         variant = "grouped" if batch > 1 else "expert"
-        fc1 = b.linear(f"mlp.experts.linear_fc1{suffix}", f"{variant}_fc1", per_expert, fc1_out, h, "moe", lowp,
+        fc1 = b.linear(f"mlp.experts.linear_fc1{suffix}", f"{variant}_fc1", per_expert, fc1_out, d, "moe", lowp,
                        batch=batch)
         if not suffix or suffix == ".0":  # the token counts reach the host before the first expert's GEMM
             mark_first_forward(fc1, token_count_syncs(moe))
@@ -106,14 +112,16 @@ def moe_block(b: OpBuilder, lowp: bool) -> list[Pair]:
         mark_first_forward(clamp, 1)
         pairs.extend(clamp)
         pairs.append(activation(b, f"mlp.experts.activation{suffix}", per_expert * batch, f_e, "moe_act"))
-        pairs.extend(b.linear(f"mlp.experts.linear_fc2{suffix}", f"{variant}_fc2", per_expert, h, f_e, "moe", lowp,
+        pairs.extend(b.linear(f"mlp.experts.linear_fc2{suffix}", f"{variant}_fc2", per_expert, d, f_e, "moe", lowp,
                               batch=batch))
     if moe.moe_grouped_gemm:  # TEGroupedMLP (predictor.layers.moe.grouped_mlp)
-        pairs.extend(fc2_bias(b, received))
+        pairs.extend(fc2_bias(b, received, d))
     pairs.extend(after)
     pairs.extend(combine)
-    fwd, bwd = b.elementwise("mlp.token_dispatcher.unpermute", "moe_unpermute", copies * h, h)
+    fwd, bwd = b.elementwise("mlp.token_dispatcher.unpermute", "moe_unpermute", copies * d, d)
     pairs.append((fwd, bwd, "moe"))
+    if moe.moe_latent_size:
+        pairs.extend(b.linear("mlp.fc2_latent_proj", "latent_proj", tokens, h, d, "moe", lowp))
     shared = moe.moe_shared_expert_intermediate_size
     if shared:
         pairs.extend(dense_mlp(b, shared, lowp, prefix="mlp.shared_experts", module="shared_experts"))

@@ -1,0 +1,107 @@
+"""FLOPs and bytes of the kernels the recurrent mixers add, as functions of their shapes (plain arithmetic: numbers or
+numpy arrays alike), for the operator rows of `mamba` / `gated_delta_net` and the roofline (`predictor.layers.
+kernel_work`).
+
+Design note
+-----------
+Mamba2's SSD ("Transformers are SSMs", Dao & Gu 2024) splits a sequence of T tokens into chunks of Q. With H heads of
+head dim P, a state of N per head and G groups of (B, C) shared by H/G heads each, Megatron's training path
+(`mamba_split_conv1d_scan_combined`: mamba_ssm's Triton kernels) runs, forward:
+
+- `ssd_chunk_cumsum`: dt ← softplus(dt + bias), dA = dt·A, cumulative sum inside each chunk (fp32 outputs);
+- `ssd_chunk_state`: each chunk's final state, x weighted by B, dt and the decay to the chunk end: a [P × Q]·[Q × N]
+  product per chunk and head, 2·T·H·P·N FLOPs, states written in fp32;
+- `ssd_state_passing`: the recurrence over chunk boundaries, 2·(T/Q)·H·P·N FLOPs, states out in the state dtype;
+- `ssd_bmm_chunk`: C·Bᵀ inside each chunk per group, 2·T·Q·G·N FLOPs (the whole square), written in fp32;
+- `ssd_chunk_scan`: the outputs: the intra-chunk (causal) product of the decayed C·Bᵀ with x, T·Q·H·P FLOPs (half of
+  the square: the kernel skips tiles above the diagonal), plus C times the incoming state, 2·T·H·P·N, plus the skip
+  D·x and the gate y·silu(z) (Megatron passes z to the scan), writing the gated output and the ungated one it saves.
+So the scan is linear in T (T·(4·H·P·N + Q·H·P + 2·Q·G·N)) where attention's scores are quadratic (2·T²·heads·d
+causal). The depthwise causal convolution (`causal_conv1d`, kernel K over the x, B, C channels) is 2·T·channels·K.
+
+Bytes count each tensor read or written once per kernel (activation dtype `esize`, fp32 for dt, dA, C·Bᵀ and the
+chunk states as the kernels keep them); C·Bᵀ is read once per group, not per head (the heads of a group share it in
+L2: a lower bound). Backward rows (`pass` bwd) do twice their forward work (the gradients of each input); what the
+backward recomputes first is not in them: the operator lists add it as forward rows in the backward (the combined
+function recomputes the convolution, the cumulative sums, the chunk states and C·Bᵀ; FLA's gated delta rule its
+chunk states).
+
+Gated DeltaNet's chunked rule (FLA's `chunk_gated_delta_rule`, chunk C = 64, value heads Hv after Megatron repeats
+the query/key heads to them, key dim dk, value dim dv), per token and head: K·Kᵀ inside the chunk (2·C·dk), the
+triangular solve of (I + A) (⅔·C²), w = A·(β·k·eᵍ) and u = A·(β·v) (2·C·(dk + dv)), the state recurrence v' = u −
+w·S and S ← S + kᵀ·v' (4·dk·dv), the output q·kᵀ and (q·kᵀ)·v' (2·C·(dk + dv)) and q·S (2·dk·dv): linear in T too.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+#: The kernels of the Mamba2 SSD, in the order they run.
+SSD_KERNELS = ("ssd_chunk_cumsum", "ssd_chunk_state", "ssd_state_passing", "ssd_bmm_chunk", "ssd_chunk_scan")
+CONV = "causal_conv1d"
+GDN_RULE = "gdn_chunk_rule"
+#: Kernels whose products run on tensor cores (Triton's tl.dot); the others are vector work.
+TENSOR_CORE = ("ssd_chunk_state", "ssd_bmm_chunk", "ssd_chunk_scan", GDN_RULE)
+#: What the backward of each recomputes before its gradients (forward rows placed in the backward).
+RECOMPUTED = ("ssd_chunk_cumsum", "ssd_chunk_state", "ssd_state_passing", "ssd_bmm_chunk")
+FP32 = 4.0
+
+
+def chunks(seq: Any, chunk: Any) -> Any:
+    """Chunks of one sequence (the last one partial): a number for numbers, an array for arrays."""
+    if isinstance(seq, (int, float)) and isinstance(chunk, (int, float)):
+        return math.ceil(seq / chunk)
+    import numpy as np
+
+    return np.ceil(np.asarray(seq, dtype="float64") / chunk)
+
+
+def ssd_work(kernel: str, batch: Any, seq: Any, heads: Any, head_dim: Any, groups: Any, state: Any, chunk: Any,
+             esize: Any = 2.0, state_esize: Any = None) -> tuple[Any, Any]:
+    """(FLOPs, bytes) of one forward SSD kernel over `batch` sequences of `seq` tokens (module docstring); the chunk
+    states leave `ssd_state_passing` in `state_esize` (default: the activation dtype, Megatron's default)."""
+    t = batch * seq
+    n_chunks = batch * chunks(seq, chunk)
+    se = esize if state_esize is None else state_esize
+    hp = heads * head_dim
+    states = n_chunks * hp * state
+    if kernel == "ssd_chunk_cumsum":
+        return t * heads * 8.0, t * heads * (esize + 2 * FP32)
+    if kernel == "ssd_chunk_state":
+        return (2.0 * t * hp * state + t * hp,
+                t * hp * esize + t * groups * state * esize + t * heads * 2 * FP32 + states * FP32)
+    if kernel == "ssd_state_passing":
+        return 2.0 * states, states * (FP32 + se) + n_chunks * heads * FP32
+    if kernel == "ssd_bmm_chunk":
+        return 2.0 * t * chunk * groups * state, 2.0 * t * groups * state * esize + t * groups * chunk * FP32
+    if kernel == "ssd_chunk_scan":
+        flops = t * chunk * hp + 2.0 * t * hp * state + t * chunk * heads + 4.0 * t * hp
+        moved = (t * groups * chunk * FP32 + t * hp * esize + t * groups * state * esize + states * se
+                 + t * heads * 2 * FP32 + t * hp * esize * 3.0)  # x; z read, the gated and ungated outputs written
+        return flops, moved
+    raise ValueError(f"not an SSD kernel: {kernel!r}")
+
+
+def conv_work(tokens: Any, channels: Any, kernel: Any, esize: Any = 2.0) -> tuple[Any, Any]:
+    """(FLOPs, bytes) of a forward depthwise causal convolution with bias and SiLU over `tokens` × `channels`."""
+    return 2.0 * tokens * channels * kernel + 5.0 * tokens * channels, \
+        2.0 * tokens * channels * esize + channels * (kernel + 1) * esize
+
+
+def gdn_work(batch: Any, seq: Any, heads: Any, key_dim: Any, value_dim: Any, chunk: Any, esize: Any = 2.0
+             ) -> tuple[Any, Any]:
+    """(FLOPs, bytes) of FLA's forward chunked gated delta rule (module docstring) over `heads` value heads."""
+    t = batch * seq
+    n_chunks = batch * chunks(seq, chunk)
+    per = 2.0 * chunk * key_dim + 2.0 * chunk * chunk / 3.0 + 2.0 * chunk * (key_dim + value_dim) \
+        + 6.0 * key_dim * value_dim + 2.0 * chunk * (key_dim + value_dim)
+    flops = t * heads * per
+    io = t * heads * (2 * key_dim + value_dim) * esize + t * heads * 2 * FP32 + t * heads * value_dim * esize
+    intermediate = 2.0 * t * heads * (key_dim + value_dim) * esize  # w and u written and read back
+    states = n_chunks * heads * key_dim * value_dim * FP32
+    return flops, io + intermediate + states
+
+
+def backward(flops: Any, moved: Any) -> tuple[Any, Any]:
+    """A backward row's work: the gradients of each input, twice the forward's (recomputation apart)."""
+    return 2.0 * flops, 2.0 * moved
