@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import E2E, ROOT
+from tracekit.core.hardware import cpu_hardware_id
 
 GETTING_STARTED = (ROOT / "docs" / "getting-started.md").read_text()
 README = (ROOT / "README.md").read_text()
@@ -87,7 +88,9 @@ def test_sample_prints_a_table_of_samples_per_primitive(tmp_path):
     assert argv == ["sample", "--device", "cpu", "--store", ".tk"]
     said = re.search(r'"(\w+) (\d+)"', quoted(GETTING_STARTED, "tracekit sample"))
     out = tracekit(*argv, "--budget", "4", "--primitives", said.group(1), "--ranks", "1", cwd=tmp_path).stdout
-    assert re.search(r"samples on cpu-", out) and re.search(r"┃ primitive\s+┃ samples ┃", out)
+    # the heading whole on one line (it wrapped inside a long CPU id, `cpu-intel-xeon-processor`, at the table's width)
+    assert re.search(rf"^samples on {re.escape(cpu_hardware_id())} \(fp32, [\d.]+ s\)$", out, re.M), out
+    assert re.search(r"┃ primitive\s+┃ samples ┃", out)
     assert re.search(rf"│ {said.group(1)}\s+│\s+\d+ │", out)
 
 

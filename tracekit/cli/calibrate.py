@@ -24,7 +24,7 @@ Examples:
 
   tracekit calibrate runs/tp2 runs/pp2 runs/dp2 --models models/ --calibration-out cpu.json
 
-  tracekit predict job.yaml --hardware cpu-amd-epyc --gpus-per-node 2 --models models/ --calibration cpu.json
+  tracekit predict job.yaml --hardware cpu-amd-epyc-genoa --gpus-per-node 2 --models models/ --calibration cpu.json
 
   tracekit calibrate runs/* --params comm_scale,microbatch_overhead_us --json
 """

@@ -55,7 +55,11 @@ def sample_command(
         return
     from rich.table import Table
 
-    table = Table(title=f"samples on {result.hardware} ({result.dtype}, {summary['seconds']} s)")
+    # The heading is a line of its own, not the table's title: rich wraps a title to the table's width (two narrow
+    # columns), which broke a long CPU id inside a word.
+    console.print(f"samples on {result.hardware} ({result.dtype}, {summary['seconds']} s)", markup=False,
+                  soft_wrap=True)
+    table = Table()
     table.add_column("primitive")
     table.add_column("samples", justify="right")
     for name, count in sorted(counts.items()):

@@ -23,6 +23,7 @@ from predictor import ModelSet, predict_iteration as predict, train_models
 from predictor.trace_out import write_traces
 from tracekit.capture.manifest import MANIFEST_NAME, Manifest
 from tracekit.core.cluster import Cluster, default_cluster
+from tracekit.core.cpu_id import same_cpu
 from tracekit.core.errors import InputError, ModelError
 from tracekit.core.hashing import file_digest
 from tracekit.core.store import SampleStore
@@ -107,7 +108,7 @@ def missing_models(models: ModelSet, hardware: str, models_path: str | Path | No
                    ) -> str | None:
     """One line when `models` holds no model of `hardware`: what the prediction then is, and the commands that make
     the models (or, with `refit`, that the refit makes them); None when it holds some."""
-    if hardware in models.hardware_ids():
+    if hardware in models.hardware_ids() or same_cpu(hardware, list(models.hardware_ids())) is not None:
         return None
     where = models_path if models_path is not None and (Path(models_path) / "index.json").is_file() else \
         "the bundled models"
