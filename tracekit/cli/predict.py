@@ -41,7 +41,8 @@ Examples:
   tracekit predict --batch runs.csv --csv-out predicted.csv
 
 With --batch, each row's stack (framework column), hardware and cluster (hardware_gpu, gpus_per_node,
-interconnect) are read from the row; the output's notes column says what was assumed where a cell did not say.
+interconnect) are read from the row; the output's notes column says what was assumed where a cell did not say. A
+file without hardware_gpu needs --hardware; a column it lacks takes its default in every row, said once.
 """
 
 
@@ -204,16 +205,23 @@ def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, 
         read_rows,
         write_rows,
     )
+    from predictor.batch_columns import absent_defaults, required_columns
     from tracekit.core.hardware import normalize_hardware
 
     if out is None:
         fail("--batch needs --csv-out FILE.csv")
     cluster = cluster_of(hardware, gpus_per_node, cluster_name)[0] if cluster_name else None
     header, cells = read_rows(path)
+    required_columns(path, header, hardware_given=bool(hardware or cluster_name))
+    absent = absent_defaults(header)
     cal = load_calibration(calibration) if calibration else None
     models = ModelSet.load(models_dir)
     hw = normalize_hardware(hardware) if hardware else None
     rows = [parse_row(c, i + 2, hw, gpus_per_node, overrides, stack, cluster) for i, c in enumerate(cells)]
+    if absent:
+        say_assumed(f"{path}: {absent}", quiet=as_json)  # once for the file; each row's prediction_notes too
+        for r in rows:
+            r.notes.insert(0, absent)
     with progress(quiet=as_json) as bar:
         task = bar.add_task("predicting", total=len(rows))
         results = predict_rows(rows, models, cal, on_chunk=lambda n: bar.advance(task, n))
@@ -237,7 +245,8 @@ def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, 
     summary = {"input": str(path), "output": str(out), "rows": len(rows), "predicted": len(rows) - len(failures),
                "failed": [{"line": line, "error": msg} for line, msg in failures], "hardware_used": sorted(used),
                "clusters": sorted(clusters), "stacks": sorted(stacks),
-               "calibration": cal.name if cal else "stack profiles", "unmodelled_flags": unmodelled}
+               "calibration": cal.name if cal else "stack profiles", "unmodelled_flags": unmodelled,
+               "assumed": absent}
     if as_json:
         print_json(summary)
     else:
