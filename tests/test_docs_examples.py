@@ -112,6 +112,16 @@ def test_validate_without_models_prints_the_line_the_tour_quotes(work, captured)
     assert line == said.group(0).replace(said.group(1), captured["hardware"])
 
 
+def test_validate_leads_with_the_iterations_without_the_profiler(work, captured):
+    """The figure that compares like with like comes first: the run's iterations that ran without the profiler
+    (its log, 14 of the tour's 20 past the first), then the profiled steps the tables compare, said to carry the
+    profiler's overhead (they led before, and the docs said to read the later line instead)."""
+    out = tracekit("validate", "runs/tp2", cwd=work).stdout.splitlines()
+    assert re.match(r"iteration time without the profiler: real [\d.]+ m?s \(median of 14 iterations in the run's "
+                    r"log\), predicted [\d.]+ m?s, error [+−][\d.]+ m?s \([+-][\d.]+%\)$", out[0]), out[:3]
+    assert out[1].startswith("profiled steps (the tables below; they carry the profiler's overhead): real "), out[:3]
+
+
 def test_validate_refit_prints_the_lines_and_files_the_tour_names(work, captured):
     argv = doc_command(GETTING_STARTED, ".venv/bin/tracekit validate runs/tp2")
     assert argv[:2] == ["validate", "runs/tp2"] and "--refit" in argv and argv[argv.index("--html") + 1] == \

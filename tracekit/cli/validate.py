@@ -86,8 +86,6 @@ def validate(
         print_report(document)
         if result.get("refit"):
             _print_refit(result["refit"])
-        if result.get("unprofiled"):
-            _print_unprofiled(result["unprofiled"])
         if result.get("predicted_traces"):
             console.print(f"predicted traces (Perfetto, `tracekit diff`): {trace_out}/", soft_wrap=True)
         if html:
@@ -136,14 +134,6 @@ def _published_table(path: Path, result: dict[str, Any]) -> None:
         console.print(f"[yellow]line {row['line']} not predicted:[/] {row['error']}")
     console.print(f"MAPE {result['mape']:.1%} · median APE {result['median_ape']:.1%} · "
                   f"p90 APE {result['p90_ape']:.1%} over {len(result['rows'])} rows")
-
-
-def _print_unprofiled(measured: dict[str, Any]) -> None:
-    after = (f" (after the refit: predicted {measured['after_predicted_s']:.4f} s, "
-             f"{measured['after_rel_error']:+.1%})" if "after_rel_error" in measured else "")
-    console.print(f"without the profiler (the profiled steps carry its overhead): the run's log gives "
-                  f"{measured['real_s']:.4f} s per iteration (median of {measured['iterations']}), predicted "
-                  f"{measured['predicted_s']:.4f} s: {measured['rel_error']:+.1%}{after}", soft_wrap=True)
 
 
 def _print_refit(refit: dict[str, Any]) -> None:

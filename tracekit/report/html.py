@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tracekit.core.atomic import atomic_write_text
 
-from .diff_text import diff_document
+from .diff_text import OPERATOR_TIME, diff_document, part_label, primitive_label
 from .numbers import count, percent, seconds, signed_seconds
 
 if TYPE_CHECKING:
@@ -70,12 +70,11 @@ def render_html(report: dict[str, Any], timelines: dict[str, Any] | None = None,
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>{escape(title)}</title><style>{CSS}</style></head><body>",
         f"<h1>{escape(title)}</h1>",
+        *([_unprofiled(report["unprofiled"])] if report.get("unprofiled") else []),
         _summary(report, it),
     ]
     for warning in report.get("warnings", []):
         parts.append(f"<p class='warn'>⚠ {escape(str(warning))}</p>")
-    if report.get("unprofiled"):
-        parts.append(_unprofiled(report["unprofiled"]))
     if report.get("refit"):
         parts.append(_refit(report["refit"]))
     if report.get("predicted_traces"):
@@ -85,21 +84,26 @@ def render_html(report: dict[str, Any], timelines: dict[str, Any] | None = None,
     parts += [
         "<h2>Time per primitive (per iteration, mean over ranks)</h2>",
         _primitive_chart(report.get("by_primitive", [])),
-        _table(report.get("by_primitive", []), ["primitive", "real_s", "predicted_s", "error_s", "rel_error",
-                                                 "real_count", "predicted_count"]),
+        _table(_labelled(report.get("by_primitive", [])), ["primitive", "real_s", "predicted_s", "error_s",
+                                                           "rel_error", "real_count", "predicted_count"],
+               total="all operators"),
+        f"<p>{escape(OPERATOR_TIME[0].upper() + OPERATOR_TIME[1:])}.</p>",
         "<h2>Error per pipeline stage</h2>",
         _stage_chart(report.get("by_stage", [])),
-        _table(report.get("by_stage", []), ["stage", "ranks", "real_s", "predicted_s", "error_s", "rel_error"]),
+        _table(report.get("by_stage", []), ["stage", "ranks", "real_iteration_s", "predicted_iteration_s", "real_s",
+                                            "predicted_s", "error_s", "rel_error"]),
         "<h2>Iteration breakdown</h2>",
         _breakdown_chart(report.get("breakdown", {})),
         "<h2>Largest contributors to the error</h2>",
         _contributors(report.get("largest_contributors", [])),
         "<h2>Per pass</h2>",
-        _table(report.get("by_pass", []), ["pass", "real_s", "predicted_s", "error_s", "rel_error"]),
+        _table(report.get("by_pass", []), ["pass", "real_s", "predicted_s", "error_s", "rel_error"],
+               total="all operators"),
     ]
     if report.get("by_layer"):
         parts += ["<h2>Per layer</h2>",
-                  _table(report["by_layer"], ["layer", "real_s", "predicted_s", "error_s", "rel_error"])]
+                  _table(report["by_layer"], ["layer", "real_s", "predicted_s", "error_s", "rel_error"],
+                         total="all operators")]
     parts += ["<h2>Unmatched operators</h2>", _unmatched(report.get("unmatched", {})), "</body></html>"]
     return "\n".join(parts)
 
@@ -109,7 +113,10 @@ def _summary(report: dict, it: dict) -> str:
     real, pred = it.get("real"), it.get("predicted")
     rel = it.get("rel_error")
     spread = it.get("real_spread") or {}
+    label = ("<span>profiled steps (the tables below compare them; they carry the profiler's overhead):</span>"
+             if report.get("unprofiled") else "")
     items = [
+        label,
         f"<span>real: <b>{seconds(real)}</b>"
         + (f" ± {seconds(spread.get('std'))} over {spread.get('steps')} steps" if spread.get("steps") else "")
         + "</span>",
@@ -140,9 +147,10 @@ def _unprofiled(measured: dict) -> str:
     """The prediction against the run's iterations without the profiler (its log's times)."""
     after = (f"; after the refit {seconds(measured['after_predicted_s'])} "
              f"({_fmt_pct(measured['after_rel_error'])})" if "after_rel_error" in measured else "")
-    return (f"<p id='unprofiled'>Without the profiler (the profiled steps above carry its overhead), the run's log "
-            f"gives <b>{seconds(measured['real_s'])}</b> per iteration (median of {count(measured['iterations'])}): "
-            f"predicted {seconds(measured['predicted_s'])}, <b>{_fmt_pct(measured['rel_error'])}</b>{after}.</p>")
+    return (f"<p id='unprofiled' class='summary'>Iteration time without the profiler: real "
+            f"<b>{seconds(measured['real_s'])}</b> (median of {count(measured['iterations'])} iterations in the run's "
+            f"log), predicted <b>{seconds(measured['predicted_s'])}</b>, error "
+            f"<b>{_fmt_pct(measured['rel_error'])}</b>{after}.</p>")
 
 
 def _predicted_traces(paths: list[str]) -> str:
@@ -264,8 +272,8 @@ def _breakdown_chart(breakdown: dict) -> str:
     out.append("</svg>")
     source = breakdown.get("real_source")
     note = f"<p>real side measured by {escape(str(source))}</p>" if source else ""
-    rows = [{"part": p, **{s: breakdown[s].get(p) for s in sides}} for p in PARTS]
-    return "".join(out) + note + _table(rows, ["part", *sides])
+    rows = [{"part": part_label(p), **{s: breakdown[s].get(p) for s in sides}} for p in PARTS]
+    return "".join(out) + note + _table(rows, ["part", *sides], total="iteration")
 
 
 def _contributors(rows: list[dict]) -> str:
@@ -292,14 +300,30 @@ def _legend_svg(x: int) -> str:
     )
 
 
-def _table(rows: list[dict], columns: list[str]) -> str:
+def _table(rows: list[dict], columns: list[str], total: str | None = None) -> str:
+    """A table of `rows`; with `total`, a last row of that name holding the sums of its time columns (the rows add
+    up to it)."""
     if not rows:
         return "<p>none</p>"
     head = "".join(f"<th>{escape(c)}</th>" for c in columns)
     body = "".join(
         "<tr>" + "".join(f"<td>{escape(_cell(c, r.get(c)))}</td>" for c in columns) + "</tr>" for r in rows
     )
+    if total is not None:
+        sums: dict[str, Any] = {columns[0]: total}
+        for c in columns[1:]:
+            if c in ("real_s", "predicted_s", "error_s", "real", "predicted"):
+                sums[c] = sum(float(r.get(c) or 0.0) for r in rows)
+        if "rel_error" in columns and sums.get("real_s"):
+            sums["rel_error"] = (sums["predicted_s"] - sums["real_s"]) / sums["real_s"]
+        body += "<tr class='total'>" + "".join(f"<th>{escape(_cell(c, sums.get(c)) if c in sums else '')}</th>"
+                                               for c in columns) + "</tr>"
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _labelled(rows: list[dict]) -> list[dict]:
+    """Per-primitive rows with the primitive named for people (`other` → unclassified operators)."""
+    return [{**r, "primitive": primitive_label(str(r.get("primitive")))} for r in rows]
 
 
 def _cell(column: str, value: Any) -> str:
