@@ -17,7 +17,8 @@ from tracekit.cli import app
 runner = CliRunner()
 COMMANDS = typer.main.get_command(app).commands
 #: Output options and the one kind of thing each names, whatever the command.
-OUTPUTS = {"--out": "a capture folder", "--models-out": "a model folder", "--csv-out": "a CSV file",
+OUTPUTS = {"--out": "a capture folder", "--models-out": "a model folder", "--refit-out": "a model folder",
+           "--csv-out": "a CSV file",
            "--calibration-out": "a calibration JSON file", "--trace-out": "a folder of predicted traces",
            "--html": "an HTML report"}
 

@@ -268,10 +268,16 @@ def test_validate_run_is_predict_then_diff(run, diff, tmp_path):
     assert '<svg id="chart-primitives"' in page.read_text().replace("'", '"')
 
 
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def test_validate_refit_reports_error_before_and_after(run, diff, tmp_path):
     models = tmp_path / "models"
     shutil.copytree(run["models"], models)
+    given = _files(models)
     store = tmp_path / "store"
+    first = json.loads(cli("validate", run["out"], "--models", models, "--json").stdout)
     doc = json.loads(cli("validate", run["out"], "--models", models, "--refit", "--store", store, "--json").stdout)
     # same shape as diff --json, and the same real side
     assert set(diff["report"]) <= set(doc)
@@ -280,18 +286,28 @@ def test_validate_refit_reports_error_before_and_after(run, diff, tmp_path):
     refit = doc["refit"]
     assert refit["before"]["predicted_s"] == pytest.approx(doc["iteration_time_s"]["predicted"])
     assert refit["before"]["real_s"] == refit["after"]["real_s"] == doc["iteration_time_s"]["real"]
-    assert refit["samples_added"] > 0 and refit["models"] == str(models)
+    # the refit's models go to a folder of their own beside the ones given, which stay byte for byte as they were:
+    # validating with them again predicts what it did (the refit overwrote them, and the next run predicted anew)
+    refitted = tmp_path / "models-refit"
+    assert refit["samples_added"] > 0 and refit["models"] == str(refitted)
+    assert _files(models) == given
+    again = json.loads(cli("validate", run["out"], "--models", models, "--json").stdout)
+    assert again["iteration_time_s"]["predicted"] == first["iteration_time_s"]["predicted"]
     # the run's samples, counted in the store: all new here (a refit after `capture` ingested them: 0 new, as the
     # getting-started test reads)
     assert refit["run_samples"] == refit["samples_added"] <= refit["store_samples"]
-    after = json.loads(cli("validate", run["out"], "--models", models, "--json").stdout)
+    after = json.loads(cli("validate", run["out"], "--models", refitted, "--json").stdout)
     assert not any("no models of" in w for w in after["warnings"])  # the refit made models of the run's hardware
-    # --models naming a folder that holds no models yet: "before" is the bundled models', the refit writes there
-    fresh = tmp_path / "fresh-models"
-    again = json.loads(cli("validate", run["out"], "--models", fresh, "--refit", "--store", tmp_path / "store-f",
-                           "--json").stdout)
-    assert (fresh / "index.json").is_file() and again["refit"]["models"] == str(fresh)
-    index = json.loads((models / "index.json").read_text())
+    # --refit-out names the folder; the folder of the models given is refused, in one line, and left as it was
+    chosen = tmp_path / "chosen"
+    again = json.loads(cli("validate", run["out"], "--models", models, "--refit", "--refit-out", chosen, "--store",
+                           tmp_path / "store-f", "--json").stdout)
+    assert (chosen / "index.json").is_file() and again["refit"]["models"] == str(chosen)
+    refused = cli("validate", run["out"], "--models", models, "--refit", "--refit-out", models, "--store", store,
+                  check=False)
+    assert refused.exit_code == 2 and len(refused.stderr.strip().splitlines()) == 1 and str(models) in refused.stderr
+    assert _files(models) == given
+    index = json.loads((refitted / "index.json").read_text())
     assert {m["hardware"] for m in index["models"]} == {json.loads(
         cli("ingest", *run["traces"], "--store", tmp_path / "s2", "--json").stdout)["traces"][0]["hardware"]}
     # "after" is what the retrained models predict for the run's configuration on its cluster
@@ -301,8 +317,10 @@ def test_validate_refit_reports_error_before_and_after(run, diff, tmp_path):
     from tracekit.core.cluster import Cluster
 
     manifest = Manifest.load(run["out"])
-    after = predict(manifest.config(), Cluster(manifest.hardware, gpus_per_node=2), ModelSet.load(models))
+    after = predict(manifest.config(), Cluster(manifest.hardware, gpus_per_node=2), ModelSet.load(refitted))
     assert refit["after"]["predicted_s"] == pytest.approx(after.iteration_time_s)
+    printed = cli("validate", run["out"], "--models", models, "--refit", "--store", store).stdout
+    assert f"refit models written to {refitted}/" in printed
 
 
 def test_mismatched_configurations_are_refused(run, tmp_path):

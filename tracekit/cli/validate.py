@@ -24,8 +24,11 @@ def validate(
                                                                        "<page>-predicted/)."),
     rank: Optional[int] = typer.Option(None, "--rank", help="Rank whose timelines the HTML shows."),
     refit: bool = typer.Option(False, "--refit", help="Ingest the run into the store, retrain on the whole store "
-                                                     "(into --models DIR, else <store>/models), and report the "
-                                                     "error before and after."),
+                                                     "into a folder of its own (--refit-out), and report the "
+                                                     "error before and after; the --models stay as they are."),
+    refit_out: Optional[Path] = typer.Option(None, "--refit-out", help="Where --refit writes its models (default: "
+                                                                       "<models>-refit beside --models DIR, else "
+                                                                       "<store>/models)."),
     store: Optional[Path] = typer.Option(None, "--store", help="Sample store --refit ingests into (default: "
                                                                "$TRACEKIT_HOME or ./.tracekit)."),
     published: Optional[Path] = typer.Option(None, "--published", help="CSV of measured end-to-end results "
@@ -54,9 +57,9 @@ def validate(
             fail("give either a RUN_DIR or --published FILE.csv")
         from predictor import ModelSet
 
-        # --refit --models DIR writes DIR: it need not hold models yet
-        preload = models is not None and (not refit or (models / "index.json").is_file())
-        model_set = ModelSet.load(models) if preload else None
+        if refit_out is not None and not refit:
+            fail("--refit-out is where --refit writes its models: give --refit too")
+        model_set = ModelSet.load(models) if models is not None else None
         if published is not None:
             _published(published, hardware_map, sets, calibration, model_set, json_out)
             return
@@ -69,7 +72,7 @@ def validate(
             trace_out = html.with_name(f"{html.stem}-predicted")
         with working("validating", quiet=json_out) as step:
             result = validate_run(run_dir, models=model_set, models_path=models, refit=refit, store=store, rank=rank,
-                                  trace_dir=trace_out, progress=step)
+                                  trace_dir=trace_out, progress=step, refit_out=refit_out)
         say_assumed(result["cluster_note"], quiet=json_out)
         report = result["report"]
         extra = {key: result[key] for key in ("refit", "predicted_traces", "unprofiled") if result.get(key)}
@@ -142,5 +145,7 @@ def _print_refit(refit: dict[str, Any]) -> None:
         f"refit on {refit['store_samples']:,} samples ({refit['run_samples']:,} of this run, "
         f"{refit['samples_added']:,} of them new): iteration-time error {before['rel_error']:+.1%} → "
         f"{after['rel_error']:+.1%} (predicted {before['predicted_s']:.4f} s → {after['predicted_s']:.4f} s, "
-        f"real {after['real_s']:.4f} s)", soft_wrap=True
+        f"real {after['real_s']:.4f} s)", soft_wrap=True, markup=False
     )
+    console.print(f"refit models written to {refit['models']}/ (the models validate predicted with are unchanged; "
+                  f"--models {refit['models']} predicts with the new ones)", soft_wrap=True, markup=False)

@@ -138,8 +138,8 @@ def _refit(refit: dict) -> str:
                f"{count(refit.get('run_samples'))} of them this run's ({count(refit.get('samples_added'))} new)"
                if refit.get("store_samples") is not None else f"{count(refit.get('samples_added'))} new samples")
     return (f"<h2 id='refit'>Refit</h2><p>retrained {count(refit.get('models_trained'))} models on {samples}, "
-            f"written to <code>{escape(str(refit.get('models')))}</code>. The tables below are the prediction "
-            f"before the refit.</p>"
+            f"written to <code>{escape(str(refit.get('models')))}</code> (the models validate predicted with are "
+            f"unchanged). The tables below are the prediction before the refit.</p>"
             + _table(rows, ["prediction", "predicted_s", "real_s", "error_s", "rel_error"]))
 
 
