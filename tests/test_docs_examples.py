@@ -87,7 +87,7 @@ def test_sample_prints_a_table_of_samples_per_primitive(tmp_path):
     argv = doc_command(GETTING_STARTED, ".venv/bin/tracekit sample")
     assert argv == ["sample", "--device", "cpu", "--store", ".tk"]
     said = re.search(r'"(\w+) (\d+)"', quoted(GETTING_STARTED, "tracekit sample"))
-    out = tracekit(*argv, "--budget", "4", "--primitives", said.group(1), "--ranks", "1", cwd=tmp_path).stdout
+    out = tracekit(*argv, "--budget", "4", "--primitives", said.group(1), "--processes", "1", cwd=tmp_path).stdout
     # the heading whole on one line (it wrapped inside a long CPU id, `cpu-intel-xeon-processor`, at the table's width)
     assert re.search(rf"^samples on {re.escape(cpu_hardware_id())} \(fp32, [\d.]+ s\)$", out, re.M), out
     assert re.search(r"┃ primitive\s+┃ samples ┃", out)

@@ -22,7 +22,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def sampled(tmp_path_factory):
     store = tmp_path_factory.mktemp("sample") / "store"
     done = _cli("sample", "--device", "cpu", "--budget", "20", "--primitives", "gemm,framework,all_reduce",
-                "--ranks", "2", "--store", str(store), "--json")
+                "--processes", "2", "--store", str(store), "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout), SampleStore(store)
 
@@ -221,7 +221,7 @@ def test_train_keeps_the_framework_overhead_and_predict_pays_it_per_operator(sam
 
 def test_bad_requests_fail_with_one_line(tmp_path):
     for args in (["--primitives", "gemm,warp_drive"], ["--device", "tpu"], ["--budget", "0"],
-                 ["--primitives", "all_reduce", "--ranks", "1"]):
+                 ["--primitives", "all_reduce", "--processes", "1"]):
         done = _cli("sample", "--store", str(tmp_path / "s"), *args)
         assert done.returncode == 2 and done.stderr.startswith("error:") and done.stderr.count("\n") == 1, args
     assert not (tmp_path / "s").exists()

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from .app import app
+from .choices import CAPTURE_MODES, LAYOUTS, choice
 from .output import EXIT_PARTIAL, err_console, fail, print_json, user_errors
 
 
@@ -21,12 +22,12 @@ def capture_command(
     steps: str = typer.Option("10-13", "--steps", help="Steps START-END to profile (END excluded)."),
     ranks: str = typer.Option("all", "--ranks", help="Ranks to profile: 'all' or '0,1,...'."),
     layout: str = typer.Option(
-        "tensorboard", "--layout",
+        "tensorboard", "--layout", click_type=choice(LAYOUTS),
         help="Megatron trace layout: 'tensorboard' (core ≤ 0.16) or 'torch_profile' (core ≥ 0.17).",
     ),
     shapes: bool = typer.Option(True, "--shapes/--no-shapes", help="Record operator shapes."),
     mode: str = typer.Option(
-        "auto", "--mode",
+        "auto", "--mode", click_type=choice(CAPTURE_MODES),
         help="'megatron' appends Megatron's profiling flags; 'hook' profiles optimizer steps of any PyTorch "
         "script through an import hook; 'auto' picks megatron when the command carries --num-layers.",
     ),
@@ -39,8 +40,10 @@ def capture_command(
 
     The command's output and exit code pass through. A failed run keeps what it captured, marked failed.
 
-    Example: [bold]tracekit capture --out runs/tp2 --steps 3-6 -- torchrun --nproc-per-node 2 pretrain_gpt.py
-    --num-layers 2 ...[/bold]
+    \b
+    Example:
+      tracekit capture --out runs/tp2 --steps 3-6 -- torchrun --nproc-per-node 2
+          pretrain_gpt.py --num-layers 2 ...
     """
     from tracekit.capture.run import capture
     from tracekit.core.store import default_store

@@ -11,6 +11,7 @@ from tracekit.core.hardware import SPECS
 from tracekit.report.numbers import percent, seconds
 
 from .app import app
+from .choices import STACKS, choice
 from .output import (
     ALLOW_UNKNOWN_HELP,
     EXIT_PARTIAL,
@@ -30,14 +31,14 @@ operator estimates from the trained models → pipeline schedule simulation.
 Prints the iteration time, where it goes (compute, exposed communication, pipeline bubble, optimizer, other),
 TFLOP/s per GPU, MFU, tokens/s, memory per GPU and the operators that used a fallback estimate.
 
+\b
 Examples:
-
   tracekit predict job.yaml --hardware A100-SXM4-80GB --gpus-per-node 4
-
-  tracekit predict --megatron-args "--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096
-  --micro-batch-size 4 --global-batch-size 64 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4
-  --fp16" --hardware A100-SXM4-80GB --gpus-per-node 4 --json
-
+  tracekit predict --megatron-args "--num-layers 32 --hidden-size 4096
+      --num-attention-heads 32 --seq-length 4096 --micro-batch-size 4
+      --global-batch-size 64 --tensor-model-parallel-size 2
+      --pipeline-model-parallel-size 4 --fp16" --hardware A100-SXM4-80GB
+      --gpus-per-node 4 --json
   tracekit predict --batch runs.csv --csv-out predicted.csv
 
 With --batch, each row's stack (framework column), hardware and cluster (hardware_gpu, gpus_per_node,
@@ -53,9 +54,9 @@ def predict_command(
                                                        "or a Composer/llm-foundry YAML (with --gpus)."),
     megatron_args: Optional[str] = typer.Option(None, "--megatron-args", help="Megatron command-line arguments."),
     megatron_log: Optional[Path] = typer.Option(None, "--megatron-log", help="Megatron log with its arguments block."),
-    hardware: Optional[str] = typer.Option(None, "--hardware", help="GPU hardware id: a datasheet entry ("
-                                           f"{', '.join(SPECS)}) or a CPU's cpu-<model>.",
-                                           autocompletion=complete_hardware),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="Hardware id: a datasheet entry ("
+                                           f"{', '.join(SPECS)}) or a CPU's cpu-<vendor>-<line>-<model> (as "
+                                           "`tracekit sample` names it).", autocompletion=complete_hardware),
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=1, help="GPUs per node (default 8)."),
     cluster_name: Optional[str] = typer.Option(
         None, "--cluster", autocompletion=complete_cluster,
@@ -63,9 +64,9 @@ def predict_command(
              "intra_node_gbs, inter_node_gbs, latencies, in_network_reduction, nvlink_domain; `preset:` to start from "
              "one). Default: the usual node of --hardware; with --batch, what each row says."),
     stack: Optional[str] = typer.Option(
-        None, "--stack", help="Software-stack profile (megatron-core, megatron-lm-2021, megatron-deepspeed-2023, "
-                              "gpt-neox): attention kernel, overlap defaults and host constants. Default: what the "
-                              "input says (a batch row's framework column), else megatron-core."),
+        None, "--stack", click_type=choice(STACKS), metavar="NAME",
+        help=f"Software-stack profile ({', '.join(STACKS)}): attention kernel, overlap defaults and host constants. "
+             "Default: what the input says (a batch row's framework column), else megatron-core."),
     models_dir: Optional[Path] = typer.Option(None, "--models", help="Model directory (default: bundled models)."),
     calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration name (shipped: see docs) or "
                                                                           "JSON file, used instead of the stack "

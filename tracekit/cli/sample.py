@@ -6,12 +6,13 @@ from pathlib import Path
 import typer
 
 from .app import app
+from .choices import DEVICES, SAMPLE_DTYPES, choice
 from .output import console, print_json, progress, user_errors
 
 
 @app.command("sample")
 def sample_command(
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    device: str = typer.Option("cpu", "--device", click_type=choice(DEVICES), help="The device to time."),
     primitives: str = typer.Option(
         None, "--primitives",
         help="Comma list (default all): gemm, attention, norm, elementwise (with FSDP2's copies), activation, "
@@ -20,10 +21,12 @@ def sample_command(
         "layer), all_reduce, all_gather, reduce_scatter, send_recv.",
     ),
     budget: float = typer.Option(120.0, "--budget", help="Time budget in seconds (approximate)."),
-    ranks: int = typer.Option(2, "--ranks", help="Local processes for the collectives."),
+    processes: int = typer.Option(2, "--processes", min=1,
+                                  help="Local processes the collectives run over (as torchrun's --nproc-per-node)."),
     rounds: int = typer.Option(3, "--rounds", help="Passes over the shapes; each sample is the median over passes "
                                "(a slow spell of a busy machine then spoils one pass, not the sample)."),
-    dtype: str = typer.Option(None, "--dtype", help="fp32, bf16 or fp16 (default: fp32 on cpu, bf16 on cuda)."),
+    dtype: str = typer.Option(None, "--dtype", click_type=choice(SAMPLE_DTYPES),
+                              help="Default: fp32 on cpu, bf16 on cuda."),
     threads: int = typer.Option(1, "--threads",
                                 help="CPU threads for compute timings (torchrun's default is 1 per rank)."),
     store: Path = typer.Option(None, "--store", help="Sample store (default $TRACEKIT_HOME or ./.tracekit)."),
@@ -35,7 +38,10 @@ def sample_command(
     The budget is shared between compute and collectives by their number of primitives. The first pass covers as
     many shapes as it allows, spread over the range; further passes (--rounds) re-time those shapes.
 
-    Example: [bold]tracekit sample --device cpu --budget 60 --primitives gemm,attention,all_reduce --ranks 2[/bold]
+    \b
+    Example:
+      tracekit sample --device cpu --budget 60 --processes 2
+          --primitives gemm,attention,all_reduce
     """
     from tracekit.core.store import SampleStore, default_store
     from tracekit.sampling.run import parse_primitives, sample
@@ -44,7 +50,7 @@ def sample_command(
         chosen = parse_primitives(primitives)
         with progress(quiet=as_json) as bar:
             task = bar.add_task(f"sampling {device}", total=100)
-            result = sample(device, chosen, budget, ranks, SampleStore(store or default_store()), dtype, threads,
+            result = sample(device, chosen, budget, processes, SampleStore(store or default_store()), dtype, threads,
                             rounds=rounds, progress=lambda fraction: bar.update(task, completed=round(100 * fraction)))
     counts = result.counts()
     summary = {"hardware": result.hardware, "device": result.device, "dtype": result.dtype, "source": result.source,

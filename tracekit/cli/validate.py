@@ -49,8 +49,11 @@ def validate(
     `tracekit diff`); --refit first ingests the run and retrains, and reports the error before and after.
     With --published: predict every row of a measured end-to-end CSV and report the errors, worst rows first.
 
-    Examples: tracekit validate runs/tiny-tp2/ --html report.html ·
-    tracekit validate --published e2e.csv --hardware-map "A100=A100-SXM4-40GB" --json
+    \b
+    Examples:
+      tracekit validate runs/tiny-tp2/ --html report.html
+      tracekit validate --published e2e.csv --hardware-map "A100=A100-SXM4-40GB"
+          --json
     """
     with user_errors():
         if (run_dir is None) == (published is None):

@@ -96,7 +96,7 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
     compute = chosen & set(COMPUTE)
     collectives = chosen & set(COLLECTIVES)
     if collectives and ranks < 2:
-        raise ConfigError("collectives need --ranks of at least 2")
+        raise ConfigError("collectives need --processes of at least 2")
     if threads and device == "cpu":
         torch.set_num_threads(threads)
     hardware = normalize_hardware(torch.cuda.get_device_name()) if device == "cuda" else cpu_hardware_id()
