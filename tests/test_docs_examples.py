@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -204,3 +205,34 @@ def test_ingest_doc_example_prints_what_the_page_shows(tmp_path):
                .splitlines()]
     for line in block.group(2).splitlines():
         assert line.strip() == "..." or line.strip() in printed, line
+
+
+TOUR_OUTPUTS = (".tk/samples/part-0.parquet", ".tk/models-refit/index.json", "runs/tp2/manifest.json", "report.html",
+                "report-predicted/rank-0.json.gz", "out.csv", "predicted/rank-0.json.gz")
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="not a git checkout")
+def test_the_tours_outputs_are_ignored_by_git_and_the_project_is_not():
+    """The tour writes .tk/, runs/, report.html (and its predicted traces), out.csv and predicted/ into the checkout;
+    `git status` then listed them all."""
+    def ignored(path: str) -> bool:
+        return subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT).returncode == 0
+
+    assert [p for p in TOUR_OUTPUTS if not ignored(p)] == []
+    assert not any(ignored(p) for p in ("traces/kineto", "docs/getting-started.md", "tracekit/report/html.py",
+                                        "tests/data/cpu_collectives.csv"))
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_says_what_it_installs_before_pip_works(tmp_path):
+    """`make demo` was silent for the 2 minutes of its first install (pip -q): the install now says what it
+    installs, and pip names each package as it goes."""
+    done = subprocess.run(["make", "-n", "demo", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    first_pip = next(i for i, line in enumerate(lines) if " install " in line and "/pip " in line)
+    said = [line for line in lines[:first_pip] if line.startswith("echo ")]
+    assert said and all(word in said[0] for word in ("tracekit", "torch", "minutes")), lines[:first_pip]
+    package = next(line for line in lines if "pip install" in line and "-e " in line)
+    assert " -q " not in package, package

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -288,3 +289,16 @@ def test_fsdp2_copies_are_sampled_over_a_sweep_of_units_with_the_elements_they_c
         assert small["fwd"] == small["bwd"] > 0
         # 4,000 times the elements: a copy that copied nothing, or a µs/ms mix-up, breaks this on any machine
         assert big["fwd"] > 10 * small["fwd"]
+
+
+def test_off_a_terminal_sampling_says_what_it_has_timed_as_it_goes(tmp_path):
+    """Piped (no progress bar), a 2-minute `sample` printed nothing until its table: now a line on stderr every
+    tenth of the budget, each naming every primitive timed so far with its count of timings, the counts growing."""
+    done = _cli("sample", "--budget", "4", "--primitives", "gemm,norm", "--store", str(tmp_path / "s"))
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("sampling: ")]
+    assert len(lines) >= 3, done.stderr
+    counts = [dict(re.findall(r"(\w+) (\d+)", line.split("timings so far: ")[1])) for line in lines]
+    assert set(counts[-1]) == {"gemm", "norm"}
+    gemm = [int(c.get("gemm", 0)) for c in counts]
+    assert gemm == sorted(gemm) and gemm[-1] > gemm[0]

@@ -7,7 +7,37 @@ import typer
 
 from .app import app
 from .choices import DEVICES, SAMPLE_DTYPES, choice
-from .output import console, print_json, progress, user_errors
+from .output import console, err_console, print_json, progress, shows_progress, user_errors
+
+#: Off a terminal (a CI log, `| tee`), a line each time this share of the budget has gone by.
+LINE_EVERY = 0.1
+
+
+class ProgressLines:
+    """What `sample` has timed so far, a line on stderr every LINE_EVERY of the budget, each naming every primitive
+    timed yet and how many timings of its shapes (every pass counts): where a progress bar is not drawn, the
+    minutes of a sampling run are not silent."""
+
+    def __init__(self, budget: float):
+        import time
+
+        self.clock = time.monotonic
+        self.start = self.clock()
+        self.budget = budget
+        self.counts: dict[str, int] = {}
+        self.next = LINE_EVERY * budget
+
+    def timed(self, primitive: str, fraction: float) -> None:
+        """A shape of `primitive` was timed (`fraction`: of the budget; the collectives' share counts from when
+        their processes are up, so the run can outlast it: the lines follow the clock)."""
+        self.counts[primitive] = self.counts.get(primitive, 0) + 1
+        elapsed = self.clock() - self.start
+        if elapsed >= self.next:
+            so_far = ", ".join(f"{name} {n}" for name, n in sorted(self.counts.items()))
+            err_console.print(f"sampling: {elapsed:.0f} s of ~{self.budget:.0f} s, timings so far: {so_far}",
+                              markup=False, soft_wrap=True)
+            step = LINE_EVERY * self.budget
+            self.next = (int(elapsed / step) + 1) * step
 
 
 @app.command("sample")
@@ -48,10 +78,12 @@ def sample_command(
 
     with user_errors():
         chosen = parse_primitives(primitives)
+        lines = None if as_json or shows_progress() else ProgressLines(budget)  # off a terminal: lines, not a bar
         with progress(quiet=as_json) as bar:
             task = bar.add_task(f"sampling {device}", total=100)
             result = sample(device, chosen, budget, processes, SampleStore(store or default_store()), dtype, threads,
-                            rounds=rounds, progress=lambda fraction: bar.update(task, completed=round(100 * fraction)))
+                            rounds=rounds, progress=lambda fraction: bar.update(task, completed=round(100 * fraction)),
+                            timed=lines.timed if lines else None)
     counts = result.counts()
     summary = {"hardware": result.hardware, "device": result.device, "dtype": result.dtype, "source": result.source,
                "seconds": round(result.seconds, 1), "stopped_by_budget": result.stopped_by_budget,
