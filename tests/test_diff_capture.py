@@ -256,6 +256,30 @@ def test_html_renders_in_headless_chromium(run, diff, tmp_path):
     assert not re.search(r'(src|href)="(https?:)?//', dom)
 
 
+def test_the_largest_named_operators_lead_the_contributors(run, diff, tmp_path):
+    """On a CPU run the largest cells of the error are the unclassified operators (`other`: communication, forward,
+    backward), and the contributors were all such buckets: the page and the command list the named operators first,
+    largest first, and sum the unclassified ones in one line after them."""
+    report = diff["report"]
+    cells = report["largest_contributors"]
+    named = [c for c in cells if c["primitive"] != "other"]
+    other = [c for c in cells if c["primitive"] == "other"]
+    assert named and other  # this run has both
+    dom = dump_dom(diff["html"], tmp_path / "profile")
+    section = dom.split('Largest contributors to the error</h2>')[1].split("<h2")[0]
+    items = re.findall(r"<li>([^<]+)</li>", section)
+    assert items == [c["text"] for c in named]
+    from tracekit.report.numbers import signed_seconds
+
+    total = signed_seconds(sum(c["error_s"] for c in other))
+    assert re.search(rf'<p id="unclassified-error">Unclassified operators [^<]*{re.escape(total)} of the error',
+                     section)
+    out = cli("diff", run["predicted"], *run["traces"]).stdout
+    listed = out.split("largest contributors to the error:\n")[1].splitlines()
+    assert [line.strip() for line in listed[:min(5, len(named))]] == [c["text"] for c in named[:5]]
+    assert f"unclassified operators (other: what ingest could not name): {total} of the error" in out
+
+
 def test_validate_run_is_predict_then_diff(run, diff, tmp_path):
     page = tmp_path / "validate.html"
     doc = json.loads(cli("validate", run["out"], "--models", run["models"], "--json", "--html", page).stdout)

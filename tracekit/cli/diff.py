@@ -50,13 +50,20 @@ def print_report(report: dict[str, Any]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from tracekit.report.diff_text import OPERATOR_TIME, iteration_lines, part_label, primitive_label
+    from tracekit.report.diff_text import (
+        OPERATOR_TIME,
+        iteration_lines,
+        named_first,
+        part_label,
+        primitive_label,
+        unclassified_line,
+    )
 
     for line in iteration_lines(report):
         console.print(line, markup=False, soft_wrap=True)
     for warning in report.get("warnings", []):  # one line each, however wide the terminal
         err_console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
-    for title, rows, key in (("per primitive", report["by_primitive"], "primitive"),
+    for title, rows, key in (("per primitive", named_first(report["by_primitive"]), "primitive"),
                              ("per pass", report.get("by_pass", []), "pass")):
         table = Table(title=f"{title} (operator time per iteration)")
         for col in (key, "real", "predicted", "error", "rel. error"):
@@ -93,10 +100,14 @@ def print_report(report: dict[str, Any]) -> None:
         table.add_row("iteration", *(seconds(sum(breakdown[side].get(p) or 0.0 for p in parts))
                                      for side in ("real", "predicted")))
         console.print(table)
-    if report["largest_contributors"]:
+    named = [r for r in report["largest_contributors"] if r["primitive"] != "other"]
+    if named:  # the named operators first: the unclassified ones' cells after them, in one line
         console.print("largest contributors to the error:")
-        for row in report["largest_contributors"][:5]:
-            console.print(f"  {row['text']}")
+        for row in named[:5]:
+            console.print(f"  {row['text']}", markup=False)
+    other = unclassified_line(report["largest_contributors"])
+    if other:
+        console.print(other, markup=False, soft_wrap=True)
     for side, label in (("real_only", "only in the real trace"), ("predicted_only", "only in the prediction")):
         rows = report["unmatched"].get(side) or []
         if rows:

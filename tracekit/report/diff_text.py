@@ -27,6 +27,24 @@ OPERATOR_TIME = ("operator time is the sum of the operators' durations, mean ove
                  "iteration also holds host and idle time, so it is not the iteration time (the breakdown splits that)")
 
 
+def named_first(rows: list[dict[str, Any]], key: str = "primitive") -> list[dict[str, Any]]:
+    """Rows of named operators first (in their order), then the unclassified ones (`other`): the largest named
+    operators lead, not the buckets of what ingest could not name."""
+    return [r for r in rows if r.get(key) != "other"] + [r for r in rows if r.get(key) == "other"]
+
+
+def unclassified_line(rows: list[dict[str, Any]]) -> str | None:
+    """The largest contributors that are unclassified operators (`other` cells), summed in one sentence; None when
+    there are none."""
+    other = [r for r in rows if r.get("primitive") == "other"]
+    if not other:
+        return None
+    total = sum(float(r.get("error_s") or 0.0) for r in other)
+    where = ", ".join(f"{PASS_WORDS.get(r['pass'], r['pass'])} on stage {int(r['stage'])} "
+                      f"{signed_seconds(r['error_s'])}" for r in other)
+    return f"unclassified operators (other: what ingest could not name): {signed_seconds(total)} of the error ({where})"
+
+
 def primitive_label(primitive: str) -> str:
     return PRIMITIVE_LABELS.get(primitive, primitive)
 
