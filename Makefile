@@ -8,21 +8,25 @@ STAMP := $(VENV)/.tracekit-installed
 DOCS_STAMP := $(VENV)/.tracekit-docs-installed
 DEMO_STORE := .tracekit-demo
 DEMO_OUT := .tracekit-demo-out
+TORCH := $(shell sed -n 's/.*"torch==\([0-9.]*\)".*/\1/p' pyproject.toml)
 
 .PHONY: demo test lint docs install clean chromium
 
 install: $(STAMP)
 
+# The first install takes minutes (torch, ray): it says what it installs, and pip names each package as it goes.
 $(STAMP): pyproject.toml
+	@echo "make: installing into $(VENV): tracekit and what it needs (numpy, pandas, pyarrow, scikit-learn, xgboost, typer, rich, ...) with the test extra (pytest, torch $(TORCH), ray, HTA, ruff, mypy, mkdocs, ...); a few minutes the first time"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install --progress-bar off -e '.[test]'
 	touch $(STAMP)
 
 $(DOCS_STAMP): pyproject.toml
+	@echo "make: installing into $(VENV): tracekit with the docs extra (mkdocs, mkdocs-material, mkdocstrings)"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[docs]'
+	$(BIN)/pip install --progress-bar off -e '.[docs]'
 	touch $(DOCS_STAMP)
 
 demo: $(STAMP)

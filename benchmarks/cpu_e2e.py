@@ -4,7 +4,7 @@ then predict other configurations, run them, and compare predicted with measured
     .venv/bin/python benchmarks/cpu_e2e.py [--budget 120] [--repeats 3] [--work DIR]
 
 Steps (all through the `tracekit` command, as a user would run them):
-  1. tracekit sample --device cpu --ranks 2              (micro-benchmarks, gloo collectives over 2 processes)
+  1. tracekit sample --device cpu --processes 2              (micro-benchmarks, gloo collectives over 2 processes)
   2. tracekit capture -- torchrun ... -m tracekit.reference   (5 training configurations, 2 ranks each, ingested:
      TP, PP, DP, TP + SP and FSDP2)
   3. tracekit train --store S --models-out M --hardware cpu-... --folds 2   (twice: on the samples alone, and on the
@@ -152,7 +152,7 @@ def main() -> None:
     else:
         for store in sources.values():
             shutil.rmtree(store, ignore_errors=True)
-        timed("sample", lambda: tracekit("sample", "--device", "cpu", "--budget", str(args.budget), "--ranks", "2",
+        timed("sample", lambda: tracekit("sample", "--device", "cpu", "--budget", str(args.budget), "--processes", "2",
                                          "--store", str(sources["samples only"]), "--json", step="sample"))
         shutil.copytree(sources["samples only"], sources["samples + captures"])
 

@@ -3,10 +3,12 @@ user's umask."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 import sys
 
+import click
 import pytest
 import typer.main
 from typer.testing import CliRunner
@@ -17,7 +19,8 @@ from tracekit.cli import app
 runner = CliRunner()
 COMMANDS = typer.main.get_command(app).commands
 #: Output options and the one kind of thing each names, whatever the command.
-OUTPUTS = {"--out": "a capture folder", "--models-out": "a model folder", "--csv-out": "a CSV file",
+OUTPUTS = {"--out": "a capture folder", "--models-out": "a model folder", "--refit-out": "a model folder",
+           "--csv-out": "a CSV file",
            "--calibration-out": "a calibration JSON file", "--trace-out": "a folder of predicted traces",
            "--html": "an HTML report"}
 
@@ -89,3 +92,78 @@ def test_written_files_and_folders_follow_the_umask(tmp_path, umask, file_mode, 
 def test_python_dash_m_is_the_same_command():
     done = subprocess.run([sys.executable, "-m", "tracekit", "--version"], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.startswith("tracekit ")
+
+
+def _help_at(name: str, columns: int) -> str:
+    """A command's --help as a terminal `columns` wide shows it (its own process: COLUMNS set as a shell does)."""
+    env = {**os.environ, "COLUMNS": str(columns)}
+    done = subprocess.run([sys.executable, "-c", "from tracekit.cli import main; main()", name, "--help"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("name", ["predict", "search", "train", "evaluate", "import", "sample", "capture"])
+def test_help_at_80_columns_shows_every_option_name_whole(name):
+    """At 80 columns rich's help panels gave six columns their share and cut `--gpus,--world-size` to
+    `--gpus,--world-s…` (predict: 158 lines); every option's names are now whole and no line is wider than 80."""
+    text = _help_at(name, 80)
+    names = [opt for p in COMMANDS[name].params if p.param_type_name == "option" for opt in (*p.opts,
+                                                                                              *p.secondary_opts)]
+    missing = [opt for opt in names if not re.search(rf"(?<![\w-]){re.escape(opt)}(?![\w-])", text)]
+    assert not missing, missing
+    assert max(len(line) for line in text.splitlines()) <= 80, [line for line in text.splitlines() if len(line) > 80]
+
+
+def test_an_option_name_means_one_thing_with_one_default():
+    """`--ranks` was a rank list in capture (default all), a rank list in megatron-args (default 0) and a process
+    count in sample; now the two rank lists share a default and sample's count is --processes."""
+    ranks = [(name, p.type.name, p.default) for name, command in COMMANDS.items() for p in command.params
+             if "--ranks" in getattr(p, "opts", ())]
+    assert sorted(name for name, _, _ in ranks) == ["capture", "megatron-args"]
+    assert len({(kind, default) for _, kind, default in ranks}) == 1, ranks
+
+
+#: Enumerated options, each with the engine's own list of values (what the code acting on it accepts).
+def _engines() -> dict:
+    from predictor.sweeps.search import OBJECTIVES
+    from tracekit.capture.megatron_flags import LAYOUTS
+    from tracekit.capture.run import LAYOUT_CHOICES, MODES
+    from tracekit.cli.import_samples import FORMATS
+    from tracekit.core.samples import PRIMITIVES
+    from tracekit.core.stacks import stacks
+    from tracekit.sampling.compute import DTYPES
+
+    return {("capture", "--layout"): LAYOUT_CHOICES, ("megatron-args", "--layout"): LAYOUTS,
+            ("capture", "--mode"): MODES,
+            ("search", "--objective"): tuple(o.replace("_", "-") for o in OBJECTIVES),
+            ("import", "--format"): FORMATS, ("evaluate", "--format"): (*FORMATS, "kineto"),
+            ("train", "--primitive"): PRIMITIVES,
+            ("sample", "--dtype"): tuple(DTYPES), ("sample", "--device"): ("cpu", "cuda"),
+            ("predict", "--stack"): tuple(sorted(stacks())), ("search", "--stack"): tuple(sorted(stacks()))}
+
+
+def test_enumerated_options_are_choices_that_refuse_other_values():
+    """They were TEXT: `--layout`, `--mode`, `--format`, `--objective`, ... list their values in --help, and a value
+    outside them is a usage error (exit 2) naming the option and every value, before any work."""
+    for (name, option), values in _engines().items():
+        (param,) = [p for p in COMMANDS[name].params if option in getattr(p, "opts", ())]
+        assert isinstance(param.type, click.Choice), (name, option, param.type)
+        assert tuple(param.type.choices) == tuple(values), (name, option)
+        done = runner.invoke(app, [name, option, "bogus-value"])
+        assert done.exit_code == 2, (name, option, done.output)
+        assert option in done.stderr and all(repr(v) in done.stderr for v in values), done.stderr
+
+
+def test_a_mistyped_command_or_value_is_one_line_naming_it_once():
+    """"Did you mean 'predict'? Did you mean 'predict'?" (typer's suggestion after click's); the command says a usage
+    error as it says every error: one line, exit 2."""
+    for args, said in ((["predit"], "No such command 'predit'. Did you mean 'predict'?"),
+                       (["capture", "--layout", "tensorbord", "--", "true"],
+                        "'tensorbord' is not one of 'auto', 'tensorboard', 'torch_profile'. "
+                        "(did you mean 'tensorboard'?)")):
+        done = subprocess.run([sys.executable, "-c", "from tracekit.cli import main; main()", *args],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and not done.stdout, done
+        (line,) = done.stderr.splitlines()
+        assert line.startswith("error: ") and line.count(said) == 1 and line.count("id you mean") == 1, line

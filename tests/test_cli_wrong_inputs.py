@@ -82,3 +82,62 @@ def test_shell_completion_is_typers(monkeypatch):
     completed = runner.invoke(app, [], env={"_TRACEKIT_COMPLETE": "complete_bash", "COMP_WORDS": "tracekit pre",
                                             "COMP_CWORD": "1"}, prog_name="tracekit")
     assert completed.stdout.split() == ["predict"]
+
+
+def _without(tmp_path, *columns: str):
+    """Narayanan et al.'s table (the corpus's A100 Selene rows) with `columns` cut out of it."""
+    import csv
+
+    with open(E2E / "narayanan2021_table1_a100_selene.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    kept = [c for c in rows[0] if c not in columns]
+    path = tmp_path / f"without-{'-'.join(columns)}.csv"
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, kept, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+@pytest.mark.parametrize("columns, named", [(("hardware_gpu",), "missing column hardware_gpu"),
+                                            (("tp",), "missing column tp"),
+                                            (("hardware_gpu", "pp"), "missing columns hardware_gpu")])
+def test_a_batch_file_without_a_column_every_row_needs_is_one_line(tmp_path, columns, named):
+    """Without hardware_gpu every row failed on its own 600-character line ("unknown hardware '80GB'"); without tp
+    (the rows state num_gpus and dp) tp 1 was assumed in silence and 9 of 10 rows failed on tp·pp·dp·cp ≠ num_gpus.
+    Nothing could be done: exit 2, one line naming the columns, and no output file."""
+    path, out = _without(tmp_path, *columns), tmp_path / "out.csv"
+    result = runner.invoke(app, ["predict", "--batch", str(path), "--csv-out", str(out)])
+    _one_line(result, str(path), named, *columns)
+    assert len(result.stderr) < 300 and not out.exists()
+
+
+def test_a_batch_file_names_the_hardware_on_the_command_line_instead(tmp_path):
+    path, out = _without(tmp_path, "hardware_gpu"), tmp_path / "out.csv"
+    result = runner.invoke(app, ["predict", "--batch", str(path), "--csv-out", str(out), "--hardware",
+                                 "A100-SXM4-80GB"])
+    assert result.exit_code == 0, result.stderr
+    assert "10/10 rows predicted" in result.stdout
+
+
+def test_a_column_a_batch_file_lacks_is_assumed_once_for_the_file(tmp_path):
+    """cp and micro_batch_size cut: every row takes Megatron's default, said once on stderr (not per row) and in
+    every row's prediction_notes; the answer is the table's with those columns at the defaults written in."""
+    import csv
+
+    path, out = _without(tmp_path, "cp", "micro_batch_size"), tmp_path / "out.csv"
+    result = runner.invoke(app, ["predict", "--batch", str(path), "--csv-out", str(out)])
+    assert result.exit_code == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "cp = 1" in line]
+    assert len(said) == 1 and "micro_batch_size = 1" in said[0] and said[0].startswith("note: ")
+    with open(out, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert all("cp = 1" in row["prediction_notes"] for row in rows)
+    with open(E2E / "narayanan2021_table1_a100_selene.csv", newline="") as handle:
+        table = list(csv.DictReader(handle))
+    assert {row["cp"] for row in table} == {"1"} and {row["micro_batch_size"] for row in table} == {""}
+    full = runner.invoke(app, ["predict", "--batch", str(E2E / "narayanan2021_table1_a100_selene.csv"),
+                               "--csv-out", str(tmp_path / "full.csv")])
+    with open(tmp_path / "full.csv", newline="") as handle:
+        whole = [row["predicted_iteration_time_s"] for row in csv.DictReader(handle)]
+    assert full.exit_code == 0 and [row["predicted_iteration_time_s"] for row in rows] == whole

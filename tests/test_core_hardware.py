@@ -1,4 +1,6 @@
 """Hardware ids and datasheet lookups."""
+from pathlib import Path
+
 import pytest
 
 from tracekit.core.cluster import Cluster
@@ -150,3 +152,64 @@ def test_command_lines_lose_every_credential_and_keep_the_rest():
                          "CUDA_VISIBLE_DEVICES=0,1", "python3"]
     assert clean[6:8] == ["--hf-token", "<redacted>"] and "--api-key=<redacted>" in clean
     assert clean[clean.index("--num-layers") + 1] == "24" and clean[-1] == "1e-4"  # the rest is kept as typed
+
+
+#: /proc/cpuinfo's first processor of CPUs as their kernels describe them (vendor, CPUID family/model/stepping and
+#: model name as Intel's, AMD's and Arm's references list them for the part).
+CPUINFO = {
+    "sapphire-rapids": "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+                       "model name\t: Intel(R) Xeon(R) Platinum 8480C\nstepping\t: 8\n",
+    "genoa": "vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+             "model name\t: AMD EPYC 9654 96-Core Processor\nstepping\t: 1\n",
+    "xeon-vm": "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\nmodel name\t: Intel Xeon Processor\n"
+               "stepping\t: 8\n",
+    "epyc-vm": "vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\nstepping\t: 1\n",
+    "cascade-vm": "vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 85\n"
+                  "model name\t: Intel(R) Xeon(R) CPU @ 2.80GHz\nstepping\t: 7\n",
+    "grace": "processor\t: 0\nBogoMIPS\t: 2000.00\nCPU implementer\t: 0x41\nCPU architecture: 8\n"
+             "CPU variant\t: 0x0\nCPU part\t: 0xd4f\nCPU revision\t: 0\n",
+}
+
+
+@pytest.mark.parametrize("cpu, expected", [
+    ("sapphire-rapids", "cpu-intel-xeon-platinum-8480c"), ("genoa", "cpu-amd-epyc-9654"),
+    ("xeon-vm", "cpu-intel-xeon-sapphire-rapids"), ("epyc-vm", "cpu-amd-epyc-genoa"),
+    ("cascade-vm", "cpu-intel-xeon-cascade-lake"), ("grace", "cpu-arm-neoverse-v2")])
+def test_a_cpu_id_says_which_cpu_it_is(cpu, expected):
+    """The model number where the model name has one, else the generation its CPUID numbers name (a VM's generic
+    name), the core of an Arm CPU; an id is its own normal form (a trace's cpu_model comes back as the same id)."""
+    from tracekit.core.cpu_id import cpu_id
+
+    made = cpu_id(CPUINFO[cpu], "aarch64" if cpu == "grace" else "x86_64")
+    assert made == expected and normalize_hardware(made) == made
+
+
+def test_this_machines_cpu_id_says_more_than_the_vendor_and_line():
+    """`cpu-amd-epyc` or `cpu-intel-xeon-processor` (a VM's generic model name) say nothing of which CPU it is."""
+    from tracekit.core.cpu_id import LINE_WORDS
+
+    words = set(cpu_hardware_id().removeprefix("cpu-").split("-"))
+    assert words - LINE_WORDS - {"processor"}, cpu_hardware_id()
+    assert normalize_hardware(cpu_hardware_id()) == cpu_hardware_id()
+
+
+def test_models_made_under_this_cpus_earlier_id_answer_for_it(tmp_path):
+    """A model set trained before the id rule changed (its CPU named `cpu-amd-epyc`, the model name's slug) still
+    answers for this machine's CPU: predict resolves to it and validate does not call the models missing."""
+    import pandas as pd
+
+    from predictor import ModelSet, train_models
+    from predictor.costs.estimates import resolve_hardware
+    from tracekit.core.cpu_id import cpu_ids, legacy_cpu_id, machine_description
+    from tracekit.validate.run import missing_models
+
+    earlier = legacy_cpu_id(*machine_description())
+    assert cpu_ids()[-1] == earlier
+    samples = pd.read_csv(Path(__file__).parent / "data" / "cpu_collectives.csv", comment="#")
+    samples = samples[samples["primitive"] == "all_reduce"].assign(hardware=earlier)  # gloo all-reduces, timed
+    train_models(samples, tmp_path, {}, folds=2)
+    models = ModelSet.load(tmp_path)
+    assert list(models.hardware_ids()) == [earlier]
+    hardware, note = resolve_hardware(cpu_hardware_id(), list(models.hardware_ids()))
+    assert hardware == earlier and (note is None or "earlier id" in note)
+    assert missing_models(models, cpu_hardware_id(), tmp_path) is None

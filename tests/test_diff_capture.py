@@ -161,6 +161,32 @@ def test_errors_and_contributors_add_up(run, diff):
     assert real_parts == pytest.approx(it["real"], rel=1e-6)  # the breakdown splits the iteration, nothing else
 
 
+def test_the_tables_add_up_and_compare_like_with_like(run, diff, tmp_path):
+    """Per layer, per primitive and per pass are the same operator time cut three ways, so their rows add up to the
+    same totals, the stage's operator time: before, the per-layer rows left out the real run's gloo collectives and
+    backward (outside the layer ranges on a CPU run) but kept the prediction's collectives (inside them), so the rows
+    were over-predicted while the total was under, and the real `Optimizer.step#Adam.step` range had no predicted
+    counterpart (−100%) though the optimizer was predicted. The stage table shows the iteration time beside it."""
+    doc = json.loads(cli("validate", run["out"], "--models", run["models"], "--json").stdout)
+    (stage,) = doc["by_stage"]
+    for side in ("real_s", "predicted_s"):
+        for table in ("by_layer", "by_primitive", "by_pass"):
+            assert sum(r[side] for r in doc[table]) == pytest.approx(stage[side], rel=1e-9), (table, side)
+    optimizer = [r for r in doc["by_layer"] if r["real_s"] > 0 and "ptimizer" in r["layer"]]
+    assert len(optimizer) == 1 and optimizer[0]["predicted_s"] > 0
+    # a collective is the communication row on both sides, never a layer's
+    comm = {p: sum(r[p] for r in doc["by_pass"] if r["pass"] == "comm") for p in ("real_s", "predicted_s")}
+    (row,) = [r for r in doc["by_layer"] if r["layer"] == "(communication)"]
+    assert row["real_s"] == pytest.approx(comm["real_s"]) and row["predicted_s"] == pytest.approx(comm["predicted_s"])
+    out = cli("validate", run["out"], "--models", run["models"]).stdout
+    stage_row = re.search(r"^│ 0 +│ +([\d.]+ m?s) +│ +([\d.]+ m?s) +│", out, re.M)
+    from tracekit.report.numbers import seconds
+
+    assert stage_row and stage_row.groups() == (seconds(stage["real_iteration_s"]),
+                                                seconds(stage["predicted_iteration_s"])), out
+    assert stage["real_iteration_s"] == pytest.approx(doc["iteration_time_s"]["real"])
+
+
 def test_blocking_gloo_collectives_count_as_exposed_communication(run, diff):
     """The reference trainer's gloo collectives are synchronous: its caller op waits on the main thread while gloo's
     thread runs them, so (almost) all their time is exposed. Their union is computed here from the raw JSON."""
@@ -230,6 +256,30 @@ def test_html_renders_in_headless_chromium(run, diff, tmp_path):
     assert not re.search(r'(src|href)="(https?:)?//', dom)
 
 
+def test_the_largest_named_operators_lead_the_contributors(run, diff, tmp_path):
+    """On a CPU run the largest cells of the error are the unclassified operators (`other`: communication, forward,
+    backward), and the contributors were all such buckets: the page and the command list the named operators first,
+    largest first, and sum the unclassified ones in one line after them."""
+    report = diff["report"]
+    cells = report["largest_contributors"]
+    named = [c for c in cells if c["primitive"] != "other"]
+    other = [c for c in cells if c["primitive"] == "other"]
+    assert named and other  # this run has both
+    dom = dump_dom(diff["html"], tmp_path / "profile")
+    section = dom.split('Largest contributors to the error</h2>')[1].split("<h2")[0]
+    items = re.findall(r"<li>([^<]+)</li>", section)
+    assert items == [c["text"] for c in named]
+    from tracekit.report.numbers import signed_seconds
+
+    total = signed_seconds(sum(c["error_s"] for c in other))
+    assert re.search(rf'<p id="unclassified-error">Unclassified operators [^<]*{re.escape(total)} of the error',
+                     section)
+    out = cli("diff", run["predicted"], *run["traces"]).stdout
+    listed = out.split("largest contributors to the error:\n")[1].splitlines()
+    assert [line.strip() for line in listed[:min(5, len(named))]] == [c["text"] for c in named[:5]]
+    assert f"unclassified operators (other: what ingest could not name): {total} of the error" in out
+
+
 def test_validate_run_is_predict_then_diff(run, diff, tmp_path):
     page = tmp_path / "validate.html"
     doc = json.loads(cli("validate", run["out"], "--models", run["models"], "--json", "--html", page).stdout)
@@ -242,10 +292,16 @@ def test_validate_run_is_predict_then_diff(run, diff, tmp_path):
     assert '<svg id="chart-primitives"' in page.read_text().replace("'", '"')
 
 
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def test_validate_refit_reports_error_before_and_after(run, diff, tmp_path):
     models = tmp_path / "models"
     shutil.copytree(run["models"], models)
+    given = _files(models)
     store = tmp_path / "store"
+    first = json.loads(cli("validate", run["out"], "--models", models, "--json").stdout)
     doc = json.loads(cli("validate", run["out"], "--models", models, "--refit", "--store", store, "--json").stdout)
     # same shape as diff --json, and the same real side
     assert set(diff["report"]) <= set(doc)
@@ -254,18 +310,28 @@ def test_validate_refit_reports_error_before_and_after(run, diff, tmp_path):
     refit = doc["refit"]
     assert refit["before"]["predicted_s"] == pytest.approx(doc["iteration_time_s"]["predicted"])
     assert refit["before"]["real_s"] == refit["after"]["real_s"] == doc["iteration_time_s"]["real"]
-    assert refit["samples_added"] > 0 and refit["models"] == str(models)
+    # the refit's models go to a folder of their own beside the ones given, which stay byte for byte as they were:
+    # validating with them again predicts what it did (the refit overwrote them, and the next run predicted anew)
+    refitted = tmp_path / "models-refit"
+    assert refit["samples_added"] > 0 and refit["models"] == str(refitted)
+    assert _files(models) == given
+    again = json.loads(cli("validate", run["out"], "--models", models, "--json").stdout)
+    assert again["iteration_time_s"]["predicted"] == first["iteration_time_s"]["predicted"]
     # the run's samples, counted in the store: all new here (a refit after `capture` ingested them: 0 new, as the
     # getting-started test reads)
     assert refit["run_samples"] == refit["samples_added"] <= refit["store_samples"]
-    after = json.loads(cli("validate", run["out"], "--models", models, "--json").stdout)
+    after = json.loads(cli("validate", run["out"], "--models", refitted, "--json").stdout)
     assert not any("no models of" in w for w in after["warnings"])  # the refit made models of the run's hardware
-    # --models naming a folder that holds no models yet: "before" is the bundled models', the refit writes there
-    fresh = tmp_path / "fresh-models"
-    again = json.loads(cli("validate", run["out"], "--models", fresh, "--refit", "--store", tmp_path / "store-f",
-                           "--json").stdout)
-    assert (fresh / "index.json").is_file() and again["refit"]["models"] == str(fresh)
-    index = json.loads((models / "index.json").read_text())
+    # --refit-out names the folder; the folder of the models given is refused, in one line, and left as it was
+    chosen = tmp_path / "chosen"
+    again = json.loads(cli("validate", run["out"], "--models", models, "--refit", "--refit-out", chosen, "--store",
+                           tmp_path / "store-f", "--json").stdout)
+    assert (chosen / "index.json").is_file() and again["refit"]["models"] == str(chosen)
+    refused = cli("validate", run["out"], "--models", models, "--refit", "--refit-out", models, "--store", store,
+                  check=False)
+    assert refused.exit_code == 2 and len(refused.stderr.strip().splitlines()) == 1 and str(models) in refused.stderr
+    assert _files(models) == given
+    index = json.loads((refitted / "index.json").read_text())
     assert {m["hardware"] for m in index["models"]} == {json.loads(
         cli("ingest", *run["traces"], "--store", tmp_path / "s2", "--json").stdout)["traces"][0]["hardware"]}
     # "after" is what the retrained models predict for the run's configuration on its cluster
@@ -275,8 +341,10 @@ def test_validate_refit_reports_error_before_and_after(run, diff, tmp_path):
     from tracekit.core.cluster import Cluster
 
     manifest = Manifest.load(run["out"])
-    after = predict(manifest.config(), Cluster(manifest.hardware, gpus_per_node=2), ModelSet.load(models))
+    after = predict(manifest.config(), Cluster(manifest.hardware, gpus_per_node=2), ModelSet.load(refitted))
     assert refit["after"]["predicted_s"] == pytest.approx(after.iteration_time_s)
+    printed = cli("validate", run["out"], "--models", models, "--refit", "--store", store).stdout
+    assert f"refit models written to {refitted}/" in printed
 
 
 def test_mismatched_configurations_are_refused(run, tmp_path):
@@ -369,8 +437,8 @@ def test_pipeline_stages_are_aligned_stage_by_stage(pp_run):
 
 
 def _annotated_kernel_time(path: Path, step: int = 1) -> dict[str, float]:
-    """Per CPU `user_annotation` range of one profiled step (a layer), the time of the kernels launched by the cpu_ops
-    inside it, read straight from the trace JSON (External id links a cpu_op to its kernel)."""
+    """Per CPU `user_annotation` range of one profiled step (a layer), the time of the compute kernels launched by the
+    cpu_ops inside it, read straight from the trace JSON (External id links a cpu_op to its kernel)."""
     events = _raw(path)["traceEvents"]
     window = next(e for e in events if e.get("name") == f"ProfilerStep#{step}" and e.get("cat") == "user_annotation")
     inside = lambda e, outer: outer["ts"] <= e["ts"] and e["ts"] + e["dur"] <= outer["ts"] + outer["dur"]  # noqa: E731
@@ -378,7 +446,8 @@ def _annotated_kernel_time(path: Path, step: int = 1) -> dict[str, float]:
               and inside(e, window)]
     kernels = {e["args"]["External id"]: e["dur"] for e in events if e.get("cat") == "kernel"}
     out: dict[str, float] = {}
-    for op in (e for e in events if e.get("cat") == "cpu_op" and inside(e, window)):
+    for op in (e for e in events if e.get("cat") == "cpu_op" and inside(e, window)
+               and e["name"] != "record_param_comms"):  # a collective's launch: the report's communication row
         holder = [r for r in ranges if inside(op, r)]
         if holder and op["args"]["External id"] in kernels:
             name = min(holder, key=lambda r: r["dur"])["name"]
@@ -402,15 +471,16 @@ def test_validate_page_draws_the_predicted_timeline_layers_and_traces(run, tmp_p
     assert lane.count('<rect class="ev"') == len(kernels) > 0
     assert re.search(r'<h2 id="predicted-traces">', dom)
     assert re.findall(r'<a href="([^"]+)"', dom) == ["validate-predicted/rank-0.json.gz"]
-    # per layer: each row's predicted time is what the predicted trace's kernels inside that range take
+    # per layer: each row's predicted time is what the predicted trace's compute kernels inside that range take
     expected = _annotated_kernel_time(Path(traces[0]))
-    layers = {r["layer"]: r["predicted_s"] for r in doc["by_layer"] if r["predicted_s"] > 0}
+    layers = {r["layer"]: r["predicted_s"] for r in doc["by_layer"] if r["predicted_s"] > 0
+              and not r["layer"].startswith("(")}
     assert set(layers) == set(expected) >= {"embedding", "layer_0/attention", "layer_0/mlp", "layer_1/attention",
                                             "layer_1/mlp", "output_layer", "cross_entropy"}
     for name, seconds in layers.items():
         assert seconds == pytest.approx(expected[name] / 1e6, rel=1e-6), name
     # the real run names the same ranges (the reference trainer's record_function): every one has a prediction
-    real = {r["layer"] for r in doc["by_layer"] if r["real_s"] > 0 and not r["layer"].startswith("Optimizer")}
+    real = {r["layer"] for r in doc["by_layer"] if r["real_s"] > 0 and not r["layer"].startswith("(")}
     assert real == set(layers)
 
 
@@ -431,7 +501,7 @@ def test_validate_pipeline_run_predicts_every_layer_the_run_names(pp_run, run, t
                          tmp_path / "pred").stdout)
     assert sorted(Path(p).name for p in doc["predicted_traces"]) == ["rank-0.json.gz", "rank-1.json.gz"]
     # the model's ranges; the schedule's own (pipeline/send_forward_recv_backward, Optimizer.step) are not layers
-    real = {r["layer"] for r in doc["by_layer"] if r["real_s"] > 0 and not r["layer"].startswith(("Optimizer",
+    real = {r["layer"] for r in doc["by_layer"] if r["real_s"] > 0 and not r["layer"].startswith(("(",
                                                                                                    "pipeline/"))}
-    predicted = {r["layer"] for r in doc["by_layer"] if r["predicted_s"] > 0}
+    predicted = {r["layer"] for r in doc["by_layer"] if r["predicted_s"] > 0 and not r["layer"].startswith("(")}
     assert real == predicted and {"layer_0/attention", "layer_1/mlp"} <= predicted

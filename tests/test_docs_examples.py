@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import E2E, ROOT
+from tracekit.core.hardware import cpu_hardware_id
 
 GETTING_STARTED = (ROOT / "docs" / "getting-started.md").read_text()
 README = (ROOT / "README.md").read_text()
@@ -86,8 +88,10 @@ def test_sample_prints_a_table_of_samples_per_primitive(tmp_path):
     argv = doc_command(GETTING_STARTED, ".venv/bin/tracekit sample")
     assert argv == ["sample", "--device", "cpu", "--store", ".tk"]
     said = re.search(r'"(\w+) (\d+)"', quoted(GETTING_STARTED, "tracekit sample"))
-    out = tracekit(*argv, "--budget", "4", "--primitives", said.group(1), "--ranks", "1", cwd=tmp_path).stdout
-    assert re.search(r"samples on cpu-", out) and re.search(r"┃ primitive\s+┃ samples ┃", out)
+    out = tracekit(*argv, "--budget", "4", "--primitives", said.group(1), "--processes", "1", cwd=tmp_path).stdout
+    # the heading whole on one line (it wrapped inside a long CPU id, `cpu-intel-xeon-processor`, at the table's width)
+    assert re.search(rf"^samples on {re.escape(cpu_hardware_id())} \(fp32, [\d.]+ s\)$", out, re.M), out
+    assert re.search(r"┃ primitive\s+┃ samples ┃", out)
     assert re.search(rf"│ {said.group(1)}\s+│\s+\d+ │", out)
 
 
@@ -107,6 +111,16 @@ def test_validate_without_models_prints_the_line_the_tour_quotes(work, captured)
     done = tracekit("validate", "runs/tp2", cwd=work)
     line = next(line for line in done.stderr.splitlines() if line.startswith("warning: no models of"))
     assert line == said.group(0).replace(said.group(1), captured["hardware"])
+
+
+def test_validate_leads_with_the_iterations_without_the_profiler(work, captured):
+    """The figure that compares like with like comes first: the run's iterations that ran without the profiler
+    (its log, 14 of the tour's 20 past the first), then the profiled steps the tables compare, said to carry the
+    profiler's overhead (they led before, and the docs said to read the later line instead)."""
+    out = tracekit("validate", "runs/tp2", cwd=work).stdout.splitlines()
+    assert re.match(r"iteration time without the profiler: real [\d.]+ m?s \(median of 14 iterations in the run's "
+                    r"log\), predicted [\d.]+ m?s, error [+−][\d.]+ m?s \([+-][\d.]+%\)$", out[0]), out[:3]
+    assert out[1].startswith("profiled steps (the tables below; they carry the profiler's overhead): real "), out[:3]
 
 
 def test_validate_refit_prints_the_lines_and_files_the_tour_names(work, captured):
@@ -191,3 +205,34 @@ def test_ingest_doc_example_prints_what_the_page_shows(tmp_path):
                .splitlines()]
     for line in block.group(2).splitlines():
         assert line.strip() == "..." or line.strip() in printed, line
+
+
+TOUR_OUTPUTS = (".tk/samples/part-0.parquet", ".tk/models-refit/index.json", "runs/tp2/manifest.json", "report.html",
+                "report-predicted/rank-0.json.gz", "out.csv", "predicted/rank-0.json.gz")
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="not a git checkout")
+def test_the_tours_outputs_are_ignored_by_git_and_the_project_is_not():
+    """The tour writes .tk/, runs/, report.html (and its predicted traces), out.csv and predicted/ into the checkout;
+    `git status` then listed them all."""
+    def ignored(path: str) -> bool:
+        return subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT).returncode == 0
+
+    assert [p for p in TOUR_OUTPUTS if not ignored(p)] == []
+    assert not any(ignored(p) for p in ("traces/kineto", "docs/getting-started.md", "tracekit/report/html.py",
+                                        "tests/data/cpu_collectives.csv"))
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_says_what_it_installs_before_pip_works(tmp_path):
+    """`make demo` was silent for the 2 minutes of its first install (pip -q): the install now says what it
+    installs, and pip names each package as it goes."""
+    done = subprocess.run(["make", "-n", "demo", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    first_pip = next(i for i, line in enumerate(lines) if " install " in line and "/pip " in line)
+    said = [line for line in lines[:first_pip] if line.startswith("echo ")]
+    assert said and all(word in said[0] for word in ("tracekit", "torch", "minutes")), lines[:first_pip]
+    package = next(line for line in lines if "pip install" in line and "-e " in line)
+    assert " -q " not in package, package

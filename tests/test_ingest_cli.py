@@ -70,6 +70,16 @@ def test_bad_inputs_one_line_each_exit_2_store_unchanged(tmp_path, bad_inputs):
     assert tree_digest(store) == before
 
 
+def test_a_failed_ingest_names_no_store_it_did_not_make(tmp_path, bad_inputs):
+    """Nothing ingested: the error lines and exit 2, not "0 traces ingested, 0 samples written to S" for a store that
+    does not exist."""
+    store = tmp_path / "never-made"
+    for path in bad_inputs:
+        result = ingest(str(path), "--store", str(store))
+        assert result.exit_code == 2 and result.stdout == "" and str(store) not in result.stderr, result.output
+        assert not store.exists()
+
+
 def test_partial_failure_exits_1_and_ingests_the_rest(tmp_path, bad_inputs):
     store = tmp_path / "store"
     result = ingest(str(NCCL), str(CHAKRA), "--store", str(store), "--json")

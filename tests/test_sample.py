@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -22,7 +23,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def sampled(tmp_path_factory):
     store = tmp_path_factory.mktemp("sample") / "store"
     done = _cli("sample", "--device", "cpu", "--budget", "20", "--primitives", "gemm,framework,all_reduce",
-                "--ranks", "2", "--store", str(store), "--json")
+                "--processes", "2", "--store", str(store), "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout), SampleStore(store)
 
@@ -222,7 +223,7 @@ def test_train_keeps_the_framework_overhead_and_predict_pays_it_per_operator(sam
 
 def test_bad_requests_fail_with_one_line(tmp_path):
     for args in (["--primitives", "gemm,warp_drive"], ["--device", "tpu"], ["--budget", "0"],
-                 ["--primitives", "all_reduce", "--ranks", "1"]):
+                 ["--primitives", "all_reduce", "--processes", "1"]):
         done = _cli("sample", "--store", str(tmp_path / "s"), *args)
         assert done.returncode == 2 and done.stderr.startswith("error:") and done.stderr.count("\n") == 1, args
     assert not (tmp_path / "s").exists()
@@ -289,3 +290,16 @@ def test_fsdp2_copies_are_sampled_over_a_sweep_of_units_with_the_elements_they_c
         assert small["fwd"] == small["bwd"] > 0
         # 4,000 times the elements: a copy that copied nothing, or a µs/ms mix-up, breaks this on any machine
         assert big["fwd"] > 10 * small["fwd"]
+
+
+def test_off_a_terminal_sampling_says_what_it_has_timed_as_it_goes(tmp_path):
+    """Piped (no progress bar), a 2-minute `sample` printed nothing until its table: now a line on stderr every
+    tenth of the budget, each naming every primitive timed so far with its count of timings, the counts growing."""
+    done = _cli("sample", "--budget", "4", "--primitives", "gemm,norm", "--store", str(tmp_path / "s"))
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("sampling: ")]
+    assert len(lines) >= 3, done.stderr
+    counts = [dict(re.findall(r"(\w+) (\d+)", line.split("timings so far: ")[1])) for line in lines]
+    assert set(counts[-1]) == {"gemm", "norm"}
+    gemm = [int(c.get("gemm", 0)) for c in counts]
+    assert gemm == sorted(gemm) and gemm[-1] > gemm[0]

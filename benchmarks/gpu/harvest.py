@@ -237,8 +237,8 @@ def sample_stage(args: argparse.Namespace, seconds: float, work: Path) -> dict:
 
         gpus = torch.cuda.device_count()
     code = ("import json, sys; from tracekit.sampling.run import sample; from tracekit.sampling.shapes import "
-            "COMPUTE, COLLECTIVES; from tracekit.core.store import SampleStore; "
-            "gpus = int(sys.argv[3]); prims = list(COMPUTE) + (list(COLLECTIVES) if gpus > 1 else []); "
+            "COMPUTE, COLLECTIVES, SSM; from tracekit.core.store import SampleStore; "
+            "gpus = int(sys.argv[3]); prims = list(COMPUTE) + list(SSM) + (list(COLLECTIVES) if gpus > 1 else []); "
             "r = sample(device=sys.argv[1], primitives=prims, budget_s=float(sys.argv[2]), ranks=max(gpus, 2), "
             "store=SampleStore(sys.argv[4]), rounds=2); "
             "print(json.dumps({'hardware': r.hardware, 'dtype': r.dtype, 'source': r.source, 'seconds': "

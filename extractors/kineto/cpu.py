@@ -18,8 +18,9 @@ gradient triggers them (a layer's gather before its backward inside the node of 
 inside `RegisterPostBackwardFunctionBackward`): a top-level op's time leaves out the FSDP ranges nested in it, and
 the copies inside those ranges (tracekit.core.samples.FSDP_COPIES) are rows of their own, as in forward.
 Hardware is `cpu-<model>` from the trace's top-level `cpu_model` key (add it while profiling with
-`prof.add_metadata("cpu_model", ...)`); torch does not record the CPU model itself, so other CPU traces get
-`cpu-unknown`.
+`prof.add_metadata("cpu_model", ...)`: tracekit's capture writes `cpu_hardware_id()` without `cpu-`, a raw model
+name comes out as its slug, the earlier id rule that this machine's CPU still answers to); torch does not record
+the CPU model itself, so other CPU traces get `cpu-unknown`.
 """
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ import numpy as np
 from predictor.costs.physics.roofline import TENSOR_CORE_PRIMITIVES
 from predictor.costs.physics.transfer import source_weights
 from predictor.ir.graph import Graph
+from tracekit.core.cpu_id import same_cpu
 from tracekit.core.errors import ConfigError, did_you_mean
 from tracekit.core.hardware import SPECS, gpu_family, hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES, FEATURE_COLUMNS
@@ -55,6 +56,9 @@ def resolve_hardware(requested: str, available: Sequence[str], compute: Sequence
     named in the note), anything else the roofline."""
     if requested in available or not available:
         return requested, None
+    same = same_cpu(requested, available)  # this CPU's models made under the id's earlier rule
+    if same is not None:
+        return same, f"no models for {requested}; using {same}'s models (the same CPU's earlier id)"
     spec = hardware_spec(requested)
     if spec is not None and spec.name in available:  # e.g. "A100" → the datasheet's A100-SXM4-80GB
         return spec.name, f"no models for {requested}; using {spec.name}'s models"

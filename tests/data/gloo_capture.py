@@ -19,11 +19,10 @@ STEPS = 3  # active profiler steps
 
 
 def cpu_model() -> str:
-    with open("/proc/cpuinfo") as handle:
-        for line in handle:
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "unknown"
+    """The CPU as tracekit's capture records it: its hardware id without `cpu-`."""
+    from tracekit.core.hardware import cpu_hardware_id
+
+    return cpu_hardware_id().removeprefix("cpu-")
 
 
 def run(rank: int, world: int, out: str, store: str) -> None:

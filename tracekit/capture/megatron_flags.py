@@ -47,7 +47,7 @@ def parse_ranks(text: str, world_size: int | None = None) -> list[int]:
     text = str(text).strip().lower()
     if text == "all":
         if not world_size:
-            raise ConfigError("--ranks all needs the world size (give --world-size N)")
+            raise ConfigError("--ranks all needs the world size: give --world-size N, or the ranks (--ranks 0,1,...)")
         return list(range(world_size))
     try:
         ranks = sorted({int(part) for part in text.split(",") if part.strip()})

@@ -4,6 +4,7 @@ Command modules keep heavy imports (pandas, xgboost, torch) inside the command f
 `tracekit --help` and cold `tracekit predict` start fast.
 """
 import gc
+import sys
 from importlib import import_module
 
 from .app import app
@@ -22,4 +23,21 @@ def main() -> None:
     # trace's parsing make many objects and few cycles; the default threshold spends ~10% of a short command's CPU
     # walking them (benchmarks/ingest.py, whole command).
     gc.set_threshold(50_000, 20, 100)
-    app()
+    import click
+
+    try:
+        code = app(standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:  # `tracekit` alone: the help
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.UsageError as exc:  # a wrong command, option or value: one line, as every error of tracekit's
+        where = f" (see `{exc.ctx.command_path} -h`)" if exc.ctx is not None else ""
+        click.echo(f"error: {exc.format_message()}{where}", err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("Aborted!", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

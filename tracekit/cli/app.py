@@ -13,7 +13,11 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
+    # click's own help layout: an option's names, then its help wrapped in the rest of the line (at 80 columns too);
+    # rich's panels gave six columns their share of 80 and cut option names ("--gpus,--world-s…")
+    rich_markup_mode=None,
+    # click names the close command itself ("Did you mean 'predict'?"); typer's suggestion said it a second time
+    suggest_commands=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 

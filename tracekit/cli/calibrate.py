@@ -20,12 +20,12 @@ accounts (kernel/collective scales, host time per operator, overhead per micro-b
 fitted on all runs but one and predicts the one left out, and the fewest constants within one standard error of
 the best held-out error win. Name them with --params to fit exactly those (at most one per run).
 
+\b
 Examples:
-
-  tracekit calibrate runs/tp2 runs/pp2 runs/dp2 --models models/ --calibration-out cpu.json
-
-  tracekit predict job.yaml --hardware cpu-amd-epyc --gpus-per-node 2 --models models/ --calibration cpu.json
-
+  tracekit calibrate runs/tp2 runs/pp2 runs/dp2 --models models/
+      --calibration-out cpu.json
+  tracekit predict job.yaml --hardware cpu-amd-epyc-genoa --gpus-per-node 2
+      --models models/ --calibration cpu.json
   tracekit calibrate runs/* --params comm_scale,microbatch_overhead_us --json
 """
 

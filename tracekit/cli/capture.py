@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from .app import app
+from .choices import CAPTURE_LAYOUTS, CAPTURE_MODES, choice
 from .output import EXIT_PARTIAL, err_console, fail, print_json, user_errors
 
 
@@ -21,14 +22,14 @@ def capture_command(
     steps: str = typer.Option("10-13", "--steps", help="Steps START-END to profile (END excluded)."),
     ranks: str = typer.Option("all", "--ranks", help="Ranks to profile: 'all' or '0,1,...'."),
     layout: str = typer.Option(
-        "auto", "--layout",
+        "auto", "--layout", click_type=choice(CAPTURE_LAYOUTS),
         help="Megatron trace layout: 'tensorboard' (core ≤ 0.16), 'torch_profile' (core ≥ 0.17) or 'auto': the "
         "one the Megatron-core version of the launch writes (megatron/core/package_info.py beside the script, in "
         "the working directory or on PYTHONPATH). Traces are looked for in both; the manifest says where.",
     ),
     shapes: bool = typer.Option(True, "--shapes/--no-shapes", help="Record operator shapes."),
     mode: str = typer.Option(
-        "auto", "--mode",
+        "auto", "--mode", click_type=choice(CAPTURE_MODES),
         help="'megatron' appends Megatron's profiling flags; 'hook' profiles optimizer steps of any PyTorch "
         "script through an import hook; 'auto' picks megatron when the command carries --num-layers.",
     ),
@@ -41,8 +42,10 @@ def capture_command(
 
     The command's output and exit code pass through. A failed run keeps what it captured, marked failed.
 
-    Example: [bold]tracekit capture --out runs/tp2 --steps 3-6 -- torchrun --nproc-per-node 2 pretrain_gpt.py
-    --num-layers 2 ...[/bold]
+    \b
+    Example:
+      tracekit capture --out runs/tp2 --steps 3-6 -- torchrun --nproc-per-node 2
+          pretrain_gpt.py --num-layers 2 ...
     """
     from tracekit.capture.run import capture
     from tracekit.core.store import default_store

@@ -44,42 +44,70 @@ def diff(
 
 
 def print_report(report: dict[str, Any]) -> None:
-    """Rich tables of a diff document (`tracekit.report.diff_text.diff_document`) for people."""
+    """Rich tables of a diff document (`tracekit.report.diff_text.diff_document`) for people: the iteration time
+    first (a validate report's iterations without the profiler before its profiled steps), then tables whose rows
+    add up to the totals they show."""
     from rich.markup import escape
     from rich.table import Table
 
-    it = report["iteration_time_s"]
-    spread = it.get("real_spread") or {}
-    console.print(
-        f"iteration time: real {seconds(it['real'])} (± {seconds(spread.get('std'))}, {spread.get('steps')} steps"
-        + (f", warm-up step {spread['dropped_warmup_steps']} ignored" if spread.get("dropped_warmup_steps") else "")
-        + f"), predicted {seconds(it['predicted'])}, error {signed_seconds(it['error'])} "
-          f"({percent(it.get('rel_error'), signed=True)})"
+    from tracekit.report.diff_text import (
+        OPERATOR_TIME,
+        iteration_lines,
+        named_first,
+        part_label,
+        primitive_label,
+        unclassified_line,
     )
+
+    for line in iteration_lines(report):
+        console.print(line, markup=False, soft_wrap=True)
     for warning in report.get("warnings", []):  # one line each, however wide the terminal
         err_console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
-    for title, rows, key in (("per primitive", report["by_primitive"], "primitive"),
-                             ("per pass", report.get("by_pass", []), "pass"),
-                             ("per stage", report["by_stage"], "stage")):
-        table = Table(title=f"{title} (time per iteration)")
+    for title, rows, key in (("per primitive", named_first(report["by_primitive"]), "primitive"),
+                             ("per pass", report.get("by_pass", []), "pass")):
+        table = Table(title=f"{title} (operator time per iteration)")
         for col in (key, "real", "predicted", "error", "rel. error"):
             table.add_column(col, justify="left" if col == key else "right")
         for row in rows:
-            table.add_row(str(row[key]), seconds(row["real_s"]), seconds(row["predicted_s"]),
-                          signed_seconds(row["error_s"]), percent(row["rel_error"], signed=True))
+            table.add_row(escape(primitive_label(str(row[key]))), seconds(row["real_s"]),
+                          seconds(row["predicted_s"]), signed_seconds(row["error_s"]),
+                          percent(row["rel_error"], signed=True))
+        real, predicted = sum(r["real_s"] for r in rows), sum(r["predicted_s"] for r in rows)
+        table.add_section()
+        table.add_row("all operators", seconds(real), seconds(predicted), signed_seconds(predicted - real),
+                      percent((predicted - real) / real if real else None, signed=True))
         console.print(table)
+    table = Table(title="per stage (time per iteration)")
+    for col in ("stage", "iteration\nreal", "iteration\npredicted", "operators\nreal", "operators\npredicted",
+                "operators\nerror", "rel.\nerror"):
+        table.add_column(col, justify="left" if col == "stage" else "right")
+    for row in report["by_stage"]:
+        table.add_row(str(row["stage"]), seconds(row.get("real_iteration_s")),
+                      seconds(row.get("predicted_iteration_s")), seconds(row["real_s"]), seconds(row["predicted_s"]),
+                      signed_seconds(row["error_s"]), percent(row["rel_error"], signed=True))
+    console.print(table)
+    console.print(OPERATOR_TIME, markup=False, soft_wrap=True)
     breakdown = report.get("breakdown") or {}
     if breakdown.get("real") and breakdown.get("predicted"):
         table = Table(title=f"breakdown (real measured by {breakdown.get('real_source')})")
         for col in ("part", "real", "predicted"):
             table.add_column(col, justify="left" if col == "part" else "right")
-        for part in ("compute", "exposed_communication", "pipeline_bubble", "optimizer", "other"):
-            table.add_row(part, seconds(breakdown["real"].get(part)), seconds(breakdown["predicted"].get(part)))
+        parts = ("compute", "exposed_communication", "pipeline_bubble", "optimizer", "other")
+        for part in parts:
+            table.add_row(part_label(part), seconds(breakdown["real"].get(part)),
+                          seconds(breakdown["predicted"].get(part)))
+        table.add_section()
+        table.add_row("iteration", *(seconds(sum(breakdown[side].get(p) or 0.0 for p in parts))
+                                     for side in ("real", "predicted")))
         console.print(table)
-    if report["largest_contributors"]:
+    named = [r for r in report["largest_contributors"] if r["primitive"] != "other"]
+    if named:  # the named operators first: the unclassified ones' cells after them, in one line
         console.print("largest contributors to the error:")
-        for row in report["largest_contributors"][:5]:
-            console.print(f"  {row['text']}")
+        for row in named[:5]:
+            console.print(f"  {row['text']}", markup=False)
+    other = unclassified_line(report["largest_contributors"])
+    if other:
+        console.print(other, markup=False, soft_wrap=True)
     for side, label in (("real_only", "only in the real trace"), ("predicted_only", "only in the prediction")):
         rows = report["unmatched"].get(side) or []
         if rows:

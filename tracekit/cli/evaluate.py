@@ -9,7 +9,7 @@ import typer
 from tracekit.report.numbers import percent
 
 from .app import app
-from .import_samples import FORMATS
+from .choices import EVALUATE_FORMATS, choice
 from .output import console, err_console, print_json, user_errors, working
 
 KEYS = ["hardware", "primitive", "pass", "variant"]
@@ -104,7 +104,8 @@ def evaluate(
     paths: Optional[List[str]] = typer.Argument(None, metavar="[PATH...]", help="Sample files/folders (else --store)."),
     models: Optional[Path] = typer.Option(None, "--models", help="Model directory (default: the bundled models)."),
     store: Optional[Path] = typer.Option(None, "--store", help="Sample store to evaluate on (when no PATH)."),
-    fmt: str = typer.Option("ett", "--format", help=f"Format of PATH: {' | '.join(FORMATS)} | kineto."),
+    fmt: str = typer.Option("ett", "--format", click_type=choice(EVALUATE_FORMATS), metavar="FORMAT",
+                            help=f"Format of PATH: {', '.join(EVALUATE_FORMATS)}."),
     hardware: Optional[str] = typer.Option(None, "--hardware", help="Only samples of this hardware id."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a table."),
 ) -> None:

@@ -20,7 +20,7 @@ class Executor(str, Enum):
 def executor_option() -> Any:
     return typer.Option(Executor.local, "--executor",
                         help="local (this machine) | ray (Ray tasks: a local Ray started on demand, or the cluster "
-                             "of --ray-address; needs `tracekit\\[ray]`)")  # \\[: rich markup would eat [ray]
+                             "of --ray-address; needs `tracekit[ray]`)")
 
 
 def ray_address_option(note: str = "") -> Any:

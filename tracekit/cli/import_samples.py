@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from .app import app
+from .choices import IMPORT_FORMATS, choice
 from .output import (
     EXIT_FAILED,
     EXIT_PARTIAL,
@@ -135,14 +136,15 @@ def read_sources(files: list[Path], fmt: str, hardware: str | None = None, gpus_
 )
 def import_command(
     paths: List[str] = typer.Argument(..., metavar="PATH...", help="Sample files or folders."),
-    fmt: str = typer.Option(..., "--format", help=" | ".join(FORMATS)),
+    fmt: str = typer.Option(..., "--format", click_type=choice(IMPORT_FORMATS), help="The files' format."),
     store: Optional[Path] = typer.Option(None, "--store",
                                          help="Sample store directory (default $TRACEKIT_HOME or ./.tracekit)."),
     hardware: Optional[str] = typer.Option(None, "--hardware", help="Hardware id (overrides the files' own)."),
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=1, help="nccl-tests: GPUs per node."),
     nodes: Optional[int] = typer.Option(None, "--nodes", min=1, help="nccl-tests: number of nodes."),
     collective: Optional[str] = typer.Option(
-        None, "--collective", help="nccl-tests: all_reduce, all_gather, ... when the file does not say."),
+        None, "--collective", help="nccl-tests: all_reduce, all_gather, ... (or nccl-tests' own names: allreduce, "
+                                   "reducescatter, ...) when the file does not say."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a table."),
 ) -> None:
     from tracekit.core.store import SampleStore

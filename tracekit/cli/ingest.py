@@ -89,8 +89,9 @@ def ingest(
         if result.matched_collectives:
             console.print(f"collectives matched across ranks: {count(result.matched_collectives)}")
         written = sum(r["samples_written"] for r in result.traces)
-        console.print(f"{plural(len(result.traces), 'trace')} ingested, {plural(written, 'sample')} written to "
-                      f"{sample_store.root}")
+        if result.traces:  # nothing ingested: the error lines say why, and no store was made to name
+            console.print(f"{plural(len(result.traces), 'trace')} ingested, {plural(written, 'sample')} written to "
+                          f"{sample_store.root}")
     if not result.traces:
         raise typer.Exit(EXIT_FAILED)
     if result.errors:

@@ -11,6 +11,7 @@ from tracekit.core.hardware import SPECS
 from tracekit.report.numbers import percent, seconds
 
 from .app import app
+from .choices import STACKS, choice
 from .output import (
     ALLOW_UNKNOWN_HELP,
     EXIT_PARTIAL,
@@ -30,18 +31,19 @@ operator estimates from the trained models → pipeline schedule simulation.
 Prints the iteration time, where it goes (compute, exposed communication, pipeline bubble, optimizer, other),
 TFLOP/s per GPU, MFU, tokens/s, memory per GPU and the operators that used a fallback estimate.
 
+\b
 Examples:
-
   tracekit predict job.yaml --hardware A100-SXM4-80GB --gpus-per-node 4
-
-  tracekit predict --megatron-args "--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096
-  --micro-batch-size 4 --global-batch-size 64 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4
-  --fp16" --hardware A100-SXM4-80GB --gpus-per-node 4 --json
-
+  tracekit predict --megatron-args "--num-layers 32 --hidden-size 4096
+      --num-attention-heads 32 --seq-length 4096 --micro-batch-size 4
+      --global-batch-size 64 --tensor-model-parallel-size 2
+      --pipeline-model-parallel-size 4 --fp16" --hardware A100-SXM4-80GB
+      --gpus-per-node 4 --json
   tracekit predict --batch runs.csv --csv-out predicted.csv
 
 With --batch, each row's stack (framework column), hardware and cluster (hardware_gpu, gpus_per_node,
-interconnect) are read from the row; the output's notes column says what was assumed where a cell did not say.
+interconnect) are read from the row; the output's notes column says what was assumed where a cell did not say. A
+file without hardware_gpu needs --hardware; a column it lacks takes its default in every row, said once.
 """
 
 
@@ -52,9 +54,9 @@ def predict_command(
                                                        "or a Composer/llm-foundry YAML (with --gpus)."),
     megatron_args: Optional[str] = typer.Option(None, "--megatron-args", help="Megatron command-line arguments."),
     megatron_log: Optional[Path] = typer.Option(None, "--megatron-log", help="Megatron log with its arguments block."),
-    hardware: Optional[str] = typer.Option(None, "--hardware", help="GPU hardware id: a datasheet entry ("
-                                           f"{', '.join(SPECS)}) or a CPU's cpu-<model>.",
-                                           autocompletion=complete_hardware),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="Hardware id: a datasheet entry ("
+                                           f"{', '.join(SPECS)}) or a CPU's cpu-<vendor>-<line>-<model> (as "
+                                           "`tracekit sample` names it).", autocompletion=complete_hardware),
     gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=1, help="GPUs per node (default 8)."),
     cluster_name: Optional[str] = typer.Option(
         None, "--cluster", autocompletion=complete_cluster,
@@ -62,9 +64,9 @@ def predict_command(
              "intra_node_gbs, inter_node_gbs, latencies, in_network_reduction, nvlink_domain; `preset:` to start from "
              "one). Default: the usual node of --hardware; with --batch, what each row says."),
     stack: Optional[str] = typer.Option(
-        None, "--stack", help="Software-stack profile (megatron-core, megatron-lm-2021, megatron-deepspeed-2023, "
-                              "gpt-neox): attention kernel, overlap defaults and host constants. Default: what the "
-                              "input says (a batch row's framework column), else megatron-core."),
+        None, "--stack", click_type=choice(STACKS), metavar="NAME",
+        help=f"Software-stack profile ({', '.join(STACKS)}): attention kernel, overlap defaults and host constants. "
+             "Default: what the input says (a batch row's framework column), else megatron-core."),
     models_dir: Optional[Path] = typer.Option(None, "--models", help="Model directory (default: bundled models)."),
     calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration name (shipped: see docs) or "
                                                                           "JSON file, used instead of the stack "
@@ -203,6 +205,7 @@ def _job(config: Path, gpus: Optional[int], hardware: Optional[str], gpus_per_no
 def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, calibration, overrides,
            as_json) -> None:
     from extractors.jobs import parse_row, read_rows
+    from extractors.jobs.columns import absent_defaults, required_columns
     from predictor import ModelSet, load_calibration, output_row, predict_rows, write_rows
     from tracekit.core.hardware import normalize_hardware
 
@@ -210,10 +213,16 @@ def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, 
         fail("--batch needs --csv-out FILE.csv")
     cluster = cluster_of(hardware, gpus_per_node, cluster_name)[0] if cluster_name else None
     header, cells = read_rows(path)
+    required_columns(path, header, hardware_given=bool(hardware or cluster_name))
+    absent = absent_defaults(header)
     cal = load_calibration(calibration) if calibration else None
     models = ModelSet.load(models_dir)
     hw = normalize_hardware(hardware) if hardware else None
     rows = [parse_row(c, i + 2, hw, gpus_per_node, overrides, stack, cluster) for i, c in enumerate(cells)]
+    if absent:
+        say_assumed(f"{path}: {absent}", quiet=as_json)  # once for the file; each row's prediction_notes too
+        for r in rows:
+            r.notes.insert(0, absent)
     with progress(quiet=as_json) as bar:
         task = bar.add_task("predicting", total=len(rows))
         results = predict_rows(rows, models, cal, on_chunk=lambda n: bar.advance(task, n))
@@ -237,7 +246,8 @@ def _batch(path, out, hardware, gpus_per_node, cluster_name, stack, models_dir, 
     summary = {"input": str(path), "output": str(out), "rows": len(rows), "predicted": len(rows) - len(failures),
                "failed": [{"line": line, "error": msg} for line, msg in failures], "hardware_used": sorted(used),
                "clusters": sorted(clusters), "stacks": sorted(stacks),
-               "calibration": cal.name if cal else "stack profiles", "unmodelled_flags": unmodelled}
+               "calibration": cal.name if cal else "stack profiles", "unmodelled_flags": unmodelled,
+               "assumed": absent}
     if as_json:
         print_json(summary)
     else:

@@ -6,12 +6,43 @@ from pathlib import Path
 import typer
 
 from .app import app
-from .output import console, print_json, progress, user_errors
+from .choices import DEVICES, SAMPLE_DTYPES, choice
+from .output import console, err_console, print_json, progress, shows_progress, user_errors
+
+#: Off a terminal (a CI log, `| tee`), a line each time this share of the budget has gone by.
+LINE_EVERY = 0.1
+
+
+class ProgressLines:
+    """What `sample` has timed so far, a line on stderr every LINE_EVERY of the budget, each naming every primitive
+    timed yet and how many timings of its shapes (every pass counts): where a progress bar is not drawn, the
+    minutes of a sampling run are not silent."""
+
+    def __init__(self, budget: float):
+        import time
+
+        self.clock = time.monotonic
+        self.start = self.clock()
+        self.budget = budget
+        self.counts: dict[str, int] = {}
+        self.next = LINE_EVERY * budget
+
+    def timed(self, primitive: str, fraction: float) -> None:
+        """A shape of `primitive` was timed (`fraction`: of the budget; the collectives' share counts from when
+        their processes are up, so the run can outlast it: the lines follow the clock)."""
+        self.counts[primitive] = self.counts.get(primitive, 0) + 1
+        elapsed = self.clock() - self.start
+        if elapsed >= self.next:
+            so_far = ", ".join(f"{name} {n}" for name, n in sorted(self.counts.items()))
+            err_console.print(f"sampling: {elapsed:.0f} s of ~{self.budget:.0f} s, timings so far: {so_far}",
+                              markup=False, soft_wrap=True)
+            step = LINE_EVERY * self.budget
+            self.next = (int(elapsed / step) + 1) * step
 
 
 @app.command("sample")
 def sample_command(
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    device: str = typer.Option("cpu", "--device", click_type=choice(DEVICES), help="The device to time."),
     primitives: str = typer.Option(
         None, "--primitives",
         help="Comma list (default all): gemm (with MoE experts' and fp8 GEMMs), bmm, attention, softmax, norm, "
@@ -20,10 +51,12 @@ def sample_command(
         "layer), all_reduce, all_gather, reduce_scatter, send_recv.",
     ),
     budget: float = typer.Option(120.0, "--budget", help="Time budget in seconds (approximate)."),
-    ranks: int = typer.Option(2, "--ranks", help="Local processes for the collectives."),
+    processes: int = typer.Option(2, "--processes", min=1,
+                                  help="Local processes the collectives run over (as torchrun's --nproc-per-node)."),
     rounds: int = typer.Option(3, "--rounds", help="Passes over the shapes; each sample is the median over passes "
                                "(a slow spell of a busy machine then spoils one pass, not the sample)."),
-    dtype: str = typer.Option(None, "--dtype", help="fp32, bf16 or fp16 (default: fp32 on cpu, bf16 on cuda)."),
+    dtype: str = typer.Option(None, "--dtype", click_type=choice(SAMPLE_DTYPES),
+                              help="Default: fp32 on cpu, bf16 on cuda."),
     threads: int = typer.Option(1, "--threads",
                                 help="CPU threads for compute timings (torchrun's default is 1 per rank)."),
     store: Path = typer.Option(None, "--store", help="Sample store (default $TRACEKIT_HOME or ./.tracekit)."),
@@ -35,17 +68,22 @@ def sample_command(
     The budget is shared between compute and collectives by their number of primitives. The first pass covers as
     many shapes as it allows, spread over the range; further passes (--rounds) re-time those shapes.
 
-    Example: [bold]tracekit sample --device cpu --budget 60 --primitives gemm,attention,all_reduce --ranks 2[/bold]
+    \b
+    Example:
+      tracekit sample --device cpu --budget 60 --processes 2
+          --primitives gemm,attention,all_reduce
     """
     from tracekit.core.store import SampleStore, default_store
     from tracekit.sampling.run import parse_primitives, sample
 
     with user_errors():
         chosen = parse_primitives(primitives)
+        lines = None if as_json or shows_progress() else ProgressLines(budget)  # off a terminal: lines, not a bar
         with progress(quiet=as_json) as bar:
             task = bar.add_task(f"sampling {device}", total=100)
-            result = sample(device, chosen, budget, ranks, SampleStore(store or default_store()), dtype, threads,
-                            rounds=rounds, progress=lambda fraction: bar.update(task, completed=round(100 * fraction)))
+            result = sample(device, chosen, budget, processes, SampleStore(store or default_store()), dtype, threads,
+                            rounds=rounds, progress=lambda fraction: bar.update(task, completed=round(100 * fraction)),
+                            timed=lines.timed if lines else None)
     counts = result.counts()
     summary = {"hardware": result.hardware, "device": result.device, "dtype": result.dtype, "source": result.source,
                "seconds": round(result.seconds, 1), "stopped_by_budget": result.stopped_by_budget,
@@ -55,7 +93,11 @@ def sample_command(
         return
     from rich.table import Table
 
-    table = Table(title=f"samples on {result.hardware} ({result.dtype}, {summary['seconds']} s)")
+    # The heading is a line of its own, not the table's title: rich wraps a title to the table's width (two narrow
+    # columns), which broke a long CPU id inside a word.
+    console.print(f"samples on {result.hardware} ({result.dtype}, {summary['seconds']} s)", markup=False,
+                  soft_wrap=True)
+    table = Table()
     table.add_column("primitive")
     table.add_column("samples", justify="right")
     for name, count in sorted(counts.items()):

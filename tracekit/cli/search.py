@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from .app import app
+from .choices import OBJECTIVES, STACKS, choice
 from .executor import Executor, check_ray_address, executor_option, ray_address_option
 from .output import ALLOW_UNKNOWN_HELP, console, err_console, fail, print_json, progress, user_errors
 from .where import cluster_of, complete_cluster, complete_hardware, say_assumed
@@ -26,15 +27,17 @@ etp; `all` opens every one);
 a boolean setting opened is searched both ways. The input's own split is always predicted and shown with its rank;
 when nothing can be ranked, search exits 2 and says what to open.
 
+\b
 Examples:
+  tracekit search --megatron-args "--num-layers 32 --hidden-size 4096
+      --num-attention-heads 32 --seq-length 4096 --global-batch-size 512
+      --bf16" --gpus 64 --hardware H100-80GB-HBM3 --top 5
+  tracekit search job.yaml --gpus 256 --cluster selene --objective cost
+      --price-per-gpu-hour 2.5 --json
+  tracekit search llama3_70b.toml --gpus 64 --hardware H100-80GB-HBM3
 
-  tracekit search --megatron-args "--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096
-  --global-batch-size 512 --bf16" --gpus 64 --hardware H100-80GB-HBM3 --top 5
-
-  tracekit search job.yaml --gpus 256 --cluster selene --objective cost --price-per-gpu-hour 2.5 --json
-
-  tracekit search llama3_70b.toml --gpus 64 --hardware H100-80GB-HBM3   # a torchtitan job (or a Composer YAML):
-  its model, batch, precision and checkpointing stay; tp, pp, micro-batch and the FSDP/HSDP shard group are searched
+A torchtitan job (or a Composer YAML), as in the last example: its model, batch, precision and checkpointing stay;
+tp, pp, micro-batch and the FSDP/HSDP shard group are searched.
 """
 
 
@@ -51,12 +54,14 @@ def search_command(
     cluster_name: Optional[str] = typer.Option(None, "--cluster", autocompletion=complete_cluster,
                                                help="Cluster preset or YAML/JSON file (see `tracekit predict "
                                                     "--help`)."),
-    stack: Optional[str] = typer.Option(None, "--stack", help="Software-stack profile (default megatron-core)."),
+    stack: Optional[str] = typer.Option(None, "--stack", click_type=choice(STACKS), metavar="NAME",
+                                        help=f"Software-stack profile ({', '.join(STACKS)}; default "
+                                             "megatron-core)."),
     vary: Optional[str] = typer.Option(None, "--vary", help="Comma-separated settings to vary although the input "
                                                             "states them; `all` for every one."),
     top: int = typer.Option(10, "--top", min=1, help="How many candidates to print."),
-    objective: str = typer.Option("time", "--objective", help="time | tokens-per-s | cost (needs "
-                                                              "--price-per-gpu-hour)"),
+    objective: str = typer.Option("time", "--objective", click_type=choice(OBJECTIVES),
+                                  help="What to rank by (cost needs --price-per-gpu-hour)."),
     executor: Executor = executor_option(),
     ray_address: Optional[str] = ray_address_option(),
     price: Optional[float] = typer.Option(None, "--price-per-gpu-hour", min=0.0, help="For --objective cost."),

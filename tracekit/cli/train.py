@@ -9,6 +9,7 @@ import typer
 from tracekit.report.numbers import percent
 
 from .app import app
+from .choices import PRIMITIVES, choice
 from .output import console, print_json, progress, user_errors
 
 if TYPE_CHECKING:  # rich is imported where a table is printed
@@ -31,7 +32,9 @@ def train(
     store: Optional[Path] = typer.Option(None, "--store", help="Sample store (default $TRACEKIT_HOME or ./.tracekit)."),
     out: Optional[Path] = typer.Option(None, "--models-out", help="Model directory to write (default <store>/models)."),
     hardware: Optional[List[str]] = typer.Option(None, "--hardware", help="Only these hardware ids (repeatable)."),
-    primitive: Optional[List[str]] = typer.Option(None, "--primitive", help="Only these primitives (repeatable)."),
+    primitive: Optional[List[str]] = typer.Option(None, "--primitive", click_type=choice(PRIMITIVES), metavar="NAME",
+                                                  help=f"Only these primitives (repeatable): "
+                                                       f"{', '.join(PRIMITIVES)}."),
     folds: int = typer.Option(5, "--folds", min=2, max=10, help="Cross-validation folds."),
     data: Optional[List[str]] = typer.Option(
         None, "--data", help="Provenance note on the training data, kept in the index (repeatable)."),

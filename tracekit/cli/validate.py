@@ -24,8 +24,11 @@ def validate(
                                                                        "<page>-predicted/)."),
     rank: Optional[int] = typer.Option(None, "--rank", help="Rank whose timelines the HTML shows."),
     refit: bool = typer.Option(False, "--refit", help="Ingest the run into the store, retrain on the whole store "
-                                                     "(into --models DIR, else <store>/models), and report the "
-                                                     "error before and after."),
+                                                     "into a folder of its own (--refit-out), and report the "
+                                                     "error before and after; the --models stay as they are."),
+    refit_out: Optional[Path] = typer.Option(None, "--refit-out", help="Where --refit writes its models (default: "
+                                                                       "<models>-refit beside --models DIR, else "
+                                                                       "<store>/models)."),
     store: Optional[Path] = typer.Option(None, "--store", help="Sample store --refit ingests into (default: "
                                                                "$TRACEKIT_HOME or ./.tracekit)."),
     published: Optional[Path] = typer.Option(None, "--published", help="CSV of measured end-to-end results "
@@ -46,17 +49,20 @@ def validate(
     `tracekit diff`); --refit first ingests the run and retrains, and reports the error before and after.
     With --published: predict every row of a measured end-to-end CSV and report the errors, worst rows first.
 
-    Examples: tracekit validate runs/tiny-tp2/ --html report.html ·
-    tracekit validate --published e2e.csv --hardware-map "A100=A100-SXM4-40GB" --json
+    \b
+    Examples:
+      tracekit validate runs/tiny-tp2/ --html report.html
+      tracekit validate --published e2e.csv --hardware-map "A100=A100-SXM4-40GB"
+          --json
     """
     with user_errors():
         if (run_dir is None) == (published is None):
             fail("give either a RUN_DIR or --published FILE.csv")
         from predictor import ModelSet
 
-        # --refit --models DIR writes DIR: it need not hold models yet
-        preload = models is not None and (not refit or (models / "index.json").is_file())
-        model_set = ModelSet.load(models) if preload else None
+        if refit_out is not None and not refit:
+            fail("--refit-out is where --refit writes its models: give --refit too")
+        model_set = ModelSet.load(models) if models is not None else None
         if published is not None:
             _published(published, hardware_map, sets, calibration, model_set, json_out)
             return
@@ -69,7 +75,7 @@ def validate(
             trace_out = html.with_name(f"{html.stem}-predicted")
         with working("validating", quiet=json_out) as step:
             result = validate_run(run_dir, models=model_set, models_path=models, refit=refit, store=store, rank=rank,
-                                  trace_dir=trace_out, progress=step)
+                                  trace_dir=trace_out, progress=step, refit_out=refit_out)
         say_assumed(result["cluster_note"], quiet=json_out)
         report = result["report"]
         extra = {key: result[key] for key in ("refit", "predicted_traces", "unprofiled") if result.get(key)}
@@ -86,8 +92,6 @@ def validate(
         print_report(document)
         if result.get("refit"):
             _print_refit(result["refit"])
-        if result.get("unprofiled"):
-            _print_unprofiled(result["unprofiled"])
         if result.get("predicted_traces"):
             console.print(f"predicted traces (Perfetto, `tracekit diff`): {trace_out}/", soft_wrap=True)
         if html:
@@ -138,19 +142,13 @@ def _published_table(path: Path, result: dict[str, Any]) -> None:
                   f"p90 APE {result['p90_ape']:.1%} over {len(result['rows'])} rows")
 
 
-def _print_unprofiled(measured: dict[str, Any]) -> None:
-    after = (f" (after the refit: predicted {measured['after_predicted_s']:.4f} s, "
-             f"{measured['after_rel_error']:+.1%})" if "after_rel_error" in measured else "")
-    console.print(f"without the profiler (the profiled steps carry its overhead): the run's log gives "
-                  f"{measured['real_s']:.4f} s per iteration (median of {measured['iterations']}), predicted "
-                  f"{measured['predicted_s']:.4f} s: {measured['rel_error']:+.1%}{after}", soft_wrap=True)
-
-
 def _print_refit(refit: dict[str, Any]) -> None:
     before, after = refit["before"], refit["after"]
     console.print(
         f"refit on {refit['store_samples']:,} samples ({refit['run_samples']:,} of this run, "
         f"{refit['samples_added']:,} of them new): iteration-time error {before['rel_error']:+.1%} → "
         f"{after['rel_error']:+.1%} (predicted {before['predicted_s']:.4f} s → {after['predicted_s']:.4f} s, "
-        f"real {after['real_s']:.4f} s)", soft_wrap=True
+        f"real {after['real_s']:.4f} s)", soft_wrap=True, markup=False
     )
+    console.print(f"refit models written to {refit['models']}/ (the models validate predicted with are unchanged; "
+                  f"--models {refit['models']} predicts with the new ones)", soft_wrap=True, markup=False)

@@ -18,6 +18,7 @@ from tracekit.core.errors import InputError
 from .checks import check_same_configuration
 from .sides import RankSummary, Side, side_breakdown
 from .tables import (
+    by_layer,
     by_stage,
     compare,
     contributors,
@@ -94,8 +95,7 @@ def diff_sides(predicted: Side, real: Side, rank: int | None = None,
         iteration_time_s=iteration,
         by_primitive=compare(real_ops, pred_ops, ["primitive"], real, ranks),
         by_pass=compare(real_ops, pred_ops, ["pass"]),
-        by_layer=compare(real_ops[real_ops["layer"] != ""], pred_layers[pred_layers["layer"] != ""], ["layer"])
-        if (real_ops["layer"] != "").any() else [],
+        by_layer=by_layer(real_ops, pred_layers) if (real_ops["layer"] != "").any() else [],
         by_stage=by_stage(cells, predicted, real, ranks),
         breakdown=_breakdowns(predicted, real, ranks),
         largest_contributors=contributors(cells, iteration.get("error")),

@@ -70,6 +70,29 @@ def compare(real_ops: pd.DataFrame, pred_ops: pd.DataFrame, keys: list[str], rea
     return rows
 
 
+#: The per-layer table's rows beside the layers' own ranges, so that its rows add up to the operator time of the
+#: per-primitive table: a side's collectives (a CPU run's gloo collectives run on gloo's threads, outside any
+#: range; a prediction's sit inside the layer that issues them), its optimizer step (the real run's
+#: `Optimizer.step#Adam.step` range, the prediction's optimizer pass) and compute outside every range (a CPU run's
+#: backward: autograd runs it outside the forward's record_function ranges).
+COMMUNICATION, OPTIMIZER, OUTSIDE = "(communication)", "(optimizer step)", "(outside the layer ranges)"
+
+
+def layer_keys(ops: pd.DataFrame) -> pd.DataFrame:
+    """`ops` with each row's `layer` made comparable between a real run and a prediction (the rows above)."""
+    layer = ops["layer"].astype(str)
+    passes = ops["pass"].astype(str)
+    key = layer.where(layer != "", OUTSIDE)
+    key = key.where(~((passes == "optimizer") | layer.str.startswith("Optimizer.")), OPTIMIZER)
+    key = key.where(passes != "comm", COMMUNICATION)
+    return ops.assign(layer=key)
+
+
+def by_layer(real_ops: pd.DataFrame, pred_ops: pd.DataFrame) -> list[dict[str, Any]]:
+    """Time per layer range, like with like: the rows of `layer_keys`, which add up to each side's operator time."""
+    return compare(layer_keys(real_ops), layer_keys(pred_ops), ["layer"])
+
+
 def stage_cells(predicted: Side, real: Side, ranks: list[int]) -> pd.DataFrame:
     """(stage, pass, primitive) → real and predicted time per iteration, mean over the stage's ranks."""
     frames = []

@@ -2,7 +2,6 @@
 bandwidths, SM/CU count, L2, clock and the source of each entry). Clusters: `tracekit.core.cluster`."""
 from __future__ import annotations
 
-import platform
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,15 +69,11 @@ def _slug(text: str) -> str:
 
 
 def cpu_hardware_id() -> str:
-    """Hardware id of this machine's CPU: `cpu-<model>`."""
-    model = ""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            if line.lower().startswith("model name"):
-                model = line.split(":", 1)[1]
-                break
-    return "cpu-" + _slug(model or platform.processor() or platform.machine())
+    """Hardware id of this machine's CPU: `cpu-<vendor>-<line>-<model or generation>` (the rule of
+    `tracekit.core.cpu_id`, e.g. `cpu-intel-xeon-platinum-8480c`, `cpu-amd-epyc-genoa`)."""
+    from .cpu_id import this_cpu_id
+
+    return this_cpu_id()
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,13 @@
 (`write_html(path, report)` writes it; `render_html(document)` is the page of a `diff_document`).
 
 Charts (each an `<svg>` with a stable id, so tests and users can find them):
-`timeline-real` / `timeline-predicted` (one rank's iteration, one lane per stream, same time scale),
+`timeline-real` / `timeline-predicted` (one rank's iteration, one lane per stream or thread, named by the rank and
+what runs on it, same time scale),
 `chart-primitives` (per-primitive bars, `rect.bar-real` / `rect.bar-predicted`), `chart-stages` (per-stage relative
 error, `rect.bar-stage`), `chart-breakdown` (stacked iteration breakdown of each side, `rect.bar-part`). A validate
 report adds `#refit` (the error before and after retraining) and `#predicted-traces` (the prediction's Kineto
-traces, linked relative to the page, for Perfetto).
+traces, linked relative to the page, for Perfetto). Tables name their time unit in the header and hold plain numbers
+of it; unclassified operators (`other`) come after the named ones.
 """
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from tracekit.core.atomic import atomic_write_text
 
-from .diff_text import diff_document
-from .numbers import count, percent, seconds, signed_seconds
+from .diff_text import OPERATOR_TIME, diff_document, named_first, part_label, primitive_label, unclassified_line
+from .numbers import count, in_unit, percent, seconds, signed_seconds, time_unit
 
 if TYPE_CHECKING:
     from tracekit.compare import DiffReport
@@ -26,7 +28,8 @@ if TYPE_CHECKING:
 COLORS = {
     "computation": "#4e79a7", "communication": "#e15759", "memory": "#59a14f", "other": "#9c9c9c",
     "real": "#4e79a7", "predicted": "#f28e2b",
-    "compute": "#4e79a7", "exposed_communication": "#e15759", "pipeline_bubble": "#bab0ac", "optimizer": "#76b7b2",
+    # the breakdown's parts: each its own hue (the bubble was a grey beside other's grey)
+    "compute": "#4e79a7", "exposed_communication": "#e15759", "pipeline_bubble": "#edc948", "optimizer": "#59a14f",
 }
 PARTS = ("compute", "exposed_communication", "pipeline_bubble", "optimizer", "other")
 MAX_TIMELINE_EVENTS = 6000  # per side: beyond this the page gets slow; the longest events are kept
@@ -70,12 +73,11 @@ def render_html(report: dict[str, Any], timelines: dict[str, Any] | None = None,
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>{escape(title)}</title><style>{CSS}</style></head><body>",
         f"<h1>{escape(title)}</h1>",
+        *([_unprofiled(report["unprofiled"])] if report.get("unprofiled") else []),
         _summary(report, it),
     ]
     for warning in report.get("warnings", []):
         parts.append(f"<p class='warn'>⚠ {escape(str(warning))}</p>")
-    if report.get("unprofiled"):
-        parts.append(_unprofiled(report["unprofiled"]))
     if report.get("refit"):
         parts.append(_refit(report["refit"]))
     if report.get("predicted_traces"):
@@ -84,22 +86,29 @@ def render_html(report: dict[str, Any], timelines: dict[str, Any] | None = None,
         parts.append(_timelines(timelines))
     parts += [
         "<h2>Time per primitive (per iteration, mean over ranks)</h2>",
-        _primitive_chart(report.get("by_primitive", [])),
-        _table(report.get("by_primitive", []), ["primitive", "real_s", "predicted_s", "error_s", "rel_error",
-                                                 "real_count", "predicted_count"]),
+        _primitive_chart(named_first(report.get("by_primitive", []))),
+        _table(_labelled(named_first(report.get("by_primitive", []))), ["primitive", "real_s", "predicted_s", "error_s",
+                                                           "rel_error", "real_count", "predicted_count"],
+               total="all operators"),
+        f"<p>{escape(OPERATOR_TIME[0].upper() + OPERATOR_TIME[1:])}.</p>",
         "<h2>Error per pipeline stage</h2>",
         _stage_chart(report.get("by_stage", [])),
-        _table(report.get("by_stage", []), ["stage", "ranks", "real_s", "predicted_s", "error_s", "rel_error"]),
+        _table(report.get("by_stage", []), ["stage", "ranks", "real_iteration_s", "predicted_iteration_s", "real_s",
+                                            "predicted_s", "error_s", "rel_error"],
+               headers={"real_s": "operators real", "predicted_s": "operators predicted", "error_s": "operators error",
+                        "rel_error": "operators rel. error (%)"}),
         "<h2>Iteration breakdown</h2>",
         _breakdown_chart(report.get("breakdown", {})),
         "<h2>Largest contributors to the error</h2>",
         _contributors(report.get("largest_contributors", [])),
         "<h2>Per pass</h2>",
-        _table(report.get("by_pass", []), ["pass", "real_s", "predicted_s", "error_s", "rel_error"]),
+        _table(report.get("by_pass", []), ["pass", "real_s", "predicted_s", "error_s", "rel_error"],
+               total="all operators"),
     ]
     if report.get("by_layer"):
         parts += ["<h2>Per layer</h2>",
-                  _table(report["by_layer"], ["layer", "real_s", "predicted_s", "error_s", "rel_error"])]
+                  _table(report["by_layer"], ["layer", "real_s", "predicted_s", "error_s", "rel_error"],
+                         total="all operators")]
     parts += ["<h2>Unmatched operators</h2>", _unmatched(report.get("unmatched", {})), "</body></html>"]
     return "\n".join(parts)
 
@@ -109,7 +118,10 @@ def _summary(report: dict, it: dict) -> str:
     real, pred = it.get("real"), it.get("predicted")
     rel = it.get("rel_error")
     spread = it.get("real_spread") or {}
+    label = ("<span>profiled steps (the tables below compare them; they carry the profiler's overhead):</span>"
+             if report.get("unprofiled") else "")
     items = [
+        label,
         f"<span>real: <b>{seconds(real)}</b>"
         + (f" ± {seconds(spread.get('std'))} over {spread.get('steps')} steps" if spread.get("steps") else "")
         + "</span>",
@@ -131,8 +143,8 @@ def _refit(refit: dict) -> str:
                f"{count(refit.get('run_samples'))} of them this run's ({count(refit.get('samples_added'))} new)"
                if refit.get("store_samples") is not None else f"{count(refit.get('samples_added'))} new samples")
     return (f"<h2 id='refit'>Refit</h2><p>retrained {count(refit.get('models_trained'))} models on {samples}, "
-            f"written to <code>{escape(str(refit.get('models')))}</code>. The tables below are the prediction "
-            f"before the refit.</p>"
+            f"written to <code>{escape(str(refit.get('models')))}</code> (the models validate predicted with are "
+            f"unchanged). The tables below are the prediction before the refit.</p>"
             + _table(rows, ["prediction", "predicted_s", "real_s", "error_s", "rel_error"]))
 
 
@@ -140,9 +152,10 @@ def _unprofiled(measured: dict) -> str:
     """The prediction against the run's iterations without the profiler (its log's times)."""
     after = (f"; after the refit {seconds(measured['after_predicted_s'])} "
              f"({_fmt_pct(measured['after_rel_error'])})" if "after_rel_error" in measured else "")
-    return (f"<p id='unprofiled'>Without the profiler (the profiled steps above carry its overhead), the run's log "
-            f"gives <b>{seconds(measured['real_s'])}</b> per iteration (median of {count(measured['iterations'])}): "
-            f"predicted {seconds(measured['predicted_s'])}, <b>{_fmt_pct(measured['rel_error'])}</b>{after}.</p>")
+    return (f"<p id='unprofiled' class='summary'>Iteration time without the profiler: real "
+            f"<b>{seconds(measured['real_s'])}</b> (median of {count(measured['iterations'])} iterations in the run's "
+            f"log), predicted <b>{seconds(measured['predicted_s'])}</b>, error "
+            f"<b>{_fmt_pct(measured['rel_error'])}</b>{after}.</p>")
 
 
 def _predicted_traces(paths: list[str]) -> str:
@@ -163,23 +176,24 @@ def _timelines(timelines: dict) -> str:
     return (
         f"<h2>Timelines of rank {escape(str(timelines.get('rank')))} (one iteration, same time scale)</h2>"
         f"<div class='legend'>{legend}</div>"
-        f"<h3>real</h3>{_timeline_svg('timeline-real', real, span)}"
-        f"<h3>predicted</h3>{_timeline_svg('timeline-predicted', pred, span)}"
+        f"<h3>real</h3>{_timeline_svg('timeline-real', real, span, timelines.get('rank'))}"
+        f"<h3>predicted</h3>{_timeline_svg('timeline-predicted', pred, span, timelines.get('rank'))}"
     )
 
 
-def _timeline_svg(svg_id: str, events: list[dict], span: float) -> str:
+def _timeline_svg(svg_id: str, events: list[dict], span: float, rank: Any = None) -> str:
     if len(events) > MAX_TIMELINE_EVENTS:
         events = sorted(events, key=lambda e: -e["dur"])[:MAX_TIMELINE_EVENTS]
-    lanes = sorted({str(e["lane"]) for e in events}, key=_lane_key)
-    names = _lane_names(events)
-    width, left, lane_h = 1100, 150, 18
+    names = _lane_names(events, rank)
+    lanes = list(names)
+    width, left, lane_h = 1100, 180, 18
     height = 24 + lane_h * max(len(lanes), 1)
     scale = (width - left - 10) / span
     out = [f"<svg id='{svg_id}' width='{width}' height='{height}' viewBox='0 0 {width} {height}' "
            f"xmlns='http://www.w3.org/2000/svg'>"]
-    for i, lane in enumerate(lanes):
-        out.append(f"<text x='4' y='{14 + i * lane_h + 12}'>{escape(names[lane][:24])}</text>")
+    for i, lane in enumerate(lanes):  # the row's name; the trace's own id of the stream or thread on hover
+        out.append(f"<text x='4' y='{14 + i * lane_h + 12}'>{escape(names[lane][:30])}"
+                   f"<title>stream or thread {escape(lane)} in the trace</title></text>")
     lane_index = {lane: i for i, lane in enumerate(lanes)}
     for e in events:
         x = left + e["ts"] * scale
@@ -207,7 +221,7 @@ def _primitive_chart(rows: list[dict]) -> str:
            _legend_svg(width - 150)]
     for i, r in enumerate(rows):
         y = 26 + i * row_h
-        out.append(f"<text x='4' y='{y + 14}'>{escape(str(r['primitive']))}</text>")
+        out.append(f"<text x='4' y='{y + 14}'>{escape(str(r['primitive']))[:22]}</text>")
         for j, side in enumerate(("real", "predicted")):
             value = r.get(f"{side}_s") or 0.0
             w = value / top * (width - left)
@@ -264,14 +278,21 @@ def _breakdown_chart(breakdown: dict) -> str:
     out.append("</svg>")
     source = breakdown.get("real_source")
     note = f"<p>real side measured by {escape(str(source))}</p>" if source else ""
-    rows = [{"part": p, **{s: breakdown[s].get(p) for s in sides}} for p in PARTS]
-    return "".join(out) + note + _table(rows, ["part", *sides])
+    rows = [{"part": part_label(p), **{s: breakdown[s].get(p) for s in sides}} for p in PARTS]
+    return "".join(out) + note + _table(rows, ["part", *sides], total="iteration")
 
 
 def _contributors(rows: list[dict]) -> str:
+    """The cells with the largest error, named operators first; the unclassified operators' cells (`other`: what
+    ingest could not name) after them, summed in one line."""
     if not rows:
         return "<p>none</p>"
-    return "<ol>" + "".join(f"<li>{escape(str(r.get('text', '')))}</li>" for r in rows) + "</ol>"
+    named = [r for r in rows if r.get("primitive") != "other"]
+    out = "<ol>" + "".join(f"<li>{escape(str(r.get('text', '')))}</li>" for r in named) + "</ol>" if named else ""
+    other = unclassified_line(rows)
+    if other:
+        out += f"<p id='unclassified-error'>{escape(other[0].upper() + other[1:])}.</p>"
+    return out
 
 
 def _unmatched(unmatched: dict) -> str:
@@ -292,21 +313,58 @@ def _legend_svg(x: int) -> str:
     )
 
 
-def _table(rows: list[dict], columns: list[str]) -> str:
+#: Column headers: what a column holds, its unit added by `_table` (the cells are plain numbers of it).
+HEADERS = {"real_s": "real", "predicted_s": "predicted", "error_s": "error", "rel_error": "rel. error (%)",
+           "real_count": "real count", "predicted_count": "predicted count", "real_iteration_s": "iteration real",
+           "predicted_iteration_s": "iteration predicted", "time_s": "time", "real": "real", "predicted": "predicted"}
+TIME_COLUMNS = {"real_s", "predicted_s", "error_s", "real_iteration_s", "predicted_iteration_s", "time_s", "real",
+                "predicted"}
+
+
+def _table(rows: list[dict], columns: list[str], total: str | None = None,
+           headers: dict[str, str] | None = None) -> str:
+    """A table of `rows`, its durations in one unit the headers name (`real (ms)`); with `total`, a last row of that
+    name holding the sums of its time columns (the rows add up to it)."""
     if not rows:
         return "<p>none</p>"
-    head = "".join(f"<th>{escape(c)}</th>" for c in columns)
+    sums: dict[str, Any] = {}
+    if total is not None:
+        sums = {columns[0]: total}
+        for c in columns[1:]:
+            if c in ("real_s", "predicted_s", "error_s", "real", "predicted"):
+                sums[c] = sum(float(r.get(c) or 0.0) for r in rows)
+        if "rel_error" in columns and sums.get("real_s"):
+            sums["rel_error"] = (sums["predicted_s"] - sums["real_s"]) / sums["real_s"]
+    unit = time_unit([r.get(c) for r in [*rows, sums] for c in columns if c in TIME_COLUMNS])
+
+    def header(c: str) -> str:
+        return {**HEADERS, **(headers or {})}.get(c, c) + (f" ({unit[0]})" if c in TIME_COLUMNS else "")
+
+    def cell(c: str, value: Any) -> str:
+        if c in TIME_COLUMNS and isinstance(value, (int, float)):
+            return in_unit(value, unit, signed=c == "error_s")
+        return _cell(c, value)
+
+    head = "".join(f"<th>{escape(header(c))}</th>" for c in columns)
     body = "".join(
-        "<tr>" + "".join(f"<td>{escape(_cell(c, r.get(c)))}</td>" for c in columns) + "</tr>" for r in rows
+        "<tr>" + "".join(f"<td>{escape(cell(c, r.get(c)))}</td>" for c in columns) + "</tr>" for r in rows
     )
+    if total is not None:
+        body += "<tr class='total'>" + "".join(f"<th>{escape(cell(c, sums.get(c)) if c in sums else '')}</th>"
+                                               for c in columns) + "</tr>"
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _labelled(rows: list[dict]) -> list[dict]:
+    """Per-primitive rows with the primitive named for people (`other` → unclassified operators)."""
+    return [{**r, "primitive": primitive_label(str(r.get("primitive")))} for r in rows]
 
 
 def _cell(column: str, value: Any) -> str:
     if value is None:
         return "—"
-    if column == "rel_error":
-        return _fmt_pct(value)
+    if column == "rel_error":  # the header says %
+        return _fmt_pct(value).removesuffix("%")
     if column.endswith("_count"):  # a mean over ranks: whole operators
         return count(value)
     if column.endswith("_s") or column in ("real", "predicted"):
@@ -333,15 +391,27 @@ def _sign_class(value: Any) -> str:
     return "pos" if float(value) > 0 else "neg" if float(value) < 0 else "zero"
 
 
-def _lane_names(events: list[dict]) -> dict[str, str]:
-    """A timeline lane (a stream id, or a name the trace gave) labelled by what mostly runs on it: `compute · 7`,
-    `communication · 20`, `memory · 24`."""
+#: The order of a timeline's rows by what runs on them.
+LANE_KINDS = ("compute", "communication", "memory", "other")
+
+
+def _lane_names(events: list[dict], rank: Any = None) -> dict[str, str]:
+    """Each timeline lane (a GPU stream or a CPU thread, by the trace's id) named by the rank and what mostly runs on
+    it, numbered where a rank has several of a kind: `rank 0 · compute`, `rank 0 · communication 1`,
+    `rank 0 · communication 2`; in row order (compute, communication, memory, then the rest). A lane the trace named
+    itself keeps its name."""
     kinds: dict[str, Counter] = {}
     for e in events:
         kinds.setdefault(str(e["lane"]), Counter())[e.get("category") or "other"] += e["dur"]
-    names = {}
+    kind_of = {}
     for lane, seen in kinds.items():
         kind = seen.most_common(1)[0][0]
-        kind = "compute" if kind == "computation" else kind
-        names[lane] = f"{kind} · {lane}" if lane.lstrip("-").isdigit() else lane
+        kind_of[lane] = "compute" if kind == "computation" else kind if kind in LANE_KINDS else "other"
+    order = sorted(kind_of, key=lambda lane: (LANE_KINDS.index(kind_of[lane]), _lane_key(lane)))
+    who = f"rank {rank} · " if rank is not None else ""
+    names = {}
+    for lane in order:
+        same = [other for other in order if kind_of[other] == kind_of[lane]]
+        number = f" {same.index(lane) + 1}" if len(same) > 1 else ""
+        names[lane] = f"{who}{kind_of[lane]}{number}" if lane.lstrip("-").isdigit() else lane
     return names

@@ -30,6 +30,27 @@ def seconds(value: Any) -> str:
     return ("−" if v < 0 else "") + text
 
 
+#: Units a table of durations is shown in: (name, seconds per unit, decimals).
+UNITS = (("s", 1.0, 3), ("ms", 1e-3, 3), ("µs", 1e-6, 1))
+
+
+def time_unit(values: Any) -> tuple[str, float, int]:
+    """The one unit for a column of durations (s): the largest value's (`seconds` would write it in), so a table can
+    name its unit in the header and its cells be plain numbers."""
+    largest = max((abs(float(v)) for v in values if not _missing(v)), default=0.0)
+    return next((unit for unit in UNITS if largest >= unit[1]), UNITS[-1])
+
+
+def in_unit(value: Any, unit: tuple[str, float, int], signed: bool = False) -> str:
+    """A duration (s) as a number of `unit` (from `time_unit`): `48.786`, `0.084`; `signed` writes `+`/`−`."""
+    if _missing(value):
+        return MISSING
+    v = float(value) / unit[1]
+    v = 0.0 if abs(float(value)) < RESIDUE_S else v
+    text = f"{abs(v):.{unit[2]}f}"
+    return ("−" if v < 0 else "+" if signed else "") + text
+
+
 def signed_seconds(value: Any) -> str:
     """A difference of durations with its sign: `+12.35 ms`, `−1.234 s`."""
     if _missing(value):

@@ -68,13 +68,15 @@ def parse_primitives(text: str | None) -> list[str]:
 def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: float = 60.0, ranks: int = 2,
            store: SampleStore | None = None, dtype: str | None = None, threads: int | None = 1,
            warmup: int = 2, repeats: int = 5, rounds: int = ROUNDS,
-           progress: Callable[[float], None] | None = None) -> SampleRun:
+           progress: Callable[[float], None] | None = None,
+           timed: Callable[[str, float], None] | None = None) -> SampleRun:
     """Time `primitives` (compute and/or collectives) for about `budget_s` seconds; add the samples to `store`.
 
     Every shape is timed in up to `rounds` separate passes over the whole shape list (each pass: warm-up, then
     the median of `repeats`, or for a collective the mean of its bursts), and its sample is the median over the
     passes: a slow spell of the machine then spoils one pass of a few shapes, not the sample. The budget ends the
-    passes: the first covers as many shapes as it allows. `progress(fraction)` is called as the budget is used.
+    passes: the first covers as many shapes as it allows. `progress(fraction)` is called as the budget is used,
+    `timed(primitive, fraction)` each time a shape of `primitive` has been timed.
     Compute primitives run in this process with `threads` torch threads (1 matches torchrun's OMP_NUM_THREADS=1
     per rank), under one one-rank process group; collectives over `ranks` local processes.
     """
@@ -105,7 +107,7 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
     compute = chosen & set(COMPUTE + SSM)
     collectives = chosen & set(COLLECTIVES)
     if collectives and ranks < 2:
-        raise ConfigError("collectives need --ranks of at least 2")
+        raise ConfigError("collectives need --processes of at least 2")
     if threads and device == "cpu":
         torch.set_num_threads(threads)
     hardware = normalize_hardware(torch.cuda.get_device_name()) if device == "cuda" else cpu_hardware_id()
@@ -114,9 +116,12 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
     deadline = start + budget_s
     compute_deadline = start + compute_share(budget_s, len(compute), len(collectives))
 
-    def report() -> None:
+    def report(primitive: str) -> None:
+        fraction = min(1.0, (time.time() - start) / budget_s)
         if progress:
-            progress(min(1.0, (time.time() - start) / budget_s))
+            progress(fraction)
+        if timed:
+            timed(primitive, fraction)
 
     if compute:
         timer = Timer(torch.device("cuda" if device == "cuda" else "cpu"), warmup, repeats)
@@ -135,14 +140,14 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
                     break
                 timing = time_ssm_case if case.primitive in SSM else time_any
                 try:
-                    timed = timing(case, dtype, timer)
+                    passes_us = timing(case, dtype, timer)
                 except torch.OutOfMemoryError:  # one shape too large for this GPU: named, the rest go on
                     torch.cuda.empty_cache()
                     result.skipped.setdefault(f"{kind_name(case)} {_shape(case)}", "out of memory on this device")
                     continue
-                for pass_, micros in timed.items():
+                for pass_, micros in passes_us.items():
                     timings.setdefault(case, {}).setdefault(pass_, []).append(micros)
-                report()
+                report(case.primitive)
         result.stopped_by_budget = len(timings) < len(runnable)
         for case, passes in timings.items():
             for pass_, values in passes.items():
@@ -154,7 +159,7 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
         seconds = max(deadline - time.time(), budget_s * len(collectives) / len(chosen))
         for case, micros in run_collectives(cases, ranks, device, dtype, warmup, repeats, rounds, seconds):
             comm.setdefault(case, []).append(micros)
-            report()
+            report(case.primitive)
         for case, values in comm.items():
             row = _row(hardware, case, "comm", dtype, statistics.median(values))
             row["numel"] = case.feature("bytes") / DTYPE_BYTES[dtype]

@@ -23,6 +23,7 @@ from predictor import ModelSet, predict_iteration as predict, train_models
 from predictor.report.trace_out import write_traces
 from tracekit.capture.manifest import MANIFEST_NAME, Manifest
 from tracekit.core.cluster import Cluster, default_cluster
+from tracekit.core.cpu_id import same_cpu
 from tracekit.core.errors import InputError, ModelError
 from tracekit.core.hashing import file_digest
 from tracekit.core.store import SampleStore
@@ -37,16 +38,17 @@ if TYPE_CHECKING:
 
 def validate_run(run_dir: str | Path, models: ModelSet | None = None, models_path: str | Path | None = None,
                  refit: bool = False, store: str | Path | None = None, rank: int | None = None,
-                 trace_dir: str | Path | None = None, progress: Callable[[str], None] | None = None
-                 ) -> dict[str, Any]:
+                 trace_dir: str | Path | None = None, progress: Callable[[str], None] | None = None,
+                 refit_out: str | Path | None = None) -> dict[str, Any]:
     """Predict a `tracekit capture` run's configuration on its hardware and diff it with the run's traces.
     Returns {"report": DiffReport, "prediction": dict, "predicted_traces": [paths] | None, "unprofiled": {...} |
     None, "refit": {...} | None, "cluster_note": what was assumed of the cluster ('' when nothing)}. `trace_dir`:
     where the prediction's traces are kept (Perfetto, `tracekit diff`); without it they are read back from a
     temporary folder and not kept. With `refit`, the run is ingested into `store`, models are retrained from the
-    whole store into `models_path` (default `<store>/models`; a folder that holds no models yet is created, and
-    "before" is the bundled models'), and the run is predicted again: "refit" has the error before and after.
-    `progress(step)` hears of each step as it starts."""
+    whole store into a folder of their own, `refit_out` (default: `<models_path>-refit` beside the models given, or
+    `<store>/models` when none were; never the folder the models were read from, which stays as it was), and the run
+    is predicted again: "refit" has the error before and after and where the new models are. `progress(step)` hears
+    of each step as it starts."""
     step = progress or (lambda _: None)
     run_dir = Path(run_dir)
     if not (run_dir / MANIFEST_NAME).is_file():
@@ -64,9 +66,9 @@ def validate_run(run_dir: str | Path, models: ModelSet | None = None, models_pat
     step("reading the run's traces")
     traces = read_traces(paths)
     cluster, note = run_cluster(manifest, config)
-    if models is None:  # a refit into a folder that holds no models yet starts from the bundled ones
-        fresh = refit and models_path is not None and not (Path(models_path) / "index.json").is_file()
-        models = ModelSet.load(None if fresh else models_path)
+    if models is None:
+        models = ModelSet.load(models_path)
+    out = refit_folder(models, models_path, store, refit_out) if refit else None
     step("predicting and diffing")
     predicted = predict(config, cluster, models)
     prediction = predicted.to_dict()
@@ -80,13 +82,31 @@ def validate_run(run_dir: str | Path, models: ModelSet | None = None, models_pat
     result: dict[str, Any] = {"report": report, "prediction": prediction, "refit": None, "cluster_note": note,
                               "predicted_traces": [str(p) for p in written] if trace_dir is not None else None,
                               "unprofiled": unprofiled(manifest, predicted.iteration_time_s)}
-    if refit:
-        result["refit"] = _refit(paths, config, cluster, report, store, models_path, step)
+    if out is not None:
+        result["refit"] = _refit(paths, config, cluster, report, store, out, step)
         if result["unprofiled"] is not None:
             after = result["refit"]["after"]["predicted_s"]
             real = result["unprofiled"]["real_s"]
             result["unprofiled"].update(after_predicted_s=after, after_rel_error=(after - real) / real)
     return result
+
+
+def refit_folder(models: ModelSet, models_path: str | Path | None, store: str | Path | None,
+                 refit_out: str | Path | None) -> Path:
+    """Where a refit writes its models: `refit_out`, else `<models_path>-refit` beside the models given, else
+    `<store>/models`. InputError when that is the folder the models were read from: a refit keeps them (running
+    validate again with them predicts what it did)."""
+    if refit_out is not None:
+        out = Path(refit_out)
+    elif models_path is not None:
+        given = Path(models_path)
+        out = given.with_name(f"{given.name}-refit")
+    else:
+        out = SampleStore(store).root / "models"
+    if out.resolve() == Path(models.path).resolve():
+        raise InputError(out, "is the folder of the models validate predicts with; a refit writes its models to "
+                              "another (--refit-out DIR) and keeps those")
+    return out
 
 
 def unprofiled(manifest: Manifest, predicted_s: float) -> dict[str, Any] | None:
@@ -107,7 +127,7 @@ def missing_models(models: ModelSet, hardware: str, models_path: str | Path | No
                    ) -> str | None:
     """One line when `models` holds no model of `hardware`: what the prediction then is, and the commands that make
     the models (or, with `refit`, that the refit makes them); None when it holds some."""
-    if hardware in models.hardware_ids():
+    if hardware in models.hardware_ids() or same_cpu(hardware, list(models.hardware_ids())) is not None:
         return None
     where = models_path if models_path is not None and (Path(models_path) / "index.json").is_file() else \
         "the bundled models"
@@ -132,10 +152,10 @@ def run_cluster(manifest: Manifest, config: TrainingConfig) -> tuple[Cluster, st
 
 
 def _refit(paths: list[Path], config: TrainingConfig, cluster: Cluster, before: DiffReport,
-           store: str | Path | None, models_path: str | Path | None,
-           step: Callable[[str], None]) -> dict[str, Any]:
-    """Ingest the run's traces into `store`, retrain every model on the whole store into `models_path`, predict
-    the run again: samples added, where the models went, and the error before and after."""
+           store: str | Path | None, out: Path, step: Callable[[str], None]) -> dict[str, Any]:
+    """Ingest the run's traces into `store`, retrain every model on the whole store into `out` (a folder other than
+    the models the run was first predicted with), predict the run again: samples added, where the models went, and
+    the error before and after."""
     step("ingesting the run for --refit")
     sample_store = SampleStore(store)
     ingested = ingest_paths([str(p) for p in paths], sample_store)
@@ -147,7 +167,6 @@ def _refit(paths: list[Path], config: TrainingConfig, cluster: Cluster, before: 
     run_ids = {file_digest(p) for p in paths}
     run_samples = sum(int(meta.get("rows", 0)) for key, meta in sources.items() if key in run_ids)
     store_samples = sum(int(meta.get("rows", 0)) for meta in sources.values())
-    out = Path(models_path) if models_path is not None else sample_store.root / "models"
     try:
         step("retraining on the whole store")
         trained = train_models(sample_store.read(), out, provenance={"store": str(sample_store.root),
