@@ -2,8 +2,8 @@
 
 A file is checked once, before its rows (`extractors.jobs.rows.parse_row` reads each row against these rules):
 
-- the model (`num_layers`, `hidden_size`, `num_attention_heads`, `seq_length`): `extractors.jobs.table.read_rows` refuses a file
-  without them;
+- the model (`num_layers`, `hidden_size`, `num_attention_heads`, `seq_length`): `extractors.jobs.table.read_rows`
+  refuses a file without them;
 - `hardware_gpu`, unless the command names the hardware (`--hardware`) or the cluster (`--cluster`): without it a
   row has no hardware to predict on;
 - `tp` and `pp` where the file states `num_gpus` and `dp`: each row's tp·pp·dp·cp must then be its num_gpus, so a
