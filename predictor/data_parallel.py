@@ -21,6 +21,7 @@ from tracekit.core.config import TrainingConfig
 from tracekit.core.samples import DTENSOR_SUFFIX
 
 from . import fsdp, iteration_syncs, muon
+from .local_kernels import optimizer_ops
 from .ops import OpBuilder, OpUse
 from .params import chunk_params
 
@@ -102,6 +103,7 @@ def stage_sync(b: OpBuilder, stage: int, weight_cast_elements: float) -> StageSy
     spec = b.spec("optimizer", "optimizer", f"{kind}_optimizer{dtensor}", None, None, layers=layers,
                   width=c.hidden_size, tp=c.tp, params=params)
     sync.optimizer = OpUse("optimizer.step", spec)
+    sync.casts.extend(optimizer_ops(b, params))  # torch AdamW's foreach passes without apex or TE (local_kernels)
     if weight_cast_elements:
         sync.casts.append(b.quantize("optimizer.quantize_weights", weight_cast_elements, per_layer=False)[0])
     sync.casts.extend(muon.stage_ops(b, stage))  # Muon's Newton-Schulz iterations (predictor.muon)

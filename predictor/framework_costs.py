@@ -38,6 +38,7 @@ from tracekit.core.runtime import RuntimeSettings
 
 from . import muon
 from .collectives import BASE_US
+from .local_kernels import optimizer_loops
 from .params import chunk_params
 from .roofline import MEMORY_EFFICIENCY, rates
 
@@ -277,6 +278,9 @@ def pass_costs(graph: Graph) -> PassCosts:
         elements = sum(t.elements for t in per_chunk)
         steps, device, fixed = float(OPTIMIZER_LOOPS * math.ceil(tensors / shard)), 0.0, 0.0
         steps += muon.host_steps(c, stage)  # Muon's Newton-Schulz calls (predictor.muon)
+        loops, reads = optimizer_loops(c, math.ceil(tensors / shard))  # no multi-tensor kernels (local_kernels)
+        steps += loops
+        fixed += reads * SYNC_US
         if run.log_num_zeros_in_grad:  # count_nonzero, subtract, add per gradient the optimizer holds
             held = math.ceil(tensors / shard)
             steps += held

@@ -13,6 +13,7 @@ from typing import Any, Iterable
 from . import (
     activation as activation_settings,
     attention as attention_settings,
+    layer_impl,
     moe as moe_settings,
     pipeline_layout,
     precision as precision_recipes,
@@ -330,6 +331,7 @@ class TrainingConfig:
             raise ConfigError(f"seq_length {self.seq_length} is not divisible by 2·cp = {2 * cp}")
         if self.sequence_parallel and self.seq_length % tp:
             raise ConfigError(f"seq_length {self.seq_length} is not divisible by tp {tp} (sequence parallel)")
+        layer_impl.check(self)  # the layer implementation's kernels and what is installed
         return self
 
     # -- (de)serialization --------------------------------------------------------------------------------------
@@ -372,6 +374,8 @@ class TrainingConfig:
             key = setting_name(raw_key)
             if key not in values and key not in extra and _scalar(raw) is not None:
                 _apply(key, _scalar(raw), values, extra, known)
+        if str(extra.get("transformer_impl", "")).strip().lower() == "local":  # whatever --use-flash-attn or
+            values["attention"] = "unfused"  # --attention-backend say: DotProductAttention (tracekit.core.layer_impl)
         missing = [n for n in ("num_layers", "hidden_size", "num_attention_heads", "seq_length") if n not in values]
         if missing:
             raise ConfigError(f"configuration lacks {', '.join(missing)}")
@@ -546,7 +550,9 @@ _READ = ("fp16", "bf16", "fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe",
          "fine_grained_activation_offloading", "offload_modules", "min_offloaded_tensor_size",
          "activation_offload_fraction", "optimizer", "muon_num_ns_steps", "muon_tp_mode", "muon_split_qkv",
          "cublas_workspace_config", "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_enable_expert_bias",
-         "bias_dropout_fusion", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "log_interval")
+         "bias_dropout_fusion", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "log_interval",
+         # the layer implementation's kernels and what is installed (tracekit.core.layer_impl)
+         *layer_impl.SETTINGS)
 #: Megatron's flags that pick a low-precision recipe (tracekit.core.precision.from_megatron reads them together).
 _LOWP_FLAGS = ("fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe")
 
@@ -599,7 +605,7 @@ def _apply(key: str, value: Any, values: dict, extra: dict, known: set[str]) -> 
         values["attention"] = "unfused" if str(value).lower() in ("unfused", "local", "false", "none") else "flash"
         return
     if key == "transformer_impl":  # Megatron-core's local layer spec runs core attention unfused (DotProductAttention)
-        values.setdefault("attention", "flash" if str(value) == "transformer_engine" else "unfused")
+        values.setdefault("attention", "unfused" if str(value) == "local" else "flash")
         extra[key] = value
         return
     if key == "disable_bias_linear":
