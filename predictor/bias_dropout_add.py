@@ -9,7 +9,7 @@ to the layer, which adds it with the dropout and the residual (`megatron/core/fu
 hidden] output and writes the sum, 2 element moves per element (asked as predictor.local_kernels' `streaming` rows).
 The dropout adds no kernel at probability 0 (`torch.nn.functional.dropout` returns its input); at a hidden dropout
 above 0 the unfused function runs it as a kernel of its own too (reads the sum and writes it and a 1-byte mask
-forward; reads the gradient and the mask and writes the gradient backward: predictor.local_kernels' `streaming`),
+forward; reads the gradient and the mask and writes the gradient backward: predictor.local_kernels' DROPOUT_MOVES),
 where the fused kernel drops in place. Otherwise the backward is the same as the fused kernel's: the addition passes
 its gradient through, and the bias gradient is the sum over the tokens either way. An MoE layer returns no bias (its
 experts add theirs: predictor.grouped_mlp_ops), so only the attention's and a dense MLP's bias-dropout-add have the
@@ -17,7 +17,7 @@ bias kernel; every unfused one has the dropout.
 """
 from __future__ import annotations
 
-from .local_kernels import streaming
+from .local_kernels import DROPOUT_MOVES, streaming
 from .ops import OpBuilder, Pair
 
 
@@ -37,5 +37,6 @@ def bias_add(b: OpBuilder, prefix: str, module: str, bias: bool = True) -> list[
     if bias and b.c.add_bias_linear:
         out.extend(streaming(b, f"{prefix}.bias_add", "bias_add", 2.0 * numel, 0.0, b.h, module))
     if b.c.hidden_dropout > 0:
-        out.extend(streaming(b, f"{prefix}.dropout", "dropout", 2.5 * numel, 2.5 * numel, b.h, module))
+        out.extend(streaming(b, f"{prefix}.dropout", "dropout", DROPOUT_MOVES * numel, DROPOUT_MOVES * numel, b.h,
+                             module))
     return out

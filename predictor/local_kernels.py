@@ -51,6 +51,12 @@ RES_ADD_MOVES = 3.0
 #: Variants of the streaming rows this module makes (`predictor.model_keys.ALIASES`: res_add; `hbm_floor`: floored).
 STREAMING = ("dropout", "repeat_kv", "context_copy", "causal_mask", "softmax_cast", "softmax_scale", "bias_add",
              "glu_add", "glu_mul", "glu_cat", "foreach_adam", "param_copy")
+#: Element moves per element of PyTorch's dropout kernel, each way: it reads and writes the tensor and writes (reads,
+#: backward) a 1-byte mask, 2.5 moves, and draws a random number per element; asked as the element-wise add (3 moves)
+#: over its elements, as tracekit has costed the unfused attention's dropout since the seed paper's samples (no
+#: sample of a dropout kernel of its own; sized at 2.5 moves, the dense GPT sets move: vTrain multi-node 9.91% →
+#: 10.36% MAPE).
+DROPOUT_MOVES = 3.0
 #: Bytes per parameter of torch AdamW's foreach step (fp32 state and gradients) and of a fused Adam's.
 FOREACH_ADAM_BYTES = 80.0
 FUSED_ADAM_BYTES = 28.0
@@ -121,8 +127,9 @@ def core_attention(b: OpBuilder, a_t: int, kv_t: int, s: int, seq_kv: int, qk_di
         rest.append((*softmax, "core_attn"))
     else:
         rest.extend(_torch_softmax(b, k, a_t, s, seq_kv, qk_dim, numel))
-    if c.attention_dropout > 0:  # native dropout: read and write the probabilities, write a 1-byte mask; backward
-        rest.extend(streaming(b, f"{name}.dropout", "dropout", 2.5 * numel, 2.5 * numel, seq_kv, "core_attn"))
+    if c.attention_dropout > 0:  # native dropout on the probabilities (DROPOUT_MOVES)
+        rest.extend(streaming(b, f"{name}.dropout", "dropout", DROPOUT_MOVES * numel, DROPOUT_MOVES * numel, seq_kv,
+                              "core_attn"))
     context = b.compute(f"{name}.bmm", "bmm", "bmm", half, True, batch=mb * a_t, m=s, n=v_dim, k=seq_kv)
     rest.append((*context, "core_attn"))
     if k.local:  # context.permute(2, 0, 1, 3).contiguous(), and the copy of its gradient back

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from predictor.graph import build_graph
-from predictor.local_kernels import FOREACH_ADAM_BYTES, FUSED_ADAM_BYTES, RES_ADD_MOVES
+from predictor.local_kernels import DROPOUT_MOVES, FOREACH_ADAM_BYTES, FUSED_ADAM_BYTES, RES_ADD_MOVES
 from predictor.models import ModelSet
 from predictor.predict import predict_many
 from predictor.stack import get_stack, stack_path
@@ -158,8 +158,9 @@ def test_the_torch_softmax_chain_is_the_seed_papers_fillmask_and_softmax_in_the_
     assert len(casts) == 2 and all(r["numel"] * RES_ADD_MOVES == pytest.approx(3 * scores) for r in casts)
     assert [r["numel"] * RES_ADD_MOVES for r in fp32 if r["variant"] == "softmax_scale"] == \
         [pytest.approx(4 * scores)]
-    # the dropout on the probabilities reads and writes them and writes a 1-byte mask, each way
-    assert [r["numel"] * RES_ADD_MOVES for r in bwd if r["variant"] == "dropout"] == [pytest.approx(2.5 * scores)]
+    # the dropout on the probabilities: one element-wise pass over them each way (DROPOUT_MOVES)
+    assert [r["numel"] * RES_ADD_MOVES for r in bwd if r["variant"] == "dropout"] == \
+        [pytest.approx(DROPOUT_MOVES * scores)]
 
 
 def test_local_moe_experts_are_a_sequential_mlp_whatever_moe_grouped_gemm_says():
