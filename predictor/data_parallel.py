@@ -11,7 +11,8 @@ the step, an all-gather of the updated parameters (1/ranks of the bucket each; f
 instead, predictor.fsdp). The optimizer step updates the stage's dense parameters / dpcp (sharded) plus its expert
 parameters / edp; under torch FSDP2 they are DTensors, whose step is sampled of its own (`tracekit sample`: every op
 dispatched through DTensor; models without such samples answer with the plain step, what a GPU's kernels take while
-its host dispatches ahead). Weights cast by the recipe (tracekit.core.precision) are cast once per iteration.
+its host dispatches ahead); without apex and Transformer Engine, torch AdamW's foreach passes beyond the fused step's
+(predictor.local_kernels). Weights cast by the recipe (tracekit.core.precision) are cast once per iteration.
 """
 from __future__ import annotations
 

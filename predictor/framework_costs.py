@@ -15,7 +15,9 @@ adds them to the schedule's work:
   (reads the gradient and the main gradient, writes the main gradient); `log_num_zeros_in_grad` counts the zeros of
   every gradient the optimizer holds (sharded with the distributed optimizer), `log_params_norm` loops over every
   parameter and reads the optimizer's copy of its data; each ends in all-reduces of a scalar and a read on the host.
-  A pass takes the longer of its host and device time.
+  Without apex's or Transformer Engine's multi-tensor kernels, the gradient norm reads each tensor's norm on the host
+  and the parameter copy is two kernels a tensor (`predictor.local_kernels.optimizer_loops`). A pass takes the longer
+  of its host and device time.
 - **Timers** (`timing_log_level` ≥ 1): each timer start and stop synchronises the device (`SYNC_US`); at level 1 the
   optimizer's and gradient sync's phases (`LEVEL_1_TIMERS`, `LEVEL_1_BARRIERS` of them behind a barrier over all
   ranks unless `--no-barrier-with-level-1-timing`), at level 2 also each micro-batch's forward and backward call

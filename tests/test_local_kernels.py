@@ -269,3 +269,17 @@ def test_the_stack_profiles_say_apex_and_te_are_installed():
         assert stated["apex_available"] is True and stated["te_available"] is True
     doc = json.loads(stack_path("megatron-core").read_text())
     assert "apex and Transformer Engine installed" in doc["description"]
+
+
+def test_a_megatron_logs_arguments_block_says_the_same_as_the_launch_line():
+    # Megatron prints argparse's destinations: no_persist_layer_norm True, masked_softmax_fusion False, ...
+    block = {"num_layers": "4", "hidden_size": "2048", "num_attention_heads": "16", "seq_length": "2048",
+             "micro_batch_size": "4", "global_batch_size": "8", "bf16": "True", "transformer_impl": "local",
+             "use_flash_attn": "True", "no_persist_layer_norm": "True", "masked_softmax_fusion": "False",
+             "gradient_accumulation_fusion": "False"}
+    from_log = TrainingConfig.from_mapping(block, {**get_stack("megatron-core").config, **BARE})
+    from_line = config(f"{GPT} {LOCAL} --use-flash-attn --no-persist-layer-norm --no-masked-softmax-fusion "
+                       "--no-gradient-accumulation-fusion", BARE)
+    assert from_log.attention == from_line.attention == "unfused"
+    assert kernels(from_log) == kernels(from_line)
+    assert ops(from_log) == ops(from_line)
