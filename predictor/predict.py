@@ -63,6 +63,7 @@ from predictor.schedule.framework_costs import cluster_for
 from predictor.schedule.pipeline import BREAKDOWN, Timeline, Work
 from predictor.schedule.stage_work import simulation_inputs
 from predictor.schedule.zero_bubble import as_run, simulate_jobs
+from tracekit.core import layer_impl
 from tracekit.core.calibration import NONE, Calibration
 from tracekit.core.cluster import Cluster
 from tracekit.core.config import TrainingConfig
@@ -212,6 +213,7 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
                                       f"{cluster.hardware} has none")
                 notes.append(f"{config.precision}: linear layers' GEMMs in {config.gemm_dtype} with the recipe's "
                              "casts (tracekit.core.precision), everything else in bf16")
+            notes.extend(layer_impl.notes(config))  # what was assumed installed, where it matters
             roles = models.role_primitives(hardware) if hasattr(models, "role_primitives") else ()
             graph = build_graph(config, hardware, cluster.domain_size, roles)  # NVL72: the rack is the unit
         except (ConfigError, ValueError, ZeroDivisionError) as exc:

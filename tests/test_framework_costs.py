@@ -81,18 +81,20 @@ def test_the_flags_the_costs_are_modelled_for_are_modelled_and_the_costless_are_
 
 
 def test_unmodelled_flags_are_named_unless_set_to_megatrons_default():
-    c = config("--no-bias-gelu-fusion --manual-gc --distributed-backend nccl --clip-grad 1.0 --lr 3e-4 --save /x")
+    c = config("--no-check-for-nan-in-loss-and-grad --manual-gc --distributed-backend nccl --clip-grad 1.0 --lr 3e-4 "
+               "--save /x")
     # --distributed-backend nccl is Megatron's default: it changes nothing; --lr and --save have no effect
-    assert unmodelled_flags(c.extra) == ["--no-bias-gelu-fusion", "--manual-gc"]
+    assert unmodelled_flags(c.extra) == ["--no-check-for-nan-in-loss-and-grad", "--manual-gc"]
     assert unmodelled_flags(config("--distributed-backend gloo").extra) == ["--distributed-backend"]
 
 
 def test_predict_prints_one_warning_line_naming_the_unmodelled_flags():
-    res = runner.invoke(app, ["predict", "--megatron-args", f"{TINY} --no-bias-gelu-fusion --manual-gc --lr 1e-4",
+    res = runner.invoke(app, ["predict", "--megatron-args",
+                              f"{TINY} --no-check-for-nan-in-loss-and-grad --manual-gc --lr 1e-4",
                               "--hardware", "A100-SXM4-80GB", "--json"])
     assert res.exit_code == 0, res.output
     lines = [w for w in json.loads(res.stdout)["warnings"] if "not modelled" in w]
-    assert len(lines) == 1 and "--no-bias-gelu-fusion" in lines[0] and "--manual-gc" in lines[0]
+    assert len(lines) == 1 and "--no-check-for-nan-in-loss-and-grad" in lines[0] and "--manual-gc" in lines[0]
     assert "--lr" not in lines[0]
 
 
@@ -103,8 +105,8 @@ def test_a_batch_rows_megatron_args_are_warned_about_in_its_warnings_column(tmp_
     import csv
 
     rows = list(csv.DictReader(out.open()))
-    fused = [r for r in rows if "--no-bias-gelu-fusion" in r["megatron_args"]]
-    assert fused and all("--no-bias-gelu-fusion" in r["warnings"] for r in fused)
+    unchecked = [r for r in rows if "--no-check-for-nan-in-loss-and-grad" in r["megatron_args"]]
+    assert unchecked and all("--no-check-for-nan-in-loss-and-grad" in r["warnings"] for r in unchecked)
     assert all(r["warnings"].count("not modelled") <= 1 for r in rows)
 
 

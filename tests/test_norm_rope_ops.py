@@ -14,6 +14,7 @@ import pytest
 from extractors.jobs.rows import parse_row
 from predictor.assembly.graph import build_graph
 from predictor.costs.learned.models import ModelSet
+from predictor.costs.physics.transfer import kernel_timed
 from predictor.layers.norm_rope import FUSED_RMSNORM, FUSED_ROPE
 from tests.conftest import E2E
 from tracekit.core.config import TrainingConfig
@@ -57,13 +58,20 @@ def test_a_fused_rmsnorm_is_never_slower_than_the_layernorm_of_its_shape_on_any_
 
 def test_a_fused_rope_moves_its_bytes_at_a_fraction_of_the_hbm_bandwidth_on_any_gpu(models):
     """Never faster than its bytes at the datasheet's HBM bandwidth; never slower than at a quarter of it plus a
-    20 µs launch floor (the unfused chain on Blackwell had run at ~0.4 TB/s of 8)."""
+    20 µs launch floor (the unfused chain on Blackwell had run at ~0.4 TB/s of 8) where the answering model learned
+    kernel times (a GPU whose models learned `tracekit sample`'s wall clock around each call and a synchronize, the
+    H200's, answers with that host time: predictor.costs.physics.transfer.WALL_CLOCK_SOURCES)."""
     frame = _rope_frame()
     t = models.predict(frame)["duration_us"].to_numpy()
     bw = np.array([hardware_spec(h).mem_bw_gbs * 1e9 for h in frame["hardware"]])
     seconds = 2.0 * frame["tensor"].to_numpy() * 2 / bw  # read and write, bf16
     assert (t * 1e-6 >= seconds).all()
-    assert (t <= seconds / 0.25 * 1e6 + 20.0).all(), frame.assign(us=t)[t > seconds / 0.25 * 1e6 + 20.0]
+    wall_clock = {hw for hw in GPUS if (m := models.resolve(hw, "elementwise", "fwd", "res_add")) is not None
+                  and not kernel_timed(m)}
+    kernels = ~frame["hardware"].isin(wall_clock).to_numpy()
+    assert kernels.sum() > len(frame) / 2
+    slow = kernels & (t > seconds / 0.25 * 1e6 + 20.0)
+    assert not slow.any(), frame.assign(us=t)[slow]
 
 
 @pytest.mark.parametrize("frame", [lambda: _norm_frame(FUSED_RMSNORM), _rope_frame])

@@ -1,6 +1,7 @@
 """Job files of PyTorch-native trainers, told apart from Megatron configurations: a torchtitan TOML job
 (`extractors.jobs.torchtitan`) or a Composer/llm-foundry training YAML (`extractors.jobs.composer`). A YAML or
-JSON mapping of Megatron argument names is neither (`read_job` gives None: `TrainingConfig.from_file` reads it)."""
+JSON mapping of Megatron argument names is neither (`read_job` gives None: `extractors.jobs.megatron.config_from_file`
+reads it)."""
 from __future__ import annotations
 
 from pathlib import Path

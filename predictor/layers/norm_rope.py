@@ -28,8 +28,12 @@ from __future__ import annotations
 
 from predictor.ir.ops import Backward, OpBuilder, OpUse, Pair
 from tracekit.core.config import TrainingConfig
+from tracekit.core.layer_impl import kernels
 
 FUSED_RMSNORM = "rmsnorm_fused"
+#: The local implementation's norms by `Kernels.norm`: (LayerNorm's variant, RMSNorm's).
+LOCAL_NORMS = {"apex_persist": ("layernorm_apex_persist", "rmsnorm_torch"),
+               "apex": ("layernorm_apex", "rmsnorm_torch"), "torch": ("layernorm_torch", "rmsnorm_torch")}
 FUSED_ROPE = "rope_fused"
 #: A res_add row of `numel` N moves 3 N elements (two inputs, one output); a fused RoPE kernel over n elements 2 n.
 RES_ADD_ELEMENTS = 3.0
@@ -37,7 +41,13 @@ ROPE_ELEMENTS = 2.0
 
 
 def norm_variant(c: TrainingConfig) -> str:
-    """The norm kernel the configuration runs: LayerNorm's, TE's fused RMSNorm, or GPT-NeoX's unfused RMSNorm."""
+    """The norm kernel the configuration runs: LayerNorm's, TE's fused RMSNorm, or GPT-NeoX's unfused RMSNorm; in
+    Megatron-core's local implementation apex's (persistent) LayerNorm or torch's LayerNorm / RMSNorm
+    (tracekit.core.layer_impl), each one fused kernel each way: the LayerNorm kernel's model answers them at their
+    shape (`predictor.costs.learned.model_keys.ALIASES`; torch's RMSNorm has a fused CUDA kernel from PyTorch 2.8)."""
+    k = kernels(c)
+    if k.local:
+        return LOCAL_NORMS[k.norm][c.normalization == "RMSNorm"]
     if c.normalization != "RMSNorm":
         return "layernorm"
     return FUSED_RMSNORM if c.fused_rmsnorm else "RMSlayernorm"

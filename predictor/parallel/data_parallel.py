@@ -11,7 +11,8 @@ the step, an all-gather of the updated parameters (1/ranks of the bucket each; f
 instead, predictor.parallel.fsdp). The optimizer step updates the stage's dense parameters / dpcp (sharded) plus its
 expert parameters / edp; under torch FSDP2 they are DTensors, whose step is sampled of its own (`tracekit sample`: every
 op dispatched through DTensor; models without such samples answer with the plain step, what a GPU's kernels take while
-its host dispatches ahead). Weights cast by the recipe (tracekit.core.precision) are cast once per iteration.
+its host dispatches ahead); without apex and Transformer Engine, torch AdamW's foreach passes beyond the fused step's
+(predictor.layers.local_kernels). Weights cast by the recipe (tracekit.core.precision) are cast once per iteration.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 
 from predictor.architecture.params import chunk_params
 from predictor.ir.ops import OpBuilder, OpUse
+from predictor.layers.local_kernels import optimizer_ops
 from predictor.parallel import fsdp, iteration_syncs, muon
 from tracekit.core.config import TrainingConfig
 from tracekit.core.samples import DTENSOR_SUFFIX
@@ -101,6 +103,7 @@ def stage_sync(b: OpBuilder, stage: int, weight_cast_elements: float) -> StageSy
     spec = b.spec("optimizer", "optimizer", f"{kind}_optimizer{dtensor}", None, None, layers=layers,
                   width=c.hidden_size, tp=c.tp, params=params)
     sync.optimizer = OpUse("optimizer.step", spec)
+    sync.casts.extend(optimizer_ops(b, params))  # torch AdamW's foreach passes without apex or TE (local_kernels)
     if weight_cast_elements:
         sync.casts.append(b.quantize("optimizer.quantize_weights", weight_cast_elements, per_layer=False)[0])
     sync.casts.extend(muon.stage_ops(b, stage))  # Muon's Newton-Schulz iterations (predictor.parallel.muon)

@@ -16,7 +16,9 @@
   (reads the gradient and the main gradient, writes the main gradient); `log_num_zeros_in_grad` counts the zeros of
   every gradient the optimizer holds (sharded with the distributed optimizer), `log_params_norm` loops over every
   parameter and reads the optimizer's copy of its data; each ends in all-reduces of a scalar and a read on the host.
-  A pass takes the longer of its host and device time.
+  Without apex's or Transformer Engine's multi-tensor kernels, the gradient norm reads each tensor's norm on the host
+  and the parameter copy is two kernels a tensor (`predictor.layers.local_kernels.optimizer_loops`). A pass takes the
+  longer of its host and device time.
 - **Timers** (`timing_log_level` ≥ 1): each timer start and stop synchronises the device (`SYNC_US`); at level 1 the
   optimizer's and gradient sync's phases (`LEVEL_1_TIMERS`, `LEVEL_1_BARRIERS` of them behind a barrier over all
   ranks unless `--no-barrier-with-level-1-timing`), at level 2 also each micro-batch's forward and backward call
@@ -36,6 +38,7 @@ from predictor.costs.physics.roofline import MEMORY_EFFICIENCY, rates
 from predictor.ir.graph import Graph
 from predictor.ir.ops import OpUse
 from predictor.layers.decoder import layer_blocks
+from predictor.layers.local_kernels import optimizer_loops
 from predictor.parallel import muon
 from tracekit.core.cluster import Cluster
 from tracekit.core.config import TrainingConfig
@@ -274,6 +277,9 @@ def pass_costs(graph: Graph) -> PassCosts:
         elements = sum(t.elements for t in per_chunk)
         steps, device, fixed = float(OPTIMIZER_LOOPS * math.ceil(tensors / shard)), 0.0, 0.0
         steps += muon.host_steps(c, stage)  # Muon's Newton-Schulz calls (predictor.parallel.muon)
+        loops, reads = optimizer_loops(c, math.ceil(tensors / shard))  # no multi-tensor kernels (local_kernels)
+        steps += loops
+        fixed += reads * SYNC_US
         if run.log_num_zeros_in_grad:  # count_nonzero, subtract, add per gradient the optimizer holds
             held = math.ceil(tensors / shard)
             steps += held

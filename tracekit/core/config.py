@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracekit.core import (
+    layer_impl,
     moe as moe_settings,
     pipeline_layout,
     precision as precision_recipes,
@@ -295,6 +296,7 @@ class TrainingConfig:
             raise ConfigError(f"seq_length {self.seq_length} is not divisible by 2·cp = {2 * cp}")
         if self.sequence_parallel and self.seq_length % tp:
             raise ConfigError(f"seq_length {self.seq_length} is not divisible by tp {tp} (sequence parallel)")
+        layer_impl.check(self)  # the layer implementation's kernels and what is installed
         return self
 
     # -- (de)serialization --------------------------------------------------------------------------------------
@@ -337,6 +339,8 @@ class TrainingConfig:
             key = setting_name(raw_key)
             if key not in values and key not in extra and scalar(raw) is not None:
                 apply_setting(key, scalar(raw), values, extra, known)
+        if str(extra.get("transformer_impl", "")).strip().lower() == "local":  # whatever --use-flash-attn or
+            values["attention"] = "unfused"  # --attention-backend say: DotProductAttention (tracekit.core.layer_impl)
         missing = [n for n in ("num_layers", "hidden_size", "num_attention_heads", "seq_length") if n not in values]
         if missing:
             raise ConfigError(f"configuration lacks {', '.join(missing)}")

@@ -11,6 +11,7 @@ from typing import Any
 from tracekit.core import (
     activation as activation_settings,
     attention as attention_settings,
+    layer_impl,
     moe as moe_settings,
     pipeline_layout,
     precision as precision_recipes,
@@ -104,7 +105,9 @@ READ = ("fp16", "bf16", "fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe", 
          "activation_offload_fraction", "optimizer", "muon_num_ns_steps", "muon_tp_mode", "muon_split_qkv",
          "cublas_workspace_config", "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_enable_expert_bias",
          "bias_dropout_fusion", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "log_interval",
-         "squared_relu")
+         "squared_relu",
+         # the layer implementation's kernels and what is installed (tracekit.core.layer_impl)
+         *layer_impl.SETTINGS)
 #: Megatron's flags that pick a low-precision recipe (tracekit.core.precision.from_megatron reads them together).
 LOWP_FLAGS = ("fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe")
 
@@ -141,7 +144,7 @@ def apply_setting(key: str, value: Any, values: dict, extra: dict, known: set[st
         values["attention"] = "unfused" if str(value).lower() in ("unfused", "local", "false", "none") else "flash"
         return
     if key == "transformer_impl":  # Megatron-core's local layer spec runs core attention unfused (DotProductAttention)
-        values.setdefault("attention", "flash" if str(value) == "transformer_engine" else "unfused")
+        values.setdefault("attention", "unfused" if str(value) == "local" else "flash")
         extra[key] = value
         return
     if key == "disable_bias_linear":

@@ -40,6 +40,13 @@ ALIASES = {
     "middlestage": "middleStage_optimizer", "middlestageoptimizer": "middleStage_optimizer",
     "laststage": "lastStage_optimizer", "laststageoptimizer": "lastStage_optimizer",
     "optimizer": "optimizer", "adam": "optimizer", "gelu": "gelu",
+    # the local implementation's norms: one fused kernel each way, as the LayerNorm kernel (predictor.layers.norm_rope)
+    "layernormapexpersist": "layernorm", "layernormapex": "layernorm", "layernormtorch": "layernorm",
+    "rmsnormtorch": "layernorm",
+    # memory-bound kernels asked at the numel that moves their bytes (predictor.layers.local_kernels.STREAMING)
+    "dropout": "res_add", "repeatkv": "res_add", "contextcopy": "res_add", "causalmask": "res_add",
+    "softmaxcast": "res_add", "softmaxscale": "res_add", "biasadd": "res_add", "gluadd": "res_add",
+    "glumul": "res_add", "glucat": "res_add", "foreachadam": "res_add", "paramcopy": "res_add", "silu": "gelu",
 }
 #: Primitives whose backward splits into roles (tracekit.core.samples.GEMM_ROLES).
 ROLE_PRIMITIVES = ("gemm", "bmm")

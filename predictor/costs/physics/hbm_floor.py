@@ -8,7 +8,8 @@ transfer path scales a source GPU's efficiency by the bandwidth ratio without th
 against A100's 40 MB). In training these kernels read tensors other kernels wrote a layer earlier, from HBM.
 
 `apply(frame, duration)` raises, in place, the estimate of each fused RoPE row (`rope_fused`, answered by the
-`res_add` kernel's model: `predictor.layers.norm_rope`) on a datasheet GPU to at least its bytes at the datasheet's
+`res_add` kernel's model: `predictor.layers.norm_rope`) and of each streaming row of `predictor.layers.local_kernels` on
+a datasheet GPU to at least its bytes at the datasheet's
 HBM bandwidth, three elements per `numel` each way (two reads and a write, the res_add row that moves a fused RoPE
 kernel's bytes). It never lowers an estimate. It is not applied to every streaming row: on the dense GPT sets that
 would move vTrain single node 7.15% → 7.14% and Narayanan 2021 4.80% → 4.82% (the A100 `res_add` model answers GPT-3's
@@ -21,9 +22,11 @@ import pandas as pd
 
 from predictor.costs.features import dtype_bytes
 from predictor.costs.physics.roofline import rates
+from predictor.layers.local_kernels import STREAMING
 
-#: Element-wise variants floored, each reading two tensors of `numel` and writing one, each way.
-FLOORED = ("rope_fused",)
+#: Element-wise variants floored, each reading two tensors of `numel` and writing one, each way: fused RoPE and the
+#: kernels predictor.layers.local_kernels sizes by their bytes.
+FLOORED = ("rope_fused", *STREAMING)
 
 
 def apply(frame: pd.DataFrame, duration: np.ndarray) -> None:

@@ -1,19 +1,22 @@
 """The attention block of one decoder layer as Megatron-core runs it, as a list of `Pair`s (predictor.ir.ops).
 
 Multi-head / grouped-query attention (Transformer Engine spec): norm → [SP all-gather] → QKV GEMM (heads + 2 · query
-groups head slices per TP rank) → [q/k layernorm] → RoPE → [CP ring exchanges] → core attention (flash/fused kernel,
-or baddbmm + fused masked softmax + dropout + bmm when unfused) → output projection → all-reduce (reduce-scatter with
-SP) → bias-dropout-add. Multi-latent attention (tracekit.core.attention) replaces the QKV GEMM with its down
-projections (replicated over TP, on the gathered sequence), their norms and the up projections (split over TP), and
-runs attention with query/key head dim qk + rope dims and value head dim v. A sliding window bounds the keys each
-query reads: `seq_kv` = the keys the fused kernel's tiles cover around the band (predictor.layers.attention.tiles), not
-causal (the unfused path computes every score and masks the rest). Backward mirrors forward. Ring attention with CP
-exchanges K/V blocks cp − 1 times forward and twice that backward (dK/dV too).
+groups head slices per TP rank; the local implementation adds its bias with a kernel of its own) → [q/k layernorm] →
+RoPE → [CP ring exchanges] → core attention (flash/fused kernel, or unfused: baddbmm, the masked softmax, dropout, bmm
+as predictor.layers.local_kernels has them — the local implementation's DotProductAttention whatever --use-flash-attn
+says) → output projection → all-reduce (reduce-scatter with SP) → bias-dropout-add. Multi-latent attention
+(tracekit.core.attention) replaces the QKV GEMM with its down projections (replicated over TP, on the gathered
+sequence), their norms and the up projections (split over TP), and runs attention with query/key head dim qk + rope dims
+and value head dim v. A sliding window bounds the keys each query reads: `seq_kv` = the keys the fused kernel's tiles
+cover around the band (predictor.layers.attention.tiles), not causal (the unfused path computes every score and masks
+the rest). Backward mirrors forward. Ring attention with CP exchanges K/V blocks cp − 1 times forward and twice that
+backward (dK/dV too).
 """
 from __future__ import annotations
 
-from predictor.ir.ops import Backward, OpBuilder, OpUse, Pair
+from predictor.ir.ops import OpBuilder, Pair
 from predictor.layers.attention.tiles import window_keys
+from predictor.layers.local_kernels import core_attention, linear_bias
 from predictor.layers.mlp.bias_dropout_add import bias_add
 from predictor.layers.norm_rope import norm, rope_ops
 from tracekit.core.attention import AttentionSettings
@@ -39,6 +42,7 @@ def attention_block(b: OpBuilder, window: int | None, lowp: bool) -> list[Pair]:
         d = c.head_dim
         g_t = c.num_query_groups // t
         pairs.extend(b.linear("self_attention.linear_qkv", "linear1", rows, (a_t + 2 * g_t) * d, h, "attention", lowp))
+        pairs.extend(linear_bias(b, "self_attention.linear_qkv", rows, (a_t + 2 * g_t) * d, "attention"))  # local
         if c.attn is not None and c.attn.qk_layernorm:
             for name, heads in (("q_layernorm", a_t), ("k_layernorm", g_t)):
                 fwd, bwd = norm(b, f"self_attention.{name}", rows=rows * heads, width=d)
@@ -66,22 +70,7 @@ def attention_block(b: OpBuilder, window: int | None, lowp: bool) -> list[Pair]:
                              head_dim=head_dim, causal=causal)
         pairs.append((fwd, bwd, "core_attn"))
     else:  # the unfused path computes every score of the sequence and masks the window's outside
-        seq_kv = s * cp
-        attn_flops = 4.0 * mb * a_t * s * seq_kv * head_dim
-        scores = b.compute("self_attention.core_attention.baddbmm", "bmm", "baddbmm", attn_flops / 2, True,
-                           batch=mb * a_t, m=s, n=seq_kv, k=qk_dim)
-        softmax = b.compute("self_attention.core_attention.scale_mask_softmax", "softmax",
-                            "ScaledUpperTriangMaskedSoftmax", 0.0, True, batch=mb, heads=a_t, seq=s,
-                            rows=mb * a_t * s, width=seq_kv, numel=mb * a_t * s * seq_kv, causal=causal)
-        pairs.append((*scores, "core_attn"))
-        pairs.append((*_inside(softmax), "core_attn"))
-        if c.attention_dropout > 0:
-            drop = b.compute("self_attention.core_attention.dropout", "elementwise", "dropout", 0.0, True,
-                             rows=mb * a_t * s, width=seq_kv, numel=mb * a_t * s * seq_kv)
-            pairs.append((*_inside(drop), "core_attn"))
-        context = b.compute("self_attention.core_attention.bmm", "bmm", "bmm", attn_flops / 2, True,
-                            batch=mb * a_t, m=s, n=v_dim, k=seq_kv)
-        pairs.append((*_inside(context), "core_attn"))
+        pairs.extend(core_attention(b, a_t, kv_t, s, s * cp, qk_dim, v_dim, causal))  # predictor.layers.local_kernels
     pairs.extend(b.linear("self_attention.linear_proj", "linear2", rows, h, a_t * v_dim, "attention", lowp))
     pairs.extend(b.tp_out("self_attention.linear_proj", "attention"))
     # unfused bias-dropout-add (predictor.layers.mlp.bias_dropout_add)
@@ -89,16 +78,6 @@ def attention_block(b: OpBuilder, window: int | None, lowp: bool) -> list[Pair]:
     fwd, bwd = b.residual("self_attention.bias_dropout_add")
     pairs.append((fwd, bwd, "attention"))
     return pairs
-
-
-def _inside(pair: tuple[OpUse, Backward]) -> tuple[OpUse, Backward]:
-    """An unfused core attention's later kernels, issued by the same module call as its first (Megatron's
-    DotProductAttention: baddbmm, fused masked softmax, dropout, bmm in one forward, their gradients in one autograd
-    pass): one host operator for the whole core attention, as for flash attention's one kernel."""
-    fwd, bwd = pair
-    for op in (fwd, *(bwd if isinstance(bwd, tuple) else (bwd,))):
-        op.launch = False
-    return fwd, bwd
 
 
 def _mla_projections(b: OpBuilder, a: AttentionSettings, lowp: bool) -> list[Pair]:

@@ -5,7 +5,7 @@ and residual."""
 from __future__ import annotations
 
 from predictor.ir.ops import OpBuilder, Pair
-from predictor.layers.mlp.activation import activation
+from predictor.layers.local_kernels import mlp_activation
 from predictor.layers.mlp.bias_dropout_add import bias_add
 from predictor.layers.norm_rope import norm
 
@@ -17,7 +17,7 @@ def dense_mlp(b: OpBuilder, ffn: int, lowp: bool, prefix: str = "mlp", module: s
     pairs: list[Pair] = list(b.tp_in(f"{prefix}.linear_fc1", module))
     fc1_out = 2 * f_t if c.swiglu else f_t
     pairs.extend(b.linear(f"{prefix}.linear_fc1", "linear3", rows, fc1_out, h, module, lowp))
-    pairs.append(activation(b, f"{prefix}.activation", rows, f_t, module))
+    pairs.extend(mlp_activation(b, f"{prefix}.activation", rows, f_t, module))  # fused or not (local_kernels)
     pairs.extend(b.linear(f"{prefix}.linear_fc2", "linear4", rows, h, f_t, module, lowp))
     pairs.extend(b.tp_out(f"{prefix}.linear_fc2", module))
     return pairs

@@ -9,7 +9,8 @@ ranks holding E / EP local experts each split over ETP ranks, and the busiest ra
     the auxiliary loss (elementwise over T · E) → permute (T · k token copies, by expert) → dispatch → ETP all-gather
     → the local experts, each FC1 [λ · T · k · ETP / local, h] × [h, f/ETP (×2 with SwiGLU)], activation, FC2 back to
     h: one grouped GEMM of `local` equal groups (a `gemm` row with `batch` = local experts: each group's efficiency,
-    the waves of all of them) with `moe_grouped_gemm`, else one GEMM per local expert → ETP reduce-scatter → combine
+    the waves of all of them) with `moe_grouped_gemm` (not in the local implementation: its SequentialMLP), else one
+    GEMM per local expert → ETP reduce-scatter → combine
     → unpermute and the weighted sum → shared experts (an MLP of their own width, split over TP) → bias-dropout-add.
 
 Dispatch and combine, by dispatcher: `alltoall` sends each token copy to its expert's rank (an all-to-all of T · k ·
@@ -28,13 +29,15 @@ and the synchronisations they make are predictor.layers.moe.host_calls'.
 from __future__ import annotations
 
 from predictor.ir.ops import OpBuilder, Pair
-from predictor.layers.mlp.activation import activation
+from predictor.layers.local_kernels import mlp_activation
+from predictor.layers.mlp.bias_dropout_add import bias_add
 from predictor.layers.mlp.ops import dense_mlp
 from predictor.layers.moe.dispatch import dispatch_tokens
 from predictor.layers.moe.grouped_mlp import fc2_bias, glu_clamp
 from predictor.layers.moe.host_calls import dispatch_calls, router_calls, shared_add
 from predictor.layers.moe.host_syncs import mark_first_forward, token_count_syncs
 from predictor.layers.norm_rope import norm
+from tracekit.core.layer_impl import kernels
 
 
 def moe_block(b: OpBuilder, lowp: bool) -> list[Pair]:
@@ -99,7 +102,8 @@ def moe_block(b: OpBuilder, lowp: bool) -> list[Pair]:
     fc1_out = 2 * f_e if c.swiglu else f_e
     # the local experts' GEMMs: one grouped GEMM of `local` equal groups (moe_grouped_gemm), else one GEMM each
     per_expert = received / local
-    runs = [("", local)] if moe.moe_grouped_gemm else [(f".{e}", 1) for e in range(local)]
+    grouped = moe.moe_grouped_gemm and not kernels(c).local  # the local spec's experts are a SequentialMLP
+    runs = [("", local)] if grouped else [(f".{e}", 1) for e in range(local)]
     for suffix, batch in runs:
         variant = "grouped" if batch > 1 else "expert"
         fc1 = b.linear(f"mlp.experts.linear_fc1{suffix}", f"{variant}_fc1", per_expert, fc1_out, d, "moe", lowp,
@@ -111,10 +115,10 @@ def moe_block(b: OpBuilder, lowp: bool) -> list[Pair]:
         # the quick-GELU GLU's torch.tensor(linear_offset) (predictor.layers.moe.host_syncs)
         mark_first_forward(clamp, 1)
         pairs.extend(clamp)
-        pairs.append(activation(b, f"mlp.experts.activation{suffix}", per_expert * batch, f_e, "moe_act"))
+        pairs.extend(mlp_activation(b, f"mlp.experts.activation{suffix}", per_expert * batch, f_e, "moe_act"))
         pairs.extend(b.linear(f"mlp.experts.linear_fc2{suffix}", f"{variant}_fc2", per_expert, d, f_e, "moe", lowp,
                               batch=batch))
-    if moe.moe_grouped_gemm:  # TEGroupedMLP (predictor.layers.moe.grouped_mlp)
+    if grouped:  # TEGroupedMLP (predictor.layers.moe.grouped_mlp)
         pairs.extend(fc2_bias(b, received, d))
     pairs.extend(after)
     pairs.extend(combine)
@@ -126,6 +130,7 @@ def moe_block(b: OpBuilder, lowp: bool) -> list[Pair]:
     if shared:
         pairs.extend(dense_mlp(b, shared, lowp, prefix="mlp.shared_experts", module="shared_experts"))
         pairs.extend(shared_add(b))
+    pairs.extend(bias_add(b, "mlp", "moe", bias=False))  # unfused bias-dropout-add: its dropout, no bias
     fwd, bwd = b.residual("mlp.bias_dropout_add")
     pairs.append((fwd, bwd, "moe"))
     return pairs
