@@ -1,9 +1,10 @@
 """End-to-end accuracy of `tracekit predict` with the CLI's defaults on the corpus's measured Megatron iterations.
 
-For each set in ../shared/corpus/e2e — vTrain single node (727 rows, 2–8 A100), vTrain multi node (55 rows, 64–512
-A100), Narayanan 2021 Table 1 (10 rows, 32–3,072 A100 on Selene) — every row is predicted as
-`tracekit predict --batch FILE --csv-out OUT` predicts it with no other flag: the software-stack profile from the row's
-`framework`, the hardware from `hardware_gpu`, the cluster preset from `gpus_per_node` + `interconnect`
+For each set in the corpus's e2e/ folder (`$TRACEKIT_CORPUS`, else ../shared/corpus, as the test suite reads it) —
+vTrain single node (727 rows, 2–8 A100), vTrain multi node (55 rows, 64–512 A100), Narayanan 2021 Table 1 (10 rows,
+32–3,072 A100 on Selene) — every row is predicted as `tracekit predict --batch FILE --csv-out OUT` predicts it with
+no other flag: the software-stack profile from the row's `framework`, the hardware from `hardware_gpu`, the cluster
+preset from `gpus_per_node` + `interconnect`
 (predictor.batch). Printed per set: MAPE, median and p90 of the absolute percentage error, per parallel shape
 (tp, pp, dp) with the signed bias, and the worst rows; beside it the same rows without any stack constants (the
 operator models and the collective physics alone).
@@ -50,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 import sys
 import time
@@ -74,7 +76,9 @@ from predictor.stack import host_class, stack_path, stacks  # noqa: E402
 from tracekit.core.atomic import atomic_write_json  # noqa: E402
 from tracekit.core.hardware import architecture, hardware_spec  # noqa: E402
 
-E2E = ROOT.parent / "shared" / "corpus" / "e2e"
+#: The corpus, as the test suite finds it (tests/conftest.py): `TRACEKIT_CORPUS`, else ../shared/corpus.
+CORPUS = Path(os.environ.get("TRACEKIT_CORPUS") or ROOT.parent / "shared" / "corpus")
+E2E = CORPUS / "e2e"
 SETS = {
     "vtrain single node": ("vtrain_a100_single_node.csv", "≤ 8%"),
     "vtrain multi node": ("vtrain_a100_multi_node.csv", "≤ 10%"),
@@ -637,6 +641,8 @@ def main() -> None:
                         help="estimate-train-time predicts every Nth row of the Megatron sets larger than 100 rows "
                              "(default 10); the Megatron-core sets give it every row (it refuses all but ~133 at once)")
     args = parser.parse_args()
+    if not E2E.is_dir():
+        parser.error(f"{E2E}: no such folder (the corpus is read from $TRACEKIT_CORPUS, else ../shared/corpus)")
     models = ModelSet.load(args.models)
     print(f"models: {models.path} ({', '.join(models.hardware_ids())})")
     summary = []
