@@ -43,9 +43,9 @@ trained range.
 
 Where the transfer is used is itself measured on source GPUs only: `tracekit/data/transfer.json` holds, per
 primitive, the leave-one-GPU-out median errors of transfer and roofline on the seed paper's samples (A100's models
-scoring GH200's samples and back), written by `python benchmarks/operator_accuracy.py --transfer --write-selection
-tracekit/data/transfer.json`. A primitive takes the transfer path when the geometric mean over both directions of
-(transfer error / roofline error) is below 1; the others (and primitives never measured) keep the roofline.
+scoring GH200's samples and back), written by `make profiles` (tools/transfer_selection.py). A primitive takes the
+transfer path when the geometric mean over both directions of (transfer error / roofline error) is below 1; the
+others (and primitives never measured) keep the roofline.
 """
 from __future__ import annotations
 
