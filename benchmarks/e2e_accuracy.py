@@ -45,12 +45,15 @@ tables (megatron_bridge_perf: Llama 3, DeepSeek-V3, Qwen3, GPT-OSS on H100, B200
 stack's host constants (host_op_us, microbatch_overhead_us, tensor_op_us) and its host CPU scales (one per host
 CPU class besides DGX A100's EPYC: DGX H100's Xeon, Grace) are fitted on the CI rows only: the CI figure is 5-fold
 cross-validated by test case (the rows of one test case — its runs on several GPUs and containers — in one fold,
-predicted with the constants fitted on the other folds); the Bridge rows, a different set never fitted on, are
-predicted with the profile's constants (megatron-bridge takes megatron-core's), as `predict --batch` does. Printed
-per model family × GPU × precision, with the signed bias.
+predicted with the constants fitted on the other folds); the Bridge rows, a different set never fitted on for them,
+are predicted with the profile's constants (megatron-bridge takes megatron-core's), as `predict --batch` does. The
+tensor-core scales per GPU architecture of the `megatron-bridge` profile (its own, read by no other stack) are
+fitted on the Bridge rows' dense models: held out leave-one-model-out there, and scored on the CI rows beside the CI
+figure (what they would do there; they are not applied to them). Printed per model family × GPU × precision, with
+the signed bias.
 
 Run: .venv/bin/python benchmarks/e2e_accuracy.py [--models DIR] [--peers] [--only megatron|llm-foundry|megatron-core]
-(about 3 minutes on a 2-core machine; the held-out fits are most of it)
+(about 3 minutes of CPU; the held-out fits are most of it)
 """
 
 from __future__ import annotations
@@ -67,10 +70,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from predictor import batch as B  # noqa: E402
-from predictor.calibration import NONE  # noqa: E402
+from predictor.calibration import NONE, device_scaled  # noqa: E402
 from predictor.calibration_fit import iteration_times_s  # noqa: E402
 from predictor.models import ModelSet  # noqa: E402
 from predictor.predict import prepare_many  # noqa: E402
+from predictor.stack import get_stack  # noqa: E402
 from tools import stack_fits as sf  # noqa: E402
 from tracekit.core.hardware import hardware_spec  # noqa: E402
 
@@ -311,6 +315,12 @@ def megatron_ci(models, worst: int, peer_stride: int | None = None) -> tuple:
     bare = stats(iteration_times_s(prepared, NONE), measured)[0]
     label = f"{sf.CORE} constants, {sf.FOLDS}-fold CV by test case"
     print_figures(shipped, CI_GOAL, cv[0], f"{label} (median {cv[1]:.2f}%, p90 {cv[2]:.2f}%)", bare)
+    bridge = get_stack(sf.BRIDGE_STACK).device_scale
+    scaled = np.array([iteration_times_s([p], device_scaled(r.calibration or NONE,
+                                                            bridge.get(sf.arch_of(r), 1.0)))[0]
+                       for r, p in zip(rows, prepared)])
+    print(f"  with megatron-bridge's device scales {bridge} on the CI rows (scored here, not applied to them): MAPE "
+          f"{stats(scaled, measured)[0]:.2f}%")
     groups_table(rows, held_out, measured, _family_gpu_precision, "family × GPU × precision (CV)", worst)
     peers = run_peers(rows, measured, held_out, peer_stride) if peer_stride else []
     print_peers(peers)
@@ -364,7 +374,7 @@ def megatron_bridge(models, worst: int, peer_stride: int | None = None) -> tuple
     shipped = stats(shipped_times(rows, models), measured)
     ci_only = stats(np.array([iteration_times_s([p], sf.undeviced(r))[0] for r, p in zip(rows, prepared)]), measured)
     bare = stats(iteration_times_s(prepared, NONE), measured)[0]
-    label = "host constants fitted on CI, device scales leave-one-model-out"
+    label = f"host constants fitted on CI, {sf.BRIDGE_STACK}'s device scales leave-one-model-out"
     print_figures(shipped, BRIDGE_GOAL, figure[0], f"{label} (median {figure[1]:.2f}%, p90 {figure[2]:.2f}%)", bare)
     print(f"  host constants fitted on CI only, no device scale: MAPE {ci_only[0]:.2f}%")
     groups_table(rows, held_out, measured, _model_gpu_precision, "model × GPU × precision (leave-one-model-out)",

@@ -121,6 +121,8 @@ def show(table: pd.DataFrame) -> str:
     """The tables for people (%), and the goals of #35 on the H200 samples."""
     pct = [c for c in table.columns if c.endswith(("median", "p90", "bias", "above_floor")) and c != "rows_above_floor"]
     shown = table.assign(**{c: (100 * table[c]).round(1) for c in pct})
+    if "rows_above_floor" in shown.columns:
+        shown["rows_above_floor"] = shown["rows_above_floor"].astype("Int64")
     lines = ["held-out GPUs: APE % per primitive and pass (median, p90, median signed error +: too slow) · selected: "
              "what predict answers (path) · transfer: the transfer path on every primitive · roofline: datasheet "
              "alone · selected_median_above_floor: rows ≥ 5× the sampler's host floor"]

@@ -21,7 +21,9 @@ the most similar GPU used as they are (what one gets by predicting an H100 as a 
 (a) leave-one-GPU-out on the seed paper's compute samples: the bundled models without GH200's score GH200's
     samples from A100's models, and back (each set of bundled models was trained on its own GPU's samples only);
 (b) the corpus's real kernels from ingest (TraceLens H100, B200, MI300X traces; kernels with shapes), which no
-    bundled model was trained on, with the set without the published tables' GPUs (their own models: `--tables`).
+    bundled model was trained on, with the set without the published tables' GPUs (their own models: `--tables`);
+(c) GPUs held out with every measurement of them (benchmarks/held_out_gpu.py, issue #35): H200's sample store and
+    matmul table, H100's XLA matmul table, per primitive and pass, median and p90.
 Usage: python benchmarks/operator_accuracy.py --transfer [--corpus ../shared/corpus] [--json out.json]  (~20 s)
 `--breakdown bmm,softmax` adds, per trace and shape, the H100 kernels of those primitives: measured and predicted
 median, the path that answered and whether `predictor.kernel_paths` took the shape as unaligned (#24).
@@ -252,8 +254,13 @@ def transfer_main(args) -> None:
         print("\nH100 kernels of the corpus traces per trace and shape (median µs; unaligned: predictor.kernel_paths)")
         print(breakdown(corpus, without_tables, "H100-80GB-HBM3", tuple(args.breakdown.split(","))).to_string(
             index=False))
+    import held_out_gpu
+
+    held = held_out_gpu.run(Path(args.corpus))
+    print("\n" + held_out_gpu.show(held))
     if args.json:
-        Path(args.json).write_text(json.dumps({"goals": goals, "rows": table.to_dict("records")}, indent=2))
+        Path(args.json).write_text(json.dumps({"goals": goals, "rows": table.to_dict("records"),
+                                               "held_out_gpus": held.to_dict("records")}, indent=2))
 
 
 def main() -> None:

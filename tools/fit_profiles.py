@@ -2,12 +2,14 @@
 
 One stage per fitted file, in this order (a later stage predicts with what an earlier one wrote):
 
+- gemm-rates → tracekit/data/gemm_rates.json: what each GPU's GEMMs achieve, from the corpus's matmul tables and
+  samples (tools/fit_gemm_rates.py; hardware facts, no end-to-end row);
 - kernel-paths → tracekit/data/kernel_paths.json: the A100 GEMM kernels of kineto/hta (benchmarks/fit_kernel_paths.py);
 - transfer → tracekit/data/transfer.json: the seed paper's A100 and GH200 samples, leave-one-GPU-out
   (tools/transfer_selection.py);
 - megatron-deepspeed-2023 → tracekit/data/stacks/megatron-deepspeed-2023.json: e2e/vtrain_a100_single_node.csv;
 - megatron-core → tracekit/data/stacks/megatron-core.json (host constants, host CPU scales): e2e/megatron_ci_golden.csv;
-- device-scales → tracekit/data/stacks/megatron-core.json (device_scale): e2e/megatron_bridge_perf.csv;
+- megatron-bridge → tracekit/data/stacks/megatron-bridge.json (device_scale, its own): e2e/megatron_bridge_perf.csv;
 - composer → tracekit/data/stacks/composer.json: e2e/llmfoundry_mpt_fsdp_a100.csv.
 
 (tools/stack_fits.py says how each stack constant is fitted and held out.) Each stage runs in a fresh Python process,
@@ -40,11 +42,12 @@ from tracekit.core.atomic import atomic_write_json  # noqa: E402
 
 #: stage → the files it writes.
 STAGES = {
+    "gemm-rates": ("tracekit/data/gemm_rates.json",),
     "kernel-paths": ("tracekit/data/kernel_paths.json",),
     "transfer": ("tracekit/data/transfer.json",),
     "megatron-deepspeed-2023": ("tracekit/data/stacks/megatron-deepspeed-2023.json",),
     "megatron-core": ("tracekit/data/stacks/megatron-core.json",),
-    "device-scales": ("tracekit/data/stacks/megatron-core.json",),
+    "megatron-bridge": ("tracekit/data/stacks/megatron-bridge.json",),
     "composer": ("tracekit/data/stacks/composer.json",),
 }
 
@@ -63,6 +66,12 @@ def update_profile(name: str, fields: dict) -> Path:
 def run_stage(name: str) -> tuple[list[str], list[str]]:
     """Fit and write one stage; returns (what to print, the corpus files it read, relative to the corpus)."""
     corpus = fp.corpus_root()
+    if name == "gemm-rates":
+        from tools.fit_gemm_rates import fit as fit_rates
+
+        doc, lines, read = fit_rates(corpus)
+        atomic_write_json(ROOT / STAGES[name][0], doc)
+        return lines, read
     if name == "kernel-paths":
         from benchmarks.fit_kernel_paths import TRACES, fit
 
@@ -84,14 +93,10 @@ def run_stage(name: str) -> tuple[list[str], list[str]]:
                                                              for p in ett.list_files(root)]
     from tools import stack_fits as sf
 
-    stage = {"device-scales": sf.BRIDGE_STACK}.get(name, name)
-    file, fields_of = sf.FITS[stage]
+    file, fields_of = sf.FITS[name]
     data = sf.load_set(models, file)
     fields = fields_of(data)
-    if name == "device-scales":  # the device scales are the megatron-core profile's (read by every stack)
-        update_profile(sf.CORE, fields)
-    else:
-        update_profile(name, fields)
+    update_profile(name, fields)
     shown = {k: v for k, v in fields.items() if k not in ("fit", "device_fit")}
     held = (fields.get("fit") or fields.get("device_fit") or {}).get("held_out", {})
     return [f"{shown}; held out ({held.get('how')}): MAPE {100 * held.get('mape', float('nan')):.2f}%"], \

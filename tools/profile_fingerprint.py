@@ -33,10 +33,12 @@ MANIFEST = DATA / "fitted.json"
 MODELS = DATA / "models"
 #: Every file the command writes, relative to the repository root.
 OUTPUTS = (
+    "tracekit/data/gemm_rates.json",
     "tracekit/data/kernel_paths.json",
     "tracekit/data/transfer.json",
     "tracekit/data/stacks/megatron-deepspeed-2023.json",
     "tracekit/data/stacks/megatron-core.json",
+    "tracekit/data/stacks/megatron-bridge.json",
     "tracekit/data/stacks/composer.json",
 )
 COMMAND = "make profiles"

@@ -10,7 +10,8 @@ what was fitted where.
   megatron_ci_golden.csv; held out by 5-fold CV by test case;
 - composer: compute_scale, attention_scale, memory_scale on llmfoundry_mpt_fsdp_a100.csv; held out
   leave-one-model-size-out;
-- device scales (device_scale per GPU architecture) on megatron_bridge_perf.csv; held out leave-one-model-out.
+- megatron-bridge: device_scale per GPU architecture (its own; its host constants are megatron-core's) on
+  megatron_bridge_perf.csv; held out leave-one-model-out.
 
 Each fit starts from the profile's other constants as shipped (megatron-bridge's device scales multiply the host
 constants megatron-core was fitted with) and is deterministic: Gauss–Newton from fixed starts, golden-section
