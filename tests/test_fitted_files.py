@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import ROOT
 from tools import profile_fingerprint as fp
 
-REMEDY = (f"run `{fp.COMMAND}` (tools/fit_profiles.py: about 4 minutes of CPU, each stage in a fresh process) and "
+REMEDY = (f"run `{fp.COMMAND}` (tools/fit_profiles.py: about 3 minutes of CPU, each stage in a fresh process) and "
           "commit the files it rewrites (tracekit/data/fitted.json lists them)")
 
 
