@@ -10,7 +10,7 @@ DEMO_STORE := .tracekit-demo
 DEMO_OUT := .tracekit-demo-out
 TORCH := $(shell sed -n 's/.*"torch==\([0-9.]*\)".*/\1/p' pyproject.toml)
 
-.PHONY: demo test lint docs install clean chromium
+.PHONY: demo test lint docs install clean chromium profiles
 
 install: $(STAMP)
 
@@ -37,6 +37,12 @@ demo: $(STAMP)
 
 test: $(STAMP) chromium
 	$(BIN)/python -m pytest
+
+# Every shipped fitted number refitted from the corpus (tools/fit_profiles.py: stack profiles, kernel paths, the transfer
+# selection), then tracekit/data/fitted.json, which the suite checks the tree against: run it after a change to the
+# predictor, the models or tracekit/data, and commit what it rewrites. About 3 minutes of CPU.
+profiles: $(STAMP)
+	$(BIN)/python tools/fit_profiles.py
 
 # Lint, type check and layers: ruff over the whole tree, mypy over the packages, import-linter's contract for the
 # layers of DESIGN.md ([tool.ruff], [tool.mypy] and [tool.importlinter] in pyproject.toml).

@@ -1,20 +1,28 @@
 """End-to-end accuracy of `tracekit predict` with the CLI's defaults on the corpus's measured Megatron iterations.
 
-For each set in ../shared/corpus/e2e — vTrain single node (727 rows, 2–8 A100), vTrain multi node (55 rows, 64–512
-A100), Narayanan 2021 Table 1 (10 rows, 32–3,072 A100 on Selene) — every row is predicted as
-`tracekit predict --batch FILE --csv-out OUT` predicts it with no other flag: the software-stack profile from the row's
-`framework`, the hardware from `hardware_gpu`, the cluster preset from `gpus_per_node` + `interconnect`
-(predictor.batch). Printed per set: MAPE, median and p90 of the absolute percentage error, per parallel shape
-(tp, pp, dp) with the signed bias, and the worst rows; beside it the same rows without any stack constants (the
-operator models and the collective physics alone).
+Six sets of the corpus's e2e/ folder (`$TRACEKIT_CORPUS`, else ../shared/corpus, as the test suite reads it): vTrain
+single node (727 rows, 2–8 A100), vTrain multi node (55 rows, 64–512 A100), Narayanan 2021 Table 1 (10 rows,
+32–3,072 A100 on Selene), llm-foundry (139 rows), Megatron-LM's CI (301 rows) and the Megatron-Bridge tables (91 rows).
 
-What is fitted, and where it is scored: the e2e path holds two fitted numbers, the host constants of the
-`megatron-deepspeed-2023` stack profile (host_op_us, microbatch_overhead_us), fitted on vTrain single node by
-`--fit-stack` (which writes tracekit/data/stacks/megatron-deepspeed-2023.json). They are scored on vTrain multi
-node (same stack, other runs) and on Narayanan (the `megatron-lm-2021` profile takes them from its fork, another
-stack and era). On vTrain single node itself the figure is 5-fold cross-validated: each fold's rows are predicted
-with the constants fitted on the other four folds (labelled "5-fold CV"). The collective physics constants come
-from operator-level nccl samples (benchmarks/collective_physics.py), never from these rows.
+Two figures per set, side by side:
+- **shipped** (the headline, what the README quotes): every row predicted by `predictor.batch.predict_rows`, the very
+  call `tracekit predict --batch FILE --csv-out OUT` makes, with the shipped files (tracekit/data: models, stack
+  profiles, hardware data) and no other flag: the software-stack profile from the row's `framework`, the hardware
+  from `hardware_gpu`, the cluster preset from `gpus_per_node` + `interconnect`. Where a shipped constant was fitted
+  on the set's own rows this figure is in-sample, and says what a user gets;
+- **held out**, named by how: each fitted constant refitted without the rows it predicts (5-fold CV on vTrain single
+  node, leave-one-model-size-out on llm-foundry, 5-fold CV by test case on the CI rows, leave-one-model-out for the
+  Bridge device scales); on a set no constant was fitted on, the shipped figure itself.
+Printed per set: MAPE, median and p90 of the absolute percentage error, a table per parallel shape, model or GPU
+with the signed bias, and the worst rows; beside them the same rows without any stack constants (the operator models
+and the collective physics alone).
+
+What is fitted, and where it is scored (tools/stack_fits.py, which this benchmark and `make profiles` share): the
+host constants of the `megatron-deepspeed-2023` stack profile (host_op_us, microbatch_overhead_us) are fitted on
+vTrain single node; they are scored on vTrain multi node (same stack, other runs) and on Narayanan (the
+`megatron-lm-2021` profile takes them from its fork, another stack and era). The collective physics constants come
+from operator-level nccl samples (benchmarks/collective_physics.py), never from these rows. This benchmark fits
+nothing into the shipped files: `make profiles` (tools/fit_profiles.py) does, from every row.
 
 Peers, in the same run (`--peers`, after `bash benchmarks/peers/setup.sh`): the seed paper's released tool
 (estimate-train-time, trained on the same corpus samples) and llm-analysis (an analytical model from PyPI), each in
@@ -24,13 +32,12 @@ estimate-train-time takes 2–3 s a row, so it runs on every row of the two smal
 every row, with the facts those rows add (GQA, MoE, MLA, context parallelism, the GPU's datasheet figures, the
 precision recipe): llm-analysis predicts each (its compute-only model, MoE and GQA as its config takes them);
 estimate-train-time refuses at once what it cannot express (any GPU but A100, MoE, context parallelism, fp8), which
-leaves the dense A100 CI rows. Beside each peer's MAPE is tracekit's on the same rows (the set's headline figure:
-cross-validated on CI, leave-one-model-out on Bridge).
+leaves the dense A100 CI rows. Beside each peer's MAPE is tracekit's held-out figure on the same rows (no peer was
+fitted on them either).
 
 llm-foundry (MosaicML's MPT runs, Composer + FSDP; `--only llm-foundry`): every row predicted with the `composer`
-stack, whose three scales are fitted on these rows — so the figure is leave-one-model-size-out: each MPT size
-predicted with the scales fitted on the other sizes (`--fit-composer` refits on every row and writes the profile);
-printed per model size × GPU count.
+stack, whose three scales are fitted on these rows — so the held-out figure is leave-one-model-size-out: each MPT size
+predicted with the scales fitted on the other sizes; printed per model size × GPU count.
 
 Megatron-core (`--only megatron-core`): Megatron-LM's own CI runs (megatron_ci_golden: 301 runs of small GPT and
 MoE models on DGX A100, DGX H100 and GB200, with their exact launch lines) and NVIDIA's Megatron-Bridge performance
@@ -38,18 +45,20 @@ tables (megatron_bridge_perf: Llama 3, DeepSeek-V3, Qwen3, GPT-OSS on H100, B200
 stack's host constants (host_op_us, microbatch_overhead_us, tensor_op_us) and its host CPU scales (one per host
 CPU class besides DGX A100's EPYC: DGX H100's Xeon, Grace) are fitted on the CI rows only: the CI figure is 5-fold
 cross-validated by test case (the rows of one test case — its runs on several GPUs and containers — in one fold,
-predicted with the constants fitted on the other folds); the Bridge rows, a different set never fitted on, are
-predicted with the profile's constants (megatron-bridge takes megatron-core's), as `predict --batch` does.
-`--fit-core` refits on every CI row and writes tracekit/data/stacks/megatron-core.json. Printed per model family ×
-GPU × precision, with the signed bias.
+predicted with the constants fitted on the other folds); the Bridge rows, a different set never fitted on for them,
+are predicted with the profile's constants (megatron-bridge takes megatron-core's), as `predict --batch` does. The
+tensor-core scales per GPU architecture of the `megatron-bridge` profile (its own, read by no other stack) are
+fitted on the Bridge rows' dense models: held out leave-one-model-out there, and scored on the CI rows beside the CI
+figure (what they would do there; they are not applied to them). Printed per model family × GPU × precision, with
+the signed bias.
 
-Run: .venv/bin/python benchmarks/e2e_accuracy.py [--models DIR] [--fit-stack] [--fit-composer] [--fit-core]
-     [--peers] [--only megatron|llm-foundry|megatron-core]
+Run: .venv/bin/python benchmarks/e2e_accuracy.py [--models DIR] [--peers] [--only megatron|llm-foundry|megatron-core]
+(about 3 minutes of CPU; the held-out fits are most of it)
 """
+
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 import sys
 import time
@@ -60,46 +69,34 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from extractors import jobs as B  # noqa: E402
+from extractors import jobs  # noqa: E402
+from predictor import batch as B  # noqa: E402
 from predictor.costs.learned.models import ModelSet  # noqa: E402
 from predictor.predict import prepare_many  # noqa: E402
-from predictor.sweeps.calibration_fit import (  # noqa: E402
-    fit_prepared,
-    fit_with_hosts,
-    held_out_times_s,
-    iteration_times_s,
-)
-from tracekit.core.atomic import atomic_write_json  # noqa: E402
-from tracekit.core.calibration import NONE, device_scaled, host_scaled  # noqa: E402
-from tracekit.core.hardware import architecture, hardware_spec  # noqa: E402
-from tracekit.core.hosts import host_class  # noqa: E402
-from tracekit.core.stacks import stack_path, stacks  # noqa: E402
+from predictor.sweeps.calibration_fit import iteration_times_s  # noqa: E402
+from tools import stack_fits as sf  # noqa: E402
+from tracekit.core.calibration import NONE, device_scaled  # noqa: E402
+from tracekit.core.hardware import hardware_spec  # noqa: E402
+from tracekit.core.stacks import get_stack  # noqa: E402
 
-E2E = ROOT.parent / "shared" / "corpus" / "e2e"
+E2E = sf.E2E
+#: Goals of issue #36 (the shipped figure: one run, shipped files, no flags).
 SETS = {
-    "vtrain single node": ("vtrain_a100_single_node.csv", "≤ 8%"),
+    "vtrain single node": (sf.VTRAIN_SINGLE, "≤ 7.5%"),
     "vtrain multi node": ("vtrain_a100_multi_node.csv", "≤ 10%"),
-    "narayanan 2021": ("narayanan2021_table1_a100_selene.csv", "≤ 6%"),
+    "narayanan 2021": ("narayanan2021_table1_a100_selene.csv", "≤ 5%"),
 }
 FIT_SET = "vtrain single node"
-FIT_STACK = "megatron-deepspeed-2023"
-FIT_PARAMS = ("host_op_us", "microbatch_overhead_us")
-FOLDS = 5
+LLMFOUNDRY_GOAL = "≤ 5%"
+CI, CI_GOAL = sf.CI, "≤ 13%"
+BRIDGE, BRIDGE_GOAL = sf.BRIDGE, "≤ 11%"
 PEER_TIMEOUT_S = 3600
 
 
-def load(models, name: str):
-    """(rows, prepared graphs, measured s) of one corpus set, parsed as `predict --batch` does."""
-    _, cells = B.read_rows(E2E / SETS[name][0])
-    rows = [B.parse_row(c, i + 2, None, None) for i, c in enumerate(cells)]
-    failed = [r for r in rows if r.error]
-    rows = [r for r in rows if not r.error]
-    prepared = prepare_many([r.config for r in rows], [r.cluster for r in rows], models)
-    keep = [i for i, p in enumerate(prepared) if not isinstance(p, Exception)]
-    failed += [r for r, p in zip(rows, prepared) if isinstance(p, Exception)]
-    rows, prepared = [rows[i] for i in keep], [prepared[i] for i in keep]
-    measured = np.array([float(r.cells["iteration_time_s"]) for r in rows])
-    return rows, prepared, measured, failed
+def shipped_times(rows, models) -> np.ndarray:
+    """What `tracekit predict --batch FILE` answers for each row, with the shipped profiles and models and no other
+    flag: `predictor.batch.predict_rows`, the call the CLI makes (NaN where a row is refused)."""
+    return np.array([np.nan if isinstance(p, Exception) else p.iteration_time_s for p in B.predict_rows(rows, models)])
 
 
 def times_with_row_stacks(rows, prepared) -> np.ndarray:
@@ -107,9 +104,28 @@ def times_with_row_stacks(rows, prepared) -> np.ndarray:
     return np.array([iteration_times_s([p], r.calibration or NONE)[0] for r, p in zip(rows, prepared)])
 
 
+def header(name: str, data: sf.CorpusSet, seconds: float | None = None) -> None:
+    took = f" in {seconds:.1f} s" if seconds is not None else ""
+    print(f"\n== {name} ({data.file}): {len(data.rows)} rows predicted, {len(data.failed)} not{took}; stacks "
+          f"{sorted({r.stack.name for r in data.rows})}, clusters {sorted({r.cluster.name for r in data.rows})}, "
+          f"models {sorted({p[0].hardware for p in data.prepared})}")
+    for r in data.failed:
+        print(f"  not predicted: line {r.line}: {r.error}")
+
+
 def stats(predicted: np.ndarray, measured: np.ndarray) -> tuple[float, float, float]:
     err = np.abs(predicted - measured) / measured
     return 100 * err.mean(), 100 * np.median(err), 100 * np.quantile(err, 0.9)
+
+
+def print_figures(shipped: tuple[float, float, float], goal: str, held_out: float, label: str, bare: float) -> None:
+    """A set's figures: the shipped one (the headline: what `predict --batch` answers), the held-out one beside it
+    (each fitted constant fitted without the rows it predicts; `label` says how) and the one without stack
+    constants."""
+    print(f"  shipped (predict --batch FILE, no flag): MAPE {shipped[0]:.2f}% (median {shipped[1]:.2f}%, "
+          f"p90 {shipped[2]:.2f}%); goal {goal}")
+    print(f"  held out ({label}): MAPE {held_out:.2f}%")
+    print(f"  without stack constants: MAPE {bare:.2f}%")
 
 
 def shapes(rows, predicted: np.ndarray, measured: np.ndarray, worst: int) -> None:
@@ -212,90 +228,27 @@ def print_peers(peers) -> None:
         print(f"  peer {peer}: {figure}{' (' + note + ')' if note else ''}")
 
 
-def fit_stack(prepared, measured: np.ndarray):
-    return fit_prepared(prepared, measured, FIT_PARAMS, rounds=5)[0]
-
-
-def update_profile(name: str, fields: dict) -> None:
-    """Write `fields` into stack profile `name`'s JSON (its other keys kept), reload the profiles and say so."""
-    import json
-
-    path = stack_path(name)
-    doc = json.loads(path.read_text())
-    doc.update(fields)
-    atomic_write_json(path, doc)
-    stacks.cache_clear()
-    print(f"wrote {path}")
-
-
-def write_stack(cal, measured_rows: int, cv_mape: float) -> None:
-    doc: dict = {}
-    doc["constants"] = {k: round(getattr(cal, k), 3) for k in FIT_PARAMS}
-    doc["fit"] = {
-        "data": f"shared corpus e2e/{SETS[FIT_SET][0]} ({measured_rows} rows; vTrain's measured Megatron-DeepSpeed "
-                "iterations, one 8×A100 node)",
-        "method": "Gauss–Newton on relative error of predicted vs measured iteration time (tracekit.core.calibration)",
-        "params": list(FIT_PARAMS),
-        f"mape_{FOLDS}fold_cv_on_fit_set": round(cv_mape, 4),
-        "scored_on": ["e2e/vtrain_a100_multi_node.csv", "e2e/narayanan2021_table1_a100_selene.csv "
-                      "(through megatron-lm-2021)"],
-        "by": "benchmarks/e2e_accuracy.py --fit-stack",
-    }
-    update_profile(FIT_STACK, doc)
-
-
-# -- llm-foundry: Composer + PyTorch FSDP (MosaicML's MPT benchmarks) ------------------------------------------------
-LLMFOUNDRY = "llmfoundry_mpt_fsdp_a100.csv"
-LLMFOUNDRY_GOAL = "≤ 10%"
-COMPOSER = "composer"
-#: The composer stack's constants, fitted on llm-foundry's rows and scored leave-one-model-size-out: the tensor-core
-#: kernels' speed beside the samples' (GEMMs beside FSDP's collectives, A100 40 GB parts), MPT's attention kernel
-#: (triton flash attention with ALiBi) beside flash-attention 2, and eager memory-bound kernels (unfused LayerNorm,
-#: GeLU, dropout).
-COMPOSER_PARAMS = ("compute_scale", "attention_scale", "memory_scale")
-
-
-def fit_composer(prepared, measured: np.ndarray):
-    return fit_prepared(prepared, measured, COMPOSER_PARAMS, rounds=6)[0]
-
-
-def llmfoundry(models, worst: int, refit: bool) -> tuple:
+def llmfoundry(models, worst: int) -> tuple:
     """Every llm-foundry row predicted as `predict --batch` predicts it (the composer stack's constants), and the
     same constants fitted leave-one-model-size-out: each model size's rows predicted with the constants fitted on the
     other sizes. Prints MAPE, median and p90, and a table per model size × GPU count."""
-    _, cells = B.read_rows(E2E / LLMFOUNDRY)
-    rows = [B.parse_row(c, i + 2, None, None) for i, c in enumerate(cells)]
-    failed = [r for r in rows if r.error]
-    good = [r for r in rows if not r.error]
-    prepared = prepare_many([r.config for r in good], [r.cluster for r in good], models)
-    failed += [r for r, p in zip(good, prepared) if isinstance(p, Exception)]
-    keep = [i for i, p in enumerate(prepared) if not isinstance(p, Exception)]
-    good, prepared = [good[i] for i in keep], [prepared[i] for i in keep]
-    measured = np.array([float(r.cells["iteration_time_s"]) for r in good])
-    sizes = [r.cells["model_name"] for r in good]
-    names = sorted(set(sizes), key=lambda n: float(re.sub(r"[^0-9.]", "", n)) * (1e-3 if n.lower().endswith("m")
-                                                                                    else 1.0))
-    fold = np.array([names.index(n) for n in sizes])
-    held_out = held_out_times_s(prepared, measured, fold, fit_composer)
-    shipped = times_with_row_stacks(good, prepared)
-    bare = iteration_times_s(prepared, NONE)
-    print(f"\n== llm-foundry ({LLMFOUNDRY}): {len(good)} rows predicted, {len(failed)} not; stacks "
-          f"{sorted({r.stack.name for r in good})}, clusters {sorted({r.cluster.name for r in good})}")
-    for r in failed:
-        print(f"  not predicted: line {r.line}: {r.error}")
+    data = sf.load_set(models, sf.LLMFOUNDRY)
+    good, measured = data.rows, data.measured
+    header("llm-foundry", data)
+    held_out = sf.composer_held_out(data)
+    shipped = shipped_times(good, models)
+    bare = iteration_times_s(data.prepared, NONE)
     cv = stats(held_out, measured)
     ship = stats(shipped, measured)
-    print(f"  composer constants fitted leave-one-model-size-out: MAPE {cv[0]:.2f}% (median {cv[1]:.2f}%, "
-          f"p90 {cv[2]:.2f}%); goal {LLMFOUNDRY_GOAL}")
-    print(f"  shipped composer constants (fitted on every row): MAPE {ship[0]:.2f}% (median {ship[1]:.2f}%, "
-          f"p90 {ship[2]:.2f}%)")
-    print(f"  without stack constants: MAPE {stats(bare, measured)[0]:.2f}%")
+    label = f"{sf.COMPOSER} constants leave-one-model-size-out"
+    print_figures(ship, LLMFOUNDRY_GOAL, cv[0], f"{label} (median {cv[1]:.2f}%, p90 {cv[2]:.2f}%)",
+                  stats(bare, measured)[0])
     compiled_what_if(models, good, shipped, measured)
     groups: dict[tuple[str, int], list[int]] = {}
     for i, r in enumerate(good):
         groups.setdefault((r.cells["model_name"], r.config.world_size), []).append(i)
     print(f"  {'model':<9} {'GPUs':>5} {'rows':>5} {'MAPE %':>8} {'bias %':>8}  (leave-one-model-size-out)")
-    for name in names:
+    for name in sf.model_sizes(data):
         for (model, gpus) in sorted(k for k in groups if k[0] == name):
             idx = groups[(model, gpus)]
             rel = (held_out[idx] - measured[idx]) / measured[idx]
@@ -307,86 +260,19 @@ def llmfoundry(models, worst: int, refit: bool) -> tuple:
         print(f"    line {good[i].line}: {good[i].cells['model_name']} {c.world_size} GPUs seq {c.seq_length} mb "
               f"{c.micro_batch_size} recompute {c.recompute_granularity}: measured {measured[i]:.4g} s, predicted "
               f"{held_out[i]:.4g} s ({100 * (held_out[i] - measured[i]) / measured[i]:+.1f}%)")
-    if refit:
-        write_composer(fit_composer(prepared, measured), len(good), cv[0] / 100, len(names))
-    return ("llm-foundry", len(good), len(failed), "composer constants leave-one-model-size-out", *cv,
-            stats(bare, measured)[0], LLMFOUNDRY_GOAL, [])
+    return ("llm-foundry", len(good), len(data.failed), *ship, cv[0], label, stats(bare, measured)[0],
+            LLMFOUNDRY_GOAL, [])
 
 
 def compiled_what_if(models, good: list, shipped: np.ndarray, measured: np.ndarray) -> None:
     """The same rows as if each had compiled its blocks (`torch_compile`, predictor.layers.compile_fusion; the rows
     state no compile: MosaicML's benchmarks ran eager), with the shipped composer constants: what compile changes."""
-    rows = [B.parse_row(r.cells, r.line, None, None, {"torch_compile": True}) for r in good]
+    rows = [jobs.parse_row(r.cells, r.line, None, None, {"torch_compile": True}) for r in good]
     prepared = prepare_many([r.config for r in rows], [r.cluster for r in rows], models)
     times = times_with_row_stacks(rows, prepared)
     change = 100 * (times - shipped) / shipped
     print(f"  as if compiled (torch_compile on every row, shipped constants): MAPE {stats(times, measured)[0]:.2f}%; "
           f"predicted time {np.median(change):+.1f}% median ({change.min():+.1f}% to {change.max():+.1f}%)")
-
-
-def write_composer(cal, rows: int, cv_mape: float, sizes: int) -> None:
-    doc: dict = {}
-    doc["constants"] = {k: round(getattr(cal, k), 4) for k in COMPOSER_PARAMS}
-    doc["fit"] = {
-        "data": f"shared corpus e2e/{LLMFOUNDRY} ({rows} rows; MosaicML's MPT 125M-70B benchmarks, Composer + FSDP "
-                "FULL_SHARD on A100 40/80 GB, 8-512 GPUs)",
-        "method": "Gauss–Newton on relative error of predicted vs measured iteration time (tracekit.core.calibration)",
-        "params": list(COMPOSER_PARAMS),
-        f"mape_leave_one_model_size_out_{sizes}_sizes": round(cv_mape, 4),
-        "by": "benchmarks/e2e_accuracy.py --fit-composer",
-    }
-    update_profile(COMPOSER, doc)
-
-
-# -- Megatron-core: Megatron-LM's CI runs and Megatron-Bridge's performance tables -----------------------------------
-CI = "megatron_ci_golden.csv"
-CI_GOAL = "≤ 20%"
-BRIDGE = "megatron_bridge_perf.csv"
-BRIDGE_GOAL = "≤ 12%"
-CORE = "megatron-core"
-#: The megatron-core stack's host constants (per graph op, per micro-batch call, per parameter tensor a
-#: per-parameter pass visits) and the host CPU its runs' scales are relative to (DGX A100's).
-CORE_PARAMS = ("host_op_us", "microbatch_overhead_us", "tensor_op_us")
-CORE_REFERENCE_HOST = "amd-zen2"
-
-
-def load_rows(models, file: str):
-    """(rows, prepared graphs, measured s, rows not predicted) of a corpus file, parsed as `predict --batch` does."""
-    _, cells = B.read_rows(E2E / file)
-    rows = [B.parse_row(c, i + 2, None, None) for i, c in enumerate(cells)]
-    failed = [r for r in rows if r.error]
-    good = [r for r in rows if not r.error]
-    prepared = prepare_many([r.config for r in good], [r.cluster for r in good], models)
-    failed += [r for r, p in zip(good, prepared) if isinstance(p, Exception)]
-    for r, p in zip(good, prepared):
-        if isinstance(p, Exception):
-            r.error = str(p)
-    keep = [i for i, p in enumerate(prepared) if not isinstance(p, Exception)]
-    good, prepared = [good[i] for i in keep], [prepared[i] for i in keep]
-    return good, prepared, np.array([float(r.cells["iteration_time_s"]) for r in good]), failed
-
-
-def fit_core(prepared, measured: np.ndarray, hosts: list[str]):
-    """(calibration on the reference host, {host class: scale}) fitted on CI rows."""
-    cal, scales, _ = fit_with_hosts(prepared, measured, hosts, CORE_PARAMS, CORE_REFERENCE_HOST, rounds=5)
-    return cal, scales
-
-
-def host_of(row) -> str:
-    return host_class(row.cluster.hardware) or CORE_REFERENCE_HOST
-
-
-def test_case(row) -> str:
-    """A CI row's test case: the directory of its golden-values file (`row_ref`)."""
-    return row.cells["row_ref"].split("/")[0]
-
-
-def case_folds(rows, folds: int = FOLDS) -> np.ndarray:
-    """Fold of each row: its test case's, the cases dealt to `folds` folds in a seeded random order."""
-    cases = sorted({test_case(r) for r in rows})
-    order = np.random.default_rng(0).permutation(len(cases))
-    fold_of = {case: int(order[i]) % folds for i, case in enumerate(cases)}
-    return np.array([fold_of[test_case(r)] for r in rows])
 
 
 def groups_table(rows, predicted: np.ndarray, measured: np.ndarray, key, title: str, worst: int) -> None:
@@ -416,92 +302,30 @@ def _model_gpu_precision(r) -> tuple[str, ...]:
     return (r.cells.get("model_name") or "?", r.cells["hardware_gpu"], r.config.precision)
 
 
-def _not_predicted(failed) -> None:
-    for r in failed:
-        print(f"  not predicted: line {r.line}: {r.error}")
-
-
-def megatron_ci(models, worst: int, refit: bool, peer_stride: int | None = None) -> tuple:
-    """The CI rows with the megatron-core constants fitted by test-case 5-fold cross-validation (module docstring);
-    with `peer_stride` the peers too, on the same rows (estimate-train-time on every `peer_stride`-th), beside the
-    cross-validated figure."""
-    rows, prepared, measured, failed = load_rows(models, CI)
-    hosts = [host_of(r) for r in rows]
-    folds = case_folds(rows)
-    held_out = np.empty(len(rows))
-    print(f"\n== megatron ci golden ({CI}): {len(rows)} rows predicted, {len(failed)} not; {len(set(folds))} folds "
-          f"over {len({test_case(r) for r in rows})} test cases; stacks {sorted({r.stack.name for r in rows})}, "
-          f"clusters {sorted({r.cluster.name for r in rows})}, models {sorted({p[0].hardware for p in prepared})}")
-    _not_predicted(failed)
-    for k in sorted(set(folds)):
-        train, test = np.flatnonzero(folds != k), np.flatnonzero(folds == k)
-        cal, scales = fit_core([prepared[i] for i in train], measured[train], [hosts[i] for i in train])
-        print(f"  fold {k}: {', '.join(f'{p} {getattr(cal, p):.1f}' for p in CORE_PARAMS)}; host scales "
-              f"{', '.join(f'{h} {v:.2f}' for h, v in scales.items())}")
-        for i in test:
-            held_out[i] = iteration_times_s([prepared[i]], host_scaled(cal, scales.get(hosts[i], 1.0)))[0]
+def megatron_ci(models, worst: int, peer_stride: int | None = None) -> tuple:
+    """The CI rows with the shipped megatron-core constants, and held out: the constants fitted by test-case 5-fold
+    cross-validation (module docstring); with `peer_stride` the peers too, on the same rows (estimate-train-time on
+    every `peer_stride`-th), beside the held-out figure."""
+    data = sf.load_set(models, CI)
+    rows, prepared, measured = data.rows, data.prepared, data.measured
+    header("megatron ci golden", data)
+    print(f"  {len(set(sf.case_folds(rows)))} folds over {len({sf.test_case(r) for r in rows})} test cases")
+    held_out = sf.core_held_out(data, report=lambda line: print(f"  {line}"))
     cv = stats(held_out, measured)
-    shipped = stats(times_with_row_stacks(rows, prepared), measured)
+    shipped = stats(shipped_times(rows, models), measured)
     bare = stats(iteration_times_s(prepared, NONE), measured)[0]
-    label = "megatron-core constants, 5-fold CV by test case"
-    print(f"  {label}: MAPE {cv[0]:.2f}% (median {cv[1]:.2f}%, p90 {cv[2]:.2f}%); goal {CI_GOAL}")
-    print(f"  shipped megatron-core constants (fitted on every CI row): MAPE {shipped[0]:.2f}%")
-    print(f"  without stack constants: MAPE {bare:.2f}%")
+    label = f"{sf.CORE} constants, {sf.FOLDS}-fold CV by test case"
+    print_figures(shipped, CI_GOAL, cv[0], f"{label} (median {cv[1]:.2f}%, p90 {cv[2]:.2f}%)", bare)
+    bridge = get_stack(sf.BRIDGE_STACK).device_scale
+    scaled = np.array([iteration_times_s([p], device_scaled(r.calibration or NONE,
+                                                            bridge.get(sf.arch_of(r), 1.0)))[0]
+                       for r, p in zip(rows, prepared)])
+    print(f"  with megatron-bridge's device scales {bridge} on the CI rows (scored here, not applied to them): MAPE "
+          f"{stats(scaled, measured)[0]:.2f}%")
     groups_table(rows, held_out, measured, _family_gpu_precision, "family × GPU × precision (CV)", worst)
-    if refit:
-        cal, scales = fit_core(prepared, measured, hosts)
-        write_core(cal, scales, len(rows), len({test_case(r) for r in rows}), cv[0] / 100)
     peers = run_peers(rows, measured, held_out, peer_stride) if peer_stride else []
     print_peers(peers)
-    return ("megatron ci golden", len(rows), len(failed), label, *cv, bare, CI_GOAL, peers)
-
-
-def bridge_model(row) -> str:
-    """The model a Bridge row trains (its variants — w/ or w/o MTP, token-drop — are the same model)."""
-    return (row.cells.get("model_name") or "?").split(" (")[0]
-
-
-def arch_of(row) -> str:
-    return architecture(row.cluster.hardware) or "?"
-
-
-def undeviced(row) -> object:
-    """A row's stack calibration without the profile's device scale (what the device fit multiplies)."""
-    stack = row.stack  # an empty device_scale would take the default stack's: name the row's architecture at 1
-    return dataclasses.replace(stack, device_scale={arch_of(row): 1.0}).calibration(row.cluster.hardware)
-
-
-def fit_devices(prepared, measured: np.ndarray, rows, archs: list[str]) -> dict[str, float]:
-    """One tensor-core scale per GPU architecture (`Stack.device_scale`), from the dense models' rows, whose time the
-    tensor-core ops dominate (an MoE row's error has other causes: routing, dispatch, host time): for each
-    architecture, the scale whose predictions of its dense rows have the least mean absolute relative error
-    (golden-section search on [0.5, 3]); an architecture without dense rows keeps 1."""
-    out = {}
-    for arch in sorted(set(archs)):
-        idx = [i for i, a in enumerate(archs) if a == arch and rows[i].config.moe is None]
-        if not idx:
-            continue
-        bases = [undeviced(rows[i]) for i in idx]
-
-        def mape(scale: float, idx=idx, bases=bases) -> float:
-            t = np.array([iteration_times_s([prepared[i]], device_scaled(b, scale))[0] for i, b in zip(idx, bases)])
-            return float(np.mean(np.abs(t - measured[idx]) / measured[idx]))
-
-        lo, hi = 0.5, 3.0
-        golden = (np.sqrt(5) - 1) / 2
-        a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
-        fa, fb = mape(a), mape(b)
-        for _ in range(24):
-            if fa < fb:
-                hi, b, fb = b, a, fa
-                a = hi - golden * (hi - lo)
-                fa = mape(a)
-            else:
-                lo, a, fa = a, b, fb
-                b = lo + golden * (hi - lo)
-                fb = mape(b)
-        out[arch] = round((lo + hi) / 2, 3)
-    return out
+    return ("megatron ci golden", len(rows), len(data.failed), *shipped, cv[0], label, bare, CI_GOAL, peers)
 
 
 #: What makes two Bridge rows the same run apart from the container that measured it.
@@ -539,97 +363,32 @@ def container_twins(rows, predicted: np.ndarray, measured: np.ndarray) -> None:
               f"{r.cells['precision']}: ×{spread:.2f} ({times})")
 
 
-def megatron_bridge(models, worst: int, refit: bool = False, peer_stride: int | None = None) -> tuple:
-    """The Megatron-Bridge rows: host constants fitted on CI rows only; the per-architecture device scales of the
-    shipped profile, and here leave-one-model-out (each model's rows predicted with scales fitted on the others);
-    with `peer_stride` the peers too, beside the leave-one-model-out figure."""
-    rows, prepared, measured, failed = load_rows(models, BRIDGE)
-    print(f"\n== megatron bridge perf ({BRIDGE}): {len(rows)} rows predicted, {len(failed)} not; stacks "
-          f"{sorted({r.stack.name for r in rows})}, clusters {sorted({r.cluster.name for r in rows})}, models "
-          f"{sorted({p[0].hardware for p in prepared})}")
-    _not_predicted(failed)
-    archs = [arch_of(r) for r in rows]
-    names = np.array([bridge_model(r) for r in rows])
-    held_out = np.empty(len(rows))
-    for name in sorted(set(names)):
-        train, test = np.flatnonzero(names != name), np.flatnonzero(names == name)
-        scales = fit_devices([prepared[i] for i in train], measured[train], [rows[i] for i in train],
-                             [archs[i] for i in train])
-        print(f"  without {name}: device scales {scales}")
-        for i in test:
-            held_out[i] = iteration_times_s([prepared[i]], device_scaled(undeviced(rows[i]),
-                                                                         scales.get(archs[i], 1.0)))[0]
+def megatron_bridge(models, worst: int, peer_stride: int | None = None) -> tuple:
+    """The Megatron-Bridge rows with the shipped profile (host constants fitted on CI rows only), and held out: the
+    device scales leave-one-model-out (each model's rows predicted with scales fitted on the others); with
+    `peer_stride` the peers too, beside the held-out figure."""
+    data = sf.load_set(models, BRIDGE)
+    rows, prepared, measured = data.rows, data.prepared, data.measured
+    header("megatron bridge perf", data)
+    held_out = sf.bridge_held_out(data, report=lambda line: print(f"  {line}"))
     figure = stats(held_out, measured)
-    shipped = stats(times_with_row_stacks(rows, prepared), measured)
-    ci_only = stats(np.array([iteration_times_s([p], undeviced(r))[0] for r, p in zip(rows, prepared)]), measured)
+    shipped = stats(shipped_times(rows, models), measured)
+    ci_only = stats(np.array([iteration_times_s([p], sf.undeviced(r))[0] for r, p in zip(rows, prepared)]), measured)
     bare = stats(iteration_times_s(prepared, NONE), measured)[0]
-    label = "host constants fitted on CI, device scales leave-one-model-out"
-    print(f"  {label}: MAPE {figure[0]:.2f}% (median {figure[1]:.2f}%, p90 {figure[2]:.2f}%); goal {BRIDGE_GOAL}")
-    print(f"  shipped profile (device scales fitted on every Bridge row): MAPE {shipped[0]:.2f}%")
+    label = f"host constants fitted on CI, {sf.BRIDGE_STACK}'s device scales leave-one-model-out"
+    print_figures(shipped, BRIDGE_GOAL, figure[0], f"{label} (median {figure[1]:.2f}%, p90 {figure[2]:.2f}%)", bare)
     print(f"  host constants fitted on CI only, no device scale: MAPE {ci_only[0]:.2f}%")
-    print(f"  without stack constants: MAPE {bare:.2f}%")
     groups_table(rows, held_out, measured, _model_gpu_precision, "model × GPU × precision (leave-one-model-out)",
                  worst)
     container_twins(rows, held_out, measured)
-    if refit:
-        write_devices(fit_devices(prepared, measured, rows, archs), len(rows), figure[0] / 100)
     peers = run_peers(rows, measured, held_out, peer_stride) if peer_stride else []
     print_peers(peers)
-    return ("megatron bridge perf", len(rows), len(failed), label, *figure, bare, BRIDGE_GOAL, peers)
-
-
-def write_devices(scales: dict[str, float], rows: int, lomo_mape: float) -> None:
-    doc: dict = {}
-    doc["device_scale"] = dict(sorted(scales.items()))
-    doc["device_fit"] = {
-        "data": f"shared corpus e2e/{BRIDGE} ({rows} rows: Llama 3 8B/70B, DeepSeek-V3, Qwen3-30B-A3B, GPT-OSS-120B on "
-                "H100, B200 and GB200), with the host constants fitted on the CI rows",
-        "method": "per GPU architecture, the scale of the tensor-core ops (GEMM, bmm, attention) minimising the mean "
-                  "absolute relative error of that architecture's dense-model rows (golden-section search)",
-        "mape_leave_one_model_out": round(lomo_mape, 4),
-        "by": "benchmarks/e2e_accuracy.py --fit-devices",
-    }
-    update_profile(CORE, doc)
-
-
-def write_core(cal, scales: dict[str, float], rows: int, cases: int, cv_mape: float) -> None:
-    doc: dict = {}
-    doc["constants"] = {k: round(getattr(cal, k), 3) for k in CORE_PARAMS}
-    doc["host_scale"] = {h: round(v, 4) for h, v in sorted(scales.items())}
-    doc["fit"] = {
-        "data": f"shared corpus e2e/{CI} ({rows} rows, {cases} test cases; Megatron-LM's CI functional-test runs on "
-                "DGX A100, DGX H100 and GB200)",
-        "method": "Gauss–Newton on relative error of predicted vs measured iteration time, the constants on DGX "
-                  "A100's host CPU and one scale of them per other host CPU (predictor.sweeps.calibration_fit."
-                  "fit_with_hosts)",
-        "params": list(CORE_PARAMS),
-        "reference_host": CORE_REFERENCE_HOST,
-        f"mape_{FOLDS}fold_cv_by_test_case": round(cv_mape, 4),
-        "scored_on": [f"e2e/{BRIDGE} (through megatron-bridge; never fitted on)"],
-        "by": "benchmarks/e2e_accuracy.py --fit-core",
-    }
-    doc["description"] = ("Megatron-core (2024+) with Transformer Engine: flash/fused attention kernels, TE's fused "
-                          "RMSNorm and (Megatron-LM's argument default) fused RoPE, interleaved-schedule P2P "
-                          "overlapped (Megatron's default), gradient-reduce, parameter-gather and TP overlap off "
-                          "unless the configuration turns them on (Megatron's own defaults). Host "
-                          "constants fitted on Megatron-LM's CI runs: host time per operator, per micro-batch call "
-                          "and per parameter tensor of the per-parameter passes, scaled per host CPU; tensor-core "
-                          "ops scaled per GPU architecture (device_scale, fitted on the Megatron-Bridge rows' dense "
-                          "models).")
-    update_profile(CORE, doc)
+    return ("megatron bridge perf", len(rows), len(data.failed), *shipped, figure[0], label, bare, BRIDGE_GOAL, peers)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=None, help="model directory (default: bundled)")
-    parser.add_argument("--fit-stack", action="store_true",
-                        help=f"refit {FIT_STACK}'s host constants on {FIT_SET} and write its profile first")
-    parser.add_argument("--fit-composer", action="store_true",
-                        help=f"refit the {COMPOSER} stack's constants on every llm-foundry row and write its profile")
-    parser.add_argument("--fit-core", action="store_true",
-                        help=f"refit the {CORE} stack's host constants on every CI row and write its profile")
-    parser.add_argument("--fit-devices", action="store_true",
-                        help=f"refit the {CORE} stack's device scales on every Bridge row and write its profile")
     parser.add_argument("--only", choices=("megatron", "llm-foundry", "megatron-core"), default=None,
                         help="run one part only (default: all)")
     parser.add_argument("--worst", type=int, default=5)
@@ -638,57 +397,55 @@ def main() -> None:
                         help="estimate-train-time predicts every Nth row of the Megatron sets larger than 100 rows "
                              "(default 10); the Megatron-core sets give it every row (it refuses all but ~133 at once)")
     args = parser.parse_args()
+    if not E2E.is_dir():
+        parser.error(f"{E2E}: no such folder (the corpus is read from $TRACEKIT_CORPUS, else ../shared/corpus)")
     models = ModelSet.load(args.models)
     print(f"models: {models.path} ({', '.join(models.hardware_ids())})")
     summary = []
     for name, (file, goal) in (SETS.items() if args.only in (None, "megatron") else ()):
         t0 = time.perf_counter()
-        rows, prepared, measured, failed = load(models, name)
-        seconds = time.perf_counter() - t0
-        stacks_used = sorted({r.stack.name for r in rows})
-        clusters = sorted({r.cluster.name for r in rows})
-        print(f"\n== {name} ({file}): {len(rows)} rows predicted, {len(failed)} not, in {seconds:.1f} s; "
-              f"stacks {stacks_used}, clusters {clusters}, models {sorted({p[0].hardware for p in prepared})}")
+        data = sf.load_set(models, file)
+        rows, prepared, measured = data.rows, data.prepared, data.measured
+        header(name, data, time.perf_counter() - t0)
         bare = iteration_times_s(prepared, NONE)
-        label = "defaults"
+        shipped = shipped_times(rows, models)
         if name == FIT_SET:
-            fold = np.random.default_rng(0).permutation(len(rows)) % FOLDS
-            predicted = held_out_times_s(prepared, measured, fold, fit_stack)
-            label = f"defaults, stack constants {FOLDS}-fold CV"
-            if args.fit_stack:
-                write_stack(fit_stack(prepared, measured), len(rows), stats(predicted, measured)[0] / 100)
-        else:
-            predicted = times_with_row_stacks(rows, prepared)
-        mape, median, p90 = stats(predicted, measured)
-        bare_mape = stats(bare, measured)[0]
-        print(f"  {label}: MAPE {mape:.2f}% (median {median:.2f}%, p90 {p90:.2f}%); goal {goal}")
-        print(f"  without stack constants: MAPE {bare_mape:.2f}%")
-        shapes(rows, predicted, measured, args.worst)
-        peers = run_peers(rows, measured, predicted, args.ett_stride if len(rows) > 100 else 1) if args.peers else []
+            held_out = sf.deepspeed_held_out(data)
+            label = f"{sf.DEEPSPEED} constants {sf.FOLDS}-fold CV"
+        else:  # no constant is fitted on these rows: the shipped figure is held out
+            held_out, label = shipped, "never fitted on: the shipped figure"
+        figure = stats(shipped, measured)
+        print_figures(figure, goal, stats(held_out, measured)[0], label, stats(bare, measured)[0])
+        shapes(rows, shipped, measured, args.worst)
+        peers = run_peers(rows, measured, held_out, args.ett_stride if len(rows) > 100 else 1) if args.peers else []
         print_peers(peers)
-        summary.append((name, len(rows), len(failed), label, mape, median, p90, bare_mape, goal, peers))
+        summary.append((name, len(rows), len(data.failed), *figure, stats(held_out, measured)[0], label,
+                        stats(bare, measured)[0], goal, peers))
     if args.only in (None, "llm-foundry"):
-        summary.append(llmfoundry(models, args.worst, args.fit_composer))
+        summary.append(llmfoundry(models, args.worst))
     if args.only in (None, "megatron-core"):
         # estimate-train-time refuses every row but the dense A100 ones at once (benchmarks/peers/README.md): it is
         # given every row of both sets
         stride = 1 if args.peers else None
-        summary.append(megatron_ci(models, args.worst, args.fit_core, stride))
-        summary.append(megatron_bridge(models, args.worst, args.fit_devices, stride))
-    print(f"\n{'set':<20} {'rows':>5} {'failed':>6} {'MAPE %':>7} {'median %':>8} {'p90 %':>6} "
-          f"{'no stack constants %':>20}  goal   (figure)")
-    for name, n, bad, label, mape, median, p90, bare, goal, _ in summary:
-        print(f"{name:<20} {n:>5} {bad:>6} {mape:>7.2f} {median:>8.2f} {p90:>6.2f} {bare:>20.2f}  {goal:<6} ({label})")
+        summary.append(megatron_ci(models, args.worst, stride))
+        summary.append(megatron_bridge(models, args.worst, stride))
+    print("\nshipped: `tracekit predict --batch FILE` with the shipped files and no flag · held out: each fitted "
+          "constant fitted without the rows it predicts")
+    print(f"{'set':<20} {'rows':>5} {'failed':>6} {'shipped %':>9} {'median %':>8} {'p90 %':>6} {'goal':<7} "
+          f"{'held out %':>10} {'no stack constants %':>20}  (held out: how)")
+    for name, n, bad, mape, median, p90, held, label, bare, goal, _ in summary:
+        print(f"{name:<20} {n:>5} {bad:>6} {mape:>9.2f} {median:>8.2f} {p90:>6.2f} {goal:<7} {held:>10.2f} "
+              f"{bare:>20.2f}  ({label})")
     if args.peers:
         names = next((tuple(p[0] for p in peers) for *_, peers in summary if peers), ())
-        print(f"\n{'set':<20} {'tracekit MAPE %':>15} " + " ".join(f"{p + ' MAPE % (rows; tracekit on them)':>44}"
-                                                              for p in names))
-        for name, n, _, _, mape, *_, peers in summary:
+        print(f"\n{'set':<20} {'tracekit held out MAPE %':>24} "
+              + " ".join(f"{p + ' MAPE % (rows; tracekit on them)':>44}" for p in names))
+        for name, n, _, _, _, _, mape, *_, peers in summary:
             if not peers:
                 continue
             cells = [f"{'—' if m is None else f'{m:.2f}'} ({k}{'' if same is None else f'; {same:.2f}'})"
                      for _, k, m, _, same in peers]
-            print(f"{name:<20} {mape:>15.2f} " + " ".join(f"{c:>44}" for c in cells))
+            print(f"{name:<20} {mape:>24.2f} " + " ".join(f"{c:>44}" for c in cells))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ fixed time min(5 µs, time / 2)) · SMs · tensor clock (`kernel_paths.tensor_cl
 clock)); the constant is their median. Printed beside it: the same median and spread for the FLOP rate per SM per
 clock (the model not chosen: its spread is larger), so the choice is made on the fit data.
 
-Usage: python benchmarks/fit_kernel_paths.py [--corpus ../shared/corpus] [--write tracekit/data/kernel_paths.json]
+Usage: python benchmarks/fit_kernel_paths.py [--corpus ../shared/corpus]   (prints the fit; `make profiles`, which
+runs `fit` through tools/fit_profiles.py, writes tracekit/data/kernel_paths.json)
 """
 from __future__ import annotations
 
@@ -32,7 +33,6 @@ sys.path.insert(0, str(ROOT))
 from extractors.kineto import read_trace, trace_samples  # noqa: E402
 from predictor.costs.physics.kernel_paths import TILE, scalar_gemm_elements, tensor_clock_hz  # noqa: E402
 from predictor.costs.physics.roofline import KERNEL_OVERHEAD_US  # noqa: E402
-from tracekit.core.atomic import atomic_write_json  # noqa: E402
 from tracekit.core.hardware import hardware_spec  # noqa: E402
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES  # noqa: E402
 
@@ -76,12 +76,9 @@ def spread(values: pd.Series) -> float:
     return float(np.median(np.abs(values.median() / values - 1)))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--corpus", default=str(ROOT.parent / "shared" / "corpus"))
-    parser.add_argument("--write", help="write the constants here (tracekit/data/kernel_paths.json)")
-    args = parser.parse_args()
-    every = trace_kernels(Path(args.corpus))
+def fit(corpus: Path) -> tuple[dict, list[str]]:
+    """(the document `tracekit/data/kernel_paths.json` holds, the lines that report the fit) from the corpus."""
+    every = trace_kernels(corpus)
     floor = kernel_floor(every)
     gemm_floor = kernel_floor(every, ("gemm", "bmm"))
     rows = kernels(every)
@@ -89,25 +86,33 @@ def main() -> None:
     per_sm_clock = busy_s * rows["sms"] * rows["clock_hz"]
     elements = rows["elements"] / per_sm_clock
     flops = rows["flops"] / per_sm_clock
-    print(f"{len(rows)} align1 tensor-core GEMM kernels ({', '.join(sorted(rows['hardware'].unique()))}), "
-          f"≥ 1 wave of {TILE}×{TILE} tiles")
-    print(f"GPU-side kernel floor: {floor:.2f} µs (shortest compute kernel of {len(every)} kernels), "
-          f"GEMM kernel floor {gemm_floor:.2f} µs")
-    print(f"elements per SM per clock: median {elements.median():.3f}, "
-          f"spread (median APE) {100 * spread(elements):.1f}%")
-    print(f"FLOPs per SM per clock:    median {flops.median():.1f}, spread (median APE) {100 * spread(flops):.1f}%")
-    if args.write:
-        atomic_write_json(Path(args.write), {
-            "format": "tracekit-kernel-paths/1",
-            "command": "python benchmarks/fit_kernel_paths.py --write tracekit/data/kernel_paths.json",
-            "scalar_gemm_elements_per_sm_clock": round(float(elements.median()), 4),
-            "gpu_kernel_floor_us": round(floor, 3),
-            "fit": {"kernels": int(len(rows)), "hardware": sorted(rows["hardware"].unique().tolist()),
-                    "traces": [f"kineto/hta/{name}" for name in TRACES],
-                    "spread_median_ape": round(spread(elements), 4),
-                    "flop_model_spread_median_ape": round(spread(flops), 4)},
-        })
-        print(f"wrote {args.write}", file=sys.stderr)
+    lines = [f"{len(rows)} align1 tensor-core GEMM kernels ({', '.join(sorted(rows['hardware'].unique()))}), "
+             f"≥ 1 wave of {TILE}×{TILE} tiles",
+             f"GPU-side kernel floor: {floor:.2f} µs (shortest compute kernel of {len(every)} kernels), "
+             f"GEMM kernel floor {gemm_floor:.2f} µs",
+             f"elements per SM per clock: median {elements.median():.3f}, "
+             f"spread (median APE) {100 * spread(elements):.1f}%",
+             f"FLOPs per SM per clock:    median {flops.median():.1f}, spread (median APE) {100 * spread(flops):.1f}%"]
+    doc = {
+        "format": "tracekit-kernel-paths/1",
+        "by": "make profiles (tools/fit_profiles.py)",
+        "scalar_gemm_elements_per_sm_clock": round(float(elements.median()), 4),
+        "gpu_kernel_floor_us": round(floor, 3),
+        "fit": {"kernels": int(len(rows)), "hardware": sorted(rows["hardware"].unique().tolist()),
+                "traces": [f"kineto/hta/{name}" for name in TRACES],
+                "spread_median_ape": round(spread(elements), 4),
+                "flop_model_spread_median_ape": round(spread(flops), 4)},
+    }
+    return doc, lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus", default=str(ROOT.parent / "shared" / "corpus"))
+    args = parser.parse_args()
+    _, lines = fit(Path(args.corpus))
+    print("\n".join(lines))
+    print("(`make profiles` writes these constants to tracekit/data/kernel_paths.json)")
 
 
 if __name__ == "__main__":

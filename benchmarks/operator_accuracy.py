@@ -21,11 +21,14 @@ models of the most similar GPU used as they are (what one gets by predicting an 
 (a) leave-one-GPU-out on the seed paper's compute samples: the bundled models without GH200's score GH200's
     samples from A100's models, and back (each set of bundled models was trained on its own GPU's samples only);
 (b) the corpus's real kernels from ingest (TraceLens H100, B200, MI300X traces; kernels with shapes), which no
-    bundled model was trained on, with the set without the published tables' GPUs (their own models: `--tables`).
+    bundled model was trained on, with the set without the published tables' GPUs (their own models: `--tables`);
+(c) GPUs held out with every measurement of them (benchmarks/held_out_gpu.py, issue #35): H200's sample store and
+    matmul table, H100's XLA matmul table, per primitive and pass, median and p90.
 Usage: python benchmarks/operator_accuracy.py --transfer [--corpus ../shared/corpus] [--json out.json]  (~20 s)
 `--breakdown bmm,softmax` adds, per trace and shape, the H100 kernels of those primitives: measured and predicted
 median, the path that answered and whether `predictor.costs.physics.kernel_paths` took the shape as unaligned (#24).
-`--write-selection tracekit/data/transfer.json` writes, from (a) alone, which primitives take the transfer path.
+Which primitives take the transfer path (tracekit/data/transfer.json) is chosen from (a) alone, by `make profiles`
+(tools/transfer_selection.py).
 
 `--tables` scores the models trained on published performance tables (XLA's H100, B200 and MI300X GEMM tables,
 aiter's MI355X files, XLA's 8×H100 collectives): leave one measurement out on H100, cross-validation per table, the
@@ -50,17 +53,10 @@ sys.path.insert(0, str(ROOT))
 from extractors import ett  # noqa: E402
 from predictor.costs.learned.model_keys import deduplicate, groups_of, shapeless_rows  # noqa: E402
 from predictor.costs.learned.models import ModelSet  # noqa: E402
-from predictor.costs.learned.regressor import (  # noqa: E402
-    RATIO_TARGET,
-    cv_splits,
-    design,
-    faster_than_peak,
-    fit,
-    predict,
-)
+from predictor.costs.learned.regressor import RATIO_TARGET, cv_splits, design, fit, predict  # noqa: E402
 from predictor.costs.physics.roofline import estimate_us  # noqa: E402
-from predictor.costs.physics.transfer import choose, source_weights, transfer_candidates  # noqa: E402
-from tracekit.core.atomic import atomic_write_json  # noqa: E402
+from predictor.costs.physics.transfer import source_weights, transfer_candidates  # noqa: E402
+from tools.transfer_selection import GPUS, seed_rows  # noqa: E402
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES, COMPUTE_PRIMITIVES  # noqa: E402
 
 DEFAULT = ROOT.parent / "shared" / "corpus" / "operator-samples" / "estimate-train-time"
@@ -193,39 +189,6 @@ def compare(rows: pd.DataFrame, models: ModelSet, label: str, selected: bool = T
     return table
 
 
-def selection(tables: list[pd.DataFrame]) -> dict:
-    """Per primitive: the leave-one-GPU-out errors of transfer and roofline in each direction, and whether
-    `predictor.costs.physics.transfer` uses the transfer path for it (`choose`)."""
-    out = {}
-    for table in tables:
-        for row in table.itertuples(index=False):
-            entry = out.setdefault(row.primitive, {"leave_one_out": {}})
-            entry["leave_one_out"][f"{row.sources.split(' ')[0]} -> {row.hardware}"] = {
-                "transfer": round(float(row.transfer_all), 4), "roofline": round(float(row.roofline), 4),
-                "rows": int(row.n)}
-    for entry in out.values():
-        entry["use"] = choose(entry["leave_one_out"])
-    return {"format": "tracekit-transfer-selection/1",
-            "command": ("python benchmarks/operator_accuracy.py --transfer "
-                        "--write-selection tracekit/data/transfer.json"),
-            "rule": "transfer where the geometric mean over both directions of transfer/roofline median error < 1",
-            "primitives": dict(sorted(out.items()))}
-
-
-def seed_rows(root: str) -> pd.DataFrame:
-    """The seed paper's compute samples (collectives depend on the links, not the GPU: not transferred), without
-    the rows training sets aside as impossible (`predictor.costs.learned.regressor.faster_than_peak`; a set mostly
-    beyond the peak, whole): an estimate is not scored against a time no part can reach."""
-    samples = pd.concat([ett.read_file(p) for p in ett.list_files(root)], ignore_index=True)
-    samples = deduplicate(samples)
-    samples = samples[~samples["primitive"].isin(COLLECTIVE_PRIMITIVES)].reset_index(drop=True)
-    keep = np.ones(len(samples), dtype=bool)
-    for (_, primitive, _), index in samples.groupby(["hardware", "primitive", "pass"]).indices.items():
-        beyond = faster_than_peak(samples.iloc[index], str(primitive))
-        keep[index[beyond] if beyond.sum() * 2 <= len(index) else index] = False
-    return samples[keep].reset_index(drop=True)
-
-
 def corpus_rows(corpus: Path) -> pd.DataFrame:
     """Shaped compute kernels of the TraceLens H100, B200 and MI300X traces, as `tracekit ingest` reads them."""
     from extractors.kineto import read_trace, trace_samples
@@ -266,12 +229,7 @@ def transfer_main(args) -> None:
     start = time.perf_counter()
     models = ModelSet.load()
     seed = seed_rows(args.root)
-    logo = [compare(seed[seed["hardware"] == hw], models.without(hw), f"leave-one-GPU-out: {hw}",
-                    selected=not args.write_selection) for hw in ("GH200-120GB", "A100-SXM4-80GB")]
-    if args.write_selection:
-        atomic_write_json(Path(args.write_selection), selection(logo))
-        print(f"wrote {args.write_selection}; run again to score with it", file=sys.stderr)
-        return
+    logo = [compare(seed[seed["hardware"] == hw], models.without(hw), f"leave-one-GPU-out: {hw}") for hw in GPUS]
     without_tables = models
     for hw in TABLE_GPUS:  # the published tables' GPUs have models of their own: `--tables` scores those
         without_tables = without_tables.without(hw)
@@ -298,8 +256,13 @@ def transfer_main(args) -> None:
               "predictor.costs.physics.kernel_paths)")
         print(breakdown(corpus, without_tables, "H100-80GB-HBM3", tuple(args.breakdown.split(","))).to_string(
             index=False))
+    import held_out_gpu
+
+    held = held_out_gpu.run(Path(args.corpus))
+    print("\n" + held_out_gpu.show(held))
     if args.json:
-        Path(args.json).write_text(json.dumps({"goals": goals, "rows": table.to_dict("records")}, indent=2))
+        Path(args.json).write_text(json.dumps({"goals": goals, "rows": table.to_dict("records"),
+                                               "held_out_gpus": held.to_dict("records")}, indent=2))
 
 
 def main() -> None:
@@ -311,7 +274,6 @@ def main() -> None:
     parser.add_argument("--corpus", default=str(CORPUS), help="corpus folder (with kineto/tracelens)")
     parser.add_argument("--breakdown", metavar="PRIMITIVES",
                         help="with --transfer: the H100 kernels of these primitives (comma-separated) per shape")
-    parser.add_argument("--write-selection", help="with --transfer: write the leave-one-GPU-out selection here")
     parser.add_argument("--tables", action="store_true", help="score the published tables' models (see above)")
     args = parser.parse_args()
     if args.transfer:

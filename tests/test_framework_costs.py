@@ -293,7 +293,7 @@ def test_a_stacks_host_scale_multiplies_its_host_constants_only():
         assert getattr(h100, key) == pytest.approx(getattr(a100, key) * scale)
     for key in ("memory_scale", "comm_scale"):
         assert getattr(h100, key) == getattr(a100, key)
-    # the compute scale differs by the GPU architecture's device scale only
+    # the compute scale is the stack's own (no device scale of megatron-core's, none taken from another stack)
     assert h100.compute_scale == pytest.approx(a100.compute_scale * core.device_scale.get("hopper", 1.0))
     assert get_stack("megatron-bridge").host_scale == core.host_scale  # constants_from carries the scales
     assert core.calibration("cpu-x").host_op_us == 0.0
@@ -323,20 +323,36 @@ def test_the_host_fit_recovers_planted_constants_and_a_host_scale(models):
     assert scales["intel-golden-cove"] == pytest.approx(0.7, rel=0.05) and scales["amd-zen2"] == 1.0
 
 
-def test_device_scales_are_per_gpu_architecture_and_every_stack_takes_them():
-    """The tensor-core scale follows the GPU's architecture (a GB200 is a Blackwell like a B200), not its stack; a
-    CPU and an architecture the profile does not name keep 1."""
+def test_a_stack_reads_its_own_fitted_numbers_and_those_it_declares_only(corpus):
+    """A profile's calibration is made of its own file's numbers and, where it declares `constants_from`, that
+    profile's host constants and host CPU scales — nothing else: no stack takes another's device scales (torchtitan,
+    which measured nothing, gets none on any GPU; Composer's scales on an H100 are the ones it fitted on A100s).
+    A device scale is fitted on the stack's own runs: every row of the file its fit names is that stack's."""
+    import csv
+    import json
+
+    from tests.conftest import E2E, ROOT
     from tracekit.core.hardware import architecture
-    from tracekit.core.stacks import get_stack
+    from tracekit.core.stacks import get_stack, select_stack
 
     assert architecture("GB200-186GB") == architecture("B200-180GB") == architecture("B300-288GB") == "blackwell"
     assert architecture("H200-141GB") == "hopper" and architecture("cpu-amd-epyc") is None
-    core = get_stack("megatron-core")
-    assert core.device_scale, "the megatron-core profile ships fitted device scales"
-    for stack in ("megatron-core", "megatron-bridge", "torchtitan", "composer"):
-        own = get_stack(stack).calibration("A100-SXM4-80GB").compute_scale  # the stack's own scale (ampere: none)
-        for hw in ("B200-180GB", "GB200-186GB", "H100-80GB-HBM3"):
-            cal = get_stack(stack).calibration(hw)
-            assert cal.compute_scale == pytest.approx(own * core.device_scale.get(architecture(hw), 1.0))
-    assert get_stack("megatron-core").calibration("A100-SXM4-80GB").compute_scale == 1.0
+    docs = {p.stem: json.loads(p.read_text()) for p in (ROOT / "tracekit" / "data" / "stacks").glob("*.json")}
+    for name, doc in docs.items():
+        source = docs[doc["constants_from"]] if "constants_from" in doc else doc
+        constants = source.get("constants", {})
+        for hw in ("A100-SXM4-80GB", "H100-80GB-HBM3", "H200-141GB", "B200-180GB", "GB200-186GB"):
+            cal = get_stack(name).calibration(hw)
+            device = doc.get("device_scale", {}).get(architecture(hw), 1.0)
+            host = source.get("host_scale", {}).get(host_class(hw) or "", 1.0)
+            assert cal.compute_scale == pytest.approx(constants.get("compute_scale", 1.0) * device), (name, hw)
+            for key in HOST_CONSTANTS:
+                assert getattr(cal, key) == pytest.approx(constants.get(key, 0.0) * host), (name, hw, key)
+        if doc.get("device_scale"):
+            with (E2E / doc["device_fit"]["rows"]["file"].removeprefix("e2e/")).open(newline="") as f:
+                assert {select_stack(row["framework"])[0].name for row in csv.DictReader(f)} == {name}
+    titan = get_stack("torchtitan").calibration("H100-80GB-HBM3")
+    assert titan.compute_scale == 1.0 and titan.host_op_us == 0.0
+    assert get_stack("composer").calibration("B200-180GB").compute_scale == docs["composer"]["constants"][
+        "compute_scale"]
     assert get_stack("megatron-core").calibration("cpu-amd-epyc").compute_scale == 1.0

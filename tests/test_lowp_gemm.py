@@ -77,7 +77,8 @@ def test_fp8_is_faster_than_bf16_and_never_above_its_peak(models, hardware):
 
 def test_h100_fp8_is_a_bounded_estimate_and_b200_fp8_a_measured_model(models):
     h100 = models.predict(rows("H100-80GB-HBM3", "fp8", [(2048, 2048, 2048)]))
-    assert h100["path"].iat[0] == "lowp" and "B200-180GB fp8" in h100["sources"].iat[0]
+    # its speed-up curve is its own architecture's: H200's measured fp8 table (one die), not Blackwell's
+    assert h100["path"].iat[0] == "lowp" and "learned from H200-141GB fp8)" in h100["sources"].iat[0]
     b200 = models.predict(rows("B200-180GB", "fp8", [(2048, 2048, 2048)]))
     assert b200["path"].iat[0] == "model"
     mi355 = models.predict(rows("MI355X", "fp8_block", [(4096, 4096, 4096)]))

@@ -13,12 +13,12 @@ per host CPU class (`tracekit/data/host_cpus.json`: the CPU of each GPU's usual 
 and B200's Xeons, Grace), fitted with the constants; a class it does not name keeps the constants as fitted (its
 reference class, scale 1).
 
-A GPU architecture's tensor-core kernels may run slower in sustained training than the operator models give them
-(isolated micro-benchmarks at boost clocks, efficiencies transferred from other GPUs): a profile's `device_scale`
-multiplies the tensor-core ops (the calibration's compute scale) per architecture (`tracekit.core.hardware.
-architecture`: hopper, blackwell, ...), fitted on measured runs of that architecture (the megatron-core profile's on
-the Megatron-Bridge rows' dense models, reported leave-one-model-out). It is a property of the GPU, not of the
-stack: a profile without scales of its own takes the megatron-core profile's.
+What a GPU achieves is a property of the hardware, and lives with it (`predictor.costs.physics.achieved_rates`: the
+measured GEMM rates every stack's predictions start from). A profile's `device_scale` multiplies its tensor-core ops
+(the calibration's compute scale) per GPU architecture (`tracekit.core.hardware.architecture`: hopper, blackwell, ...)
+for what that stack's runs show beyond them, fitted on that stack's measured runs and read by that stack alone (the
+megatron-bridge profile's, on the Megatron-Bridge rows' dense models, reported leave-one-model-out; docs/limits.md
+says what it stands for): no profile takes another's device scales, `constants_from` included.
 
 `select_stack(text)` picks the profile a row names (the e2e `framework` column, a version string, `--stack`);
 `stack_of_arguments(args)` the one a Megatron log's arguments block shows (Megatron-DeepSpeed prints `deepspeed`,
@@ -68,8 +68,7 @@ class Stack:
         constants = {} if hardware.startswith("cpu-") else self.constants
         cal = Calibration(name=f"stack:{self.name}", description=self.description, fit=self.fit,
                           **{k: float(v) for k, v in constants.items()})
-        devices = self.device_scale or (stacks()[DEFAULT].device_scale if DEFAULT in stacks() else {})
-        cal = device_scaled(cal, devices.get(architecture(hardware) or "", 1.0))
+        cal = device_scaled(cal, self.device_scale.get(architecture(hardware) or "", 1.0))
         return host_scaled(cal, self.host_scale.get(host_class(hardware) or "", 1.0))
 
 
@@ -97,7 +96,6 @@ def stacks() -> dict[str, Stack]:
         if source:
             constants = dict(raw[source].get("constants", {}))
             host_scale = dict(raw[source].get("host_scale", {}))
-            device_scale = dict(raw[source].get("device_scale", {}))
             fit = {"constants_from": source, **raw[source].get("fit", {})}
         bad = set(constants) - set(CONSTANTS)
         if bad:

@@ -79,6 +79,7 @@ from predictor.costs.learned.trained_model import (
     unsized,
 )
 from predictor.costs.physics import cross_entropy_floor, hbm_floor, kernel_paths
+from predictor.costs.physics.achieved_rates import lowp_curves
 from predictor.costs.physics.lowp_gemm import bounded, peak_flops
 from predictor.costs.physics.roofline import Rates, estimate_us, record_rates
 from predictor.costs.physics.transfer import transfer
@@ -100,10 +101,12 @@ def bundled_models_dir() -> Path:
 class ModelSet:
     """A loaded model directory; `predict` answers operator rows by model, derived model or roofline."""
 
-    def __init__(self, path: Path, index: dict, models: list[TrainedModel]):
+    def __init__(self, path: Path, index: dict, models: list[TrainedModel], left_out: frozenset[str] = frozenset()):
         self.path = path
         self.index = index
         self.models = models
+        #: GPUs a leave-one-GPU-out test hides (`without`): their models and their measured GEMM rates
+        self.left_out = left_out
         self._by_key: dict[tuple[str, str, str], dict[str, TrainedModel]] = {}
         for model in models:
             self._by_key.setdefault((model.hardware, model.primitive, model.pass_), {})[model.group] = model
@@ -258,7 +261,7 @@ class ModelSet:
             if len(lowp):
                 sub = frame.iloc[lowp]
                 half = self.predict(sub.assign(dtype="bf16"), transfer_primitives)
-                t_low, notes = bounded(sub, half["duration_us"].to_numpy(), self.index.get("lowp_speedup", []))
+                t_low, notes = bounded(sub, half["duration_us"].to_numpy(), self.lowp_curves())
                 duration[lowp], oor[lowp], path[lowp] = t_low, half["out_of_range"].to_numpy(), "lowp"
                 sources[lowp] = [f"{note}; bf16 by {p}" + (f" from {src}" if src else "")
                                  for note, p, src in zip(notes, half["path"], half["sources"])]
@@ -272,8 +275,18 @@ class ModelSet:
                              "sources": sources}, index=ops.index)
 
     def without(self, hardware: str) -> "ModelSet":
-        """This set without the models of `hardware` (leave-one-GPU-out: its rows then take the transfer path)."""
-        return ModelSet(self.path, self.index, [m for m in self.models if m.hardware != hardware])
+        """This set without the models of `hardware` and its measured GEMM rates
+        (`predictor.costs.physics.achieved_rates`): leave-one-GPU-out, its rows then take the transfer path as a GPU
+        never measured would."""
+        return ModelSet(self.path, self.index, [m for m in self.models if m.hardware != hardware],
+                        self.left_out | {hardware})
+
+    def lowp_curves(self) -> list[dict]:
+        """The low-precision GEMM speed-up curves (`predictor.costs.physics.lowp_gemm`): those learned at training (the
+        index's `lowp_speedup`) and those of the measured matmul tables no model was trained on
+        (`predictor.costs.physics.achieved_rates`), without the left-out GPUs'."""
+        learned = [c for c in self.index.get("lowp_speedup", []) if c["hardware"] not in self.left_out]
+        return learned + lowp_curves(self.left_out)
 
     def _predict_direct(self, frame: pd.DataFrame, duration: np.ndarray, path: np.ndarray, oor: np.ndarray,
                         tag: str, physics: tuple[pd.DataFrame, np.ndarray] | None = None) -> np.ndarray:

@@ -13,8 +13,8 @@ runs other kernels, which no model has seen:
   is the element traffic of a 128×128-tiled GEMM, b·(m·k·⌈n/128⌉ + n·k·⌈m/128⌉ + m·n), at a rate per SM per
   clock that does not depend on the tensor cores: `scalar_gemm_elements_per_sm_clock` in
   `tracekit/data/kernel_paths.json`, measured on the A100 `align1` GEMM kernels of the corpus's HTA traces (another
-  GPU's traces: no H100 kernel is used) by `python benchmarks/fit_kernel_paths.py`. On those kernels the element
-  traffic explains the time with a 21% median spread where the FLOP rate spreads 34%.
+  GPU's traces: no H100 kernel is used) by `make profiles` (benchmarks/fit_kernel_paths.py). On those kernels the
+  element traffic explains the time with a 21% median spread where the FLOP rate spreads 34%.
   The rate transfers to another NVIDIA GPU by its SM's FP32 lanes (`fp32_lanes_per_sm`: the datasheet's FP32
   vector peak / (2 FLOPs · SMs · clock), 64 on GA100 and 128 on GH100 as the A100 and H100 architecture
   whitepapers state, "2x faster clock-for-clock performance per SM"), so a Hopper SM moves twice the elements per
@@ -34,7 +34,7 @@ predicted faster than the aligned one). AMD parts and CPUs are left as they are 
 
 GPU-side floor. Every roofline estimate carries `roofline.KERNEL_OVERHEAD_US` (5 µs: one kernel launch, host side
 included). A kernel's duration in a trace is GPU-side only: the shortest compute kernel of the corpus's A100 traces
-(HTA, another GPU's traces) lasts `gpu_kernel_floor_us` (2 µs), written by `benchmarks/fit_kernel_paths.py`.
+(HTA, another GPU's traces) lasts `gpu_kernel_floor_us` (2 µs), written by `make profiles`.
 `gpu_side(frame, duration, path)` takes the host part (5 µs − floor) off the roofline answers of NVIDIA GPUs, never
 below the floor, except for tensor-core primitives (GEMM, bmm, attention): a tiled GEMM kernel's own fixed time is
 about the 5 µs (the shortest GEMM kernel of the same A100 traces lasts 4 µs; XLA's H100, B200 and MI300X grids'

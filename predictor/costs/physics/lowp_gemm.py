@@ -11,11 +11,13 @@ from the GPUs that measured both:
     t_low = max(t_bf16 / (1 + f(e) · (R_T − 1)),  FLOPs / P_low)    R_T the target GPU's own peak ratio
 
 so a small GEMM gains nothing (f ≈ 0), a large one a learned share of its own GPU's peak ratio; never slower than
-bf16, never faster than the dtype's dense peak (`HardwareSpec.peak_tflops`). A dtype measured nowhere takes the curve
-pooled over every measured one. A set that learned no curve uses f = 1 (the datasheet ratio: the old rule, known to
-be too fast for small GEMMs), and says so. A dtype above bf16 (fp32) keeps the bf16 time where the row is latency or
-memory bound and is never faster than its own peak at the roofline's achievable fraction:
-t = max(t_bf16, FLOPs / (P_fp32 · COMPUTE_EFFICIENCY)).
+bf16, never faster than the dtype's dense peak (`HardwareSpec.peak_tflops`). A GPU takes the curves of its dtype
+measured on its own architecture first (H100 takes H200's measured fp8 table, `predictor.costs.physics.achieved_rates`:
+Hopper's fp8 GEMMs gain 1.5–1.9× at transformer shapes, not Blackwell's ~2×), else those of its dtype on any GPU; a
+dtype measured nowhere takes the curve pooled over every measured one. A set that learned no curve uses f = 1 (the
+datasheet ratio: the old rule, known to be too fast for small GEMMs), and says so. A dtype above bf16 (fp32) keeps
+the bf16 time where the row is latency or memory bound and is never faster than its own peak at the roofline's
+achievable fraction: t = max(t_bf16, FLOPs / (P_fp32 · COMPUTE_EFFICIENCY)).
 
 Curves are learned at training (`learn`) and kept in the model index under `lowp_speedup`: per (hardware, dtype)
 the points' count and f on a fixed grid of e.
@@ -28,7 +30,7 @@ import pandas as pd
 from predictor.costs.features import compute_work
 from predictor.costs.physics.roofline import COMPUTE_EFFICIENCY
 from tracekit.core.errors import ConfigError
-from tracekit.core.hardware import hardware_spec
+from tracekit.core.hardware import architecture, hardware_spec
 
 #: Dtypes below bf16 the curve answers, and those above it the roofline bound answers.
 LOW = ("fp8", "fp8_block", "fp8_row", "mxfp8", "nvfp4", "mxfp4")
@@ -82,11 +84,14 @@ def learn(samples: pd.DataFrame) -> list[dict]:
     return out
 
 
-def curve(curves: list[dict], dtype: str) -> tuple[np.ndarray | None, str]:
-    """f on GRID for a dtype (its own measurements, else all pooled, each weighted by its shapes) and a note naming
-    where it comes from; (None, note) when the set learned none."""
+def curve(curves: list[dict], dtype: str, hardware: str = "") -> tuple[np.ndarray | None, str]:
+    """f on GRID for a dtype on `hardware` (the dtype's curves of `hardware`'s GPU architecture, else the dtype's on
+    any GPU, else all pooled, each weighted by its shapes) and a note naming where it comes from; (None, note) when
+    the set learned none."""
     own = [c for c in curves if c["dtype"] == dtype]
-    use = own or curves
+    arch = architecture(hardware) if hardware else None
+    kin = [c for c in own if arch is not None and architecture(c["hardware"]) == arch]
+    use = kin or own or curves
     if not use:
         return None, "no measured low-precision speed-up in this model set: the datasheet peak ratio"
     weights = np.array([c["shapes"] for c in use], dtype="float64")
@@ -116,7 +121,7 @@ def bounded(frame: pd.DataFrame, bf16_us: np.ndarray, curves: list[dict]) -> tup
             duration[rows] = np.fmax(t16, flops[rows] / (p_low * COMPUTE_EFFICIENCY) * 1e6)
             notes[rows] = f"{dt} from the bf16 estimate, at most {COMPUTE_EFFICIENCY:.0%} of the {dt} peak"
             continue
-        f, where = curve(curves, dt)
+        f, where = curve(curves, dt, hw)
         with np.errstate(invalid="ignore", divide="ignore"):
             e = np.clip(flops[rows] / (t16 * 1e-6 * p16), 0.0, 1.0)
         share = np.interp(e, GRID, f) if f is not None else np.ones(int(rows.sum()))

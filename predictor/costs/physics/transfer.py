@@ -12,12 +12,18 @@ primitive and pass, the model predicts the row as if it ran on S: t_S. Its fixed
 t_S / 2) (launch and latency, which do not scale with the device's peaks) is kept; the rest is an efficiency
 relative to S's roofline and is applied to the target's:
 
-    t_T = f + (t_S − f) · work_T / work_S · q_S / q_T
+    t_T = f + (t_S − f) · work_T / work_S · q_S / q_T · a_S / a_T
 
 `work` is the roofline time without overhead on each device, max(FLOPs / peak, bytes / bandwidth) — so a row
 compute-bound on one device and memory-bound on the other scales with the right rate on each — and `q` is the wave
 efficiency tiles / (⌈tiles / SMs⌉ · SMs) for tensor-core primitives (GEMM, bmm, attention) where the row is
-compute-bound on that device (1 elsewhere): a 132-tile GEMM fills one wave on 132 SMs and 1.22 waves on 108.
+compute-bound on that device (1 elsewhere): a 132-tile GEMM fills one wave on 132 SMs and 1.22 waves on 108. `a` is
+what the device's GEMMs achieve of its datasheet peak at large shapes, measured
+(`predictor.costs.physics.achieved_rates`: `tracekit/data/gemm_rates.json`, from the corpus's matmul tables and
+samples), for GEMM and bmm rows compute-bound on both devices (1 elsewhere, or where either is unknown): B200 reaches
+60% of its dense peak in XLA's table where GH200's samples reach 81% of theirs, so a GEMM transferred from GH200 to B200
+takes 1.36× its datasheet-scaled time. A GPU never measured takes its family's measured parts' (GB200 B200's), not its
+die's: H200 SXM reached 68.5% where GH200 reached 81%.
 Memory-bound primitives (norms, softmax, activations, element-wise) scale with the bandwidth alone, except
 issue-bound rows between parts of one die: a row that is memory-bound but ran slower on the source than its
 achievable HBM rate (t_S − f > work_S, the roofline's derated bandwidth) is limited by the bytes its SMs keep in
@@ -50,9 +56,9 @@ source it took the median error of the transfer on the corpus's H100 GEMM kernel
 
 Where the transfer is used is itself measured on source GPUs only: `tracekit/data/transfer.json` holds, per
 primitive, the leave-one-GPU-out median errors of transfer and roofline on the seed paper's samples (A100's models
-scoring GH200's samples and back), written by `python benchmarks/operator_accuracy.py --transfer --write-selection
-tracekit/data/transfer.json`. A primitive takes the transfer path when the geometric mean over both directions of
-(transfer error / roofline error) is below 1; the others (and primitives never measured) keep the roofline.
+scoring GH200's samples and back), written by `make profiles` (tools/transfer_selection.py). A primitive takes the
+transfer path when the geometric mean over both directions of (transfer error / roofline error) is below 1; the
+others (and primitives never measured) keep the roofline.
 """
 from __future__ import annotations
 
@@ -64,6 +70,7 @@ import numpy as np
 import pandas as pd
 
 from predictor.costs.features import compute_work
+from predictor.costs.physics.achieved_rates import ratio
 from predictor.costs.physics.roofline import KERNEL_OVERHEAD_US, TENSOR_CORE_PRIMITIVES, compute_seconds, hardware_rates
 from tracekit.core.data_files import DATA
 from tracekit.core.errors import ModelError
@@ -77,6 +84,9 @@ WALL_CLOCK_SOURCES = frozenset({"tracekit-sample"})
 #: Datasheet features compared to pick sources (HardwareSpec attribute names).
 SIMILARITY_FEATURES = ("peak_tflops_fp16", "mem_bw_gbs", "sms", "l2_mb", "clock_mhz")
 DISTANCE_FLOOR = 0.05
+#: Primitives whose compute-bound rows scale by the GPUs' measured GEMM rates
+#: (`predictor.costs.physics.achieved_rates`).
+ACHIEVED_PRIMITIVES = ("gemm", "bmm")
 
 
 @lru_cache(maxsize=1)
@@ -191,14 +201,18 @@ def transfer(models, frame: pd.DataFrame, rows: np.ndarray, primitives: frozense
             pos = pos[~done[pos]]  # rows no source of the target's vendor answered: every GPU's models
             if not len(pos) or not weights:
                 continue
-            _weighted(models, sub.iloc[pos], pos, weights, target_work, target_q, duration, sources, oor, done)
+            _weighted(models, sub.iloc[pos], pos, weights, (target_work, target_q, target_bound), duration, sources,
+                      oor, done)
     return duration, sources, oor, done
 
 
-def _weighted(models, part: pd.DataFrame, pos: np.ndarray, weights: list[tuple[str, float]], target_work: np.ndarray,
-              target_q: np.ndarray, duration: np.ndarray, sources: np.ndarray, oor: np.ndarray,
-              done: np.ndarray) -> None:
-    """The weighted geometric mean of the sources' scaled estimates for the rows `pos` (in place)."""
+def _weighted(models, part: pd.DataFrame, pos: np.ndarray, weights: list[tuple[str, float]],
+              target: tuple[np.ndarray, np.ndarray, np.ndarray], duration: np.ndarray, sources: np.ndarray,
+              oor: np.ndarray, done: np.ndarray) -> None:
+    """The weighted geometric mean of the sources' scaled estimates for the rows `pos` (in place); `target` is the
+    target rows' (work, wave efficiency, compute-bound)."""
+    target_work, target_q, target_bound = target
+    left_out: frozenset[str] = getattr(models, "left_out", frozenset())
     log_sum = np.zeros(len(pos))
     weight_sum = np.zeros(len(pos))
     any_oor = np.zeros(len(pos), dtype=bool)
@@ -212,6 +226,7 @@ def _weighted(models, part: pd.DataFrame, pos: np.ndarray, weights: list[tuple[s
             continue
         fixed = np.minimum(KERNEL_OVERHEAD_US, t_s / 2.0)
         scale = target_work[pos] / w_s * wave_efficiency(moved, s_bound) / target_q[pos]
+        scale = scale * achieved(part, source, s_bound & target_bound[pos], left_out)
         t_t = fixed + (t_s - fixed) * scale
         ratio = issue_ratio(source, part)
         issue = issue_bound(part, t_s - fixed, w_s, s_bound) & np.isfinite(ratio)
@@ -226,6 +241,17 @@ def _weighted(models, part: pd.DataFrame, pos: np.ndarray, weights: list[tuple[s
     oor[pos[hit]] = any_oor[hit]
     done[pos[hit]] = True
 
+
+
+def achieved(part: pd.DataFrame, source: str, compute_bound: np.ndarray, left_out: frozenset[str]) -> np.ndarray:
+    """a_S / a_T (`predictor.costs.physics.achieved_rates.ratio`) for GEMM and bmm rows compute-bound on both GPUs, 1
+    elsewhere."""
+    out = np.ones(len(part))
+    gemm = np.isin(part["primitive"].astype(str).to_numpy(), ACHIEVED_PRIMITIVES) & compute_bound
+    hardware = part["hardware"].astype(str).to_numpy()
+    for hw in set(hardware[gemm]):
+        out[gemm & (hardware == hw)] = ratio(source, str(hw), left_out)
+    return out
 
 
 def issue_bound(part: pd.DataFrame, variable_us: np.ndarray, work: np.ndarray, compute_bound: np.ndarray) -> np.ndarray:
