@@ -50,20 +50,17 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from operator_rows import CORPUS, DEFAULT, TABLE_GPUS, corpus_rows  # noqa: E402
+
 from extractors import ett  # noqa: E402
-from predictor.costs.learned.model_keys import deduplicate, groups_of, shapeless_rows  # noqa: E402
+from predictor.costs.learned.model_keys import deduplicate, groups_of  # noqa: E402
 from predictor.costs.learned.models import ModelSet  # noqa: E402
 from predictor.costs.learned.regressor import RATIO_TARGET, cv_splits, design, fit, predict  # noqa: E402
 from predictor.costs.physics.roofline import estimate_us  # noqa: E402
 from predictor.costs.physics.transfer import source_weights, transfer_candidates  # noqa: E402
 from tools.transfer_selection import GPUS, seed_rows  # noqa: E402
-from tracekit.core.samples import COLLECTIVE_PRIMITIVES, COMPUTE_PRIMITIVES  # noqa: E402
+from tracekit.core.samples import COMPUTE_PRIMITIVES  # noqa: E402
 
-DEFAULT = ROOT.parent / "shared" / "corpus" / "operator-samples" / "estimate-train-time"
-CORPUS = ROOT.parent / "shared" / "corpus"
-TRACES = ("h100__*.json.gz", "b200__*.json.gz", "mi300__*.json.gz")
-#: GPUs whose bundled models come from published tables (#24); `--transfer` scores the corpus traces without them.
-TABLE_GPUS = ("H100-80GB-HBM3", "B200-180GB", "MI300X", "MI355X")
 #: Goals of issue #12 on the H100 kernels of the corpus: median error per primitive.
 GOALS = {"gemm": 0.08, "bmm": 0.15, "norm": 0.15, "softmax": 0.15, "activation": 0.15}
 
@@ -187,23 +184,6 @@ def compare(rows: pd.DataFrame, models: ModelSet, label: str, selected: bool = T
     table["sources"] = [", ".join(sorted(set(every.loc[rows["hardware"] == hw, "sources"]) - {""}))
                         for hw in table["hardware"]]
     return table
-
-
-def corpus_rows(corpus: Path) -> pd.DataFrame:
-    """Shaped compute kernels of the TraceLens H100, B200 and MI300X traces, as `tracekit ingest` reads them."""
-    from extractors.kineto import read_trace, trace_samples
-
-    files = sorted(p for pattern in TRACES for p in (corpus / "kineto" / "tracelens").glob(pattern))
-    if not files:
-        raise SystemExit(f"{corpus}/kineto/tracelens: no H100/B200/MI300X traces")
-    frame = pd.concat([trace_samples(read_trace(p), p.name) for p in files], ignore_index=True)
-    frame = frame[~frame["primitive"].isin((*COLLECTIVE_PRIMITIVES, "other", "memcpy", "memset"))
-                  & (frame["duration_us"] > 0)]
-    shapeless = shapeless_rows(frame)
-    left = frame[shapeless].groupby("hardware").size()
-    print("corpus kernels without shapes, left out (no launch call in the trace and no agreeing twins, or an op "
-          "with no shape rule): " + ", ".join(f"{hw} {n}" for hw, n in left.items()), file=sys.stderr)
-    return frame[~shapeless].reset_index(drop=True)
 
 
 def breakdown(rows: pd.DataFrame, models: ModelSet, hardware: str, primitives: tuple[str, ...]) -> pd.DataFrame:

@@ -36,13 +36,14 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from operator_rows import CORPUS  # noqa: E402
+
 from extractors import aiter_gemm, xla_collectives, xla_gemm  # noqa: E402
 from predictor.costs.learned.model_keys import deduplicate, groups_of  # noqa: E402
 from predictor.costs.learned.models import ModelSet  # noqa: E402
 from predictor.costs.learned.regressor import fit, predict  # noqa: E402
 from predictor.costs.physics.lowp_gemm import bounded, learn  # noqa: E402
 
-CORPUS = ROOT.parent / "shared" / "corpus"
 TABLES = CORPUS / "operator-samples"
 GOALS = {"gemm": 0.05, "bmm": 0.15, "softmax": 0.15, "norm": 0.15, "activation": 0.15}
 
@@ -108,7 +109,7 @@ def table_cv(before: ModelSet) -> list[dict]:
 
 
 def tracelens(before: ModelSet, after: ModelSet) -> list[dict]:
-    from operator_accuracy import corpus_rows
+    from operator_rows import corpus_rows
 
     frame = corpus_rows(CORPUS)
     frame = frame[frame["primitive"].isin(("gemm", "bmm", "softmax", "norm", "activation", "elementwise"))]
@@ -130,7 +131,9 @@ def tracelens(before: ModelSet, after: ModelSet) -> list[dict]:
 
 
 def leave_one_gpu_out(before: ModelSet, after: ModelSet) -> list[dict]:
-    from operator_accuracy import DEFAULT, seed_rows
+    from operator_rows import DEFAULT
+
+    from tools.transfer_selection import seed_rows
 
     rows = []
     seed = seed_rows(str(DEFAULT))
@@ -237,7 +240,7 @@ def e2e_h100(before: ModelSet, after: ModelSet) -> list[dict]:
 
 def run() -> pd.DataFrame:
     start = time.perf_counter()
-    from operator_accuracy import TABLE_GPUS
+    from operator_rows import TABLE_GPUS
 
     after = ModelSet.load()
     before = after
