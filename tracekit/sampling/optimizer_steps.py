@@ -9,15 +9,20 @@ tensors, as TE's and apex's FusedAdam do), the step a run with TE or apex takes.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Callable, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from .compute import Timer
+
+class StepTimer(Protocol):
+    """What an optimizer step is timed with (`tracekit.sampling.compute.Timer`): its device and one timed call."""
+
+    device: torch.device
+
+    def once(self, step: Callable[[], object]) -> float: ...
 
 
-def adamw_step(shapes: list[tuple[int, ...]], dtype: torch.dtype, timer: Timer, fused: bool) -> float:
+def adamw_step(shapes: list[tuple[int, ...]], dtype: torch.dtype, timer: StepTimer, fused: bool) -> float:
     """Median µs of one AdamW step over parameters of these shapes, as module docstring."""
     dev = timer.device
     model = [torch.randn(shape, device=dev).to(dtype) for shape in shapes]
