@@ -59,3 +59,26 @@ def test_h200_rows_take_the_h200_models_and_other_gpus_never_draw_on_them():
         answered = models.predict(rows.assign(hardware=other))
         assert (answered["path"] == "transfer").all(), other
         assert not answered["sources"].str.contains("H200-141GB").any(), other
+
+
+def test_a_wall_clock_model_answers_only_well_above_its_host_round_trip():
+    """A wall-clock sample is the kernel's time only where the host's round trip (the model's shortest sample) is a
+    small part of it: an H200 row the H200 model answers below five times its floor takes the kernel-timed paths
+    instead (a training step launches its kernels without waiting for each), while a large GEMM keeps the H200's
+    own measurement. The floor is a fact of the store: the shortest sample of the model's rows."""
+    models = ModelSet.load()
+    frame = SampleStore(STORE).read()
+    for model in (m for m in models.models if m.hardware == "H200-141GB"):
+        rows = frame[(frame["primitive"] == model.primitive) & (frame["pass"] == model.pass_)]
+        assert model.meta["floor_us"] >= rows["duration_us"].min() - 1e-3, model.id
+    tiny = pd.DataFrame({"hardware": "H200-141GB", "primitive": "elementwise", "pass": "fwd", "dtype": "bf16",
+                         "variant": "res_add", "rows": [2048.0], "width": [1024.0], "numel": [2048.0 * 1024]})
+    answered = models.predict(tiny)
+    floor = next(m for m in models.models if m.id == "H200-141GB__elementwise__fwd__all").meta["floor_us"]
+    assert answered["path"].iloc[0] != "model"
+    assert answered["duration_us"].iloc[0] < floor  # a 4 MiB add: microseconds of HBM traffic, not a round trip
+    big = pd.DataFrame({"hardware": "H200-141GB", "primitive": "gemm", "pass": "fwd", "dtype": "bf16",
+                        "variant": None, "m": [16384.0], "n": [8192.0], "k": [8192.0], "batch": 1.0})
+    kept = models.predict(big)
+    gemm_floor = next(m for m in models.models if m.id == "H200-141GB__gemm__fwd__all").meta["floor_us"]
+    assert kept["path"].iloc[0] == "model" and kept["duration_us"].iloc[0] >= 5 * gemm_floor

@@ -82,7 +82,7 @@ from predictor.costs.physics import cross_entropy_floor, hbm_floor, kernel_paths
 from predictor.costs.physics.achieved_rates import lowp_curves
 from predictor.costs.physics.lowp_gemm import bounded, peak_flops
 from predictor.costs.physics.roofline import Rates, estimate_us, record_rates
-from predictor.costs.physics.transfer import transfer
+from predictor.costs.physics.transfer import kernel_timed, transfer
 from tracekit.core.data_files import DATA
 from tracekit.core.errors import ModelError
 from tracekit.core.hardware import gpu_family, hardware_spec
@@ -91,6 +91,11 @@ from tracekit.core.samples import DTENSOR_SUFFIX, FUSED_SUFFIX, GEMM_ROLES
 FORMAT = "tracekit-models/1"
 INDEX = "index.json"
 OUTPUT_COLUMNS = ("duration_us", "path", "out_of_range", "sources")
+#: A model trained on wall-clock samples alone (`tracekit sample` on a GPU: the host's clock around each call and a
+#: synchronize, `predictor.costs.physics.transfer.kernel_timed`) answers a row as the kernel's time only where its
+#: shortest sample (`floor_us`, the host's round trip) is at most a fifth of the answer; below, the row takes the
+#: kernel-timed paths as if the GPU had no model (a real step launches its kernels without waiting for each).
+WALL_CLOCK_TRUST = 5.0
 
 
 def bundled_models_dir() -> Path:
@@ -313,7 +318,7 @@ class ModelSet:
         for mid, code_list in chosen.items():
             rows = np.flatnonzero(np.isin(codes, code_list))
             sub_physics = (physics[0].iloc[rows], physics[1][rows])
-            before = duration[rows].copy()
+            answered, before = rows, duration[rows].copy()
             self._run(by_id[mid], frame.iloc[rows], rows, duration, oor, sub_physics)
             if not by_id[mid].meta.get("extrapolates", True):  # a table's model answers inside its table,
                 outside = oor[rows] | unsized(by_id[mid], frame.iloc[rows])  # and above it at its edge's efficiency
@@ -324,6 +329,12 @@ class ModelSet:
                 outside &= ~above
                 duration[rows[outside]], oor[rows[outside]] = before[outside], True
                 rows = rows[~outside]
+            floor = by_id[mid].meta.get("floor_us")
+            if floor and not kernel_timed(by_id[mid]):  # a wall-clock model answers where its host round trip
+                host = duration[rows] < WALL_CLOCK_TRUST * float(floor)  # is at most a fifth of its answer
+                duration[rows[host]] = before[np.isin(answered, rows[host])]
+                oor[rows[host]] = True
+                rows = rows[~host]
             path[rows] = tag
             done[rows] = True
         return done

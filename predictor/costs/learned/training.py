@@ -175,6 +175,8 @@ def _metadata(mid, hardware, primitive, pass_, group, frame, result: FitResult) 
         "dtypes": sorted(frame["dtype"].dropna().astype(str).unique().tolist()) if "dtype" in frame.columns else [],
         "sources": sorted(frame["source_path"].dropna().astype(str).unique().tolist())
         if "source_path" in frame.columns else [],
+        # the shortest sample: on wall-clock samples the host's round trip (predictor.costs.learned.models)
+        "floor_us": round(float(frame["duration_us"].min()), 3),
     }
 
 
