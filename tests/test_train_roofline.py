@@ -72,7 +72,7 @@ def test_cpu_rates_are_kept_per_machine(tmp_path):
     import sys
 
     env = {**os.environ, "TRACEKIT_CACHE_DIR": str(tmp_path)}
-    code = "from predictor import roofline; r = roofline.rates('cpu-x'); print(r.vector_flops, r.mem_bw)"
+    code = "from predictor.costs.physics import roofline; r = roofline.rates('cpu-x'); print(r.vector_flops, r.mem_bw)"
     runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
             for _ in range(2)]
     assert runs[0] == runs[1]
