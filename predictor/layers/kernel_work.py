@@ -9,7 +9,8 @@ Primitives and the shape features their rows carry (columns of `tracekit.core.sa
 - `gdn_chunk_rule` (Gated DeltaNet): batch, seq, heads (value heads), head_dim (value dim), width (key dim), seq_kv
   (the chunk);
 - `dsa_index_scores`: batch, seq, seq_kv (keys), heads (index heads), head_dim, causal (1: a fused kernel's causal
-  tiles; 0: PyTorch's dense fp32 path); `dsa_topk`: rows, width (keys), k (top-k);
+  tiles; 0: PyTorch's dense fp32 path), width (element-wise steps per score: 3, or 2 without the ReLU; 3 when
+  absent); `dsa_topk`: rows, width (keys), k (top-k);
 - `sparse_attention`: the attention features, seq_kv the keys each query reads, head_dim the mean of the latent
   query/key and value dims (its work: attention's at that seq_kv, not causal).
 A backward row does twice its forward's work (`predictor.layers.ssm.scan_work.backward`).
@@ -28,7 +29,7 @@ SHAPE_FEATURES: dict[str, tuple[str, ...]] = {
     CONV: ("batch", "seq", "rows", "width", "k"),
     **{k: ("batch", "seq", "heads", "head_dim", "kv_heads", "width", "seq_kv") for k in SSD_KERNELS},
     GDN_RULE: ("batch", "seq", "heads", "head_dim", "width", "seq_kv"),
-    "dsa_index_scores": ("batch", "seq", "seq_kv", "heads", "head_dim", "causal"),
+    "dsa_index_scores": ("batch", "seq", "seq_kv", "heads", "head_dim", "causal", "width"),
     "dsa_topk": ("rows", "width", "k"),
     "sparse_attention": ("batch", "heads", "seq", "seq_kv", "head_dim"),
 }
@@ -71,8 +72,9 @@ def work(frame: pd.DataFrame, esize: np.ndarray) -> tuple[np.ndarray, np.ndarray
             f, m = gdn_work(col("batch"), col("seq"), col("heads"), col("width"), col("head_dim"), col("seq_kv"), e)
             t = col("batch") * np.ceil(col("seq") / col("seq_kv")) * col("heads")
         elif kind == "dsa_index_scores":
+            passes = np.nan_to_num(col("width"), nan=3.0)
             f, m = index_scores_work(col("batch"), col("seq"), col("seq_kv"), col("heads"), col("head_dim"),
-                                     col("causal") > 0, e)
+                                     col("causal") > 0, e, passes)
             f, m = np.asarray(f, dtype="float64"), np.asarray(m, dtype="float64")
             t = col("batch") * np.ceil(col("seq") / TILE) * np.ceil(col("seq_kv") / TILE)
         elif kind == "dsa_topk":
