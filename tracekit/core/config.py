@@ -358,6 +358,8 @@ class TrainingConfig:
         sections: dict[str, dict[str, Any]] = {}
         for key in [k for k in values if k in SECTION_OF]:
             sections.setdefault(SECTION_OF[key], {})[key] = values.pop(key)
+        if hybrid_settings.latent_attention(sections.get("hybrid", {})):  # `D`/`+` layers: MLA, at its stated sizes
+            sections.setdefault("attn", {})["multi_latent_attention"] = True
         build_sections(values, sections)
         hybrid_settings.check_spec(extra.get("spec"), values.get("hybrid"))
         if values.get("hybrid") is not None:
@@ -385,8 +387,8 @@ class TrainingConfig:
 def _apply_pattern(values: dict[str, Any]) -> None:
     """What a hybrid layer pattern sets, as Megatron derives it (tracekit.core.hybrid.pattern_derived): the layer
     count (the stated one kept for Megatron's warning), virtual pipeline stages from its `|` segments, MTP layers
-    from its `/` depths, multi-latent attention on for `D`/`+` layers."""
-    hybrid, layout, attn = values["hybrid"], values.get("layout"), values.get("attn")
+    from its `/` depths."""
+    hybrid, layout = values["hybrid"], values.get("layout")
     stated = int(float(values["num_layers"]))
     derived = hybrid_settings.pattern_derived(hybrid, stated, int(float(values.get("pipeline_model_parallel_size",
                                                                                     1) or 1)),
@@ -399,8 +401,6 @@ def _apply_pattern(values: dict[str, Any]) -> None:
         values["virtual_pipeline_model_parallel_size"] = derived["vp"]
     if derived["mtp_num_layers"]:
         values["layout"] = dataclasses.replace(layout or LayoutSettings(), mtp_num_layers=derived["mtp_num_layers"])
-    if derived["mla"]:
-        values["attn"] = dataclasses.replace(attn or AttentionSettings(), multi_latent_attention=True)
 
 
 def own_setting_names() -> set[str]:

@@ -698,11 +698,17 @@ def stated(settings: dict[str, Any]) -> bool:
 
 
 # -- what a pattern sets in the rest of the configuration -----------------------------------------------------------
+def latent_attention(settings: dict[str, Any]) -> bool:
+    """Whether the stated hybrid settings' patterns have `D` or `+` layers: multi-latent attention (Megatron turns it
+    on for them), with the MLA sizes the configuration states."""
+    keys = ("hybrid_layer_pattern", "hybrid_override_pattern", "mtp_hybrid_override_pattern")
+    return any(symbol in str(settings.get(k) or "") for k in keys for symbol in (DS_ATTENTION, MLA))
+
+
 def pattern_derived(settings: HybridSettings, num_layers: int, pp: int, mtp_num_layers: int | None
                     ) -> dict[str, Any]:
     """What Megatron derives from the layer pattern, for TrainingConfig: `num_layers` (the pattern's count),
-    `vp` (its segments over pp), `mtp_num_layers` (its `/` depths, 0 without), `mla` (multi-latent attention on:
-    `D` or `+` layers); {} for a GPT model (no pattern)."""
+    `vp` (its segments over pp), `mtp_num_layers` (its `/` depths, 0 without); {} for a GPT model (no pattern)."""
     pattern = settings.pattern(num_layers, mtp_num_layers)
     if pattern is None:
         return {}
@@ -711,8 +717,7 @@ def pattern_derived(settings: HybridSettings, num_layers: int, pp: int, mtp_num_
         raise ConfigError(f"mtp_num_layers {mtp_num_layers} with the hybrid layer pattern {pattern!r}: a hybrid "
                           "model's MTP layers are its pattern's `/` depths (or --mtp-hybrid-override-pattern "
                           "repeated --mtp-num-layers times)")
-    return {"num_layers": len(parsed.layers), "vp": pattern_vp(pattern, pp), "mtp_num_layers": parsed.mtp_depths,
-            "mla": DS_ATTENTION in pattern or MLA in pattern}
+    return {"num_layers": len(parsed.layers), "vp": pattern_vp(pattern, pp), "mtp_num_layers": parsed.mtp_depths}
 
 
 #: `--spec MODULE NAME` values whose layers tracekit prices: Megatron's hybrid stack (`hybrid_stack_spec`; the
