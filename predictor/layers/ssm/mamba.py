@@ -40,7 +40,7 @@ from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
 from tracekit.core.hybrid import HybridSettings, MambaShape
 
-from .scan_work import CONV, RECOMPUTED, SSD_KERNELS, chunks, conv_work, ssd_work
+from .scan_work import CONV, RECOMPUTED, SSD_KERNELS, chunks, conv_work, ssd_backward_work, ssd_work
 
 MODULE = "mamba"
 
@@ -202,9 +202,12 @@ def ops(b: OpBuilder, shape: MambaShape, lowp: bool, state_dtype: str | None = N
                                       kv_heads=m.scan_groups, width=shape.state, seq_kv=shape.chunk,
                                       numel=mb * seq * m.scan_d_inner)
     for kernel in SSD_KERNELS:
-        flops = ssd_work(kernel, mb, seq, m.scan_heads, shape.head_dim, m.scan_groups, shape.state, shape.chunk)[0]
+        sizes = (kernel, mb, seq, m.scan_heads, shape.head_dim, m.scan_groups, shape.state, shape.chunk)
         dtype = state_dtype if kernel == "ssd_state_passing" and state_dtype else None
-        kernels.append(b.compute(f"mixer.{kernel}", kernel, kernel, flops, True, False, dtype, **features))
+        fwd, bwd = b.compute(f"mixer.{kernel}", kernel, kernel, ssd_work(*sizes)[0], True, False, dtype, **features)
+        assert isinstance(bwd, OpUse)
+        bwd.flops = ssd_backward_work(*sizes)[0]  # its gradients' kernels (scan_work)
+        kernels.append((fwd, bwd))
     for i, (fwd, bwd) in enumerate(kernels):
         if i > (0 if mem_eff else 1):  # one call issues them (mamba_split_conv1d_scan_combined: the convolution too)
             _inside(fwd, bwd)
