@@ -43,8 +43,18 @@ predicted with the profile's constants (megatron-bridge takes megatron-core's), 
 `--fit-core` refits on every CI row and writes tracekit/data/stacks/megatron-core.json. Printed per model family ×
 GPU × precision, with the signed bias.
 
+Hybrid models (`--only hybrid`): Megatron-Bridge's Nemotron 3 Nano rows (megatron_bridge_hybrid.csv: 23 Mamba2, 23
+MoE and 6 attention layers, on H100, B200 and GB200), predicted as `predict --batch` predicts them and scored
+untouched: nothing is fitted on them (the megatron-bridge profile's constants come from the CI and the other Bridge
+rows; the Mamba2 kernels are the roofline of their bytes and FLOPs, predictor.layers.ssm.scan_work). Printed: MAPE,
+median and p90, per GPU × precision with the signed bias, the predicted share of the Mamba layers, and how slow they
+would have to be to close each row's gap alone (the gap over their predicted time, a bound on what the rows could
+say about Mamba's real cost against its roofline), beside the bias of the Bridge table's Qwen3-30B-A3B rows on the
+same GPUs and precisions (a transformer of the same size class whose MoE layers take the same path: the share of
+the gap that is not Mamba's).
+
 Run: .venv/bin/python benchmarks/e2e_accuracy.py [--models DIR] [--fit-stack] [--fit-composer] [--fit-core]
-     [--peers] [--only megatron|llm-foundry|megatron-core]
+     [--peers] [--only megatron|llm-foundry|megatron-core|hybrid]
 """
 from __future__ import annotations
 
@@ -578,6 +588,56 @@ def megatron_bridge(models, worst: int, refit: bool = False, peer_stride: int | 
     return ("megatron bridge perf", len(rows), len(failed), label, *figure, bare, BRIDGE_GOAL, peers)
 
 
+# -- hybrid models: Nemotron 3 Nano (Mamba2 + MoE + attention) -------------------------------------------------------
+HYBRID = "megatron_bridge_hybrid.csv"
+HYBRID_GOAL = "≤ 15%"
+
+
+def block_seconds(prepared, cal, prefix: str) -> float:
+    """Predicted seconds per iteration of the ops of the layers whose kind starts with `prefix`, on the busiest
+    stage's GPU (their per-micro-batch time × micro-batches; overlap with communication not taken off)."""
+    from predictor.costs.estimates import calibrated_durations
+
+    graph, est = prepared[0], prepared[1]
+    dur = calibrated_durations(graph, est, cal)
+    m = graph.config.num_microbatches
+    total = 0.0
+    for seg in graph.segments:
+        for op in seg.fwd + seg.bwd:
+            if op.per_layer and str(op.block).split(":")[-1].startswith(prefix):
+                total += float(dur[op.spec]) * op.count * m
+    return total / 1e6
+
+
+def hybrid_models(models, worst: int) -> tuple:
+    """The hybrid rows as `predict --batch` predicts them (the row's stack, nothing fitted on them)."""
+    rows, prepared, measured, failed = load_rows(models, HYBRID)
+    print(f"\n== hybrid models ({HYBRID}): {len(rows)} rows predicted, {len(failed)} not; stacks "
+          f"{sorted({r.stack.name for r in rows})}, clusters {sorted({r.cluster.name for r in rows})}, models "
+          f"{sorted({p[0].hardware for p in prepared})}")
+    _not_predicted(failed)
+    predicted = times_with_row_stacks(rows, prepared)
+    figure = stats(predicted, measured)
+    bare = stats(iteration_times_s(prepared, NONE), measured)[0]
+    label = "megatron-bridge profile, nothing fitted on these rows"
+    print(f"  {label}: MAPE {figure[0]:.2f}% (median {figure[1]:.2f}%, p90 {figure[2]:.2f}%); goal {HYBRID_GOAL}")
+    print(f"  without stack constants: MAPE {bare:.2f}%")
+    groups_table(rows, predicted, measured, lambda r: (r.cells["hardware_gpu"], r.config.precision),
+                 "GPU × precision", worst)
+    print(f"  {'row':<36} {'Mamba share %':>13} {'Mamba × to close the gap':>25}")
+    for r, p, t, meas in zip(rows, prepared, predicted, measured):
+        mamba = block_seconds(p, r.calibration or NONE, "mamba")
+        name = f"line {r.line}: {r.cells['hardware_gpu']} {r.config.precision}"
+        print(f"  {name:<36} {100 * mamba / t:>13.1f} {(mamba + meas - t) / mamba:>25.2f}")
+    control, c_prepared, c_measured, _ = load_rows(models, BRIDGE)
+    keep = [i for i, r in enumerate(control) if bridge_model(r).lower().startswith("qwen3_30b")]
+    c_predicted = times_with_row_stacks([control[i] for i in keep], [c_prepared[i] for i in keep])
+    groups_table([control[i] for i in keep], c_predicted, c_measured[keep],
+                 lambda r: (r.cells["hardware_gpu"], r.config.precision),
+                 "control: Qwen3-30B-A3B (Bridge table), GPU × precision", 0)
+    return ("hybrid (Nano)", len(rows), len(failed), label, *figure, bare, HYBRID_GOAL, [])
+
+
 def write_devices(scales: dict[str, float], rows: int, lomo_mape: float) -> None:
     doc: dict = {}
     doc["device_scale"] = dict(sorted(scales.items()))
@@ -630,7 +690,7 @@ def main() -> None:
                         help=f"refit the {CORE} stack's host constants on every CI row and write its profile")
     parser.add_argument("--fit-devices", action="store_true",
                         help=f"refit the {CORE} stack's device scales on every Bridge row and write its profile")
-    parser.add_argument("--only", choices=("megatron", "llm-foundry", "megatron-core"), default=None,
+    parser.add_argument("--only", choices=("megatron", "llm-foundry", "megatron-core", "hybrid"), default=None,
                         help="run one part only (default: all)")
     parser.add_argument("--worst", type=int, default=5)
     parser.add_argument("--peers", action="store_true", help="also run the peer predictors on the same rows")
@@ -675,6 +735,8 @@ def main() -> None:
         stride = 1 if args.peers else None
         summary.append(megatron_ci(models, args.worst, args.fit_core, stride))
         summary.append(megatron_bridge(models, args.worst, args.fit_devices, stride))
+    if args.only in (None, "hybrid"):
+        summary.append(hybrid_models(models, args.worst))
     print(f"\n{'set':<20} {'rows':>5} {'failed':>6} {'MAPE %':>7} {'median %':>8} {'p90 %':>6} "
           f"{'no stack constants %':>20}  goal   (figure)")
     for name, n, bad, label, mape, median, p90, bare, goal, _ in summary:

@@ -224,3 +224,45 @@ def test_a_nano_row_prices_the_new_kernels_by_their_roofline_and_says_so(models)
     assert {"causal_conv1d", "ssd_chunk_scan", "ssd_chunk_state", "ssd_bmm_chunk"} <= set(flagged)
     assert all(f["path"] == "roofline" for f in flagged.values())
     assert prediction.iteration_time_s > 0 and not [w for w in prediction.warnings if "not modelled" in w]
+
+
+# -- search -------------------------------------------------------------------------------------------------------
+def test_search_proposes_pipe_placements_megatron_accepts():
+    """Every split a search proposes for a hybrid model is a pattern Megatron's rules accept (hybrid.validate): the
+    same layers in the same order, pp·vp segments, none empty, the MTP depths kept; and the FLOPs it balances are
+    balanced: with two or three segments, no cut of the layers has a lighter heaviest segment (the last one carrying
+    the output layer and the MTP depth)."""
+    from itertools import accumulate, combinations
+
+    from predictor.sweeps.search import enumerate_configs, split_of
+
+    pattern = "MEMEM*EMEMEM*EMEMEM*EMEMEM*E/*E"
+    base = {**BASE, **MAMBA, "num_layers": 27, "hybrid_layer_pattern": pattern, "num_experts": 8,
+            "moe_ffn_hidden_size": 512, "global_batch_size": 64}
+    configs, _ = enumerate_configs(base, 16, {"micro_batch_size", "recompute_granularity", "sequence_parallel",
+                                              "use_distributed_optimizer", "tensor_model_parallel_size",
+                                              "expert_model_parallel_size", "expert_tensor_parallel_size"})
+    shapes = set()
+    for c in configs:
+        assert c.hybrid is not None
+        placed = split_of(c)["hybrid_layer_pattern"]
+        main, *mtp = placed.split("/")
+        assert main.replace("|", "") == pattern.split("/")[0] and mtp == ["*E"]
+        segments = main.split("|")
+        assert len(segments) == c.pp * c.vp and all(segments)
+        c.hybrid.validate(c)  # Megatron's rules for the pattern with this split
+        shapes.add((c.pp, c.vp))
+        weights = [layer_flops_per_token(c, i) for i in range(c.num_layers)]
+        tail = 2.0 * c.hidden_size * c.padded_vocab_size * 2 + layer_flops_per_token(c, c.num_layers)
+
+        def heaviest(cuts: tuple[int, ...]) -> float:
+            edges = (0, *cuts, len(weights))
+            sums = [sum(weights[a:b]) for a, b in zip(edges, edges[1:])]
+            sums[-1] += tail
+            return max(sums)
+
+        ends = list(accumulate(len(seg) for seg in segments))[:-1]
+        if 1 < len(segments) <= 3:
+            best = min(heaviest(cuts) for cuts in combinations(range(1, len(weights)), len(segments) - 1))
+            assert heaviest(tuple(ends)) == pytest.approx(best)
+    assert {(1, 1), (2, 1), (4, 1), (2, 2)} <= shapes

@@ -342,6 +342,9 @@ class TrainingConfig:
             key = setting_name(raw_key)
             if key not in values and key not in extra and scalar(raw) is not None:
                 apply_setting(key, scalar(raw), values, extra, known)
+        pattern = values.get("hybrid_layer_pattern") or values.get("hybrid_override_pattern")
+        if "num_layers" not in values and pattern:  # Megatron takes the layer count from the pattern
+            values["num_layers"] = hybrid_settings.layer_count(str(pattern))
         missing = [n for n in ("num_layers", "hidden_size", "num_attention_heads", "seq_length") if n not in values]
         if missing:
             raise ConfigError(f"configuration lacks {', '.join(missing)}")

@@ -519,6 +519,54 @@ class HybridSettings:
         if DS_ATTENTION in kinds and self.dsa_indexer_topk_freq > 1:
             self._validate_topk_sharing(c, pattern)
 
+    def pipe_split(self, pattern: str, stages: int, weights: list[float], tail: float = 0.0) -> str:
+        """`pattern` with its main layers placed on `stages` pipeline segments by `|` (pipes it had are replaced;
+        its MTP part kept): contiguous, none empty, the heaviest segment as light as it can be, the last one also
+        carrying `tail` (the output layer, loss and MTP layers); `weights` one per main layer. A segment never starts
+        on a DSA layer that reuses an earlier layer's top-k (Megatron refuses that split). ConfigError when no split
+        exists (fewer layers than stages)."""
+        parsed = parse(pattern)
+        layers = parsed.layers
+        n = len(layers)
+        suffix = "".join(MTP_SEPARATOR + (parsed.mtp or "") for _ in range(parsed.mtp_depths))
+        if stages <= 1:
+            return layers + suffix
+        if n < stages:
+            raise ConfigError(f"the pattern's {n} layers cannot fill {stages} pipeline segments")
+        if len(weights) != n:
+            raise ValueError(f"{len(weights)} weights for {n} layers")
+        starts_ok = [True] * n
+        if DS_ATTENTION in layers and self.dsa_indexer_topk_freq > 1:
+            for i, symbol in enumerate(layers):
+                starts_ok[i] = not (symbol == DS_ATTENTION and dsa_reuses_topk(
+                    i + 1, self.dsa_indexer_skip_topk_offset, self.dsa_indexer_topk_freq))
+        prefix = [0.0]
+        for w in weights:
+            prefix.append(prefix[-1] + w)
+        inf = float("inf")
+        # best[k][j]: the least heaviest-segment weight of layers[:j] in k segments; cut[k][j]: where the last starts
+        best = [[inf] * (n + 1) for _ in range(stages + 1)]
+        cut = [[0] * (n + 1) for _ in range(stages + 1)]
+        best[0][0] = 0.0
+        for k in range(1, stages + 1):
+            for j in range(k, n - (stages - k) + 1):
+                extra = tail if k == stages else 0.0
+                for i in range(k - 1, j):
+                    if best[k - 1][i] == inf or (i > 0 and not starts_ok[i]):
+                        continue
+                    value = max(best[k - 1][i], prefix[j] - prefix[i] + extra)
+                    if value < best[k][j] - 1e-9 * max(1.0, value):
+                        best[k][j], cut[k][j] = value, i
+        if best[stages][n] == inf:
+            raise ConfigError(f"no split of {pattern!r} into {stages} pipeline segments starts every segment on a "
+                              "layer that computes its own top-k")
+        bounds, j = [], n
+        for k in range(stages, 0, -1):
+            i = cut[k][j]
+            bounds.append((i, j))
+            j = i
+        return PIPE.join(layers[i:j] for i, j in reversed(bounds)) + suffix
+
     def check_derived(self, config) -> None:
         """ConfigError where `config` disagrees with what Megatron derives from the pattern (`pattern_derived`, which
         `TrainingConfig.from_mapping` applies): its layer count, its MTP depths, multi-latent attention for `D`/`+`."""
