@@ -52,7 +52,18 @@ fitted on the Bridge rows' dense models: held out leave-one-model-out there, and
 figure (what they would do there; they are not applied to them). Printed per model family × GPU × precision, with
 the signed bias.
 
-Run: .venv/bin/python benchmarks/e2e_accuracy.py [--models DIR] [--peers] [--only megatron|llm-foundry|megatron-core]
+Hybrid models (`--only hybrid`): Megatron-Bridge's Nemotron 3 Nano rows (megatron_bridge_hybrid.csv: 23 Mamba2, 23
+MoE and 6 attention layers, on H100, B200 and GB200), predicted as `predict --batch` predicts them and scored
+untouched: nothing is fitted on them (the megatron-bridge profile's constants come from the CI and the other Bridge
+rows; the Mamba2 kernels are the roofline of their bytes and FLOPs, predictor.layers.ssm.scan_work). Printed: MAPE,
+median and p90, per GPU × precision with the signed bias, the predicted share of the Mamba layers, and how slow they
+would have to be to close each row's gap alone (the gap over their predicted time, a bound on what the rows could
+say about Mamba's real cost against its roofline), beside the bias of the Bridge table's Qwen3-30B-A3B rows on the
+same GPUs and precisions (a transformer of the same size class whose MoE layers take the same path: the share of
+the gap that is not Mamba's).
+
+Run: .venv/bin/python benchmarks/e2e_accuracy.py [--models DIR] [--peers]
+     [--only megatron|llm-foundry|megatron-core|hybrid]
 (about 3 minutes of CPU; the held-out fits are most of it)
 """
 
@@ -386,10 +397,58 @@ def megatron_bridge(models, worst: int, peer_stride: int | None = None) -> tuple
     return ("megatron bridge perf", len(rows), len(data.failed), *shipped, figure[0], label, bare, BRIDGE_GOAL, peers)
 
 
+# -- hybrid models: Nemotron 3 Nano (Mamba2 + MoE + attention) -------------------------------------------------------
+HYBRID = "megatron_bridge_hybrid.csv"
+HYBRID_GOAL = "≤ 15%"
+
+
+def block_seconds(prepared, cal, prefix: str) -> float:
+    """Predicted seconds per iteration of the ops of the layers whose kind starts with `prefix`, on the busiest
+    stage's GPU (their per-micro-batch time × micro-batches; overlap with communication not taken off)."""
+    from predictor.costs.estimates import calibrated_durations
+
+    graph, est = prepared[0], prepared[1]
+    dur = calibrated_durations(graph, est, cal)
+    m = graph.config.num_microbatches
+    total = 0.0
+    for seg in graph.segments:
+        for op in seg.fwd + seg.bwd:
+            if op.per_layer and str(op.block).split(":")[-1].startswith(prefix):
+                total += float(dur[op.spec]) * op.count * m
+    return total / 1e6
+
+
+def hybrid_models(models, worst: int) -> tuple:
+    """The hybrid rows as `predict --batch` predicts them (the row's stack, nothing fitted on them): shipped is the
+    only figure, and the held-out one is the same (no constant is fitted on these rows)."""
+    data = sf.load_set(models, HYBRID)
+    rows, prepared, measured = data.rows, data.prepared, data.measured
+    header("hybrid (Nano)", data)
+    shipped = stats(shipped_times(rows, models), measured)
+    predicted = times_with_row_stacks(rows, prepared)
+    bare = stats(iteration_times_s(prepared, NONE), measured)[0]
+    label = "megatron-bridge profile, nothing fitted on these rows"
+    print_figures(shipped, HYBRID_GOAL, shipped[0], label, bare)
+    groups_table(rows, predicted, measured, lambda r: (r.cells["hardware_gpu"], r.config.precision),
+                 "GPU × precision", worst)
+    print(f"  {'row':<36} {'Mamba share %':>13} {'Mamba × to close the gap':>25}")
+    for r, p, t, meas in zip(rows, prepared, predicted, measured):
+        mamba = block_seconds(p, r.calibration or NONE, "mamba")
+        name = f"line {r.line}: {r.cells['hardware_gpu']} {r.config.precision}"
+        print(f"  {name:<36} {100 * mamba / t:>13.1f} {(mamba + meas - t) / mamba:>25.2f}")
+    control = sf.load_set(models, BRIDGE)
+    keep = [i for i, r in enumerate(control.rows) if sf.bridge_model(r).lower().startswith("qwen3_30b")]
+    c_predicted = times_with_row_stacks([control.rows[i] for i in keep], [control.prepared[i] for i in keep])
+    groups_table([control.rows[i] for i in keep], c_predicted, control.measured[keep],
+                 lambda r: (r.cells["hardware_gpu"], r.config.precision),
+                 "control: Qwen3-30B-A3B (Bridge table), GPU × precision", 0)
+    return ("hybrid (Nano)", len(rows), len(data.failed), *shipped, shipped[0], label, bare, HYBRID_GOAL, [])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=None, help="model directory (default: bundled)")
-    parser.add_argument("--only", choices=("megatron", "llm-foundry", "megatron-core"), default=None,
+    parser.add_argument("--only", choices=("megatron", "llm-foundry", "megatron-core", "hybrid"), default=None,
                         help="run one part only (default: all)")
     parser.add_argument("--worst", type=int, default=5)
     parser.add_argument("--peers", action="store_true", help="also run the peer predictors on the same rows")
@@ -429,6 +488,8 @@ def main() -> None:
         stride = 1 if args.peers else None
         summary.append(megatron_ci(models, args.worst, stride))
         summary.append(megatron_bridge(models, args.worst, stride))
+    if args.only in (None, "hybrid"):
+        summary.append(hybrid_models(models, args.worst))
     print("\nshipped: `tracekit predict --batch FILE` with the shipped files and no flag · held out: each fitted "
           "constant fitted without the rows it predicts")
     print(f"{'set':<20} {'rows':>5} {'failed':>6} {'shipped %':>9} {'median %':>8} {'p90 %':>6} {'goal':<7} "

@@ -287,6 +287,8 @@ def _prediction(graph: Graph, est: Estimates, cluster: Cluster, notes: list[str]
     memory, mem_warnings = config_memory(c, cluster.hardware)  # the GPU the job runs on, not the models' sibling
     counts = tables.instance_counts(graph)
     warnings = mem_warnings + list(notes or [])  # a configuration that does not fit: that first
+    if c.hybrid is not None:  # what Megatron changes and says so (a --num-layers the pattern overrides, ...)
+        warnings += c.hybrid.notes(c)
     unmodelled = unmodelled_warning(c.extra)
     if unmodelled:
         warnings.append(unmodelled)

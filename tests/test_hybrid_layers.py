@@ -68,14 +68,27 @@ def test_the_roofline_work_of_each_new_row_is_the_work_its_op_carries():
     frame = pd.DataFrame(b.specs)
     flops, moved, _ = kernel_work.work(frame, np.full(len(frame), 2.0))
     seen = set()
+    scan = {"fwd": [0.0, 0.0], "bwd": [0.0, 0.0]}  # FLOPs, bytes of the SSD kernels
     for fwd, bwd, _ in pairs:
-        if fwd is not None and b.specs[fwd.spec]["primitive"] in kernel_work.PRIMITIVES:
+        primitive = b.specs[fwd.spec]["primitive"] if fwd is not None else None
+        if primitive in kernel_work.PRIMITIVES:
             assert flops[fwd.spec] == pytest.approx(fwd.flops)
             for part in parts(bwd):
-                assert flops[part.spec] == pytest.approx(2 * fwd.flops)  # the gradients: twice the forward
-                assert moved[part.spec] == pytest.approx(2 * moved[fwd.spec])
-            seen.add(b.specs[fwd.spec]["primitive"])
+                assert flops[part.spec] == pytest.approx(part.flops)  # the row's work is what its op carries
+                if primitive == "causal_conv1d":  # the gradients: twice the forward
+                    assert part.flops == pytest.approx(2 * fwd.flops)
+                    assert moved[part.spec] == pytest.approx(2 * moved[fwd.spec])
+                else:
+                    scan["fwd"][0] += flops[fwd.spec]
+                    scan["fwd"][1] += moved[fwd.spec]
+                    scan["bwd"][0] += flops[part.spec]
+                    scan["bwd"][1] += moved[part.spec]
+            seen.add(primitive)
     assert seen == {"causal_conv1d", *SSD_KERNELS}
+    # mamba_ssm's gradient kernels: each product's two operands (2× the forward's FLOPs, a little more with the
+    # decays' gradients), in more passes over x and the output gradient than the forward makes over its inputs
+    assert 2.0 * scan["fwd"][0] < scan["bwd"][0] < 3.0 * scan["fwd"][0]
+    assert scan["bwd"][1] > 2.0 * scan["fwd"][1]
 
 
 def test_a_mamba_layer_runs_one_combined_call_and_its_backward_recomputes_the_scans_inputs():

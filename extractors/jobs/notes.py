@@ -17,7 +17,9 @@
   recipe preset names and what Bridge's configuration for that recipe sets (extractors.jobs.bridge.precision); what the
   model recipe that preset names sets beyond them (extractors.jobs.bridge.recipes: Llama 3 70B's tensor-parallel
   communication overlap).
-Every value read this way is named in the row's `prediction_notes`.
+Every value read this way is named in the row's `prediction_notes`. A row whose notes say its model is not a
+transformer (`HYBRID (not a pure transformer)`, `not a transformer`, `Mamba`, `state-space`) is one tracekit prices
+only from a layer pattern (`not_a_transformer`: extractors.jobs.rows refuses it without one).
 """
 from __future__ import annotations
 
@@ -66,7 +68,15 @@ TOKEN_DROP = {"moe_expert_capacity_factor": 1.0, "moe_pad_expert_input_to_capaci
 ENV_SETTINGS = {"NCCL_ALGO": "nccl_algo", "NCCL_NVLS_ENABLE": "nccl_nvls_enable",
                 "CUBLAS_WORKSPACE_CONFIG": "cublas_workspace_config"}
 _ENV = re.compile(r"\b(" + "|".join(ENV_SETTINGS) + r")=([^\s,;|()]+)")
+_NOT_TRANSFORMER = re.compile(r"not a (?:pure )?transformer|\bhybrid\b[^|]*\b(?:mamba\d*|ssm|state[- ]space)\b|"
+                              r"\bstate[- ]space model\b", re.I)
 _PAIR = re.compile(r"\b(pp_layout)=(\S+)|\b([a-z][a-z0-9_]*)=(\[[^\]]*\]|\"[^\"]*\"|'[^']*'|[^\s,;|()]+)")
+
+
+def not_a_transformer(notes: str) -> str | None:
+    """The words of a row's notes that say its model is not a (pure) transformer, None when they say nothing so."""
+    found = _NOT_TRANSFORMER.search(notes or "")
+    return found.group(0) if found else None
 
 
 def _value(text: str) -> Any:

@@ -20,7 +20,7 @@ from tracekit.core.settings import setting_name
 from tracekit.core.stacks import Stack, get_stack, select_stack
 
 from .bridge.segments import launched_cluster
-from .notes import argument_settings, note_settings
+from .notes import argument_settings, not_a_transformer, note_settings
 from .sharding_cells import settings_from_text, with_shard_inside
 from .table import CONFIG_COLUMNS, MLA_COLUMNS, hardware_text, read_cell
 from .torchtitan_runs import as_torchtitan_runs
@@ -89,6 +89,11 @@ def parse_row(cells: dict[str, str], line: int, hardware: str | None, gpus_per_n
         if chosen.name == "torchtitan":  # FSDP2, SP with TP, torchtitan's pipeline split
             config = as_torchtitan_runs(config, notes)
         config = _uneven(config, cells, notes)
+        said = not_a_transformer(cells.get("notes", ""))
+        if said and (config.hybrid is None or not config.hybrid.is_hybrid):
+            raise ConfigError(f"the row's notes say its model is not a transformer ({said!r}) and the row gives no "
+                              "layer pattern (a hybrid_override_pattern / hybrid_layer_pattern column, or an `arch:` "
+                              "model provider tracekit knows): priced as a transformer it would be wrong")
         config.validate()
         if cluster is not None:
             where = cluster if not hardware else cluster.with_hardware(hardware)

@@ -32,7 +32,25 @@ _OP_RULES = (  # (regex on the op name without namespace, primitive); first matc
                 r"convolution_backward|max_pool|avg_pool|adaptive_avg_pool|upsample)"), "other"),
 )
 
+#: The kernels of hybrid models' mixers, by their names in mamba_ssm (`mamba_ssm/ops/triton/ssd_*.py`: Triton kernels,
+#: named as their jitted functions), causal-conv1d (`csrc/causal_conv1d_*.cu`), flash-linear-attention
+#: (`fla/ops/gated_delta_rule/`, `fla/ops/common/`, `fla/ops/utils/`) and Megatron's own Triton copies
+#: (`megatron/core/ssm/ops/`); matched before the generic rules (`chunk_fwd_kernel_o` says nothing of a GEMM).
+_HYBRID_KERNEL_RULES = (
+    (re.compile(r"causal_conv1d"), "causal_conv1d"),
+    (re.compile(r"(^|[^a-z])_?chunk_cumsum_(fwd|bwd)_kernel"), "ssd_chunk_cumsum"),
+    (re.compile(r"(^|[^a-z])_?chunk_scan_"), "ssd_chunk_scan"),  # _chunk_scan_chunk_state_bwd_dx_kernel too
+    (re.compile(r"(^|[^a-z])_?chunk_state_(fwd|bwd|varlen)"), "ssd_chunk_state"),
+    (re.compile(r"(^|[^a-z])_?state_passing_(fwd|bwd)_kernel"), "ssd_state_passing"),
+    (re.compile(r"(^|[^a-z])_?bmm_chunk_(fwd|bwd)_kernel"), "ssd_bmm_chunk"),
+    (re.compile(r"chunk_gated_delta_(rule|product)_(fwd|bwd)_kernel|(^|[^a-z])chunk_(fwd|bwd)_kernel_(o|dqkwg|dv)|"
+                r"recompute_w_u_fwd_kernel|prepare_wy_repr_bwd_kernel|chunk_scaled_dot_kkt_fwd_kernel|"
+                r"solve_tril_|merge_16x16_to_(32x32|64x64)_inverse_kernel"), "gdn_chunk_rule"),
+    (re.compile(r"l2norm_(fwd|bwd)_kernel|chunk_local_cumsum_(scalar|vector)_kernel"), "elementwise"),
+)
+
 _KERNEL_RULES = (
+    *_HYBRID_KERNEL_RULES,
     (re.compile(r"log_softmax|cross_entropy|nll_loss", re.I), "cross_entropy"),
     (re.compile(r"flash|fmha|attn|attention", re.I), "attention"),
     (re.compile(r"softmax", re.I), "softmax"),

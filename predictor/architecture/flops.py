@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from predictor.layers.decoder import layer_blocks
+from predictor.layers.decoder import layer_blocks, mtp_layer
 from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import hardware_spec
 
@@ -34,8 +34,7 @@ def model_flops_per_iteration(config: TrainingConfig, causal: bool = False) -> f
     per_token = sum(layer_flops_per_token(c, i, causal) for i in range(c.num_layers))
     mtp = c.layout.mtp_num_layers if c.layout and c.layout.mtp_num_layers else 0
     if mtp:
-        last = c.num_layers - 1
-        per_token += mtp * (layer_flops_per_token(c, last, causal) + 2.0 * 2 * c.hidden_size * c.hidden_size)
+        per_token += mtp * (layer_flops_per_token(c, mtp_layer(c), causal) + 2.0 * 2 * c.hidden_size * c.hidden_size)
         head *= 1 + mtp
     return 3.0 * (tokens * per_token + head)
 

@@ -11,7 +11,7 @@ norm); a chunk adds the embedding (and learned positions), the final norm and ou
 from __future__ import annotations
 
 from predictor.layers.block import norm_params
-from predictor.layers.decoder import layer_blocks
+from predictor.layers.decoder import layer_blocks, mtp_layer
 from tracekit.core.config import TrainingConfig
 from tracekit.core.pipeline_layout import chunks
 
@@ -28,10 +28,11 @@ def layer_params(c: TrainingConfig, layer: int) -> tuple[int, int]:
 
 
 def mtp_params(c: TrainingConfig) -> tuple[int, int]:
-    """(dense, expert) parameters of one MTP layer (two norms, the [2h → h] projection, one decoder layer shaped like
-    the model's last, the final norm); the output layer is shared with the model's."""
+    """(dense, expert) parameters of one MTP layer (two norms, the [2h → h] projection, its decoder layer: a GPT
+    model's shaped like its last, a hybrid model's the pattern's MTP layers; the final norm); the output layer is
+    shared with the model's."""
     h = c.hidden_size
-    dense, expert = layer_params(c, c.num_layers - 1)
+    dense, expert = layer_params(c, mtp_layer(c))
     return dense + 3 * norm_params(c, h) + 2 * h * h // c.tp, expert
 
 

@@ -32,7 +32,7 @@ from predictor.ir.graph import Graph, Segment
 from predictor.ir.ops import COMM, COMPUTE, Backward, OpBuilder, OpUse, Pair, parts
 from predictor.layers.block import Block
 from predictor.layers.compile_fusion import compiled, fuse_layer
-from predictor.layers.decoder import kind_name, layer_blocks
+from predictor.layers.decoder import kind_name, layer_blocks, mtp_layer
 from predictor.layers.embedding.ops import embedding, head, mtp_ends
 from predictor.layers.pytorch_native import per_op_replay
 from predictor.parallel import fsdp
@@ -80,7 +80,7 @@ class _Layers:
         full = c.recompute_granularity == "full" and (
             c.recompute_method != "block" or c.recompute_num_layers is None or position < c.recompute_num_layers)
         return _Kind(blocks=layer_blocks(c, layer),
-                     window=c.attn.window(layer) if c.attn else None,
+                     window=c.attn.window(min(layer, c.num_layers - 1)) if c.attn else None,
                      bf16=bool(c.lowp and c.lowp.bf16_layer(layer, c.num_layers) and c.recipe.low_precision),
                      full_replay=full)
 
@@ -145,8 +145,8 @@ def _segment(b: OpBuilder, layer_kinds: _Layers, stage: int, index: int, part: C
         fwd.extend(forward)
         bwd_blocks.append(backward)
         casts += cast
-    for i in range(part.mtp):  # MTP layers: shaped like the model's last decoder layer
-        kind = layer_kinds.kind(c.num_layers - 1, 0)
+    for i in range(part.mtp):  # MTP layers: a GPT's shaped like its last decoder layer, a hybrid's its pattern's
+        kind = layer_kinds.kind(mtp_layer(c), 0)
         forward, backward, cast = layer_kinds.ops(kind)
         pre_fwd, post_fwd, pre_bwd, post_bwd = mtp_ends(b, i)
         mtp_block = f"mtp{i}:{kind.name}"

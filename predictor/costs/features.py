@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from predictor.layers import kernel_work
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES
 
 TILE = 128  # output tile edge used for tile/wave counts (typical tensor-core CTA tile)
@@ -40,6 +41,7 @@ SHAPE_FEATURES: dict[str, tuple[str, ...]] = {
     "memcpy": ("bytes", "numel"),
     "memset": ("bytes", "numel"),
     **{c: ("bytes", "group_size", "ranks_per_node", "nodes") for c in COLLECTIVE_PRIMITIVES},
+    **kernel_work.SHAPE_FEATURES,  # the hybrid layers' kernels (Mamba2's SSD and convolution, GDN's rule, DSA's)
 }
 DEFAULT_SHAPE_FEATURES = ("numel", "rows", "width", "bytes")
 
@@ -138,6 +140,13 @@ def compute_work(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarra
     is_copy = np.isin(prim, ("memcpy", "memset"))
     nb = numeric_column(frame, "bytes")
     moved = np.where(is_copy, np.where(prim == "memcpy", 2.0, 1.0) * nb, moved)
+
+    # the hybrid layers' kernels: their work as `predictor.layers.kernel_work` counts it
+    hybrid = np.isin(prim, kernel_work.PRIMITIVES)
+    if hybrid.any():
+        k_flops, k_moved, k_tiles = kernel_work.work(frame, esize)
+        flops, moved, tiles = (np.where(hybrid, k, v) for k, v in ((k_flops, flops), (k_moved, moved),
+                                                                    (k_tiles, tiles)))
     return flops, moved, tiles
 
 

@@ -46,11 +46,13 @@ class Saved:
 @dataclass(frozen=True)
 class Tensors:
     """Parameter tensors of a block as Megatron-core's layers register them: linear layers (each a weight), those
-    with a bias where the configuration adds biases, and norms (a weight, and a bias with LayerNorm)."""
+    with a bias where the configuration adds biases, norms (a weight, and a bias with LayerNorm), and tensors of
+    neither kind (a Mamba or Gated DeltaNet layer's convolution, gates and fixed-kind norms), counted as they are."""
 
     linears: int = 0
     biased: int = 0
     norms: int = 0
+    other: int = 0
 
 
 class Block(Protocol):

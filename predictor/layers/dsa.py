@@ -38,8 +38,11 @@ from __future__ import annotations
 import numpy as np
 
 from predictor.ir.ops import OpBuilder, OpUse, Pair
+from predictor.layers.attention.block import ATTENTION
+from predictor.layers.block import Matrix, Saved, Saving, Tensors
 from predictor.layers.norm_rope import norm
 from tracekit.core.attention import AttentionSettings
+from tracekit.core.config import TrainingConfig
 from tracekit.core.hybrid import DSAShape, dsa_reuses_topk
 
 from . import mla
@@ -62,16 +65,17 @@ def mean_keys(seq: float, topk: float) -> float:
 
 
 # -- work of the new kernels (numbers or numpy arrays) --------------------------------------------------------------
-def index_scores_work(batch, seq, keys, heads, head_dim, fused, esize=2.0):
-    """(FLOPs, bytes) of the indexer's scores: q·kᵀ per index head, ReLU, the weighted sum over heads. `fused`
-    (tilelang/cudnn): causal tiles only, scores written once in fp32; else PyTorch's fp32 einsum, which materializes
-    [s, heads, keys] in fp32 and passes over it for the ReLU, the weights and the sum."""
+def index_scores_work(batch, seq, keys, heads, head_dim, fused, esize=2.0, passes=3.0):
+    """(FLOPs, bytes) of the indexer's scores: q·kᵀ per index head, then `passes` element-wise steps on each product
+    (ReLU, the weight, the sum over heads: 3; 2 without the ReLU). `fused` (tilelang/cudnn): causal tiles only,
+    scores written once in fp32; else PyTorch's fp32 einsum, which materializes [s, heads, keys] in fp32 and passes
+    over it for each step (written once, read and written per step but the sum's)."""
     causal = np.where(fused, 0.5, 1.0)
     products = batch * seq * keys * heads
-    flops = 2.0 * products * head_dim * causal + 3.0 * products * causal
+    flops = 2.0 * products * head_dim * causal + passes * products * causal
     io = batch * (seq * heads * head_dim + keys * head_dim) * esize + batch * seq * heads * esize
     scores = batch * seq * keys * FP32
-    moved = io + scores + np.where(fused, 0.0, products * FP32 * 5.0)
+    moved = io + scores + np.where(fused, 0.0, products * FP32 * (2.0 * passes - 1.0))
     if np.ndim(flops) == 0:
         return float(flops), float(moved)
     return flops, moved
@@ -103,10 +107,11 @@ def indexer_param_tensors(shape: DSAShape) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def params(a: AttentionSettings, shape: DSAShape, heads: int, tp: int, layer_number: int,
-           normalization: str = "RMSNorm") -> int:
-    """One DSA layer's parameters on one TP rank (no indexer on a layer that reuses top-k)."""
+           normalization: str = "RMSNorm", indexer: bool | None = None) -> int:
+    """One DSA layer's parameters on one TP rank (no indexer on a layer that reuses top-k; `indexer` True/False
+    says which instead of the layer's number)."""
     total = mla.params(a, shape.hidden, heads, tp, normalization)
-    if computes_topk(shape, layer_number):
+    if computes_topk(shape, layer_number) if indexer is None else indexer:
         for _, dims in indexer_param_tensors(shape):
             size = 1
             for d in dims:
@@ -116,9 +121,10 @@ def params(a: AttentionSettings, shape: DSAShape, heads: int, tp: int, layer_num
 
 
 # -- FLOPs ----------------------------------------------------------------------------------------------------------
-def flops_per_token(a: AttentionSettings, shape: DSAShape, heads: int, seq: int, layer_number: int = 1) -> float:
+def flops_per_token(a: AttentionSettings, shape: DSAShape, heads: int, seq: int, layer_number: int = 1,
+                    indexer: bool | None = None) -> float:
     """Forward FLOPs per token of one DSA layer (all TP ranks; the indexer once, though each TP rank runs it), as
-    the kernels of its backend run it."""
+    the kernels of its backend run it (`indexer`: as `params`)."""
     h, n = shape.hidden, heads
     q = (h * a.q_lora_rank + a.q_lora_rank * n * a.q_head_dim) if a.q_lora_rank else h * n * a.q_head_dim
     kv_down = h * (a.kv_lora_rank + a.qk_pos_emb_head_dim)
@@ -128,17 +134,18 @@ def flops_per_token(a: AttentionSettings, shape: DSAShape, heads: int, seq: int,
     keys = mean_keys(seq, shape.topk) if fused else seq
     core = sparse_attention_work(1, 1, keys, n, latent_qk, a.kv_lora_rank)[0]
     total = 2.0 * (q + kv_down + absorb + n * a.v_head_dim * h) + core
-    if computes_topk(shape, layer_number):
+    if computes_topk(shape, layer_number) if indexer is None else indexer:
         total += 2.0 * (shape.q_lora_rank * shape.heads * shape.head_dim + h * shape.head_dim + h * shape.heads)
-        total += index_scores_work(1, 1, seq, shape.heads, shape.head_dim, fused)[0]
+        total += index_scores_work(1, 1, seq, shape.heads, shape.head_dim, fused, passes=_passes(shape))[0]
         if shape.loss_coeff > 0:
             total += 2.0 * n * seq * latent_qk  # the loss's dense scores
     return total
 
 
 # -- operators ------------------------------------------------------------------------------------------------------
-def ops(b: OpBuilder, a: AttentionSettings, shape: DSAShape, layer_number: int, lowp: bool) -> list[Pair]:
-    """The DSA layer's operators on one rank as `Pair`s (module docstring)."""
+def ops(b: OpBuilder, a: AttentionSettings, shape: DSAShape, layer_number: int, lowp: bool,
+        indexer: bool | None = None) -> list[Pair]:
+    """The DSA layer's operators on one rank as `Pair`s (module docstring; `indexer`: as `params`)."""
     c = b.c
     t, h, rows, cp = b.t, b.h, b.tokens, c.cp
     n = c.num_attention_heads // t
@@ -172,7 +179,7 @@ def ops(b: OpBuilder, a: AttentionSettings, shape: DSAShape, layer_number: int, 
         pairs.append((b.collective("self_attention.cp_key_all_gather", "all_gather", "cp", kv),
                       b.collective("self_attention.cp_key_grad_reduce_scatter", "reduce_scatter", "cp", kv),
                       MODULE))
-    if computes_topk(shape, layer_number):
+    if computes_topk(shape, layer_number) if indexer is None else indexer:
         pairs.extend(_indexer(b, a, shape, keys))
     fused = shape.kernel_backend != "none"
     if fused:
@@ -233,20 +240,23 @@ def _indexer(b: OpBuilder, a: AttentionSettings, shape: DSAShape, keys: int) -> 
                               ("linear_weights_proj", hi, shape.hidden)):
         add(f"self_attention.indexer.{name}", "gemm", f"dsa_{name}", 2.0 * rows * n_out * k_in, b.gemm_dtype,
             m=rows, n=n_out, k=k_in, batch=1)
-    add("self_attention.indexer.k_norm", "norm", "layernorm", rows=rows, width=di, numel=rows * di)
+    add("self_attention.indexer.k_norm", "norm", "layernorm", dtype="fp32" if shape.k_norm_fp32 else None,
+        rows=rows, width=di, numel=rows * di)
     numel = rows * (hi + 1) * shape.rope_dim
     add("self_attention.indexer.rotary", "elementwise", "RoPE", rows=numel / shape.rope_dim, width=shape.rope_dim,
         numel=numel)
     numel = rows * (hi + 1) * di
-    add("self_attention.indexer.hadamard", "elementwise", "hadamard_rotate", rows=numel / di, width=di, numel=numel)
+    if shape.rotate:
+        add("self_attention.indexer.hadamard", "elementwise", "hadamard_rotate", rows=numel / di, width=di,
+            numel=numel)
     if c.cp > 1:
         nbytes = rows * di * b.bytes
         pairs.append((b.collective("self_attention.indexer.cp_k_all_gather", "all_gather", "cp", nbytes), None,
                       MODULE))
     fused = shape.kernel_backend != "none"
-    flops = index_scores_work(mb, s, keys, hi, di, fused)[0]
+    flops = index_scores_work(mb, s, keys, hi, di, fused, passes=_passes(shape))[0]
     add("self_attention.indexer.scores", "dsa_index_scores", shape.kernel_backend, flops, batch=mb, seq=s,
-        seq_kv=keys, heads=hi, head_dim=di, causal=1 if fused else 0)
+        seq_kv=keys, heads=hi, head_dim=di, causal=1 if fused else 0, width=_passes(shape))
     pairs.append((_forward(b, "self_attention.indexer.topk", "dsa_topk", shape.kernel_backend, 0.0, None,
                            rows=mb * s, width=keys, k=shape.topk, numel=mb * s * keys), None, MODULE))
     if grad:  # the KL loss: the main attention's dense fp32 scores per head, their softmax, the target over TP
@@ -263,7 +273,77 @@ def _indexer(b: OpBuilder, a: AttentionSettings, shape: DSAShape, keys: int) -> 
     return pairs
 
 
+def _passes(shape: DSAShape) -> float:
+    """Element-wise steps on each index score after the product (`index_scores_work`)."""
+    return 3.0 if shape.relu else 2.0
+
+
 def _forward(b: OpBuilder, name: str, primitive: str, variant: str, flops: float, dtype: str | None,
              **features: float) -> OpUse:
     """A forward-only op (no backward spec made)."""
     return OpUse(name, b.spec(primitive, "fwd", variant, None, dtype, **features), per_layer=True, flops=flops)
+
+
+# -- the `D` layer as a block (predictor.layers.block.Block) --------------------------------------------------------
+def settings_of(c: TrainingConfig) -> tuple[AttentionSettings, DSAShape]:
+    """The MLA settings and the indexer's sizes of a configuration with DSA layers."""
+    a, hybrid = c.attn, c.hybrid
+    assert a is not None and a.multi_latent_attention and hybrid is not None, "a DSA layer without MLA settings"
+    return a, hybrid.dsa(c.hidden_size, a.q_lora_rank, a.qk_pos_emb_head_dim)
+
+
+class DeepSeekSparseAttention:
+    """A DSA layer (`D`): absorbed MLA whose core attention reads each query's top-k keys, with its indexer
+    (`indexer` True) or reusing an earlier layer's top-k (False: Megatron's `dsa_indexer_topk_freq`)."""
+
+    def __init__(self, indexer: bool):
+        self.indexer = indexer
+        self.name = "dsa" if indexer else "dsa_shared_topk"
+
+    def ops(self, b: OpBuilder, window: int | None, lowp: bool) -> list[Pair]:
+        a, shape = settings_of(b.c)
+        return ops(b, a, shape, 1, lowp, indexer=self.indexer)
+
+    def params(self, c: TrainingConfig) -> tuple[int, int]:
+        a, shape = settings_of(c)
+        return params(a, shape, c.num_attention_heads, c.tp, 1, c.normalization, indexer=self.indexer), 0
+
+    def flops_per_token(self, c: TrainingConfig, layer: int, causal: bool) -> float:
+        """As the kernels run it (`flops_per_token`): the fused backends' causal top-k, PyTorch's dense scores."""
+        a, shape = settings_of(c)
+        return flops_per_token(a, shape, c.num_attention_heads, c.seq_length, indexer=self.indexer)
+
+    def saved(self, c: TrainingConfig, saving: Saving) -> Saved:
+        """MLA's (`mla.activation_bytes`), and on PyTorch's path (backend `none`) the fp32 masked softmax's output
+        over every key, unless selective recompute replays core attention. The indexer keeps nothing without its
+        loss (its inputs are detached); with it, its own inputs are not counted."""
+        a, shape = settings_of(c)
+        replicated, split = mla.activation_bytes(a, c.hidden_size, c.num_attention_heads, saving.q,
+                                                 c.hidden_dropout > 0)
+        if shape.kernel_backend == "none" and "core_attn" not in saving.modules:
+            split += FP32 * c.num_attention_heads * c.seq_length
+        return Saved(replicated, split)
+
+    def matrices(self, c: TrainingConfig, split_qkv: bool) -> tuple[list[Matrix], list[Matrix]]:
+        a, shape = settings_of(c)
+        dense, _ = ATTENTION.matrices(c, split_qkv)  # MLA's projections (the key's up-projection kept whole)
+        if self.indexer:
+            dense = dense + [(shape.heads * shape.head_dim, shape.q_lora_rank), (shape.head_dim, shape.hidden),
+                             (shape.heads, shape.hidden)]
+        return dense, []
+
+    def tensors(self, c: TrainingConfig) -> Tensors:
+        """MLA's projections and norms (no biases: DSA refuses them); the indexer's three projections and its
+        LayerNorm's weight and bias (a LayerNorm whatever `normalization` says)."""
+        a, _ = settings_of(c)
+        linears = (2 if a.q_lora_rank else 1) + 3
+        norms = 2 + (1 if a.q_lora_rank else 0)
+        return Tensors(linears=linears + (3 if self.indexer else 0), biased=0, norms=norms,
+                       other=2 if self.indexer else 0)
+
+    def offload_tensors(self, c: TrainingConfig) -> dict[str, list[float]]:
+        return ATTENTION.offload_tensors(c)  # the MLA attention's groups, its core attention's as flash's
+
+
+DSA = DeepSeekSparseAttention(indexer=True)
+DSA_SHARED_TOPK = DeepSeekSparseAttention(indexer=False)

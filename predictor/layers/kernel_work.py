@@ -9,10 +9,13 @@ Primitives and the shape features their rows carry (columns of `tracekit.core.sa
 - `gdn_chunk_rule` (Gated DeltaNet): batch, seq, heads (value heads), head_dim (value dim), width (key dim), seq_kv
   (the chunk);
 - `dsa_index_scores`: batch, seq, seq_kv (keys), heads (index heads), head_dim, causal (1: a fused kernel's causal
-  tiles; 0: PyTorch's dense fp32 path); `dsa_topk`: rows, width (keys), k (top-k);
+  tiles; 0: PyTorch's dense fp32 path), width (element-wise steps per score: 3, or 2 without the ReLU; 3 when
+  absent); `dsa_topk`: rows, width (keys), k (top-k);
 - `sparse_attention`: the attention features, seq_kv the keys each query reads, head_dim the mean of the latent
   query/key and value dims (its work: attention's at that seq_kv, not causal).
-A backward row does twice its forward's work (`predictor.layers.ssm.scan_work.backward`).
+A backward row of an SSD kernel is the work of the kernels that compute its gradients
+(`predictor.layers.ssm.scan_work.ssd_backward_work`); any other backward row twice its forward's
+(`predictor.layers.ssm.scan_work.backward`).
 """
 from __future__ import annotations
 
@@ -20,7 +23,16 @@ import numpy as np
 import pandas as pd
 
 from .dsa import index_scores_work, sparse_attention_work, topk_work
-from .ssm.scan_work import CONV, GDN_RULE, SSD_KERNELS, TENSOR_CORE, conv_work, gdn_work, ssd_work
+from .ssm.scan_work import (
+    CONV,
+    GDN_RULE,
+    SSD_KERNELS,
+    TENSOR_CORE,
+    conv_work,
+    gdn_work,
+    ssd_backward_work,
+    ssd_work,
+)
 
 PRIMITIVES = (CONV, *SSD_KERNELS, GDN_RULE, "dsa_index_scores", "dsa_topk", "sparse_attention")
 #: Shape features per primitive (for `predictor.costs.features.SHAPE_FEATURES`).
@@ -28,7 +40,7 @@ SHAPE_FEATURES: dict[str, tuple[str, ...]] = {
     CONV: ("batch", "seq", "rows", "width", "k"),
     **{k: ("batch", "seq", "heads", "head_dim", "kv_heads", "width", "seq_kv") for k in SSD_KERNELS},
     GDN_RULE: ("batch", "seq", "heads", "head_dim", "width", "seq_kv"),
-    "dsa_index_scores": ("batch", "seq", "seq_kv", "heads", "head_dim", "causal"),
+    "dsa_index_scores": ("batch", "seq", "seq_kv", "heads", "head_dim", "causal", "width"),
     "dsa_topk": ("rows", "width", "k"),
     "sparse_attention": ("batch", "heads", "seq", "seq_kv", "head_dim"),
 }
@@ -64,15 +76,21 @@ def work(frame: pd.DataFrame, esize: np.ndarray) -> tuple[np.ndarray, np.ndarray
             f, m = conv_work(col("rows"), col("width"), col("k"), e)
             t = np.ceil(col("rows") * col("width") / (TILE * TILE))
         elif kind in SSD_KERNELS:
-            f, m = ssd_work(kind, col("batch"), col("seq"), col("heads"), col("head_dim"), col("kv_heads"),
-                            col("width"), col("seq_kv"), e)
+            args = (kind, col("batch"), col("seq"), col("heads"), col("head_dim"), col("kv_heads"), col("width"),
+                    col("seq_kv"))
+            f, m = ssd_work(*args, e)
+            back_f, back_m = ssd_backward_work(*args, e)
+            b_rows = bwd[rows]  # their gradients' kernels, not twice the forward (undone by the scale below)
+            f = np.where(b_rows, np.asarray(back_f, dtype="float64") / 2.0, f)
+            m = np.where(b_rows, np.asarray(back_m, dtype="float64") / 2.0, m)
             t = col("batch") * np.ceil(col("seq") / col("seq_kv")) * col("heads")
         elif kind == GDN_RULE:
             f, m = gdn_work(col("batch"), col("seq"), col("heads"), col("width"), col("head_dim"), col("seq_kv"), e)
             t = col("batch") * np.ceil(col("seq") / col("seq_kv")) * col("heads")
         elif kind == "dsa_index_scores":
+            passes = np.nan_to_num(col("width"), nan=3.0)
             f, m = index_scores_work(col("batch"), col("seq"), col("seq_kv"), col("heads"), col("head_dim"),
-                                     col("causal") > 0, e)
+                                     col("causal") > 0, e, passes)
             f, m = np.asarray(f, dtype="float64"), np.asarray(m, dtype="float64")
             t = col("batch") * np.ceil(col("seq") / TILE) * np.ceil(col("seq_kv") / TILE)
         elif kind == "dsa_topk":

@@ -9,6 +9,7 @@ layer's attention half.
 from __future__ import annotations
 
 from predictor.ir.ops import OpBuilder, Pair
+from predictor.layers.attention.block import Attention
 from predictor.layers.attention.ops import attention_block
 from tracekit.core.attention import AttentionSettings
 
@@ -52,3 +53,13 @@ def ops(b: OpBuilder, lowp: bool) -> list[Pair]:
     if a is None or not a.multi_latent_attention:
         raise ValueError("a `+` layer needs the configuration's multi-latent attention settings")
     return attention_block(b, None, lowp)
+
+
+class MultiLatentAttention(Attention):
+    """The `+` layer as a block (predictor.layers.block.Block): the attention block, whose configuration holds MLA
+    settings (a pattern with `+` turns them on), under its own name."""
+
+    name = "mla"
+
+
+MLA = MultiLatentAttention()

@@ -31,7 +31,7 @@ from itertools import accumulate
 from predictor.architecture.params import chunk_params, layer_params
 from predictor.ir.graph import Graph
 from predictor.layers.block import Saving
-from predictor.layers.decoder import layer_blocks
+from predictor.layers.decoder import layer_blocks, mtp_layer
 from predictor.memory.lowp_weights import extra_weight_bytes
 from predictor.memory.workspaces import workspace_bytes
 from predictor.memory.zero_bubble import gemm_input_share, in_flight
@@ -171,7 +171,7 @@ def stage_memory(c: TrainingConfig, hardware: str | None = None) -> list[dict[st
                 elif host:  # one layer's offloaded inputs on their way out or back in
                     working = max(working, cache[kind] - kept[kind])
             if part.mtp:
-                acts += part.mtp * _layer_bytes(c, c.num_layers - 1)
+                acts += part.mtp * _layer_bytes(c, mtp_layer(c))
         in_flight = _in_flight(c, stage)
         has_loss = any(part.loss for part in layout[stage])
         activations = acts * in_flight + working + (logits if has_loss else 0.0)

@@ -36,6 +36,8 @@ from predictor.architecture.params import chunk_params, layer_params
 from predictor.ir.graph import Segment
 from predictor.ir.ops import OpBuilder, OpUse
 from predictor.ir.placement import group_placement
+from predictor.layers.block import Block
+from predictor.layers.decoder import blocks_named, layer_blocks
 from tracekit.core.pipeline_layout import chunks
 from tracekit.core.samples import FSDP_COPY_IN, FSDP_COPY_OUT, FSDP_GRAD_COPY_IN
 from tracekit.core.sharding import Sharding, sharding_of
@@ -153,12 +155,11 @@ def insert_unit_ops(b: OpBuilder, segments: list[Segment]) -> None:
     layout = chunks(c)
     for seg in segments:
         part = layout[seg.stage][seg.chunk]
-        kinds: dict[bool, tuple[float, float]] = {}
+        kinds: dict[tuple[Block, ...], tuple[float, float]] = {}
         layers_total = 0.0
         for layer in part.layers:
             dense, expert = layer_params(c, layer)
-            moe = bool(c.moe and c.moe.pattern(c.num_layers)[layer])
-            kinds.setdefault(moe, (float(dense), float(expert)))
+            kinds.setdefault(layer_blocks(c, layer), (float(dense), float(expert)))
             layers_total += dense
         dense_chunk, _ = chunk_params(c, seg.stage, seg.chunk)
         seg.fwd = _per_layer(b, s, seg.fwd, kinds, forward=True)
@@ -170,8 +171,8 @@ def insert_unit_ops(b: OpBuilder, segments: list[Segment]) -> None:
             seg.bwd = seg.bwd + after
 
 
-def _per_layer(b: OpBuilder, s: Sharding, ops: list[OpUse], kinds: dict[bool, tuple[float, float]], forward: bool
-               ) -> list[OpUse]:
+def _per_layer(b: OpBuilder, s: Sharding, ops: list[OpUse], kinds: dict[tuple[Block, ...], tuple[float, float]],
+               forward: bool) -> list[OpUse]:
     """`ops` with each run of one layer block's ops wrapped in its units' collectives (an MoE layer's: its dense
     parameters' unit and its experts')."""
     out: list[OpUse] = []
@@ -185,7 +186,7 @@ def _per_layer(b: OpBuilder, s: Sharding, ops: list[OpUse], kinds: dict[bool, tu
         j = i
         while j < len(ops) and ops[j].per_layer and (ops[j].block, ops[j].count) == (op.block, op.count):
             j += 1
-        dense, expert = kinds.get(op.block.startswith("moe"), next(iter(kinds.values()), (0.0, 0.0)))
+        dense, expert = kinds.get(blocks_named(op.block), next(iter(kinds.values()), (0.0, 0.0)))
         before_fwd, before_bwd, after_bwd = unit_ops(b, s, dense, "layer", True, False)
         e_fwd, e_bwd, e_after = unit_ops(b, s, expert, "layer.experts", True, False, experts=True)
         pre = before_fwd + e_fwd if forward else before_bwd + e_bwd

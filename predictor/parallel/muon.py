@@ -30,7 +30,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from predictor.layers.decoder import layer_blocks
+from predictor.layers.decoder import layer_blocks, mtp_layer
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError, did_you_mean
 from tracekit.core.pipeline_layout import chunks
@@ -122,7 +122,7 @@ def stage_matrices(c: TrainingConfig, stage: int, settings: MuonSettings) -> dic
     dense: dict[tuple[int, int], float] = defaultdict(float)
     expert: dict[tuple[int, int], float] = defaultdict(float)
     for part in chunks(c)[stage]:
-        layers = list(part.layers) + [c.num_layers - 1] * part.mtp  # MTP layers: shaped like the last decoder layer
+        layers = list(part.layers) + [mtp_layer(c)] * part.mtp  # MTP layers (a GPT's: shaped like its last)
         for layer in layers:
             d, e = layer_matrices(c, layer, settings)
             for rows, cols in d:

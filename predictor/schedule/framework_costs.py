@@ -37,7 +37,7 @@ from predictor.costs.physics.collectives import BASE_US
 from predictor.costs.physics.roofline import MEMORY_EFFICIENCY, rates
 from predictor.ir.graph import Graph
 from predictor.ir.ops import OpUse
-from predictor.layers.decoder import layer_blocks
+from predictor.layers.decoder import blocks_named, layer_blocks, mtp_layer
 from predictor.layers.local_kernels import optimizer_loops
 from predictor.parallel import muon
 from tracekit.core.cluster import Cluster
@@ -115,7 +115,7 @@ class Capture:
             return None
         if self.whole_layer:
             return 0
-        moe_layer = op.block.split(":")[-1].startswith("moe")
+        moe_layer = any(block.name == "moe" for block in blocks_named(op.block))
         for i, prefixes in enumerate(self.regions):
             if (self.moe_only[i] and not moe_layer) or (self.dense_only[i] and moe_layer):
                 continue
@@ -181,13 +181,14 @@ def _layer_tensors(c: TrainingConfig, layer: int) -> tuple[int, int]:
     Megatron-core's Transformer Engine layers register them (its blocks', `predictor.layers.block.Block.tensors`)."""
     norm = 1 if c.normalization == "RMSNorm" else 2
     bias = 1 if c.add_bias_linear else 0
-    linears = biased = norms = 0
+    linears = biased = norms = other = 0
     for block in layer_blocks(c, layer):
         held = block.tensors(c)
         linears += held.linears
         biased += held.biased
         norms += held.norms
-    return linears + bias * biased + norm * norms, linears
+        other += held.other
+    return linears + bias * biased + norm * norms + other, linears
 
 
 def chunk_tensors(c: TrainingConfig, stage: int, chunk: int) -> ChunkTensors:
@@ -199,7 +200,7 @@ def chunk_tensors(c: TrainingConfig, stage: int, chunk: int) -> ChunkTensors:
         out.tensors += tensors
         out.linear_weights += linears
     for _ in range(part.mtp):  # an MTP layer: a decoder layer, its projection and three norms
-        tensors, linears = _layer_tensors(c, c.num_layers - 1)
+        tensors, linears = _layer_tensors(c, mtp_layer(c))
         out.tensors += tensors + 1 + 3 * (1 if c.normalization == "RMSNorm" else 2)
         out.linear_weights += linears + 1
     dense, expert = chunk_params(c, stage, chunk)

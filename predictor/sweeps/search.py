@@ -18,10 +18,15 @@ a stage's GPUs), pipeline parallelism (divides the layers), context parallelism 
 2·cp divides the sequence), data parallelism (the rest of the GPUs), micro-batch size (divides the per-replica batch, at
 most MAX_MICRO_BATCH), interleaving (virtual stages that divide a stage's layers, when the micro-batches divide by pp),
 sequence parallelism (off and on, with tp > 1), activation recompute (none, selective, full) and the distributed
-optimizer (off and on, with dp > 1). A job that shards with FSDP/ZeRO-2/3 (tracekit.core.sharding) keeps its strategy
-and varies its shard group instead of the distributed optimizer: every number of HSDP replicas dividing the dp·cp
-ranks (1: FSDP over all of them; the setting `num_distributed_optimizer_instances`, fixed when `fixed` names it).
-A candidate Megatron would refuse (`TrainingConfig.validate`) is counted under
+optimizer (off and on, with dp > 1). A hybrid model (a layer pattern: tracekit.core.hybrid) is split as Megatron
+splits one, by `|` in its pattern: for each pp and vp (pp·vp segments, any pp up to the layers, vp dividing a
+stage's share as for a GPT), the pattern's layers cut into contiguous segments that balance their forward FLOPs
+(the last one carrying the output layer and the MTP layers; no segment starting on a DSA layer that reuses an
+earlier layer's top-k); the input's own pipes are kept when it fixes both pp and vp. Each candidate's pattern is
+in its `config` (`hybrid_layer_pattern`). A job that shards with FSDP/ZeRO-2/3 (tracekit.core.sharding) keeps its
+strategy and varies its shard group instead of the distributed optimizer: every number of HSDP replicas dividing the
+dp·cp ranks (1: FSDP over all of them; the setting `num_distributed_optimizer_instances`, fixed when `fixed` names
+it). A candidate Megatron would refuse (`TrainingConfig.validate`) is counted under
 `pruned["invalid"]`; one whose memory per GPU exceeds the GPU's under `pruned["memory"]`; one whose prediction could
 not be made under `pruned["failed"]`, or, when it was impossible (`predictor.report.plausibility`: above the GPU's
 peak), under `pruned["implausible"]`. Ranking: iteration time (`time`), tokens per second (`tokens_per_s`) or cost per
@@ -40,6 +45,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from predictor.architecture.flops import layer_flops_per_token
+from predictor.layers.decoder import mtp_layer
 from predictor.memory.stages import config_memory
 from predictor.parallel.fsdp import shard_splits, shards
 from predictor.predict import compose_many, prepare_many
@@ -114,8 +121,10 @@ def enumerate_configs(base: dict[str, Any], gpus: int, fixed: set[str], context_
         return [(ep, etp) for ep in eps for etp in etps if stage % (ep * etp) == 0]
 
     heads, groups, layers = model.num_attention_heads, model.num_query_groups, model.num_layers
+    hybrid = _Pipes(model, fixed)
     tps = options("tensor_model_parallel_size", [t for t in _divisors(gpus) if heads % t == 0 and groups % t == 0])
-    pps = options("pipeline_model_parallel_size", [p for p in _divisors(gpus) if layers % p == 0])
+    pps = options("pipeline_model_parallel_size", [p for p in _divisors(gpus) if (p <= layers if hybrid.pattern
+                                                                                   else layers % p == 0)])
     cps = options("context_parallel_size", [c for c in _divisors(gpus) if c == 1 or model.seq_length % (2 * c) == 0]
                   if context_parallel else [1])
     recomputes = options("recompute_granularity", ["none", "selective", "full"])
@@ -143,6 +152,12 @@ def enumerate_configs(base: dict[str, Any], gpus: int, fixed: set[str], context_
                 if moe is not None:
                     split["moe"] = dataclasses.replace(moe, expert_model_parallel_size=ep,
                                                        expert_tensor_parallel_size=etp)
+                if hybrid.pattern:
+                    try:
+                        split["hybrid"] = hybrid.settings(pp, vp or 1)
+                    except ConfigError:
+                        rejected += 1
+                        continue
                 candidate = dataclasses.replace(model, extra=dict(model.extra), **split)
                 # an FSDP job's shard groups: FSDP over every data-parallel rank, or HSDP replicas of smaller ones
                 for variant in shard_splits(candidate) if "num_distributed_optimizer_instances" not in fixed \
@@ -152,6 +167,40 @@ def enumerate_configs(base: dict[str, Any], gpus: int, fixed: set[str], context_
                     except ConfigError:
                         rejected += 1
     return configs, rejected
+
+
+class _Pipes:
+    """A hybrid model's pipeline splits: its pattern with `|` placed for each pp and vp (module docstring), built
+    once per shape; `pattern` None for a GPT model."""
+
+    def __init__(self, model: TrainingConfig, fixed: set[str]):
+        settings = model.hybrid
+        layout = model.layout
+        self.pattern = settings.pattern(model.num_layers, layout.mtp_num_layers if layout else None) \
+            if settings is not None else None
+        self.model = model
+        self.made: dict[tuple[int, int], Any] = {}
+        self.keep = bool(self.pattern) and "|" in str(self.pattern).split("/")[0] and \
+            {"pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size"} <= fixed
+        if self.pattern and not self.keep:
+            c = model
+            self.weights = [layer_flops_per_token(c, i) for i in range(c.num_layers)]
+            mtp = layout.mtp_num_layers if layout and layout.mtp_num_layers else 0
+            self.tail = 2.0 * c.hidden_size * c.padded_vocab_size * (1 + mtp) \
+                + mtp * layer_flops_per_token(c, mtp_layer(c))
+
+    def settings(self, pp: int, vp: int):
+        """The hybrid settings of a candidate of `pp` stages of `vp` chunks each (ConfigError: no such split)."""
+        settings = self.model.hybrid
+        assert settings is not None and self.pattern is not None
+        if self.keep:
+            return settings
+        if (pp, vp) not in self.made:
+            placed = settings.pipe_split(self.pattern, pp * vp, self.weights, self.tail)
+            self.made[(pp, vp)] = dataclasses.replace(settings, hybrid_layer_pattern=placed,
+                                                      hybrid_override_pattern=None, mtp_hybrid_override_pattern=None,
+                                                      hybrid_attention_ratio=0.0, hybrid_mlp_ratio=0.0)
+        return self.made[(pp, vp)]
 
 
 def input_config(base: dict[str, Any], gpus: int) -> TrainingConfig:
@@ -171,9 +220,13 @@ def split_of(config: TrainingConfig) -> dict[str, Any]:
     moe = config.moe
     experts = {"expert_model_parallel_size": moe.ep if moe else None,
                "expert_tensor_parallel_size": moe.etp(config.tp) if moe else None}
+    layout = config.layout
+    pattern = config.hybrid.pattern(config.num_layers, layout.mtp_num_layers if layout else None) \
+        if config.hybrid is not None else None
     return {**{k: getattr(config, k) for k in SEARCH_KEYS if k not in EXPERT_KEYS}, **experts,
             "data_parallel_size": config.dp, "virtual_pipeline_model_parallel_size": config.vp,
-            **({"sharding": sharding_of(config).name} if shards(config) else {})}
+            **({"sharding": sharding_of(config).name} if shards(config) else {}),
+            **({"hybrid_layer_pattern": pattern} if pattern else {})}
 
 
 #: Candidates prepared and composed at a time: bounds the graphs and timelines held in memory at once.

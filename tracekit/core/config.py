@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracekit.core import (
+    hybrid as hybrid_settings,
     layer_impl,
     moe as moe_settings,
     pipeline_layout,
@@ -16,6 +17,7 @@ from tracekit.core import (
 from tracekit.core.activation import ActivationSettings
 from tracekit.core.attention import AttentionSettings
 from tracekit.core.errors import ConfigError, did_you_mean
+from tracekit.core.hybrid import HybridSettings
 from tracekit.core.megatron_arguments import dest_form, refuse_unknown
 from tracekit.core.moe import MoESettings
 from tracekit.core.pipeline_layout import LayoutSettings
@@ -136,6 +138,7 @@ class TrainingConfig:
     lowp: LowPrecisionSettings | None = None  # bf16 first/last layers (tracekit.core.precision)
     run: RuntimeSettings | None = None  # CUDA graphs, determinism, logging passes, timers (tracekit.core.runtime)
     sharding: ShardingSettings | None = None  # FSDP, HSDP, ZeRO (tracekit.core.sharding); None: Megatron's DDP
+    hybrid: HybridSettings | None = None  # hybrid layer patterns, Mamba2/GDN/DSA (tracekit.core.hybrid); None: GPT
     extra: dict[str, Any] = field(default_factory=dict)  # arguments tracekit does not model, kept verbatim
 
     # -- derived values (Megatron's defaults) -----------------------------------------------------------------
@@ -289,7 +292,9 @@ class TrainingConfig:
                               f"{self.global_batch_size} / micro_batch_size·dp) is beyond what tracekit simulates (at "
                               f"most {LIMITS['microbatches']:,} per stage); is it a typo?")
         pipeline_layout.check_microbatch_groups(self)
-        for section in (self.moe, self.attn, self.sharding, self.run):
+        if self.hybrid is not None:  # the layers and MTP depths of its pattern first: the rest reads them
+            self.hybrid.check_derived(self)
+        for section in (self.moe, self.attn, self.sharding, self.run, self.hybrid):
             if section is not None:
                 section.validate(self)
         if cp > 1 and self.seq_length % (2 * cp):
@@ -339,6 +344,9 @@ class TrainingConfig:
             key = setting_name(raw_key)
             if key not in values and key not in extra and scalar(raw) is not None:
                 apply_setting(key, scalar(raw), values, extra, known)
+        pattern = values.get("hybrid_layer_pattern") or values.get("hybrid_override_pattern")
+        if "num_layers" not in values and pattern:  # Megatron takes the layer count from the pattern
+            values["num_layers"] = hybrid_settings.layer_count(str(pattern))
         if str(extra.get("transformer_impl", "")).strip().lower() == "local":  # whatever --use-flash-attn or
             values["attention"] = "unfused"  # --attention-backend say: DotProductAttention (tracekit.core.layer_impl)
         missing = [n for n in ("num_layers", "hidden_size", "num_attention_heads", "seq_length") if n not in values]
@@ -357,7 +365,12 @@ class TrainingConfig:
         sections: dict[str, dict[str, Any]] = {}
         for key in [k for k in values if k in SECTION_OF]:
             sections.setdefault(SECTION_OF[key], {})[key] = values.pop(key)
+        if hybrid_settings.latent_attention(sections.get("hybrid", {})):  # `D`/`+` layers: MLA, at its stated sizes
+            sections.setdefault("attn", {})["multi_latent_attention"] = True
         build_sections(values, sections)
+        hybrid_settings.check_spec(extra.get("spec"), values.get("hybrid"))
+        if values.get("hybrid") is not None:
+            _apply_pattern(values)
         layout = values.get("layout")
         if layout is not None and layout.pipeline_model_parallel_layout and \
                 not values.get("virtual_pipeline_model_parallel_size"):
@@ -378,6 +391,25 @@ class TrainingConfig:
         return config
 
 # -- helpers ------------------------------------------------------------------------------------------------------
+def _apply_pattern(values: dict[str, Any]) -> None:
+    """What a hybrid layer pattern sets, as Megatron derives it (tracekit.core.hybrid.pattern_derived): the layer
+    count (the stated one kept for Megatron's warning), virtual pipeline stages from its `|` segments, MTP layers
+    from its `/` depths."""
+    hybrid, layout = values["hybrid"], values.get("layout")
+    stated = int(float(values["num_layers"]))
+    derived = hybrid_settings.pattern_derived(hybrid, stated, int(float(values.get("pipeline_model_parallel_size",
+                                                                                    1) or 1)),
+                                              layout.mtp_num_layers if layout is not None else None)
+    if not derived:
+        return
+    values["num_layers"] = derived["num_layers"]
+    values["hybrid"] = dataclasses.replace(hybrid, stated_num_layers=stated)
+    if derived["vp"] > 1 and not values.get("virtual_pipeline_model_parallel_size"):
+        values["virtual_pipeline_model_parallel_size"] = derived["vp"]
+    if derived["mtp_num_layers"]:
+        values["layout"] = dataclasses.replace(layout or LayoutSettings(), mtp_num_layers=derived["mtp_num_layers"])
+
+
 def own_setting_names() -> set[str]:
     """Every setting name tracekit reads itself: TrainingConfig's fields, their aliases, and the Megatron
     arguments it interprets."""

@@ -360,6 +360,9 @@ class DSAShape:
     loss_coeff: float = 0.0
     sparse_loss: bool = False
     kernel_backend: str = "none"
+    rotate: bool = True  # the Hadamard rotation of q and k (--disable-dsa-indexer-rotate-activation: off)
+    relu: bool = True  # ReLU on the scores before the heads' weighted sum (--disable-dsa-indexer-scoring-relu: off)
+    k_norm_fp32: bool = False  # k's LayerNorm in fp32 (--dsa-indexer-k-norm-fp32)
 
 
 @dataclass(frozen=True)
@@ -391,6 +394,11 @@ class HybridSettings:
     dsa_indexer_loss_coeff: float | None = None
     dsa_indexer_use_sparse_loss: bool = False
     dsa_kernel_backend: str = "none"
+    dsa_indexer_rotate_activation: bool = True
+    dsa_indexer_scoring_relu: bool = True
+    dsa_indexer_k_norm_fp32: bool = False
+    #: --num-layers as stated before the pattern's count replaced it (Megatron's warning names it); not a setting
+    stated_num_layers: int | None = dataclasses.field(default=None, compare=False, metadata={"derived": True})
 
     def __post_init__(self) -> None:
         variant = self.experimental_attention_variant
@@ -470,7 +478,9 @@ class HybridSettings:
         return DSAShape(hidden, q_lora_rank or hidden, self.dsa_indexer_n_heads, self.dsa_indexer_head_dim,
                         self.dsa_indexer_topk, rope_dim, self.dsa_indexer_topk_freq,
                         self.dsa_indexer_skip_topk_offset, float(self.dsa_indexer_loss_coeff or 0.0),
-                        self.dsa_indexer_use_sparse_loss, self.dsa_kernel_backend)
+                        self.dsa_indexer_use_sparse_loss, self.dsa_kernel_backend,
+                        self.dsa_indexer_rotate_activation, self.dsa_indexer_scoring_relu,
+                        self.dsa_indexer_k_norm_fp32)
 
     # -- Megatron's rules ---------------------------------------------------------------------------------------
     def validate(self, config) -> None:
@@ -508,6 +518,75 @@ class HybridSettings:
         self._validate_kinds(c, kinds)
         if DS_ATTENTION in kinds and self.dsa_indexer_topk_freq > 1:
             self._validate_topk_sharing(c, pattern)
+
+    def pipe_split(self, pattern: str, stages: int, weights: list[float], tail: float = 0.0) -> str:
+        """`pattern` with its main layers placed on `stages` pipeline segments by `|` (pipes it had are replaced;
+        its MTP part kept): contiguous, none empty, the heaviest segment as light as it can be, the last one also
+        carrying `tail` (the output layer, loss and MTP layers); `weights` one per main layer. A segment never starts
+        on a DSA layer that reuses an earlier layer's top-k (Megatron refuses that split). ConfigError when no split
+        exists (fewer layers than stages)."""
+        parsed = parse(pattern)
+        layers = parsed.layers
+        n = len(layers)
+        suffix = "".join(MTP_SEPARATOR + (parsed.mtp or "") for _ in range(parsed.mtp_depths))
+        if stages <= 1:
+            return layers + suffix
+        if n < stages:
+            raise ConfigError(f"the pattern's {n} layers cannot fill {stages} pipeline segments")
+        if len(weights) != n:
+            raise ValueError(f"{len(weights)} weights for {n} layers")
+        starts_ok = [True] * n
+        if DS_ATTENTION in layers and self.dsa_indexer_topk_freq > 1:
+            for i, symbol in enumerate(layers):
+                starts_ok[i] = not (symbol == DS_ATTENTION and dsa_reuses_topk(
+                    i + 1, self.dsa_indexer_skip_topk_offset, self.dsa_indexer_topk_freq))
+        prefix = [0.0]
+        for w in weights:
+            prefix.append(prefix[-1] + w)
+        inf = float("inf")
+        # best[k][j]: the least heaviest-segment weight of layers[:j] in k segments; cut[k][j]: where the last starts
+        best = [[inf] * (n + 1) for _ in range(stages + 1)]
+        cut = [[0] * (n + 1) for _ in range(stages + 1)]
+        best[0][0] = 0.0
+        for k in range(1, stages + 1):
+            for j in range(k, n - (stages - k) + 1):
+                extra = tail if k == stages else 0.0
+                for i in range(k - 1, j):
+                    if best[k - 1][i] == inf or (i > 0 and not starts_ok[i]):
+                        continue
+                    value = max(best[k - 1][i], prefix[j] - prefix[i] + extra)
+                    if value < best[k][j] - 1e-9 * max(1.0, value):
+                        best[k][j], cut[k][j] = value, i
+        if best[stages][n] == inf:
+            raise ConfigError(f"no split of {pattern!r} into {stages} pipeline segments starts every segment on a "
+                              "layer that computes its own top-k")
+        bounds, j = [], n
+        for k in range(stages, 0, -1):
+            i = cut[k][j]
+            bounds.append((i, j))
+            j = i
+        return PIPE.join(layers[i:j] for i, j in reversed(bounds)) + suffix
+
+    def check_derived(self, config) -> None:
+        """ConfigError where `config` disagrees with what Megatron derives from the pattern (`pattern_derived`, which
+        `TrainingConfig.from_mapping` applies): its layer count, its MTP depths, multi-latent attention for `D`/`+`."""
+        c = config
+        layout = c.layout
+        mtp_layers = layout.mtp_num_layers if layout is not None else None
+        pattern = self.pattern(c.num_layers, mtp_layers)
+        if pattern is None:
+            return
+        parsed = parse(pattern)
+        if len(parsed.layers) != c.num_layers:
+            raise ConfigError(f"num_layers {c.num_layers} is not the {len(parsed.layers)} layers of the hybrid layer "
+                              f"pattern {pattern!r} (Megatron takes the pattern's count)")
+        if (mtp_layers or 0) != parsed.mtp_depths:
+            raise ConfigError(f"mtp_num_layers {mtp_layers or 0} with the hybrid layer pattern {pattern!r}: a hybrid "
+                              "model's MTP layers are its pattern's `/` depths (or --mtp-hybrid-override-pattern "
+                              "repeated --mtp-num-layers times)")
+        if (DS_ATTENTION in pattern or MLA in pattern) and not (c.attn is not None and c.attn.multi_latent_attention):
+            raise ConfigError(f"the hybrid layer pattern {pattern!r} has `D`/`+` layers: they are multi-latent "
+                              "attention, which needs multi_latent_attention and its sizes")
 
     def _validate_pipeline(self, c, pattern: str) -> None:
         layout = c.layout
@@ -632,8 +711,9 @@ class HybridSettings:
         if pattern is None:
             return out
         count = layer_count(pattern)
-        if config.num_layers != count:
-            out.append(f"--hybrid-layer-pattern is set; ignoring --num-layers ({config.num_layers}) and using the "
+        stated = self.stated_num_layers if self.stated_num_layers is not None else config.num_layers
+        if stated != count:
+            out.append(f"--hybrid-layer-pattern is set; ignoring --num-layers ({stated}) and using the "
                        f"layer count derived from the pattern ({count}).")
         depths = parse(pattern).mtp_depths
         if depths and mtp_layers and mtp_layers != depths:
@@ -642,16 +722,18 @@ class HybridSettings:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+        data = {k: v for k, v in dataclasses.asdict(self).items() if k in FIELDS}
         if isinstance(data["linear_attention_freq"], tuple):
             data["linear_attention_freq"] = list(data["linear_attention_freq"])
         return data
 
 
-FIELDS = tuple(f.name for f in dataclasses.fields(HybridSettings))
+FIELDS = tuple(f.name for f in dataclasses.fields(HybridSettings) if not f.metadata.get("derived"))
 #: Megatron's switches that store False into a setting of another name (a command line's `--disable-x` arrives as
 #: `disable_x: True`; a Megatron log's arguments block prints the destination, `use_mamba_mem_eff_path`).
-NEGATED = {"disable_mamba_mem_eff_path": "use_mamba_mem_eff_path"}
+NEGATED = {"disable_mamba_mem_eff_path": "use_mamba_mem_eff_path",
+           "disable_dsa_indexer_rotate_activation": "dsa_indexer_rotate_activation",
+           "disable_dsa_indexer_scoring_relu": "dsa_indexer_scoring_relu"}
 
 
 def stated(settings: dict[str, Any]) -> bool:
@@ -661,3 +743,49 @@ def stated(settings: dict[str, Any]) -> bool:
     keys = ("hybrid_layer_pattern", "hybrid_override_pattern", "experimental_attention_variant")
     return any(settings.get(k) not in (None, "", False) for k in keys) or \
         any(float(settings.get(k) or 0) > 0 for k in ("hybrid_attention_ratio", "hybrid_mlp_ratio"))
+
+
+# -- what a pattern sets in the rest of the configuration -----------------------------------------------------------
+def latent_attention(settings: dict[str, Any]) -> bool:
+    """Whether the stated hybrid settings' patterns have `D` or `+` layers: multi-latent attention (Megatron turns it
+    on for them), with the MLA sizes the configuration states."""
+    keys = ("hybrid_layer_pattern", "hybrid_override_pattern", "mtp_hybrid_override_pattern")
+    return any(symbol in str(settings.get(k) or "") for k in keys for symbol in (DS_ATTENTION, MLA))
+
+
+def pattern_derived(settings: HybridSettings, num_layers: int, pp: int, mtp_num_layers: int | None
+                    ) -> dict[str, Any]:
+    """What Megatron derives from the layer pattern, for TrainingConfig: `num_layers` (the pattern's count),
+    `vp` (its segments over pp), `mtp_num_layers` (its `/` depths, 0 without); {} for a GPT model (no pattern)."""
+    pattern = settings.pattern(num_layers, mtp_num_layers)
+    if pattern is None:
+        return {}
+    parsed = parse(pattern)
+    if mtp_num_layers and not parsed.mtp_depths:
+        raise ConfigError(f"mtp_num_layers {mtp_num_layers} with the hybrid layer pattern {pattern!r}: a hybrid "
+                          "model's MTP layers are its pattern's `/` depths (or --mtp-hybrid-override-pattern "
+                          "repeated --mtp-num-layers times)")
+    return {"num_layers": len(parsed.layers), "vp": pattern_vp(pattern, pp), "mtp_num_layers": parsed.mtp_depths}
+
+
+#: `--spec MODULE NAME` values whose layers tracekit prices: Megatron's hybrid stack (`hybrid_stack_spec`; the
+#: `mamba` module and the `mamba_stack_spec` name re-export it), which a hybrid layer pattern builds anyway.
+KNOWN_SPECS = frozenset((module, name) for module in ("megatron.core.models.hybrid.hybrid_layer_specs",
+                                                       "megatron.core.models.mamba.mamba_layer_specs")
+                        for name in ("hybrid_stack_spec", "mamba_stack_spec"))
+
+
+def check_spec(spec: Any, settings: HybridSettings | None) -> None:
+    """ConfigError unless `--spec` (its words; None: not given) names a layer spec tracekit prices, with the layer
+    pattern that builds it: any other spec builds layers tracekit does not know (Gated Delta Product's, inference's,
+    a user's module), which it refuses rather than price them as a transformer."""
+    if spec in (None, "", [], ()):
+        return
+    words = tuple(str(w).strip("'\"") for w in (spec if isinstance(spec, (list, tuple)) else str(spec).split()))
+    text = " ".join(words)
+    if tuple(words) not in KNOWN_SPECS:
+        known = "; ".join(sorted(" ".join(k) for k in KNOWN_SPECS))
+        raise ConfigError(f"--spec {text}: tracekit prices the layers of Megatron's GPT layers and of its hybrid "
+                          f"stack only (known specs: {known}); other specs are not modelled")
+    if settings is None or settings.pattern(1) is None:
+        raise ConfigError(f"--spec {text} builds Megatron's hybrid stack, which needs --hybrid-layer-pattern")

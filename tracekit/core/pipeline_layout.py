@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from tracekit.core import hybrid
 from tracekit.core.errors import ConfigError, did_you_mean
 
 #: PyTorch's pipeline schedules tracekit simulates beside Megatron's (predictor.schedule.zero_bubble).
@@ -99,8 +100,28 @@ def layout_vp(text: str, pp: int) -> int:
 
 def chunks(config) -> tuple[tuple[Chunk, ...], ...]:
     """[pipeline rank][model chunk] → Chunk, for a TrainingConfig; ConfigError where Megatron refuses the split.
-    Cached per (pp, vp, layers, layout settings): a search asks for the same few splits again and again."""
-    return _chunks(config.pp, config.vp, config.num_layers, config.layout or LayoutSettings())
+    Cached per (pp, vp, layers, layout settings): a search asks for the same few splits again and again. A hybrid
+    model's layers are placed by its pattern (`_hybrid_chunks`)."""
+    layout = config.layout or LayoutSettings()
+    settings = getattr(config, "hybrid", None)
+    pattern = settings.pattern(config.num_layers, layout.mtp_num_layers) if settings is not None else None
+    if pattern is not None:
+        return _hybrid_chunks(pattern, config.pp, layout.decoder_first_pipeline_num_layers,
+                              layout.decoder_last_pipeline_num_layers)
+    return _chunks(config.pp, config.vp, config.num_layers, layout)
+
+
+@lru_cache(maxsize=1024)
+def _hybrid_chunks(pattern: str, pp: int, first: int | None, last: int | None) -> tuple[tuple[Chunk, ...], ...]:
+    """A hybrid pattern's chunks as Megatron places them (tracekit.core.hybrid.stage_layers: `|` segment i on rank
+    i mod pp, chunk i // pp; without pipes an even split, or the stated first/last stage layers): the embedding on
+    the first chunk of rank 0, the loss and the pattern's MTP depths on the last chunk of the last rank."""
+    stages = hybrid.stage_layers(pattern, pp, first, last)
+    depths = hybrid.parse(pattern).mtp_depths
+    vp = len(stages[0])
+    return tuple(tuple(Chunk(layers, embedding=(r == 0 and k == 0), loss=(r == pp - 1 and k == vp - 1),
+                             mtp=depths if (r == pp - 1 and k == vp - 1) else 0)
+                       for k, layers in enumerate(row)) for r, row in enumerate(stages))
 
 
 @lru_cache(maxsize=4096)

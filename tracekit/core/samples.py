@@ -8,10 +8,16 @@ import pyarrow as pa
 if TYPE_CHECKING:  # pandas is imported where rows are conformed
     import pandas as pd
 
+#: The kernels hybrid models add (predictor.layers.kernel_work: their work; extractors.kineto.classify: their kernel
+#: names): Mamba2's causal convolution and SSD scan, Gated DeltaNet's chunked rule, DSA's indexer and sparse attention.
+HYBRID_PRIMITIVES = (
+    "causal_conv1d", "ssd_chunk_cumsum", "ssd_chunk_state", "ssd_state_passing", "ssd_bmm_chunk", "ssd_chunk_scan",
+    "gdn_chunk_rule", "dsa_index_scores", "dsa_topk", "sparse_attention",
+)
 #: DESIGN.md's primitives. `other` holds what no rule classified (kept and counted, never dropped).
 COMPUTE_PRIMITIVES = (
     "gemm", "bmm", "attention", "softmax", "norm", "activation", "elementwise",
-    "embedding", "cross_entropy", "optimizer",
+    "embedding", "cross_entropy", "optimizer", *HYBRID_PRIMITIVES,
 )
 MEMORY_PRIMITIVES = ("memcpy", "memset")
 COLLECTIVE_PRIMITIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")

@@ -11,6 +11,7 @@ from typing import Any
 from tracekit.core import (
     activation as activation_settings,
     attention as attention_settings,
+    hybrid as hybrid_settings,
     layer_impl,
     moe as moe_settings,
     pipeline_layout,
@@ -21,6 +22,7 @@ from tracekit.core import (
 from tracekit.core.activation import ActivationSettings
 from tracekit.core.attention import AttentionSettings
 from tracekit.core.errors import ConfigError
+from tracekit.core.hybrid import HybridSettings
 from tracekit.core.megatron_arguments import dest_form, list_words
 from tracekit.core.moe import MoESettings
 from tracekit.core.pipeline_layout import LayoutSettings
@@ -60,6 +62,7 @@ SECTIONS: dict[str, tuple[type, tuple[str, ...]]] = {
     "lowp": (LowPrecisionSettings, precision_recipes.LOWP_FIELDS),
     "run": (RuntimeSettings, runtime_settings.FIELDS),
     "sharding": (ShardingSettings, sharding_settings.FIELDS),
+    "hybrid": (HybridSettings, hybrid_settings.FIELDS),
 }
 SECTION_OF = {name: section for section, (_, names) in SECTIONS.items() for name in names}
 
@@ -107,7 +110,10 @@ READ = ("fp16", "bf16", "fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe", 
          "bias_dropout_fusion", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "log_interval",
          "squared_relu",
          # the layer implementation's kernels and what is installed (tracekit.core.layer_impl)
-         *layer_impl.SETTINGS)
+         *layer_impl.SETTINGS,
+         # a hybrid model's: Megatron's negated switch (tracekit.core.hybrid.NEGATED) and the layer spec, kept in
+         # `extra` and checked against the layer specs tracekit prices (tracekit.core.hybrid.check_spec)
+         *hybrid_settings.NEGATED, "spec")
 #: Megatron's flags that pick a low-precision recipe (tracekit.core.precision.from_megatron reads them together).
 LOWP_FLAGS = ("fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe")
 
@@ -153,6 +159,9 @@ def apply_setting(key: str, value: Any, values: dict, extra: dict, known: set[st
     if key == "num_layers_per_virtual_pipeline_stage":
         values["_layers_per_virtual_stage"] = value
         return
+    if key in hybrid_settings.NEGATED:  # --disable-mamba-mem-eff-path: use_mamba_mem_eff_path False
+        values[hybrid_settings.NEGATED[key]] = not value
+        return
     if key == "group_query_attention":
         extra[key] = value
         return
@@ -195,6 +204,13 @@ def build_sections(values: dict[str, Any], sections: dict[str, dict[str, Any]]) 
         values["act"] = build_section(ActivationSettings, sections["act"])
     if runtime_settings.stated(sections.get("run", {})):
         values["run"] = build_section(RuntimeSettings, sections["run"])
+    hybrid = sections.get("hybrid", {})
+    if hybrid_settings.stated(hybrid):  # a layer pattern, the ratios, or a linear/sparse attention variant
+        values["hybrid"] = build_section(HybridSettings, hybrid)
+    elif str(hybrid.get("is_hybrid_model", False)).strip().lower() in ("true", "1", "yes"):
+        raise ConfigError("--is-hybrid-model without --hybrid-layer-pattern: Megatron builds a hybrid model only from "
+                          "its layer pattern (one symbol per layer: M Mamba2, G Gated DeltaNet, * attention, D DSA, "
+                          "+ MLA, - MLP, E MoE)")
     if sections.get("sharding"):  # stated sharding settings other than Megatron's defaults (plain DDP)
         sharding = build_section(ShardingSettings, sections["sharding"])
         if sharding != ShardingSettings():

@@ -25,6 +25,17 @@ positions (GPT-OSS: YaRN, the same kernels on rescaled frequencies); Llama 3's p
 (`apply_rope_fusion=True`), the DeepSeek provider sets it False (MLA), the GPT-OSS and Qwen3-MoE providers leave
 Megatron's TransformerConfig default (False): the unfused element-wise chain (`predictor.layers.norm_rope`).
 
+- `Nemotron3NanoProvider` (`nemotronh/nemotron_h_provider.py`, over `NemotronHModelProvider` and
+  `MambaModelProvider` in `mamba/mamba_provider.py`): a hybrid model (its layer pattern
+  `MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME`), Mamba2 mixers of 64 heads × 64 with a state of 128 in 8
+  groups, squared-ReLU experts, no position embedding, RMSNorm, no linear biases, untied embeddings, and
+  NemotronHModelProvider's router (sigmoid scores with an expert bias, an fp32 router, the sequence-level auxiliary
+  loss at 1e-4). Its `first_last_layers_bf16=True` does not reach the model: Bridge's mixed-precision configuration
+  overwrites every field it holds on the model (`update_config_with_precision_overrides` in
+  `training/mixed_precision.py`), and only its fp8 current-scaling recipe sets it, which the performance scripts turn
+  off (extractors.jobs.bridge.precision); NemotronHModelProvider's `moe_shared_expert_overlap=True` is turned off by
+  the Nano pretraining recipe (`recipes/nemotronh/nemotron_3_nano.py`), Megatron's default here.
+
 A setting the row states itself (a column, a `name=value` of its notes, its launch line) wins.
 """
 from __future__ import annotations
@@ -43,6 +54,12 @@ PROVIDERS: dict[str, dict[str, Any]] = {
     "Qwen3MoEModelProvider": {**_COMMON, "add_bias_linear": False, "qk_layernorm": True},
     "DeepSeekModelProvider": {**_COMMON, "add_bias_linear": False},
     "DeepSeekV3ModelProvider": {**_COMMON, **_TE_LOSS, "add_bias_linear": False},
+    "Nemotron3NanoProvider": {**_COMMON, "position_embedding_type": "none", "add_bias_linear": False,
+                              "hybrid_override_pattern": "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+                              "mamba_num_heads": 64, "mamba_head_dim": 64, "mamba_state_dim": 128,
+                              "mamba_num_groups": 8, "squared_relu": True, "moe_router_score_function": "sigmoid",
+                              "moe_router_enable_expert_bias": True, "moe_router_dtype": "fp32",
+                              "moe_router_load_balancing_type": "seq_aux_loss", "moe_aux_loss_coeff": 1e-4},
 }
 _ARCH = re.compile(r"\barch:\s*([^|;]*)")
 _NAME = re.compile(r"\b([A-Z][A-Za-z0-9_]*Provider[A-Za-z0-9_]*)")

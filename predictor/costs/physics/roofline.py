@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from predictor.costs.features import compute_work, dtype_bytes, ring_traffic
+from predictor.layers.kernel_work import TENSOR_CORE_PRIMITIVES as HYBRID_TENSOR_CORE
 from tracekit.core.atomic import atomic_write_json
 from tracekit.core.hardware import PEAK_KIND, cpu_hardware_id, hardware_spec
 from tracekit.core.samples import COLLECTIVE_PRIMITIVES
@@ -31,7 +32,7 @@ LINK_EFFICIENCY = 0.8
 #: Fixed cost of one kernel launch and of one ring step, µs.
 KERNEL_OVERHEAD_US = 5.0
 STEP_LATENCY_US = {"intra": 3.0, "inter": 10.0}
-TENSOR_CORE_PRIMITIVES = ("gemm", "bmm", "attention")
+TENSOR_CORE_PRIMITIVES = ("gemm", "bmm", "attention", *HYBRID_TENSOR_CORE)
 
 
 @dataclass(frozen=True)

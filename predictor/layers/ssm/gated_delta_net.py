@@ -26,7 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from predictor.ir.ops import OpBuilder, OpUse, Pair
+from predictor.layers.block import Matrix, Saved, Saving, Tensors, norm_params
 from predictor.layers.norm_rope import norm
+from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
 from tracekit.core.hybrid import GDNShape
 
@@ -171,3 +173,58 @@ def ops(b: OpBuilder, shape: GDNShape, lowp: bool) -> list[Pair]:
     fwd, bwd = b.residual("self_attention.bias_dropout_add")
     pairs.append((fwd, bwd, MODULE))
     return pairs
+
+
+# -- the `G` layer as a block (predictor.layers.block.Block) --------------------------------------------------------
+def shape_of(c: TrainingConfig) -> GDNShape:
+    assert c.hybrid is not None, "a Gated DeltaNet layer of a configuration without hybrid settings"
+    return c.hybrid.gdn(c.hidden_size)
+
+
+#: Parameters of one layer that are neither a linear layer's weight nor a norm's: the convolution's weight, dt_bias
+#: and A_log (`param_tensors`' names).
+NON_MATRIX = ("self_attention.conv1d.weight", "self_attention.dt_bias", "self_attention.A_log")
+
+
+class GatedDeltaNet:
+    """A Gated DeltaNet layer (`G`, or a GPT layer's linear attention): the fused input norm and in-projection, the
+    convolution, the chunked gated delta rule, the output norm and gate, the out-projection (module docstring)."""
+
+    name = "gdn"
+
+    def ops(self, b: OpBuilder, window: int | None, lowp: bool) -> list[Pair]:
+        return ops(b, shape_of(b.c), lowp)
+
+    def params(self, c: TrainingConfig) -> tuple[int, int]:
+        return params(shape_of(c), c.tp, c.normalization), 0
+
+    def flops_per_token(self, c: TrainingConfig, layer: int, causal: bool) -> float:
+        return flops_per_token(shape_of(c), c.seq_length)
+
+    def saved(self, c: TrainingConfig, saving: Saving) -> Saved:
+        """`activation_bytes`; selective recompute of `gdn_norm_out` (Megatron's CheckpointWithoutOutput) frees the
+        output norm and gate's output, the out-projection's input, and replays them in the backward."""
+        shape = shape_of(c)
+        replicated, split = activation_bytes(shape, saving.q, c.hidden_dropout > 0)
+        if "gdn_norm_out" in saving.modules:
+            split -= 2.0 * shape.v_dim * saving.q
+        return Saved(replicated, split)
+
+    def matrices(self, c: TrainingConfig, split_qkv: bool) -> tuple[list[Matrix], list[Matrix]]:
+        shape = shape_of(c)
+        return [(shape.in_proj_dim, c.hidden_size), (c.hidden_size, shape.v_dim)], []
+
+    def tensors(self, c: TrainingConfig) -> Tensors:
+        """The two projections (no bias), the input norm and the output norm, and `NON_MATRIX`."""
+        return Tensors(linears=2, biased=0, norms=2, other=len(NON_MATRIX))
+
+    def offload_tensors(self, c: TrainingConfig) -> dict[str, list[float]]:
+        return {}  # GatedDeltaNet opens no offload group (the layer's input norm is fused into its in-projection)
+
+
+def norm_parameters(c: TrainingConfig) -> int:
+    """The norms' parameters of one `G` layer on one TP rank: the input norm and the per-head output norm."""
+    return norm_params(c, c.hidden_size) + norm_params(c, shape_of(c).value_dim)
+
+
+GDN = GatedDeltaNet()

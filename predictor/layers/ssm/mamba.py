@@ -34,11 +34,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from predictor.ir.ops import OpBuilder, OpUse, Pair
+from predictor.layers.block import Matrix, Saved, Saving, Tensors, norm_params
 from predictor.layers.norm_rope import FUSED_RMSNORM, norm
+from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
-from tracekit.core.hybrid import MambaShape
+from tracekit.core.hybrid import HybridSettings, MambaShape
 
-from .scan_work import CONV, RECOMPUTED, SSD_KERNELS, chunks, conv_work, ssd_work
+from .scan_work import CONV, RECOMPUTED, SSD_KERNELS, chunks, conv_work, ssd_backward_work, ssd_work
 
 MODULE = "mamba"
 
@@ -200,9 +202,12 @@ def ops(b: OpBuilder, shape: MambaShape, lowp: bool, state_dtype: str | None = N
                                       kv_heads=m.scan_groups, width=shape.state, seq_kv=shape.chunk,
                                       numel=mb * seq * m.scan_d_inner)
     for kernel in SSD_KERNELS:
-        flops = ssd_work(kernel, mb, seq, m.scan_heads, shape.head_dim, m.scan_groups, shape.state, shape.chunk)[0]
+        sizes = (kernel, mb, seq, m.scan_heads, shape.head_dim, m.scan_groups, shape.state, shape.chunk)
         dtype = state_dtype if kernel == "ssd_state_passing" and state_dtype else None
-        kernels.append(b.compute(f"mixer.{kernel}", kernel, kernel, flops, True, False, dtype, **features))
+        fwd, bwd = b.compute(f"mixer.{kernel}", kernel, kernel, ssd_work(*sizes)[0], True, False, dtype, **features)
+        assert isinstance(bwd, OpUse)
+        bwd.flops = ssd_backward_work(*sizes)[0]  # its gradients' kernels (scan_work)
+        kernels.append((fwd, bwd))
     for i, (fwd, bwd) in enumerate(kernels):
         if i > (0 if mem_eff else 1):  # one call issues them (mamba_split_conv1d_scan_combined: the convolution too)
             _inside(fwd, bwd)
@@ -238,3 +243,61 @@ def _inside(fwd: OpUse, bwd: OpUse | tuple[OpUse, ...]) -> None:
 def _recompute(fwd: OpUse) -> OpUse:
     """A forward kernel run again inside the backward's call."""
     return OpUse(f"{fwd.name}.recompute", fwd.spec, per_layer=True, flops=fwd.flops, recompute=True, launch=False)
+
+
+# -- the `M` layer as a block (predictor.layers.block.Block) --------------------------------------------------------
+def settings(c: TrainingConfig) -> HybridSettings:
+    assert c.hybrid is not None, "a hybrid layer of a configuration without hybrid settings"
+    return c.hybrid
+
+
+def shape_of(c: TrainingConfig) -> MambaShape:
+    return settings(c).mamba(c.hidden_size)
+
+
+#: Parameters of one layer that are neither a linear layer's weight nor a norm's (`Block.matrices` holds none of
+#: them): the depthwise convolution's weight and bias, dt_bias, A_log and D, per the names of `param_tensors`.
+NON_MATRIX = ("mixer.conv1d_weight", "mixer.conv1d_bias", "mixer.dt_bias", "mixer.A_log", "mixer.D")
+
+
+class Mamba:
+    """A Mamba2 layer (`M`): MambaLayer's fused input norm and in-projection, the convolution and SSD scan, the
+    gated norm and out-projection, the residual add (module docstring)."""
+
+    name = "mamba"
+
+    def ops(self, b: OpBuilder, window: int | None, lowp: bool) -> list[Pair]:
+        s = settings(b.c)
+        return ops(b, shape_of(b.c), lowp, s.mamba_training_ssm_states_dtype, s.use_mamba_mem_eff_path)
+
+    def params(self, c: TrainingConfig) -> tuple[int, int]:
+        return params(shape_of(c), c.tp, c.normalization), 0
+
+    def flops_per_token(self, c: TrainingConfig, layer: int, causal: bool) -> float:
+        return flops_per_token(shape_of(c), c.seq_length)
+
+    def saved(self, c: TrainingConfig, saving: Saving) -> Saved:
+        """`activation_bytes`; selective recompute names no part of a Mamba layer and fine-grained offloading opens
+        no group in it (MambaLayer has none): neither changes what it keeps."""
+        replicated, split = activation_bytes(shape_of(c), saving.q, c.hidden_dropout > 0)
+        return Saved(replicated, split)
+
+    def matrices(self, c: TrainingConfig, split_qkv: bool) -> tuple[list[Matrix], list[Matrix]]:
+        shape = shape_of(c)
+        return [(shape.in_proj_dim, c.hidden_size), (c.hidden_size, shape.d_inner)], []
+
+    def tensors(self, c: TrainingConfig) -> Tensors:
+        """The two projections (no bias), the input norm fused into the in-projection, and the gated RMSNorm's
+        weight (RMSNorm whatever `normalization` says) with the non-matrix parameters (`NON_MATRIX`)."""
+        return Tensors(linears=2, biased=0, norms=1, other=1 + len(NON_MATRIX))
+
+    def offload_tensors(self, c: TrainingConfig) -> dict[str, list[float]]:
+        return {}
+
+
+def norm_parameters(c: TrainingConfig) -> int:
+    """The norms' parameters of one `M` layer on one TP rank: the input norm and the gated RMSNorm."""
+    return norm_params(c, c.hidden_size) + local(shape_of(c), c.tp).d_inner
+
+
+MAMBA = Mamba()

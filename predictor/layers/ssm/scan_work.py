@@ -21,10 +21,24 @@ causal). The depthwise causal convolution (`causal_conv1d`, kernel K over the x,
 
 Bytes count each tensor read or written once per kernel (activation dtype `esize`, fp32 for dt, dA, C·Bᵀ and the
 chunk states as the kernels keep them); C·Bᵀ is read once per group, not per head (the heads of a group share it in
-L2: a lower bound). Backward rows (`pass` bwd) do twice their forward work (the gradients of each input); what the
-backward recomputes first is not in them: the operator lists add it as forward rows in the backward (the combined
+L2: a lower bound). A backward row of the convolution or of GDN's rule does twice its forward work (the gradients of
+each input); an SSD kernel's backward row is the work of the kernels mamba_ssm runs for its gradients
+(`_mamba_chunk_scan_combined_bwd` in `mamba_ssm/ops/triton/ssd_combined.py`, `ssd_backward_work`), each reading and
+writing its tensors once: about 2.2× the forward's FLOPs but several passes over x and the output gradient. What the
+backward recomputes first is in neither: the operator lists add it as forward rows in the backward (the combined
 function recomputes the convolution, the cumulative sums, the chunk states and C·Bᵀ; FLA's gated delta rule its
 chunk states).
+
+The SSD gradients by kernel, and the forward kernel whose backward row holds them:
+- `ssd_chunk_scan`: `_chunk_scan_bwd_dz` (the gate: reads x, z, the output and its gradient, writes dz and the
+  ungated gradient), `_chunk_scan_bwd_dstates` (C·dout per chunk, 2·T·H·P·N), `_chunk_scan_chunk_state_bwd_dx`
+  ((C·Bᵀ)ᵀ·dout, causal: T·Q·H·P, and B·dstates, 2·T·H·P·N; reads C·Bᵀ, B, dout, dstates), `_chunk_scan_bwd_dC`
+  (dout·states, 2·T·H·P·N), `_chunk_scan_bwd_dcb` (dout·xᵀ per chunk, causal: T·Q·H·P) and
+  `_chunk_scan_bwd_ddAcs_stable` (the decays' gradient from C·Bᵀ, x and dout: T·Q·H·P);
+- `ssd_chunk_state`: `_chunk_state_bwd_db` (x·dstates, 2·T·H·P·N);
+- `ssd_state_passing`: `_state_passing_bwd` (the recurrence backwards over the chunk states);
+- `ssd_bmm_chunk`: two `_bmm_chunk_bwd` (dB += C·dCB, dC += B·dCBᵀ: 2·T·Q·G·N each);
+- `ssd_chunk_cumsum`: `_chunk_cumsum_bwd`.
 
 Gated DeltaNet's chunked rule (FLA's `chunk_gated_delta_rule`, chunk C = 64, value heads Hv after Megatron repeats
 the query/key heads to them, key dim dk, value dim dv), per token and head: K·Kᵀ inside the chunk (2·C·dk), the
@@ -79,6 +93,40 @@ def ssd_work(kernel: str, batch: Any, seq: Any, heads: Any, head_dim: Any, group
         moved = (t * groups * chunk * FP32 + t * hp * esize + t * groups * state * esize + states * se
                  + t * heads * 2 * FP32 + t * hp * esize * 3.0)  # x; z read, the gated and ungated outputs written
         return flops, moved
+    raise ValueError(f"not an SSD kernel: {kernel!r}")
+
+
+def ssd_backward_work(kernel: str, batch: Any, seq: Any, heads: Any, head_dim: Any, groups: Any, state: Any,
+                      chunk: Any, esize: Any = 2.0) -> tuple[Any, Any]:
+    """(FLOPs, bytes) of the kernels that compute the gradients of forward SSD kernel `kernel` (module docstring),
+    over `batch` sequences of `seq` tokens; the chunk states they read and write in the activation dtype, fp32 where
+    the kernels keep them so (dt, the decays and their gradients, C·Bᵀ and its gradient, dB and dC before the cast)."""
+    t = batch * seq
+    n_chunks = batch * chunks(seq, chunk)
+    hp = heads * head_dim
+    states = n_chunks * hp * state
+    act = t * hp * esize  # x, z, the output, its gradient: one pass over one of them
+    bc = t * groups * state * esize  # B or C
+    per_head = t * heads * FP32  # dt, the decays, their gradients
+    cb = t * groups * chunk * FP32  # C·Bᵀ or its gradient (read once per group: a lower bound, as forward)
+    if kernel == "ssd_chunk_cumsum":
+        return t * heads * 8.0, per_head * 3.0 + t * heads * esize
+    if kernel == "ssd_chunk_state":  # _chunk_state_bwd_db
+        return 2.0 * t * hp * state, act + 2.0 * per_head + states * esize + bc + t * groups * state * FP32 + per_head
+    if kernel == "ssd_state_passing":
+        return 4.0 * states, states * (2.0 * FP32 + 2.0 * esize) + n_chunks * heads * FP32 * 2.0
+    if kernel == "ssd_bmm_chunk":  # two _bmm_chunk_bwd: the operand, dCB, the residual gradient in, the sum out
+        return 2.0 * (2.0 * t * chunk * groups * state), 2.0 * (bc + cb + t * groups * state * FP32 + bc)
+    if kernel == "ssd_chunk_scan":  # (bytes, FLOPs) of each kernel
+        dz = (6.0 * act, 10.0 * t * hp)  # x, z, out, dout in; dz, dout·silu(z) out
+        dstates = (bc + per_head + act + states * FP32, 2.0 * t * hp * state)  # C, dA, dout in; dstates out
+        dx = (3.0 * act + 3.0 * per_head + bc + cb + states * esize,  # x, dt, dA, B, CB, dout, dstates; dx, ddt
+              t * chunk * hp + 2.0 * t * hp * state)
+        dc = (states * esize + 2.0 * per_head + act + bc + t * groups * state * FP32, 2.0 * t * hp * state)
+        dcb = (2.0 * act + 2.0 * per_head + cb, t * chunk * hp)  # x, dt, dA, dout in; dCB out
+        ddacs = (2.0 * act + 3.0 * per_head + cb, t * chunk * hp + t * chunk * heads)  # x, dout, dt, dA, CB; ddA
+        parts = (dz, dstates, dx, dc, dcb, ddacs)
+        return sum(f for _, f in parts), sum(m for m, _ in parts)
     raise ValueError(f"not an SSD kernel: {kernel!r}")
 
 
