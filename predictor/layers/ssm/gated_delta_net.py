@@ -23,6 +23,7 @@ repeat (2·2·Hv·dk), g in fp32 and β (6·Hv), the rule's output (2·v_dim, th
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from predictor.ir.ops import OpBuilder, OpUse, Pair
@@ -80,13 +81,7 @@ def param_tensors(shape: GDNShape, tp: int = 1, normalization: str = "RMSNorm") 
 
 
 def params(shape: GDNShape, tp: int = 1, normalization: str = "RMSNorm") -> int:
-    total = 0
-    for _, dims in param_tensors(shape, tp, normalization):
-        size = 1
-        for d in dims:
-            size *= d
-        total += size
-    return total
+    return sum(math.prod(dims) for _, dims in param_tensors(shape, tp, normalization))
 
 
 def flops_per_token(shape: GDNShape, seq: int) -> float:

@@ -31,6 +31,7 @@ call; the recurrent conv and SSM states are inference's, per sequence.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from predictor.ir.ops import OpBuilder, OpUse, Pair
@@ -106,13 +107,7 @@ def param_tensors(shape: MambaShape, tp: int = 1, normalization: str = "RMSNorm"
 
 def params(shape: MambaShape, tp: int = 1, normalization: str = "RMSNorm") -> int:
     """Parameters of one Mamba layer on one TP rank."""
-    total = 0
-    for _, dims in param_tensors(shape, tp, normalization):
-        size = 1
-        for d in dims:
-            size *= d
-        total += size
-    return total
+    return sum(math.prod(dims) for _, dims in param_tensors(shape, tp, normalization))
 
 
 # -- FLOPs ----------------------------------------------------------------------------------------------------------
