@@ -34,7 +34,13 @@ the entry points (predict, predict_many, prepare_many, compose, compose_many) an
     model FLOP rate above the best published MFU: `predictor.report.plausibility`'s warning; above the GPU's peak a
     prediction is a PlausibilityError instead),
     top_operators[{name, pass, primitive, variant, time_s, share}] (busiest stage, per iteration),
-    fallbacks[{primitive, pass, variant, path, out_of_range, time_s}] (ops not estimated by a trained model in range),
+    estimates{operator_time_s, parts[{path, out_of_range, what, share, time_s, operators, sources}]} (how much of an
+        average GPU's operator time each way of estimating carries: trained models first, then largest first;
+        `operators` the module paths of `top_operators`, numbered families as `ddp.bucket*.all_reduce`; `sources` the
+        GPUs a transfer came from; `predictor.report.provenance`; when any rests on other than a trained model within
+        its range, its sentence is one of `warnings`),
+    fallbacks[{primitive, pass, variant, path, out_of_range, operators, time_s}] (ops not estimated by a trained model
+        in range, one entry per kind, `operators` their module paths),
     per_stage[{stage, fwd_us, bwd_us (one micro-batch, all chunks of the stage, recompute in bwd), chunks[{chunk,
         layers, fwd_us, bwd_us}], busy_s, idle_s}],
     operators[{stage, primitive, pass, time_s, count}] (per iteration on one GPU of that stage; pass fwd|bwd|comm|
@@ -57,7 +63,7 @@ from predictor.costs.physics.transfer import transfer_candidates
 from predictor.ir.graph import Graph
 from predictor.memory.stages import config_memory
 from predictor.parallel import fsdp
-from predictor.report import tables
+from predictor.report import provenance, tables
 from predictor.report.plausibility import check as plausibility
 from predictor.schedule.framework_costs import cluster_for
 from predictor.schedule.pipeline import BREAKDOWN, Timeline, Work
@@ -86,6 +92,8 @@ class Prediction:
     memory_gb_per_gpu: dict[str, float]
     warnings: list[str]
     fallbacks: list[dict]
+    #: how much of the operator time rests on what (predictor.report.provenance)
+    estimates: dict
     critical_stage: int
     calibration: Calibration
     #: framework time per compute operator the models sampled on this hardware, per pass (µs; in `other`)
@@ -133,6 +141,7 @@ class Prediction:
             "memory_capacity_gb": self.memory_capacity_gb,
             "warnings": self.warnings,
             "top_operators": self.top_operators,
+            "estimates": self.estimates,
             "fallbacks": self.fallbacks,
             "per_stage": self.per_stage,
             "operators": self.operators,
@@ -232,7 +241,7 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
             mapping[i] = j
         spec_rows.append(mapping)
         built.append((graph, cluster, notes))
-    duration, paths, oor = estimate_rows(list(row_of), rows, row_cluster, models)
+    duration, paths, oor, sources = estimate_rows(list(row_of), rows, row_cluster, models)
     out: list = []
     it = iter(spec_rows)
     for item in built:
@@ -243,7 +252,8 @@ def prepare_many(configs: Sequence[TrainingConfig], clusters: Cluster | Sequence
         idx = next(it)
         units = models.fsdp_unit_us(graph.hardware) \
             if fsdp.pays_unit_hooks(graph.config) and hasattr(models, "fsdp_unit_us") else {}
-        est = Estimates(duration[idx], list(paths[idx]), oor[idx], models.framework_us(graph.hardware), units)
+        est = Estimates(duration[idx], list(paths[idx]), oor[idx], models.framework_us(graph.hardware), units,
+                        list(sources[idx]))
         if not np.all(np.isfinite(est.duration_us)):
             bad = [graph.specs[i]["variant"] for i in np.flatnonzero(~np.isfinite(est.duration_us))]
             out.append(ConfigError(f"no estimate for operators {sorted(set(bad))} on {graph.hardware}"))
@@ -292,18 +302,18 @@ def _prediction(graph: Graph, est: Estimates, cluster: Cluster, notes: list[str]
     unmodelled = unmodelled_warning(c.extra)
     if unmodelled:
         warnings.append(unmodelled)
-    fallbacks = tables.fallbacks(graph, est, dur, counts)
-    if fallbacks:
-        share = sum(f["time_s"] for f in fallbacks) / max(seconds, 1e-12)
-        warnings.append(f"{len(fallbacks)} operator kinds were not estimated by a trained model within its range "
-                        f"(see fallbacks); they take about {100 * share:.0f}% of an average GPU's iteration")
+    fallbacks = provenance.fallbacks(graph, est, dur, counts)
+    estimates = provenance.provenance(graph, est, dur, counts)
+    if provenance.rests_on_fallbacks(estimates):  # what `predict` prints above its answer, a warning to the rest
+        warnings.append(provenance.sentence(estimates))
     warnings += plausibility(c, cluster.hardware, rates["tflops_per_gpu"], fallbacks, seconds)
     spec = hardware_spec(cluster.hardware)
     return Prediction(
         config=c, cluster=cluster, hardware_used=graph.hardware, iteration_time_s=seconds,
         breakdown={k: float(timeline.breakdown_us[k]) / 1e6 for k in BREAKDOWN},
         tflops_per_gpu=rates["tflops_per_gpu"], mfu=rates["mfu"], tokens_per_s=rates["tokens_per_s"],
-        memory_gb_per_gpu=memory, warnings=warnings, fallbacks=fallbacks, critical_stage=timeline.critical_stage,
+        memory_gb_per_gpu=memory, warnings=warnings, fallbacks=fallbacks, estimates=estimates,
+        critical_stage=timeline.critical_stage,
         calibration=cal, framework_us=dict(est.framework_us), graph=graph, timeline=timeline, durations_us=dur,
         counts=counts, work=(fwd, bwd), memory_capacity_gb=spec.memory_gb if spec is not None else None,
         fsdp_unit_us=dict(est.fsdp_unit_us),

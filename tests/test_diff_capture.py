@@ -436,50 +436,72 @@ def test_pipeline_stages_are_aligned_stage_by_stage(pp_run):
             2 * sum(r[side] for r in report["by_primitive"]))
 
 
-def _annotated_kernel_time(path: Path, step: int = 1) -> dict[str, float]:
-    """Per CPU `user_annotation` range of one profiled step (a layer), the time of the compute kernels launched by the
-    cpu_ops inside it, read straight from the trace JSON (External id links a cpu_op to its kernel)."""
+def _inside(e: dict, outer: dict) -> bool:
+    return outer["ts"] <= e["ts"] and e["ts"] + e["dur"] <= outer["ts"] + outer["dur"]
+
+
+def _timed_events(events: list[dict], step: int = 1) -> list[dict]:
+    """What a CPU run's trace times in one profiled step, read straight from the trace JSON: gloo's collectives and
+    the operators no other operator on their thread encloses (the `c10d::` calls that only issue work aside)."""
+    window = next(e for e in events if e.get("name") == f"ProfilerStep#{step}" and e.get("cat") == "user_annotation")
+    ops = [(i, e) for i, e in enumerate(events) if e.get("cat") == "cpu_op" and _inside(e, window)]
+    # o encloses e: it holds e's span on its thread, and is longer or, holding the same span, the one written first
+    # (an op that starts where another ends, a zero-length one, is not inside it: the page draws it)
+    top = [e for i, e in ops if not e["name"].startswith("c10d::") and not any(
+        j != i and o["tid"] == e["tid"] and _inside(e, o) and e["ts"] < o["ts"] + o["dur"]
+        and (o["dur"] > e["dur"] or j < i) for j, o in ops)]
+    return top + [e for e in events if str(e.get("name", "")).startswith("gloo:") and _inside(e, window)]
+
+
+def _annotated_op_time(path: Path, step: int = 1) -> dict[str, float]:
+    """Per CPU `user_annotation` range of one profiled step (a layer), the time of the timed operators inside it
+    (`_timed_events`; the innermost range holding each), read straight from the trace JSON."""
     events = _raw(path)["traceEvents"]
     window = next(e for e in events if e.get("name") == f"ProfilerStep#{step}" and e.get("cat") == "user_annotation")
-    inside = lambda e, outer: outer["ts"] <= e["ts"] and e["ts"] + e["dur"] <= outer["ts"] + outer["dur"]  # noqa: E731
-    ranges = [e for e in events if e.get("cat") == "user_annotation" and not e["name"].startswith("ProfilerStep#")
-              and inside(e, window)]
-    kernels = {e["args"]["External id"]: e["dur"] for e in events if e.get("cat") == "kernel"}
+    ranges = [e for e in events if e.get("cat") == "user_annotation" and not e["name"].startswith(("ProfilerStep#",
+                                                                                                     "gloo:"))
+              and _inside(e, window)]
     out: dict[str, float] = {}
-    for op in (e for e in events if e.get("cat") == "cpu_op" and inside(e, window)
-               and e["name"] != "record_param_comms"):  # a collective's launch: the report's communication row
-        holder = [r for r in ranges if inside(op, r)]
-        if holder and op["args"]["External id"] in kernels:
+    for op in _timed_events(events, step):
+        holder = [r for r in ranges if r["tid"] == op["tid"] and _inside(op, r)]
+        if holder:
             name = min(holder, key=lambda r: r["dur"])["name"]
-            out[name] = out.get(name, 0.0) + kernels[op["args"]["External id"]]
+            out[name] = out.get(name, 0.0) + op["dur"]
     return out
 
 
 def test_validate_page_draws_the_predicted_timeline_layers_and_traces(run, tmp_path):
-    """The validate page: the predicted lane holds the predicted trace's kernels of one iteration (counted in its
-    JSON), the page links that trace, and per-layer predicted times are the kernels inside the layer ranges."""
+    """The validate page: the predicted lane holds what the predicted trace times in one iteration (counted in its
+    JSON: a CPU run's operators and gloo collectives, as the predicted hardware is this CPU), the page links that
+    trace, and per-layer predicted times are the operators inside the layer ranges."""
     page = tmp_path / "validate.html"
     doc = json.loads(cli("validate", run["out"], "--models", run["models"], "--json", "--html", page).stdout)
     traces = doc["predicted_traces"]
     assert [Path(p).name for p in traces] == ["rank-0.json.gz"] and Path(traces[0]).parent == tmp_path / \
         "validate-predicted"
     raw = _raw(Path(traces[0]))["traceEvents"]
-    step = next(e for e in raw if e.get("name") == "ProfilerStep#1" and e.get("cat") == "gpu_user_annotation")
-    kernels = [e for e in raw if e.get("cat") == "kernel" and step["ts"] <= e["ts"] < step["ts"] + step["dur"]]
+    assert not [e for e in raw if e.get("cat") in ("kernel", "gpu_user_annotation", "cuda_runtime")]
+    timed = _timed_events(raw)
     dom = dump_dom(page, tmp_path / "profile")
     lane = re.search(r'<svg[^>]*id="timeline-predicted".*?</svg>', dom, re.S).group(0)
-    assert lane.count('<rect class="ev"') == len(kernels) > 0
+    assert lane.count('<rect class="ev"') == len(timed) > 0
     assert re.search(r'<h2 id="predicted-traces">', dom)
     assert re.findall(r'<a href="([^"]+)"', dom) == ["validate-predicted/rank-0.json.gz"]
-    # per layer: each row's predicted time is what the predicted trace's compute kernels inside that range take
-    expected = _annotated_kernel_time(Path(traces[0]))
+    # per layer: each row's predicted time is what the predicted trace's operators inside that range take
+    expected = _annotated_op_time(Path(traces[0]))
+    # the optimizer step's range (a CPU prediction's, like a CPU run's) is the table's `(optimizer step)` row
+    optimizer = sum(v for k, v in expected.items() if k.startswith("Optimizer.step"))
+    expected = {k: v for k, v in expected.items() if not k.startswith("Optimizer.step")}
     layers = {r["layer"]: r["predicted_s"] for r in doc["by_layer"] if r["predicted_s"] > 0
               and not r["layer"].startswith("(")}
     assert set(layers) == set(expected) >= {"embedding", "layer_0/attention", "layer_0/mlp", "layer_1/attention",
                                             "layer_1/mlp", "output_layer", "cross_entropy"}
     for name, seconds in layers.items():
         assert seconds == pytest.approx(expected[name] / 1e6, rel=1e-6), name
-    # the real run names the same ranges (the reference trainer's record_function): every one has a prediction
+    step = next(r for r in doc["by_layer"] if r["layer"] == "(optimizer step)")
+    assert optimizer > 0 and step["predicted_s"] == pytest.approx(optimizer / 1e6, rel=1e-6)
+    # the real run names the same ranges (the reference trainer's record_function, torch's optimizer step range):
+    # every one has a prediction
     real = {r["layer"] for r in doc["by_layer"] if r["real_s"] > 0 and not r["layer"].startswith("(")}
     assert real == set(layers)
 
@@ -500,8 +522,8 @@ def test_validate_pipeline_run_predicts_every_layer_the_run_names(pp_run, run, t
     doc = json.loads(cli("validate", pp_run["out"], "--models", run["models"], "--json", "--trace-out",
                          tmp_path / "pred").stdout)
     assert sorted(Path(p).name for p in doc["predicted_traces"]) == ["rank-0.json.gz", "rank-1.json.gz"]
-    # the model's ranges; the schedule's own (pipeline/send_forward_recv_backward, Optimizer.step) are not layers
-    real = {r["layer"] for r in doc["by_layer"] if r["real_s"] > 0 and not r["layer"].startswith(("(",
-                                                                                                   "pipeline/"))}
+    # the model's ranges and the optimizer step's; the schedule's own (pipeline/send_forward_recv_backward) are not
+    # predicted
+    real = {r["layer"] for r in doc["by_layer"] if r["real_s"] > 0 and not r["layer"].startswith(("(", "pipeline/"))}
     predicted = {r["layer"] for r in doc["by_layer"] if r["predicted_s"] > 0 and not r["layer"].startswith("(")}
     assert real == predicted and {"layer_0/attention", "layer_1/mlp"} <= predicted

@@ -237,7 +237,7 @@ def test_the_prediction_says_what_was_assumed_installed(predicted):
     (f"{LLAMA} {LOCAL} --no-gradient-accumulation-fusion --no-masked-softmax-fusion", BARE, "--no-rope-fusion"),
     (f"{GPT} {LOCAL} --context-parallel-size 2", {"world_size": 2}, "context parallelism"),
     (f"{GPT} {LOCAL} --fp8-format hybrid", {}, "transformer_engine"),
-    (f"{GPT} --transformer-impl locale", {}, "transformer_impl must be one of"),
+    (f"{GPT} --transformer-impl locale", {}, "transformer_impl: 'locale' is not one of"),
     (f"{GPT} {LOCAL}", {"apex_available": "maybe"}, "apex_available must be true or false"),
     (f"{LLAMA} {LOCAL} --tensor-model-parallel-size 2 --sequence-parallel", {"world_size": 2}, "sequence parallel"),
 ])

@@ -51,7 +51,7 @@ def chunk_params(c: TrainingConfig, stage: int, chunk: int) -> tuple[int, int]:
         expert += len(layers) * e
     vocab_rows = c.padded_vocab_size // c.tp * c.hidden_size
     if part.embedding:
-        dense += vocab_rows + (c.seq_length * c.hidden_size if c.position_embedding_type != "rope" else 0)
+        dense += vocab_rows + (c.seq_length * c.hidden_size if c.learned_positions else 0)
     if part.loss:
         tied_here = part.embedding and not c.untie_embeddings_and_output_weights
         dense += norm_params(c, c.hidden_size) + (0 if tied_here else vocab_rows)

@@ -2,7 +2,8 @@
 
     resolve_hardware(requested, available, compute) -> (the hardware whose models answer, a note or None)
     Estimates                                   per-spec estimates of one graph, with each one's path
-    estimate_rows(keys, rows, row_clusters, models) -> (µs, path, out_of_range), one entry per distinct row
+    estimate_rows(keys, rows, row_clusters, models) -> (µs, path, out_of_range, sources), one entry per distinct
+                                                row (sources: a transfer answer's source GPUs, '' elsewhere)
     clear_estimate_cache()                      forget the answers kept per models object
     calibrated_durations(graph, est, cal) -> µs per spec, with a calibration's scale factors
 
@@ -46,6 +47,8 @@ class Estimates:
     framework_us: dict[str, float] = field(default_factory=dict)
     #: torch FSDP2's own host time per unit, per pass, sampled on this hardware ({} where none was sampled)
     fsdp_unit_us: dict[str, float] = field(default_factory=dict)
+    #: per spec, what the answer came from beyond its path (a transfer's source GPUs with their weights; '' mostly)
+    sources: list[str] = field(default_factory=list)
 
 
 def resolve_hardware(requested: str, available: Sequence[str], compute: Sequence[str] = ()) -> tuple[str, str | None]:
@@ -105,8 +108,8 @@ def clear_estimate_cache() -> None:
 
 
 def estimate_rows(keys: list[tuple], rows: list[dict], row_clusters: list[Cluster | None], models
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(µs, path, out_of_range) arrays over the distinct operator rows (`keys[j]` identifies `rows[j]`; a
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(µs, path, out_of_range, sources) arrays over the distinct operator rows (`keys[j]` identifies `rows[j]`; a
     collective's row has its cluster in `row_clusters`, a compute row None). Rows answered before by the same models
     object come from the cache; the others are asked in one call."""
     cache = _estimate_cache(models)
@@ -120,11 +123,12 @@ def estimate_rows(keys: list[tuple], rows: list[dict], row_clusters: list[Cluste
     duration = np.array([a[0] for a in answers], dtype="float64")
     paths = np.array([a[1] for a in answers], dtype=object)
     oor = np.array([a[2] for a in answers], dtype=bool)
-    return duration, paths, oor
+    sources = np.array([a[3] for a in answers], dtype=object)
+    return duration, paths, oor, sources
 
 
-def _estimate(rows: list[dict], row_clusters: list[Cluster | None], models) -> list[tuple[float, str, bool]]:
-    """(µs, path, out_of_range) per operator row: models for compute rows and for collectives measured on their
+def _estimate(rows: list[dict], row_clusters: list[Cluster | None], models) -> list[tuple[float, str, bool, str]]:
+    """(µs, path, out_of_range, sources) per operator row: models for compute rows and for collectives measured on their
     cluster and topology; the collective algorithm model for the other collectives."""
     import pandas as pd
 
@@ -134,10 +138,12 @@ def _estimate(rows: list[dict], row_clusters: list[Cluster | None], models) -> l
     duration = result["duration_us"].to_numpy(dtype="float64").copy()
     path = result["path"].astype(str).to_numpy().astype(object)
     oor = result["out_of_range"].fillna(False).to_numpy(dtype=bool).copy()
+    sources = result["sources"].fillna("").astype(str).to_numpy() if "sources" in result else [""] * len(frame)
     collective = np.array([c is not None for c in row_clusters])
     if collective.any():
         _collectives(frame, row_clusters, np.flatnonzero(collective), models, duration, path, oor)
-    return [(float(d), str(p), bool(o)) for d, p, o in zip(duration, path, oor)]
+    return [(float(d), str(p), bool(o), str(s) if p == "transfer" else "")
+            for d, p, o, s in zip(duration, path, oor, sources)]
 
 
 def _collectives(frame, row_clusters: list, idx: np.ndarray, models, duration: np.ndarray, path: np.ndarray,

@@ -91,16 +91,18 @@ PATHS = {"transfer": "from other GPUs' models", "roofline": "from the roofline a
 
 
 def extrapolated(fallbacks: Sequence[dict], iteration_s: float) -> str:
-    """`58% of the iteration from other GPUs' models (linear3, linear4, linear1, ...), 23% from the link model
-    (allreduce, p2p)`: the fallback paths by their share of an average GPU's iteration, largest first; '' when every
-    operator had a trained model within its range."""
+    """`58% of the iteration from other GPUs' models (mlp.linear_fc1, mlp.linear_fc2, self_attention.linear_qkv,
+    ...), 23% from the link model (ddp.bucket*.all_reduce, p2p.send_recv)`: the fallback paths by their share of an
+    average GPU's iteration, largest first, naming the operators as the tables do; '' when every operator had a
+    trained model within its range."""
     shares: dict[str, float] = {}
     names: dict[str, list[str]] = {}
     for f in fallbacks:
         path = f["path"] if f["path"] in PATHS else "model"
         shares[path] = shares.get(path, 0.0) + f["time_s"]
-        if f["variant"] not in names.setdefault(path, []):
-            names[path].append(f["variant"])
+        for name in f.get("operators") or [f["variant"]]:
+            if name not in names.setdefault(path, []):
+                names[path].append(name)
     parts: list[str] = []
     for path in sorted(shares, key=lambda p: -shares[p]):
         share = shares[path] / max(iteration_s, 1e-12)

@@ -5,7 +5,6 @@ properties and fields of `predictor.predict` that are lists of rows):
                                                 an array (pp, specs)
     operators(graph, dur, counts)               per stage and (primitive, pass): time and instances per iteration
     top_operators(graph, dur, stage, seconds)   a stage's operators by time per iteration (top 10)
-    fallbacks(graph, est, dur, counts)          the operators no trained model estimated within its range
     per_stage(graph, fwd, bwd, timeline)        per stage: forward and backward of one micro-batch, busy and idle
 """
 from __future__ import annotations
@@ -18,11 +17,10 @@ from predictor.ir.graph import Graph
 from predictor.ir.ops import OpUse
 
 if TYPE_CHECKING:
-    from predictor.costs.estimates import Estimates
     from predictor.schedule.pipeline import Timeline, Work
 
 
-def _stage_ops(graph: Graph, stage: int):
+def stage_ops(graph: Graph, stage: int):
     """(op, instances per iteration) of everything one GPU of `stage` runs."""
     m = graph.config.num_microbatches
     for k in range(graph.config.vp):
@@ -47,7 +45,7 @@ def instance_counts(graph: Graph) -> np.ndarray:
     counts = np.zeros((graph.config.pp, len(graph.specs)))
     for stage in range(graph.config.pp):
         row = counts[stage]
-        for op, n in _stage_ops(graph, stage):
+        for op, n in stage_ops(graph, stage):
             row[op.spec] += n
     return counts
 
@@ -72,24 +70,13 @@ def operators(graph: Graph, dur: np.ndarray, counts: np.ndarray) -> list[dict]:
 
 def top_operators(graph: Graph, dur: np.ndarray, stage: int, seconds: float, limit: int = 10) -> list[dict]:
     agg: dict[tuple[str, str], list] = {}
-    for op, n in _stage_ops(graph, stage):
+    for op, n in stage_ops(graph, stage):
         spec = graph.specs[op.spec]
         slot = agg.setdefault((op.name, spec["pass"]), [0.0, spec["primitive"], spec["variant"]])
         slot[0] += n * dur[op.spec]
     ranked = sorted(agg.items(), key=lambda kv: -kv[1][0])[:limit]
     return [{"name": name, "pass": ps, "primitive": prim, "variant": var, "time_s": float(t) / 1e6,
              "share": float(t) / 1e6 / seconds if seconds else 0.0} for (name, ps), (t, prim, var) in ranked]
-
-
-def fallbacks(graph: Graph, est: Estimates, dur: np.ndarray, counts: np.ndarray) -> list[dict]:
-    flagged = [i for i in range(len(graph.specs)) if est.path[i] != "model" or est.out_of_range[i]]
-    if not flagged:
-        return []
-    time_of = counts.mean(axis=0) * dur  # average GPU's time per iteration
-    out = [{"primitive": graph.specs[i]["primitive"], "pass": graph.specs[i]["pass"],
-            "variant": graph.specs[i]["variant"], "path": est.path[i], "out_of_range": bool(est.out_of_range[i]),
-            "time_s": float(time_of[i]) / 1e6} for i in flagged]
-    return sorted(out, key=lambda f: -f["time_s"])
 
 
 def per_stage(graph: Graph, fwd: list[list[Work]], bwd: list[list[Work]], timeline: Timeline) -> list[dict]:

@@ -1,5 +1,7 @@
 """The predicted timeline as Kineto-format Chrome traces (one `rank-{r}.json.gz` per simulated rank, or plain
-`rank-{r}.json`), so Perfetto, HTA and `tracekit ingest` read predicted and real traces alike.
+`rank-{r}.json`), so Perfetto, HTA and `tracekit ingest` read predicted and real traces alike. A trace is of the
+hardware predicted: its device, backend and kernel names are that hardware's (`kernel_names`); a CPU's is a CPU run
+on gloo (`cpu_trace_writer`), the rest of this docstring describes a GPU's.
 
 Each operator instance becomes a `cpu_op` (named as PyTorch/Megatron name it: aten::mm with `Input Dims`/`Input
 type`, record_param_comms with the collective metadata of PyTorch ≥ 2.3) holding a `cudaLaunchKernel`
@@ -24,13 +26,14 @@ import numpy as np
 from predictor.ir.graph import Graph
 from predictor.ir.ops import OpUse
 from predictor.ir.placement import rank_coordinates, strides
-from predictor.report.trace_writer import BASE_NS, LAUNCH_US, PID, STREAMS, TID, TraceWriter
+from predictor.report.cpu_trace_writer import CpuTraceWriter
+from predictor.report.kernel_names import DeviceNames, device_names
+from predictor.report.trace_writer import BASE_NS, TraceWriter
 from predictor.schedule.pipeline import Timeline
 from predictor.schedule.stage_work import split_backward
 from predictor.schedule.zero_bubble import segment_of
 from tracekit.core.atomic import atomic_write_bytes
 from tracekit.core.cluster import Cluster
-from tracekit.core.hardware import hardware_spec
 from tracekit.core.pipeline_layout import SPLIT_BACKWARD, torch_schedule
 
 
@@ -139,12 +142,14 @@ def first_layers(graph: Graph) -> dict[tuple[int, int], int]:
     return out
 
 
-def rank_trace(prediction: PredictedRun, rank: int, iterations: int = 2) -> dict:
-    """The Kineto document of one simulated rank (`iterations` identical iterations back to back)."""
+def rank_trace(prediction: PredictedRun, rank: int, iterations: int = 2, names: DeviceNames | None = None) -> dict:
+    """The Kineto document of one simulated rank (`iterations` identical iterations back to back), named as the
+    predicted hardware's traces are (`names`: another hardware's naming, the same timeline)."""
     graph, tl, dur = prediction.graph, prediction.timeline, prediction.durations_us
     c = graph.config
     stage = rank_coordinates(rank, c.tp, c.cp, c.dp, c.pp)["pp"]
-    w = TraceWriter(graph, rank, c.precision)
+    names = names or device_names(prediction.cluster.hardware)
+    w = (CpuTraceWriter if names.cpu else TraceWriter)(graph, rank, c.precision, names)
     period = tl.iteration_us
     origin = 1000.0
     first = first_layers(graph)
@@ -186,31 +191,17 @@ def rank_trace(prediction: PredictedRun, rank: int, iterations: int = 2) -> dict
             d = times * float(dur[use.spec])
             w.op(use, "comm", t, d)
             t += d
-        step = {"External id": 0}
-        w.events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{it + 1}", "pid": PID,
-                         "tid": TID, "ts": t0 - LAUNCH_US - 2.0, "dur": period, "args": dict(step)})
-        w.events.append({"ph": "X", "cat": "gpu_user_annotation", "name": f"ProfilerStep#{it + 1}", "pid": 0,
-                         "tid": 7, "ts": t0, "dur": period, "args": dict(step)})
-    w.events.sort(key=lambda e: e["ts"])
-    meta = [
-        {"name": "process_name", "ph": "M", "ts": 0, "pid": PID, "tid": 0, "args": {"name": "tracekit-predict"}},
-        {"name": "process_labels", "ph": "M", "ts": 0, "pid": PID, "tid": 0, "args": {"labels": "CPU"}},
-        {"name": "process_name", "ph": "M", "ts": 0, "pid": 0, "tid": 0, "args": {"name": "tracekit-predict"}},
-        {"name": "process_labels", "ph": "M", "ts": 0, "pid": 0, "tid": 0, "args": {"labels": "GPU 0"}},
-        {"name": "thread_name", "ph": "M", "ts": 0, "pid": PID, "tid": TID, "args": {"name": "thread 4242 (python)"}},
-    ] + [{"name": "thread_name", "ph": "M", "ts": 0, "pid": 0, "tid": s, "args": {"name": f"stream {s}"}}
-         for s in sorted(set(STREAMS.values()))]
-    hw = hardware_spec(graph.hardware)
-    device = {"id": 0, "name": f"NVIDIA {prediction.cluster.hardware}", "computeMajor": 9 if w.sm90 else 8,
-              "computeMinor": 0}
-    if hw is not None:
-        device.update(totalGlobalMem=int(hw.memory_gb * 2**30), numSms=hw.sms)
-    return {
+        w.step(it + 1, t0, period)
+    events = w.finish()
+    doc = {
         "schemaVersion": 1,
-        "deviceProperties": [device],
-        "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": c.world_size},
-        "traceEvents": meta + w.events,
+        "deviceProperties": names.device_properties(),
+        "distributedInfo": w.distributed_info(),
+        "traceEvents": w.metadata() + events,
         "traceName": f"tracekit predicted rank {rank}",
         "displayTimeUnit": "ms",
         "baseTimeNanoseconds": BASE_NS,
     }
+    if names.cpu:  # the profiler leaves the CPU model out; tracekit's captures add it (extractors.kineto.cpu)
+        doc["cpu_model"] = names.hardware[len("cpu-"):]
+    return doc

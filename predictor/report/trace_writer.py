@@ -1,12 +1,16 @@
-"""The events of one predicted rank's Kineto trace as PyTorch's profiler writes them: for each kernel its launching
-cpu_op (inside autograd's or the optimizer's op, as PyTorch nests them), the cudaLaunchKernel, the kernel on its
-stream and the flow between them; collectives as NCCL's kernels with their record_param_comms; the layer annotations
-around the ops (`predictor.report.trace_out` orders the ops and writes the files)."""
+"""The events of one predicted rank's Kineto trace as PyTorch's profiler writes them on a GPU: for each kernel its
+launching cpu_op (inside autograd's or the optimizer's op, as PyTorch nests them), the cudaLaunchKernel, the kernel on
+its stream and the flow between them; collectives as the communication library's kernels with their
+record_param_comms; the layer annotations around the ops (`predictor.report.trace_out` orders the ops and writes the
+files). Kernels are named as the predicted hardware's libraries name them (`predictor.report.kernel_names`); a CPU's
+trace is `predictor.report.cpu_trace_writer`'s."""
 from __future__ import annotations
 
 from predictor.ir.graph import Graph
 from predictor.ir.ops import OpUse
 from predictor.ir.placement import rank_coordinates, strides
+from predictor.report.kernel_names import DeviceNames, device_names
+from tracekit.core.precision import recipe
 
 BASE_NS = 1_700_000_000_000_000_000
 PID, TID = 4242, 4242
@@ -21,10 +25,10 @@ GROUP_DESC = {"tp": "TENSOR_MODEL_PARALLEL_GROUP", "cp": "CONTEXT_PARALLEL_GROUP
               "fsdp_replica": "DATA_PARALLEL_REPLICATE_GROUP", "efsdp": "EXPERT_DATA_PARALLEL_GROUP",
               "world": "default_pg"}
 LAUNCH_US = 4.0  # CPU time of one launching op in the synthetic host timeline
-_NCCL = {"all_reduce": ("allreduce", "AllReduce_Sum_{dt}_RING_LL"), "all_gather": ("_allgather_base",
+NCCL = {"all_reduce": ("allreduce", "AllReduce_Sum_{dt}_RING_LL"), "all_gather": ("_allgather_base",
          "AllGather_RING_LL"), "reduce_scatter": ("_reduce_scatter_base", "ReduceScatter_Sum_{dt}_RING_LL"),
          "send_recv": ("send", "SendRecv"), "all_to_all": ("all_to_all", "SendRecv")}
-_TORCH_DTYPE = {"fp16": ("c10::Half", "Half", "f16"), "bf16": ("c10::BFloat16", "BFloat16", "bf16"),
+TORCH_DTYPE = {"fp16": ("c10::Half", "Half", "f16"), "bf16": ("c10::BFloat16", "BFloat16", "bf16"),
                 "fp32": ("float", "Float", "f32"),
                 **{d: ("c10::Float8_e4m3fn", "Float8_e4m3fn", "f8") for d in ("fp8", "fp8_block", "mxfp8")},
                 **{d: ("c10::Float4_e2m1fn_x2", "Float4_e2m1fn_x2", "f4") for d in ("nvfp4", "mxfp4")}}
@@ -33,14 +37,14 @@ _TORCH_DTYPE = {"fp16": ("c10::Half", "Half", "f16"), "bf16": ("c10::BFloat16", 
 class TraceWriter:
     """The events of one rank's trace, appended op by op in time order."""
 
-    def __init__(self, graph: Graph, rank: int, dtype: str):
+    def __init__(self, graph: Graph, rank: int, dtype: str, names: DeviceNames | None = None):
         self.graph = graph
         self.rank = rank
         self.events: list[dict] = []
         self.next_id = 1
         self.cpu_free = 0.0
-        self.dtype = dtype
-        self.sm90 = not graph.hardware.upper().startswith(("A100", "A800", "V100"))
+        self.dtype = dtype if dtype in TORCH_DTYPE else recipe(dtype).gemm_dtype  # fp8-cs: its GEMMs' fp8
+        self.names = names or device_names(graph.hardware)
         self.parent: str | None = None
         self.block: tuple[str, float] | None = None  # (name, start) of the open layer annotation
         self.pending: str | None = None  # the layer annotation the next launch opens
@@ -96,7 +100,7 @@ class TraceWriter:
         if use.group:
             self.collective(spec, use.group, start, dur)
             return
-        torch_t = _TORCH_DTYPE[self.dtype][0]
+        torch_t = TORCH_DTYPE[self.dtype][0]
         if prim in ("gemm", "bmm"):
             m, n, k = int(spec["m"]), int(spec["n"]), int(spec["k"])
             b = int(spec.get("batch") or 1)
@@ -122,24 +126,17 @@ class TraceWriter:
         self.launch(op_name, kernel, start, dur, 7, {"Input Dims": dims, "Input type": [torch_t] * len(dims)})
 
     def gemm_kernel(self) -> str:
-        if self.sm90:
-            t = "bf16bf16_bf16f32_f32" if self.dtype == "bf16" else "f16f16_f16f32_f32"
-            return (f"sm90_xmma_gemm_{t}_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel"
-                    "__5x_cublas")
-        t = {"bf16": "bf16", "fp16": "fp16", "fp32": "sgemm"}[self.dtype]
-        return f"ampere_{t}_s16816gemm_{t}_128x128_ldg8_f2f_stages_32x5_tn"
+        return self.names.gemm_kernel(self.dtype)
 
     def compute_names(self, spec: dict, pass_: str) -> tuple[str, str, list]:
         prim, variant = spec["primitive"], spec["variant"]
         bwd = pass_ == "bwd"
-        half = _TORCH_DTYPE[self.dtype][0]
+        half = TORCH_DTYPE[self.dtype][0]
         rows, width = int(spec.get("rows") or 0), int(spec.get("width") or 0)
         if prim == "attention":
             b, a, s, d = (int(spec[k]) for k in ("batch", "heads", "seq", "head_dim"))
-            kernel = "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel" if bwd else "flash_fwd_kernel"
-            return ("FlashAttnFuncBackward" if bwd else "FlashAttnFunc",
-                    f"void flash::{kernel}<Flash_kernel_traits<128, 128, 64, 4, {half}>, true>(Flash_params)",
-                    [[b, s, a, d]] * 3)
+            op, kernel = self.names.attention(self.dtype, bwd)
+            return op, kernel, [[b, s, a, d]] * 3
         if prim == "softmax":
             b, a, s = int(spec["batch"]), int(spec["heads"]), int(spec["seq"])
             way = "backward" if bwd else "forward"
@@ -176,8 +173,8 @@ class TraceWriter:
     def collective(self, spec: dict, group: str, start: float, dur: float) -> None:
         prim = spec["primitive"]
         dtype = "fp32" if spec["bytes"] == 4 * spec["numel"] else self.dtype  # fp32 main grads, CE partials
-        _, torch_name, short = _TORCH_DTYPE[dtype]
-        name, kern = _NCCL[prim]
+        _, torch_name, short = TORCH_DTYPE[dtype]
+        name, kern = NCCL[prim]
         # a P2P transfer runs on the pipeline group, as Megatron's batch_isend_irecv does: the trace names that group
         n = self.graph.config.pp if group in ("p2p", "pp") else int(spec["group_size"])
         numel = int(spec["numel"])
@@ -188,9 +185,40 @@ class TraceWriter:
                 "Group size": n, "dtype": torch_name, "In split size": "[]", "Out split size": "[]",
                 "Process Group Name": str(sorted(GROUP_DESC).index(group) + 1),
                 "Process Group Description": self.description(group), "Process Group Ranks": str(ranks)}
-        kernel = f"ncclDevKernel_{kern.format(dt=short)}(ncclDevComm*, unsigned long, ncclWork*)"
+        kernel = self.names.collective_kernel(kern.format(dt=short))
         self.launch("record_param_comms", kernel, start, dur, STREAMS[group],
-                    {**meta, "Input Dims": [[nelems_in]], "Input type": [_TORCH_DTYPE[dtype][0]]}, meta)
+                    {**meta, "Input Dims": [[nelems_in]], "Input type": [TORCH_DTYPE[dtype][0]]}, meta)
+
+    # -- the document around the events -------------------------------------------------------------------------
+    def step(self, number: int, t0: float, period: float) -> None:
+        """The `ProfilerStep#number` of one iteration drawn from t0: the CPU range around its launches and the GPU
+        range of its kernels."""
+        step = {"External id": 0}
+        self.events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{number}", "pid": PID,
+                            "tid": TID, "ts": t0 - LAUNCH_US - 2.0, "dur": period, "args": dict(step)})
+        self.events.append({"ph": "X", "cat": "gpu_user_annotation", "name": f"ProfilerStep#{number}", "pid": 0,
+                            "tid": 7, "ts": t0, "dur": period, "args": dict(step)})
+
+    def finish(self) -> list[dict]:
+        """The events in time order."""
+        self.events.sort(key=lambda e: e["ts"])
+        return self.events
+
+    def metadata(self) -> list[dict]:
+        """Process and thread names: the host process and its thread, the device and its streams."""
+        return [
+            {"name": "process_name", "ph": "M", "ts": 0, "pid": PID, "tid": 0, "args": {"name": "tracekit-predict"}},
+            {"name": "process_labels", "ph": "M", "ts": 0, "pid": PID, "tid": 0, "args": {"labels": "CPU"}},
+            {"name": "process_name", "ph": "M", "ts": 0, "pid": 0, "tid": 0, "args": {"name": "tracekit-predict"}},
+            {"name": "process_labels", "ph": "M", "ts": 0, "pid": 0, "tid": 0, "args": {"labels": "GPU 0"}},
+            {"name": "thread_name", "ph": "M", "ts": 0, "pid": PID, "tid": TID,
+             "args": {"name": "thread 4242 (python)"}},
+        ] + [{"name": "thread_name", "ph": "M", "ts": 0, "pid": 0, "tid": s, "args": {"name": f"stream {s}"}}
+             for s in sorted(set(STREAMS.values()))]
+
+    def distributed_info(self) -> dict:
+        """`distributedInfo`: the backend, this rank and the world."""
+        return {"backend": self.names.backend, "rank": self.rank, "world_size": self.graph.config.world_size}
 
     def description(self, group: str) -> str:
         """Megatron's process-group description; without CP the dp·cp group is the data-parallel group itself."""

@@ -207,7 +207,7 @@ def chunk_tensors(c: TrainingConfig, stage: int, chunk: int) -> ChunkTensors:
     out.elements = float(dense + expert)
     embedding = 0.0
     if part.embedding:
-        learned = c.position_embedding_type != "rope"
+        learned = c.learned_positions
         out.tensors += 1 + (1 if learned else 0)
         embedding = c.padded_vocab_size // c.tp * c.hidden_size + (c.seq_length * c.hidden_size if learned else 0)
     if part.loss:

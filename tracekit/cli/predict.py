@@ -271,6 +271,8 @@ def _print_prediction(p, skip: int = 0) -> None:
     prediction's own warnings (`predictor.predict`), which follow the `skip` warnings the command put in front."""
     from rich.table import Table
 
+    from predictor.report.provenance import sentence
+
     c = p.config
     warnings = list(p.warnings)
     if p.fits_in_memory is False and len(warnings) > skip:
@@ -282,6 +284,9 @@ def _print_prediction(p, skip: int = 0) -> None:
                   f"dp {c.dp} cp {c.cp}{' vp ' + str(c.vp) if c.vp > 1 else ''}[/bold]")
     if p.hardware_used != p.cluster.hardware:
         console.print(f"operator models: {p.hardware_used}")
+    line = sentence(p.estimates)  # what the answer rests on, in the tables' names: one line, above it
+    console.print(line, markup=False, soft_wrap=True)
+    warnings = [w for w in warnings if w != line]
     table = Table(title=f"iteration time {seconds(p.iteration_time_s)} (busiest stage {p.critical_stage})")
     table.add_column("part")
     table.add_column("time", justify="right")
@@ -305,9 +310,5 @@ def _print_prediction(p, skip: int = 0) -> None:
     for op in p.top_operators[:8]:
         top.add_row(op["name"], op["pass"], op["primitive"], seconds(op["time_s"]), percent(op["share"]))
     console.print(top)
-    if p.fallbacks:
-        console.print("fallbacks: " + ", ".join(
-            f"{f['variant']} {f['pass']} ({f['path']}{', out of range' if f['out_of_range'] else ''})"
-            for f in p.fallbacks[:8]) + (" ..." if len(p.fallbacks) > 8 else ""))
     for w in warnings:
         err_console.print(f"[yellow]warning:[/yellow] {w}")

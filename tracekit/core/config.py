@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracekit.core import (
+    choices,
     hybrid as hybrid_settings,
     layer_impl,
     moe as moe_settings,
@@ -117,10 +118,10 @@ class TrainingConfig:
     recompute_method: str | None = None  # full recompute: uniform | block
     recompute_num_layers: int | None = None  # full recompute, block method: layers per chunk replayed
     precision: str = "bf16"  # a recipe of tracekit.core.precision: fp32 fp16 bf16 fp8 fp8-cs fp8-block mxfp8 nvfp4
-    normalization: str = "LayerNorm"  # LayerNorm | RMSNorm
+    normalization: str = "LayerNorm"  # LayerNorm | RMSNorm (tracekit.core.choices: every enumerated setting's values)
     swiglu: bool = False
     attention: str = "flash"  # flash (flash/fused kernels) | unfused (baddbmm + masked softmax + bmm)
-    position_embedding_type: str = "learned_absolute"  # learned_absolute | rope
+    position_embedding_type: str = "learned_absolute"  # learned_absolute | rope | yarn (RoPE's kernels) | none
     #: RoPE as Transformer Engine's fused kernels (Megatron's `--no-rope-fusion` turns it off; its TransformerConfig
     #: default is off, Megatron-LM's arguments' on); False: the unfused element-wise chain (predictor.layers.norm_rope)
     apply_rope_fusion: bool = False
@@ -145,9 +146,8 @@ class TrainingConfig:
     def __post_init__(self) -> None:
         self.recompute_granularity = recompute_name(self.recompute_granularity)
         self.precision = precision_name(self.precision)
-        self.attention = str(self.attention).lower()
-        if self.attention not in ("flash", "unfused"):
-            raise ConfigError(f"attention must be 'flash' or 'unfused', not {self.attention!r}")
+        for name in ("attention", "normalization", "position_embedding_type", "recompute_method"):
+            setattr(self, name, choices.choice(name, getattr(self, name)))
         if self.ffn_hidden_size is None:
             self.ffn_hidden_size = default_ffn_hidden_size(self.hidden_size, self.swiglu)
         if self.num_query_groups is None:
@@ -206,6 +206,16 @@ class TrainingConfig:
         if self.kv_channels is None:
             raise ConfigError(f"num_attention_heads must be ≥ 1, got {self.num_attention_heads}")
         return self.kv_channels
+
+    @property
+    def learned_positions(self) -> bool:
+        """A learned absolute position embedding (a table of seq_length × hidden and its lookup)."""
+        return self.position_embedding_type == "learned_absolute"
+
+    @property
+    def rotary_positions(self) -> bool:
+        """RoPE on queries and keys (`yarn` runs the same kernels on rescaled frequencies)."""
+        return self.position_embedding_type in ("rope", "yarn")
 
     @property
     def num_microbatches(self) -> int:

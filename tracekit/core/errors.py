@@ -33,8 +33,10 @@ class PlausibilityError(ModelError):
 
 
 def did_you_mean(word: str, choices, cutoff: float = 0.6) -> str:
-    """` (did you mean 'x'?)` for the closest of `choices` to a mistyped `word`, or '' when none is close."""
+    """` (did you mean 'x'?)` for the closest of `choices` to a mistyped `word` (case aside: `nvsl` finds `NVLS`),
+    or '' when none is close."""
     import difflib
 
-    near = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
-    return f" (did you mean {near[0]!r}?)" if near else ""
+    folded = {str(c).lower(): c for c in reversed(list(choices))}
+    near = difflib.get_close_matches(str(word).lower(), list(folded), n=1, cutoff=cutoff)
+    return f" (did you mean {folded[near[0]]!r}?)" if near else ""

@@ -99,7 +99,7 @@ def from_megatron(fp8_format: object = None, fp8_recipe: object = None, fp4_form
     def on(value: object) -> bool:
         return value not in (None, False, "None", "none", "")
 
-    if on(fp4_format) or (on(fp4_recipe) and str(fp4_recipe).lower() == "nvfp4"):
+    if on(fp4_format):  # --fp4-recipe alone selects nothing: its default, nvfp4, is in every log's arguments block
         return "nvfp4"
     if on(fp8_format):
         text = str(fp8_recipe).lower() if on(fp8_recipe) else "delayed"

@@ -11,6 +11,7 @@ from typing import Any
 from tracekit.core import (
     activation as activation_settings,
     attention as attention_settings,
+    choices,
     hybrid as hybrid_settings,
     layer_impl,
     moe as moe_settings,
@@ -21,7 +22,7 @@ from tracekit.core import (
 )
 from tracekit.core.activation import ActivationSettings
 from tracekit.core.attention import AttentionSettings
-from tracekit.core.errors import ConfigError
+from tracekit.core.errors import ConfigError, did_you_mean
 from tracekit.core.hybrid import HybridSettings
 from tracekit.core.megatron_arguments import dest_form, list_words
 from tracekit.core.moe import MoESettings
@@ -47,6 +48,8 @@ ALIASES = {
     "seq_len": "seq_length",
     "overlap_p2p_communication": "overlap_p2p_comm",  # Megatron's flag is --no-overlap-p2p-communication
     "rope_fusion": "apply_rope_fusion",  # Megatron's flag is --no-rope-fusion
+    "fp8": "fp8_format",  # the argparse destinations of --fp8-format and --fp4-format (what a log's block prints)
+    "fp4": "fp4_format",
     "num_virtual_stages_per_pipeline_rank": "virtual_pipeline_model_parallel_size",
     "microbatch_group_size_per_virtual_pipeline_stage": "microbatch_group_size_per_vp_stage",
     **moe_settings.ALIASES,
@@ -119,6 +122,9 @@ LOWP_FLAGS = ("fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe")
 
 
 def apply_setting(key: str, value: Any, values: dict, extra: dict, known: set[str]) -> None:
+    """Read one setting into `values` (TrainingConfig's fields and sections) or `extra`, its value checked against
+    the setting's choices first (tracekit.core.choices)."""
+    value = choices.checked(key, value)
     if sharding_settings.apply_flag(key, value, values):
         return
     if key in ("fp16", "bf16"):
@@ -135,7 +141,7 @@ def apply_setting(key: str, value: Any, values: dict, extra: dict, known: set[st
         values["_first_k_dense"] = value
         return
     if key == "params_dtype":
-        values.setdefault("precision", {"torch.float16": "fp16", "torch.bfloat16": "bf16"}.get(str(value), "fp32"))
+        values.setdefault("precision", value)
         return
     if key == "precision":
         values["precision"] = value
@@ -147,7 +153,7 @@ def apply_setting(key: str, value: Any, values: dict, extra: dict, known: set[st
         values["attention"] = "flash" if value else values.get("attention", "unfused")
         return
     if key == "attention":
-        values["attention"] = "unfused" if str(value).lower() in ("unfused", "local", "false", "none") else "flash"
+        values["attention"] = value
         return
     if key == "transformer_impl":  # Megatron-core's local layer spec runs core attention unfused (DotProductAttention)
         values.setdefault("attention", "unfused" if str(value) == "local" else "flash")
@@ -172,24 +178,21 @@ def apply_setting(key: str, value: Any, values: dict, extra: dict, known: set[st
 
 
 def coerce(cls, name: str, value: Any) -> Any:
+    """A field's value as its type; ConfigError naming the field for a value that is not one."""
     kind = {f.name: f.type for f in dataclasses.fields(cls)}[name]
     if "bool" in str(kind):
-        if isinstance(value, str):
-            return value.lower() in ("true", "1", "yes")
-        return bool(value)
-    if "int" in str(kind) and not isinstance(value, bool):
-        number = float(value)
-        if number != int(number):
-            raise ValueError(f"{name} must be a whole number, got {value}")
-        return int(number)
+        return choices.flag(name, value)
+    if "int" in str(kind):
+        return choices.number(name, value, whole=True)
     if "float" in str(kind):
-        return float(value)
+        return float(choices.number(name, value))
     return value
 
 
 def build_sections(values: dict[str, Any], sections: dict[str, dict[str, Any]]) -> None:
     """The section objects of the settings collected per section (`values[name]` = the section, or absent): MoE only
-    with experts, MLA/window attention only when asked for."""
+    with experts, MLA/window attention only when asked for. Every stated value is checked, a section built or not."""
+    sections = {name: typed(SECTIONS[name][0], settings) for name, settings in sections.items()}
     moe = sections.get("moe", {})
     if moe.get("num_experts") not in (None, 0, False):
         values["moe"] = build_section(MoESettings, moe)
@@ -219,28 +222,30 @@ def build_sections(values: dict[str, Any], sections: dict[str, dict[str, Any]]) 
 
 def build_section(kind: type, settings: dict[str, Any]) -> Any:
     """A section from its settings, each coerced to its field's type (CSV cells and log values are strings)."""
+    try:
+        return kind(**typed(kind, settings))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"invalid {kind.__name__} value: {exc}") from exc
+
+
+def typed(kind: type, settings: dict[str, Any]) -> dict[str, Any]:
+    """A section's stated settings, each as its field's type; ConfigError naming the key for a value that is not."""
     types = {f.name: str(f.type) for f in dataclasses.fields(kind)}
     out: dict[str, Any] = {}
     for key, value in settings.items():
         kind_text = types[key]
         if value is None:
             continue
-        if "bool" in kind_text and not isinstance(value, bool):
-            value = str(value).strip().lower() in ("true", "1", "yes")
-        elif kind_text.startswith("int") and not isinstance(value, bool):
-            number = float(value)
-            if number != int(number):
-                raise ConfigError(f"{key} must be a whole number, got {value}")
-            value = int(number)
+        if "bool" in kind_text:
+            value = choices.flag(key, value)
+        elif kind_text.startswith("int"):
+            value = choices.number(key, value, whole=True)
         elif kind_text.startswith("float"):
-            value = float(value)
+            value = float(choices.number(key, value))
         elif kind_text.startswith("str") and isinstance(value, (int, float)) is False:
             value = str(value) if not isinstance(value, (list, tuple)) else value
         out[key] = value
-    try:
-        return kind(**out)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"invalid {kind.__name__} value: {exc}") from exc
+    return out
 
 
 def recompute_name(value: Any) -> str:
@@ -251,7 +256,8 @@ def recompute_name(value: Any) -> str:
         return "full"
     if text == "selective":
         return "selective"
-    raise ConfigError(f"activation recompute must be none, selective or full, not {value!r}")
+    raise ConfigError(f"recompute_granularity: {value!r} is not one of none, selective, full"
+                      f"{did_you_mean(text, ('none', 'selective', 'full'))}")
 
 
 def precision_name(value: Any) -> str:

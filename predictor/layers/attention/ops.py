@@ -50,7 +50,7 @@ def attention_block(b: OpBuilder, window: int | None, lowp: bool) -> list[Pair]:
         qk_dim = v_dim = d
         kv_t = g_t
         rope_dim = d
-    if c.position_embedding_type == "rope":
+    if c.rotary_positions:
         pairs.extend(rope_ops(b, rows, a_t, 1 if mla is not None else kv_t, rope_dim))
     s, cp, mb = b.s, c.cp, b.b
     if cp > 1:  # ring attention: (cp−1) K/V block exchanges forward, twice that backward (dK/dV too)

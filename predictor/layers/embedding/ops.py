@@ -24,7 +24,7 @@ def embedding(b: OpBuilder) -> tuple[list[OpUse], list[OpUse]]:
     op = b.collective(f"embedding.word_embeddings.{reduce[0]}", reduce[0], "tp", reduce[1], False)
     if op:
         fwd_ops.append(op)
-    if c.position_embedding_type != "rope":
+    if c.learned_positions:
         pos = b.residual("embedding.position_embeddings", per_layer=False)
         fwd_ops.append(pos[0])
         bwd_ops[:0] = parts(pos[1])
