@@ -24,8 +24,10 @@ IMPORT_FORMATS = ("ett", "nccl-tests", "xla-gemm", "xla-collectives", "aiter-gem
 EVALUATE_FORMATS = (*IMPORT_FORMATS, "kineto")
 #: tracekit.core.samples.PRIMITIVES
 PRIMITIVES = ("gemm", "bmm", "attention", "softmax", "norm", "activation", "elementwise", "embedding",
-              "cross_entropy", "optimizer", "memcpy", "memset", "all_reduce", "all_gather", "reduce_scatter",
-              "all_to_all", "broadcast", "send_recv", "framework", "other")
+              "cross_entropy", "optimizer", "causal_conv1d", "ssd_chunk_cumsum", "ssd_chunk_state",
+              "ssd_state_passing", "ssd_bmm_chunk", "ssd_chunk_scan", "gdn_chunk_rule", "dsa_index_scores", "dsa_topk",
+              "sparse_attention", "memcpy", "memset", "all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+              "broadcast", "send_recv", "framework", "other")
 #: tracekit.core.stacks.stacks(): the profiles shipped in tracekit/data/stacks
 STACKS = tuple(sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "data" / "stacks").glob("*.json")))
 
