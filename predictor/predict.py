@@ -302,8 +302,9 @@ def _prediction(graph: Graph, est: Estimates, cluster: Cluster, notes: list[str]
     unmodelled = unmodelled_warning(c.extra)
     if unmodelled:
         warnings.append(unmodelled)
-    fallbacks = provenance.fallbacks(graph, est, dur, counts)
-    estimates = provenance.provenance(graph, est, dur, counts)
+    names = provenance.operator_names(graph, dur)  # one walk of the graph for both
+    fallbacks = provenance.fallbacks(graph, est, dur, counts, names)
+    estimates = provenance.provenance(graph, est, dur, counts, names)
     if provenance.rests_on_fallbacks(estimates):  # what `predict` prints above its answer, a warning to the rest
         warnings.append(provenance.sentence(estimates))
     warnings += plausibility(c, cluster.hardware, rates["tflops_per_gpu"], fallbacks, seconds)

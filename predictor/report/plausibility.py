@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
@@ -64,6 +65,7 @@ def load_table(path: Path = TABLE) -> list[Published]:
 PUBLISHED: list[Published] = load_table()
 
 
+@lru_cache(maxsize=256)
 def best_published(hardware: str, dtype: str) -> Published | None:
     """The best published MFU for `hardware` at the peak kind of GEMM dtype `dtype`: the GPU's own entries, else
     those of GPUs on the same die, else any GPU's; None when the table has none for that precision."""
@@ -120,8 +122,8 @@ def check(config: TrainingConfig, hardware: str, tflops_per_gpu: float, fallback
     peak = spec.peak_tflops(dtype) if spec is not None else 0.0
     if not peak:
         return []
-    parts = extrapolated(fallbacks, iteration_s)
     if tflops_per_gpu > peak:
+        parts = extrapolated(fallbacks, iteration_s)
         raise PlausibilityError(
             f"predicted {tflops_per_gpu:.0f} model TFLOP/s per GPU on {hardware}, above its dense {dtype} peak of "
             f"{peak:g}: no run can do that, the estimate is wrong (a bug in tracekit's model, please report it); "
@@ -131,6 +133,7 @@ def check(config: TrainingConfig, hardware: str, tflops_per_gpu: float, fallback
     if best is None or mfu <= best.mfu:
         return []
     where = hardware if best.hardware == hardware else f"{best.hardware} (none published for {hardware})"
+    parts = extrapolated(fallbacks, iteration_s)
     return [f"predicted MFU {100 * mfu:.0f}% ({dtype}) is above the best published on {where}, "
             f"{100 * best.mfu:.0f}% ({best.cite}); "
             + (f"extrapolated: {parts}" if parts else

@@ -4,6 +4,8 @@ transfer from other GPUs' models (which ones), the low-precision GEMM speed-up o
 link model of the collectives — each part naming its operators as the tables do (the module paths of
 `top_operators`: `mlp.linear_fc1`, `ddp.bucket*.all_reduce` for the numbered families), each once.
 
+    operator_names(graph, dur) -> dict              spec → the kind names of its operators with their time (one walk
+                                                    of the graph; both functions below take it)
     provenance(graph, est, dur, counts) -> dict     {operator_time_s, parts[{path, out_of_range, what, share, time_s,
                                                     operators, sources}]}, parts largest first, trained models first
     sentence(doc) -> str                            the one line `predict` prints above its answer
@@ -13,6 +15,7 @@ link model of the collectives — each part naming its operators as the tables d
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -34,6 +37,7 @@ LISTED = 3
 _NUMBERED = re.compile(r"(?<=bucket)\d+|(?<=newton_schulz)\d+|(?<=\.)\d+(?=\.|$)")
 
 
+@lru_cache(maxsize=8192)
 def kind_name(name: str) -> str:
     """A module path with its instance number made `*` (`ddp.bucket7.all_reduce` → `ddp.bucket*.all_reduce`,
     `self_attention.cp_kv.2` → `self_attention.cp_kv.*`): one name per kind of operator."""
@@ -45,14 +49,23 @@ def _part(path: str, out_of_range: bool) -> tuple[str, bool]:
     return (path, out_of_range) if path == "model" else (path if (path, False) in WHAT else "roofline", False)
 
 
-def provenance(graph: Graph, est: Estimates, dur: np.ndarray, counts: np.ndarray) -> dict:
-    """The operator time of an average GPU per iteration by how it was estimated (module docstring)."""
-    time_of = counts.mean(axis=0) * dur / 1e6  # seconds per iteration on an average GPU
-    names: dict[int, dict[str, float]] = {}  # spec → its operators' kind names, with their time
+def operator_names(graph: Graph, dur: np.ndarray) -> dict[int, dict[str, float]]:
+    """Spec → the kind names of its operators (`kind_name`, in the order the stages run them) with their time."""
+    names: dict[int, dict[str, float]] = {}
     for stage in range(graph.config.pp):
         for op, n in stage_ops(graph, stage):
             slot = names.setdefault(op.spec, {})
-            slot[kind_name(op.name)] = slot.get(kind_name(op.name), 0.0) + n * float(dur[op.spec])
+            name = kind_name(op.name)
+            slot[name] = slot.get(name, 0.0) + n * float(dur[op.spec])
+    return names
+
+
+def provenance(graph: Graph, est: Estimates, dur: np.ndarray, counts: np.ndarray,
+               names: dict[int, dict[str, float]] | None = None) -> dict:
+    """The operator time of an average GPU per iteration by how it was estimated (module docstring); `names`:
+    `operator_names(graph, dur)` when the caller has it."""
+    time_of = counts.mean(axis=0) * dur / 1e6  # seconds per iteration on an average GPU
+    names = operator_names(graph, dur) if names is None else names
     parts: dict[tuple[str, bool], dict] = {}
     sources = est.sources or [""] * len(est.path)
     for i, seconds in enumerate(time_of):
@@ -75,16 +88,13 @@ def provenance(graph: Graph, est: Estimates, dur: np.ndarray, counts: np.ndarray
          "sources": parts[key]["sources"]} for key in order]}
 
 
-def fallbacks(graph: Graph, est: Estimates, dur: np.ndarray, counts: np.ndarray) -> list[dict]:
+def fallbacks(graph: Graph, est: Estimates, dur: np.ndarray, counts: np.ndarray,
+              names: dict[int, dict[str, float]] | None = None) -> list[dict]:
     """The operators no trained model estimated within its range: one entry per kind (primitive, pass, variant,
     path, out_of_range), with the kind names of its operators (`operators`) and their time on an average GPU per
-    iteration, largest first."""
+    iteration, largest first; `names`: `operator_names(graph, dur)` when the caller has it."""
     time_of = counts.mean(axis=0) * dur / 1e6
-    names: dict[int, list[str]] = {}
-    for stage in range(graph.config.pp):
-        for op, _ in stage_ops(graph, stage):
-            if kind_name(op.name) not in names.setdefault(op.spec, []):
-                names[op.spec].append(kind_name(op.name))
+    names = operator_names(graph, dur) if names is None else names
     kinds: dict[tuple, dict] = {}
     for i, spec in enumerate(graph.specs):
         if (est.path[i] == "model" and not est.out_of_range[i]) or i not in names:
