@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from tracekit.core.config import padded_vocab_size
 from tracekit.core.errors import InputError
 from tracekit.core.hardware import normalize_hardware
 from tracekit.core.hashing import file_digest
+from tracekit.core.megatron_defaults import padded_vocab_size
 
 from . import files
 from .tables import numbers

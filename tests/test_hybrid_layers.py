@@ -22,7 +22,8 @@ from tests.conftest import E2E
 from tracekit.core.attention import AttentionSettings
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
-from tracekit.core.hybrid import HybridSettings, layer_counts
+from tracekit.core.hybrid import HybridSettings
+from tracekit.core.hybrid_pattern import layer_counts
 from tracekit.core.moe import MoESettings
 
 HW = "H100-80GB-HBM3"

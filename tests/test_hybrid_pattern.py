@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import E2E
-from tracekit.core import hybrid
+from tracekit.core import hybrid, hybrid_pattern
 from tracekit.core.attention import AttentionSettings
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
@@ -35,8 +35,8 @@ def test_the_published_patterns_hold_the_layers_their_rows_state():
     assert rows
     for row in rows:
         pattern = row["hybrid_override_pattern"]
-        counts = hybrid.layer_counts(pattern)
-        assert hybrid.layer_count(pattern) == int(row["num_layers"])
+        counts = hybrid_pattern.layer_counts(pattern)
+        assert hybrid_pattern.layer_count(pattern) == int(row["num_layers"])
         stated = re.search(r"(\d+) Mamba2 .*?\+ (\d+) MoE \+ (\d+) attention", row["notes"])
         assert stated, row["notes"][:200]
         assert (counts["M"], counts["E"], counts["*"]) == tuple(int(v) for v in stated.groups())
@@ -46,9 +46,9 @@ def test_the_published_patterns_hold_the_layers_their_rows_state():
 def test_only_attention_and_mlp_symbols_are_the_dense_gpt_model():
     layers = 6
     pattern = "*-" * layers
-    assert hybrid.gpt_pattern(layers) == pattern
-    assert [hybrid.KINDS[s] for s in hybrid.parse(pattern).layers] == ["attention", "mlp"] * layers
-    counts = hybrid.layer_counts(pattern)
+    assert hybrid_pattern.gpt_pattern(layers) == pattern
+    assert [hybrid_pattern.KINDS[s] for s in hybrid_pattern.parse(pattern).layers] == ["attention", "mlp"] * layers
+    counts = hybrid_pattern.layer_counts(pattern)
     assert counts["*"] == counts["-"] == layers and sum(counts.values()) == 2 * layers
 
 
@@ -59,8 +59,8 @@ def test_pipe_segments_put_layers_where_megatron_puts_the_dense_models_chunks(pp
     gpt_layers = 2 * pp * vp
     per_segment = gpt_layers // (pp * vp)
     pattern = "|".join(["*-" * per_segment] * (pp * vp))
-    stages = hybrid.stage_layers(pattern, pp)
-    assert hybrid.pattern_vp(pattern, pp) == vp
+    stages = hybrid_pattern.stage_layers(pattern, pp)
+    assert hybrid_pattern.pattern_vp(pattern, pp) == vp
     dense = chunks(config(num_layers=gpt_layers, pipeline_model_parallel_size=pp,
                           virtual_pipeline_model_parallel_size=vp if vp > 1 else None))
     for rank in range(pp):
@@ -70,20 +70,20 @@ def test_pipe_segments_put_layers_where_megatron_puts_the_dense_models_chunks(pp
 
 def test_pipes_give_megatrons_segment_order_and_offsets():
     # the docs' example with two pipeline ranks: four segments, two virtual stages each
-    stages = hybrid.stage_layers("M-M-|M-M*-|M-M-|M-M*-/MM/MM", 2)
+    stages = hybrid_pattern.stage_layers("M-M-|M-M*-|M-M-|M-M*-/MM/MM", 2)
     assert stages == (((0, 1, 2, 3), (9, 10, 11, 12)), ((4, 5, 6, 7, 8), (13, 14, 15, 16, 17)))
-    assert hybrid.parse("M-M-|M-M*-/MM/MM") == hybrid.ParsedPattern("M-M-|M-M*-", "MM", 2)
+    assert hybrid_pattern.parse("M-M-|M-M*-/MM/MM") == hybrid_pattern.ParsedPattern("M-M-|M-M*-", "MM", 2)
 
 
 def test_without_pipes_the_layers_split_evenly_or_by_the_first_and_last_stage():
-    assert hybrid.stage_layers("M*M*M*", 3) == (((0, 1),), ((2, 3),), ((4, 5),))
-    assert hybrid.stage_layers("MMMMMMM*", 3, first=2, last=0) == (((0, 1),), ((2, 3, 4, 5, 6, 7),), ((),))
+    assert hybrid_pattern.stage_layers("M*M*M*", 3) == (((0, 1),), ((2, 3),), ((4, 5),))
+    assert hybrid_pattern.stage_layers("MMMMMMM*", 3, first=2, last=0) == (((0, 1),), ((2, 3, 4, 5, 6, 7),), ((),))
     with pytest.raises(ConfigError, match=r"Number of layers \(5\) must be evenly divisible by "
                                           r"pipeline-model-parallel-size \(2\) when no pipe separators"):
-        hybrid.stage_layers("M*M*M", 2)
+        hybrid_pattern.stage_layers("M*M*M", 2)
     with pytest.raises(ConfigError, match=r"Middle layers \(5\) must be evenly divisible by middle pipeline "
                                           r"stages \(2\)"):
-        hybrid.stage_layers("MMMMMMM*", 4, first=1, last=2)
+        hybrid_pattern.stage_layers("MMMMMMM*", 4, first=1, last=2)
 
 
 @pytest.mark.parametrize("pattern,reason", [
@@ -95,14 +95,14 @@ def test_without_pipes_the_layers_split_evenly_or_by_the_first_and_last_stage():
 ])
 def test_patterns_megatron_refuses_are_refused_with_its_reason(pattern, reason):
     with pytest.raises(ConfigError, match=reason):
-        hybrid.parse(pattern)
+        hybrid_pattern.parse(pattern)
 
 
 def test_segments_not_divisible_by_the_pipeline_are_refused():
     with pytest.raises(ConfigError, match=r"Got 3 segments and 2 pipeline parallel size"):
-        hybrid.stage_layers("M*|M*|M*", 2)
+        hybrid_pattern.stage_layers("M*|M*|M*", 2)
     with pytest.raises(ConfigError, match="pipe separators"):
-        hybrid.stage_layers("M*|M*", 2, first=1)
+        hybrid_pattern.stage_layers("M*|M*", 2, first=1)
 
 
 def test_the_argument_rules_refuse_with_megatrons_messages():
@@ -158,8 +158,8 @@ def test_layer_sizes_megatron_refuses_are_refused_with_its_reason():
 def test_topk_sharing_never_crosses_a_pipeline_stage():
     """Layer numbers count every symbol from 1: with freq 2 and offset 0, `DDDD` computes at layers 1 and 3 and
     reuses at 2 and 4, so a stage starting at layer 2 has no source for it."""
-    assert [hybrid.dsa_reuses_topk(n, 0, 2) for n in (1, 2, 3, 4)] == [False, True, False, True]
-    assert [hybrid.dsa_source_layer(n, 0, 2) for n in (2, 4)] == [1, 3]
+    assert [hybrid_pattern.dsa_reuses_topk(n, 0, 2) for n in (1, 2, 3, 4)] == [False, True, False, True]
+    assert [hybrid_pattern.dsa_source_layer(n, 0, 2) for n in (2, 4)] == [1, 3]
     mla = AttentionSettings(multi_latent_attention=True, q_lora_rank=256)
     shared = dict(dsa_indexer_n_heads=8, dsa_indexer_head_dim=64, dsa_indexer_topk=128, dsa_indexer_topk_freq=2)
     hybrid.HybridSettings(hybrid_layer_pattern="DD|DD", **shared).validate(
@@ -172,7 +172,7 @@ def test_topk_sharing_never_crosses_a_pipeline_stage():
 @pytest.mark.parametrize("layers", [8, 10, 24, 48, 52, 61])
 @pytest.mark.parametrize("attention,mlp", [(0.1, 0.0), (0.125, 0.5), (0.25, 0.25), (0.08, 0.45)])
 def test_ratio_allocation_spreads_the_layers_it_counts(layers, attention, mlp):
-    pattern = hybrid.pattern_from_ratios(layers, attention, mlp)
+    pattern = hybrid_pattern.pattern_from_ratios(layers, attention, mlp)
     assert len(pattern) == layers
     assert pattern.count("*") == round(layers * attention)
     assert pattern.count("-") == round(layers * mlp)
@@ -186,11 +186,11 @@ def test_ratio_allocation_spreads_the_layers_it_counts(layers, attention, mlp):
 
 
 def test_linear_attention_frequency_is_megatrons_rule():
-    assert hybrid.linear_attention_pattern(4, 8) == (1, 1, 1, 0, 1, 1, 1, 0)
-    assert hybrid.linear_attention_pattern("([1]*3+[0]*1)*2", 8) == (1, 1, 1, 0, 1, 1, 1, 0)
-    assert hybrid.gpt_pattern(4, moe_layers=(0, 1, 1, 1), linear=(1, 1, 1, 0)) == "G-GEGE*E"
+    assert hybrid_pattern.linear_attention_pattern(4, 8) == (1, 1, 1, 0, 1, 1, 1, 0)
+    assert hybrid_pattern.linear_attention_pattern("([1]*3+[0]*1)*2", 8) == (1, 1, 1, 0, 1, 1, 1, 0)
+    assert hybrid_pattern.gpt_pattern(4, moe_layers=(0, 1, 1, 1), linear=(1, 1, 1, 0)) == "G-GEGE*E"
     with pytest.raises(ConfigError, match="Invalid length of linear_attention_pattern: 3, expected 4"):
-        hybrid.linear_attention_pattern("[1,1,0]", 4)
+        hybrid_pattern.linear_attention_pattern("[1,1,0]", 4)
 
 
 def test_the_pattern_overrides_num_layers_with_megatrons_warning_and_mtp_comes_from_the_legacy_flag():

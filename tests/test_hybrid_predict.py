@@ -22,7 +22,7 @@ from predictor.layers.ssm import mamba
 from predictor.memory.stages import stage_memory
 from predictor.predict import predict
 from tests.conftest import E2E
-from tracekit.core import hybrid
+from tracekit.core import hybrid_pattern
 from tracekit.core.cluster import preset
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
@@ -204,7 +204,7 @@ def test_the_published_nano_rows_are_read_as_the_hybrid_model_they_are():
         assert (shape.heads, shape.head_dim, shape.state, shape.groups) == tuple(int(v) for v in stated.groups()[1:])
         kinds = [kind_name(layer_blocks(c, i)) for i in range(c.num_layers)]
         assert (kinds.count("mamba_layer"), kinds.count("moe_layer"), kinds.count("attention_layer")) == \
-            tuple(hybrid.layer_counts(pattern)[s] for s in "ME*")
+            tuple(hybrid_pattern.layer_counts(pattern)[s] for s in "ME*")
         assert c.position_embedding_type == "none" and c.extra.get("squared_relu") is True
 
 

@@ -25,7 +25,7 @@ from predictor.layers.mlp.block import MLP_BLOCK
 from predictor.layers.moe.block import MOE_BLOCK
 from predictor.layers.ssm.gated_delta_net import GDN
 from predictor.layers.ssm.mamba import MAMBA
-from tracekit.core import hybrid
+from tracekit.core import hybrid_pattern
 from tracekit.core.config import TrainingConfig
 from tracekit.core.hybrid import HybridSettings
 from tracekit.core.moe import MoESettings
@@ -33,9 +33,10 @@ from tracekit.core.moe import MoESettings
 #: The GPT layer kinds by name (`kind_name`).
 _KINDS: dict[str, tuple[Block, ...]] = {"dense": (ATTENTION, MLP_BLOCK), "moe": (ATTENTION, MOE_BLOCK)}
 #: The block of each pattern symbol (a `D` layer's: with its indexer; `_dsa` picks the one reusing top-k).
-SYMBOL_BLOCKS: dict[str, Block] = {hybrid.MAMBA: MAMBA, hybrid.GDN: GDN, hybrid.ATTENTION: ATTENTION,
-                                   hybrid.DS_ATTENTION: DSA, hybrid.MLA: MLA, hybrid.MLP: MLP_BLOCK,
-                                   hybrid.MOE: MOE_BLOCK}
+SYMBOL_BLOCKS: dict[str, Block] = {
+    hybrid_pattern.MAMBA: MAMBA, hybrid_pattern.GDN: GDN, hybrid_pattern.ATTENTION: ATTENTION,
+    hybrid_pattern.DS_ATTENTION: DSA, hybrid_pattern.MLA: MLA, hybrid_pattern.MLP: MLP_BLOCK,
+    hybrid_pattern.MOE: MOE_BLOCK}
 #: Every block by its name (what `blocks_named` reads back).
 BLOCKS: dict[str, Block] = {b.name: b for b in (*SYMBOL_BLOCKS.values(), DSA_SHARED_TOPK)}
 _SINGLE = "_layer"
@@ -99,19 +100,19 @@ def _parsed(settings: HybridSettings, num_layers: int, mtp_num_layers: int | Non
             ) -> tuple[str, str, bool] | None:
     pattern = settings.pattern(num_layers, mtp_num_layers)
     if pattern is not None:
-        parsed = hybrid.parse(pattern)
+        parsed = hybrid_pattern.parse(pattern)
         return parsed.layers, parsed.mtp or "", False
     variant = settings.experimental_attention_variant
     if variant is None:
         return None
-    linear = hybrid.linear_attention_pattern(settings.linear_attention_freq, num_layers) \
+    linear = hybrid_pattern.linear_attention_pattern(settings.linear_attention_freq, num_layers) \
         if variant in ("gdn", "gdn2") and settings.linear_attention_freq is not None else None
     moe_layers = moe.pattern(num_layers) if moe is not None else None
-    return hybrid.gpt_pattern(num_layers, moe_layers, linear, variant), "", True
+    return hybrid_pattern.gpt_pattern(num_layers, moe_layers, linear, variant), "", True
 
 
 def _block(c: TrainingConfig, symbol: str, number: int) -> Block:
     """The block of `symbol` in decoder layer `number` (Megatron numbers layers from 1)."""
-    if symbol == hybrid.DS_ATTENTION and not computes_topk(settings_of(c)[1], number):
+    if symbol == hybrid_pattern.DS_ATTENTION and not computes_topk(settings_of(c)[1], number):
         return DSA_SHARED_TOPK
     return SYMBOL_BLOCKS[symbol]

@@ -1,7 +1,7 @@
 """The DeepSeek sparse attention layer (`D`) as Megatron-core builds it in a hybrid stack (`dsa_layer` of
 `hybrid_stack_spec`: a TransformerLayer with `AbsorbedMLASelfAttention` whose core attention is `DSAttention` with a
 `DSAIndexer`; `megatron/core/transformer/experimental_attention_variant/`), as pure functions of the MLA settings
-(`tracekit.core.attention.AttentionSettings`), the indexer's (`tracekit.core.hybrid.DSAShape`) and the split.
+(`tracekit.core.attention.AttentionSettings`), the indexer's (`tracekit.core.hybrid_shapes.DSAShape`) and the split.
 
 Design note
 -----------
@@ -43,7 +43,8 @@ from predictor.layers.block import Matrix, Saved, Saving, Tensors
 from predictor.layers.norm_rope import norm
 from tracekit.core.attention import AttentionSettings
 from tracekit.core.config import TrainingConfig
-from tracekit.core.hybrid import DSAShape, dsa_reuses_topk
+from tracekit.core.hybrid_pattern import dsa_reuses_topk
+from tracekit.core.hybrid_shapes import DSAShape
 
 from . import mla
 

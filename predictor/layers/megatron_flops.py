@@ -17,7 +17,7 @@ Forward × 3 for the iteration.
 """
 from __future__ import annotations
 
-from tracekit.core.hybrid import ATTENTION, GDN, MAMBA, MLP, MOE, layer_counts
+from tracekit.core.hybrid_pattern import ATTENTION, GDN, MAMBA, MLP, MOE, layer_counts
 
 from .ssm.gated_delta_net import megatron_flops_per_token as gdn_flops
 from .ssm.mamba import megatron_flops_per_token as mamba_flops
@@ -50,7 +50,7 @@ def hybrid_flops_per_token(pattern: str, *, hidden: int, seq: int, vocab: int, h
                            mamba_groups: int = 8, mamba_heads: int | None = None, gdn=None,
                            mtp_num_layers: int = 0) -> float:
     """Megatron's FLOPs per token of one training iteration (forward × 3) of a hybrid model (module docstring);
-    `gdn`: a `tracekit.core.hybrid.GDNShape` when the pattern has `G` layers; `vocab` the padded vocabulary."""
+    `gdn`: a `tracekit.core.hybrid_shapes.GDNShape` when the pattern has `G` layers; `vocab` the padded vocabulary."""
     counts = layer_counts(pattern)
     fwd = (counts[ATTENTION] * attention_flops(hidden, seq, heads, query_groups, kv_channels)
            + counts[MLP] * mlp_flops(hidden, ffn, swiglu)

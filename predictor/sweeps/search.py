@@ -45,11 +45,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from predictor.architecture.flops import layer_flops_per_token
-from predictor.layers.decoder import mtp_layer
 from predictor.memory.stages import config_memory
 from predictor.parallel.fsdp import shard_splits, shards
 from predictor.predict import compose_many, prepare_many
+from predictor.sweeps.hybrid_pipes import HybridPipes
 from tracekit.core.cluster import Cluster
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError, PlausibilityError
@@ -121,7 +120,7 @@ def enumerate_configs(base: dict[str, Any], gpus: int, fixed: set[str], context_
         return [(ep, etp) for ep in eps for etp in etps if stage % (ep * etp) == 0]
 
     heads, groups, layers = model.num_attention_heads, model.num_query_groups, model.num_layers
-    hybrid = _Pipes(model, fixed)
+    hybrid = HybridPipes(model, fixed)
     tps = options("tensor_model_parallel_size", [t for t in _divisors(gpus) if heads % t == 0 and groups % t == 0])
     pps = options("pipeline_model_parallel_size", [p for p in _divisors(gpus) if (p <= layers if hybrid.pattern
                                                                                    else layers % p == 0)])
@@ -167,40 +166,6 @@ def enumerate_configs(base: dict[str, Any], gpus: int, fixed: set[str], context_
                     except ConfigError:
                         rejected += 1
     return configs, rejected
-
-
-class _Pipes:
-    """A hybrid model's pipeline splits: its pattern with `|` placed for each pp and vp (module docstring), built
-    once per shape; `pattern` None for a GPT model."""
-
-    def __init__(self, model: TrainingConfig, fixed: set[str]):
-        settings = model.hybrid
-        layout = model.layout
-        self.pattern = settings.pattern(model.num_layers, layout.mtp_num_layers if layout else None) \
-            if settings is not None else None
-        self.model = model
-        self.made: dict[tuple[int, int], Any] = {}
-        self.keep = bool(self.pattern) and "|" in str(self.pattern).split("/")[0] and \
-            {"pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size"} <= fixed
-        if self.pattern and not self.keep:
-            c = model
-            self.weights = [layer_flops_per_token(c, i) for i in range(c.num_layers)]
-            mtp = layout.mtp_num_layers if layout and layout.mtp_num_layers else 0
-            self.tail = 2.0 * c.hidden_size * c.padded_vocab_size * (1 + mtp) \
-                + mtp * layer_flops_per_token(c, mtp_layer(c))
-
-    def settings(self, pp: int, vp: int):
-        """The hybrid settings of a candidate of `pp` stages of `vp` chunks each (ConfigError: no such split)."""
-        settings = self.model.hybrid
-        assert settings is not None and self.pattern is not None
-        if self.keep:
-            return settings
-        if (pp, vp) not in self.made:
-            placed = settings.pipe_split(self.pattern, pp * vp, self.weights, self.tail)
-            self.made[(pp, vp)] = dataclasses.replace(settings, hybrid_layer_pattern=placed,
-                                                      hybrid_override_pattern=None, mtp_hybrid_override_pattern=None,
-                                                      hybrid_attention_ratio=0.0, hybrid_mlp_ratio=0.0)
-        return self.made[(pp, vp)]
 
 
 def input_config(base: dict[str, Any], gpus: int) -> TrainingConfig:

@@ -10,6 +10,7 @@ from typing import Any
 from tracekit.core import (
     choices,
     hybrid as hybrid_settings,
+    hybrid_pattern,
     layer_impl,
     moe as moe_settings,
     pipeline_layout,
@@ -20,6 +21,13 @@ from tracekit.core.attention import AttentionSettings
 from tracekit.core.errors import ConfigError, did_you_mean
 from tracekit.core.hybrid import HybridSettings
 from tracekit.core.megatron_arguments import dest_form, refuse_unknown
+from tracekit.core.megatron_defaults import (
+    data_parallel_size,
+    default_ffn_hidden_size,
+    default_kv_channels,
+    num_microbatches,
+    padded_vocab_size,
+)
 from tracekit.core.moe import MoESettings
 from tracekit.core.pipeline_layout import LayoutSettings
 from tracekit.core.precision import LowPrecisionSettings
@@ -43,35 +51,6 @@ from tracekit.core.sharding import ShardingSettings
 #: micro-batches): a value beyond them is a typo, and simulating it would run for hours.
 LIMITS = {"num_layers": 10_000, "world_size": 1_000_000, "hidden_size": 1_000_000, "seq_length": 10_000_000,
           "global_batch_size": 100_000_000, "microbatches": 100_000}
-
-
-# -- Megatron's derived defaults: the one place they are computed (TrainingConfig, the reference trainer's argument
-#    parser and the seed paper's sample reader use these) ---------------------------------------------------------
-def default_ffn_hidden_size(hidden_size: int, swiglu: bool) -> int:
-    """Megatron's --ffn-hidden-size when not given: 4h, or with SwiGLU int(8h/3/64)·64 (⅔ of 4h, a multiple of 64)."""
-    return int(8 * hidden_size / 3 / 64) * 64 if swiglu else 4 * hidden_size
-
-
-def default_kv_channels(hidden_size: int, num_attention_heads: int) -> int:
-    """Megatron's --kv-channels when not given: the head dimension h / heads (the caller checks divisibility)."""
-    return hidden_size // num_attention_heads
-
-
-def data_parallel_size(world_size: int, tp: int, pp: int, cp: int = 1) -> int:
-    """Data-parallel ranks: world / (tp·pp·cp) (the caller checks divisibility)."""
-    return world_size // (tp * pp * cp)
-
-
-def num_microbatches(global_batch_size: int, micro_batch_size: int, dp: int) -> int:
-    """Micro-batches per iteration on each pipeline: global batch / (micro batch · dp)."""
-    return global_batch_size // (micro_batch_size * dp)
-
-
-def padded_vocab_size(vocab_size, divisible_by, tp):
-    """Megatron's padded vocabulary: `vocab_size` rounded up to a multiple of divisible_by·tp (numbers or numpy
-    arrays)."""
-    multiple = divisible_by * tp
-    return -(-vocab_size // multiple) * multiple
 
 
 #: The default of the settings Megatron derives when they are not given (ffn_hidden_size, num_query_groups,
@@ -356,7 +335,7 @@ class TrainingConfig:
                 apply_setting(key, scalar(raw), values, extra, known)
         pattern = values.get("hybrid_layer_pattern") or values.get("hybrid_override_pattern")
         if "num_layers" not in values and pattern:  # Megatron takes the layer count from the pattern
-            values["num_layers"] = hybrid_settings.layer_count(str(pattern))
+            values["num_layers"] = hybrid_pattern.layer_count(str(pattern))
         if str(extra.get("transformer_impl", "")).strip().lower() == "local":  # whatever --use-flash-attn or
             values["attention"] = "unfused"  # --attention-backend say: DotProductAttention (tracekit.core.layer_impl)
         missing = [n for n in ("num_layers", "hidden_size", "num_attention_heads", "seq_length") if n not in values]
@@ -380,7 +359,7 @@ class TrainingConfig:
         build_sections(values, sections)
         hybrid_settings.check_spec(extra.get("spec"), values.get("hybrid"))
         if values.get("hybrid") is not None:
-            _apply_pattern(values)
+            hybrid_settings.apply_pattern(values)
         layout = values.get("layout")
         if layout is not None and layout.pipeline_model_parallel_layout and \
                 not values.get("virtual_pipeline_model_parallel_size"):
@@ -399,26 +378,6 @@ class TrainingConfig:
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"invalid configuration value: {exc}") from exc
         return config
-
-# -- helpers ------------------------------------------------------------------------------------------------------
-def _apply_pattern(values: dict[str, Any]) -> None:
-    """What a hybrid layer pattern sets, as Megatron derives it (tracekit.core.hybrid.pattern_derived): the layer
-    count (the stated one kept for Megatron's warning), virtual pipeline stages from its `|` segments, MTP layers
-    from its `/` depths."""
-    hybrid, layout = values["hybrid"], values.get("layout")
-    stated = int(float(values["num_layers"]))
-    derived = hybrid_settings.pattern_derived(hybrid, stated, int(float(values.get("pipeline_model_parallel_size",
-                                                                                    1) or 1)),
-                                              layout.mtp_num_layers if layout is not None else None)
-    if not derived:
-        return
-    values["num_layers"] = derived["num_layers"]
-    values["hybrid"] = dataclasses.replace(hybrid, stated_num_layers=stated)
-    if derived["vp"] > 1 and not values.get("virtual_pipeline_model_parallel_size"):
-        values["virtual_pipeline_model_parallel_size"] = derived["vp"]
-    if derived["mtp_num_layers"]:
-        values["layout"] = dataclasses.replace(layout or LayoutSettings(), mtp_num_layers=derived["mtp_num_layers"])
-
 
 def own_setting_names() -> set[str]:
     """Every setting name tracekit reads itself: TrainingConfig's fields, their aliases, and the Megatron

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from tracekit.core import hybrid
+from tracekit.core import hybrid_pattern
 from tracekit.core.errors import ConfigError, did_you_mean
 
 #: PyTorch's pipeline schedules tracekit simulates beside Megatron's (predictor.schedule.zero_bubble).
@@ -116,8 +116,8 @@ def _hybrid_chunks(pattern: str, pp: int, first: int | None, last: int | None) -
     """A hybrid pattern's chunks as Megatron places them (tracekit.core.hybrid.stage_layers: `|` segment i on rank
     i mod pp, chunk i // pp; without pipes an even split, or the stated first/last stage layers): the embedding on
     the first chunk of rank 0, the loss and the pattern's MTP depths on the last chunk of the last rank."""
-    stages = hybrid.stage_layers(pattern, pp, first, last)
-    depths = hybrid.parse(pattern).mtp_depths
+    stages = hybrid_pattern.stage_layers(pattern, pp, first, last)
+    depths = hybrid_pattern.parse(pattern).mtp_depths
     vp = len(stages[0])
     return tuple(tuple(Chunk(layers, embedding=(r == 0 and k == 0), loss=(r == pp - 1 and k == vp - 1),
                              mtp=depths if (r == pp - 1 and k == vp - 1) else 0)

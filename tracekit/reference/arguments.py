@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from tracekit.core.config import (
+from tracekit.core.megatron_defaults import (
     data_parallel_size,
     default_ffn_hidden_size,
     default_kv_channels,

@@ -1,6 +1,6 @@
 """The Gated DeltaNet layer (`G`, and a GPT model's linear-attention layers) as Megatron-core runs it in training
 (`megatron/core/ssm/gated_delta_net/`: `_GDNBase`, `GatedDeltaNet`, `GatedDeltaNet2`), as pure functions of its sizes
-(`tracekit.core.hybrid.GDNShape`) and the parallel split.
+(`tracekit.core.hybrid_shapes.GDNShape`) and the parallel split.
 
 Design note
 -----------
@@ -31,7 +31,7 @@ from predictor.layers.block import Matrix, Saved, Saving, Tensors, norm_params
 from predictor.layers.norm_rope import norm
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
-from tracekit.core.hybrid import GDNShape
+from tracekit.core.hybrid_shapes import GDNShape
 
 from .scan_work import CONV, GDN_RULE, conv_work, gdn_work
 

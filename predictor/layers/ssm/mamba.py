@@ -1,7 +1,7 @@
 """The Mamba2 layer (`M`) as Megatron-core runs it in training (`megatron/core/ssm/mamba_layer.py`,
 `mamba_mixer.py`, `mamba_context_parallel.py`, built by `hybrid_stack_spec`), as pure functions of its sizes
-(`tracekit.core.hybrid.MambaShape`) and the parallel split: its operators, parameters, FLOPs, saved activations and
-states.
+(`tracekit.core.hybrid_shapes.MambaShape`) and the parallel split: its operators, parameters, FLOPs, saved activations
+and states.
 
 Design note
 -----------
@@ -39,7 +39,8 @@ from predictor.layers.block import Matrix, Saved, Saving, Tensors, norm_params
 from predictor.layers.norm_rope import FUSED_RMSNORM, norm
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
-from tracekit.core.hybrid import HybridSettings, MambaShape
+from tracekit.core.hybrid import HybridSettings
+from tracekit.core.hybrid_shapes import MambaShape
 
 from .scan_work import CONV, RECOMPUTED, SSD_KERNELS, chunks, conv_work, ssd_backward_work, ssd_work
 
