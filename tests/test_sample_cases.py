@@ -330,6 +330,18 @@ def test_the_gpu_case_overhead_is_what_the_h200_run_shows():
     assert GPU_CASE_S == ceil_ms(fitted_case_s(folder / "store", summary))
 
 
+def test_the_device_clocks_spin_is_sized_by_the_h200_runs_shortest_call():
+    """HOST_CALL_S is the corpus's H200 run's shortest sample (a call's host round trip, launch and synchronize),
+    in whole µs; the plan adds the spin it sizes to every timed call on a GPU, none on a CPU."""
+    from tracekit.core.store import SampleStore
+    from tracekit.sampling.clocks import SPIN_MARGIN
+    from tracekit.sampling.plan import HOST_CALL_S
+
+    shortest = SampleStore(SAMPLES / "h200-tracekit-sample" / "store").read()["duration_us"].min()
+    assert HOST_CALL_S * 1e6 == int(shortest)
+    assert speed("cuda", "H200-141GB").spin_s == SPIN_MARGIN * HOST_CALL_S and speed("cpu").spin_s == 0
+
+
 def test_the_plan_does_not_underestimate_the_h200s_measured_gemms():
     """The plan's GEMM estimate errs long against the matmul rates measured on an H200 apart from the sampler
     (operator-samples/h200-matmul/: bf16, and fp8 with tensorwise and rowwise scales): over each set of shapes, the

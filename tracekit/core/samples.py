@@ -26,6 +26,12 @@ COLLECTIVE_PRIMITIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_a
 HOST_PRIMITIVES = ("framework",)
 PRIMITIVES = COMPUTE_PRIMITIVES + MEMORY_PRIMITIVES + COLLECTIVE_PRIMITIVES + HOST_PRIMITIVES + ("other",)
 
+#: `source_path` of `tracekit sample`'s rows timed by the host's clock around each call and a synchronize (a CPU's
+#: operators, host costs, collectives, and the first harvest's GPU kernels), and of a GPU's kernels timed on the
+#: device (tracekit.sampling.clocks).
+HOST_CLOCK_SOURCE = "tracekit-sample"
+DEVICE_CLOCK_SOURCE = "tracekit-sample-device"
+
 #: Suffix of an optimizer step's variant over DTensor parameters (torch FSDP2's sharded parameters: every op of the
 #: step dispatches through DTensor), beside the plain-tensor step of the same stage (`firstStage_optimizer`).
 DTENSOR_SUFFIX = "_dtensor"

@@ -9,7 +9,6 @@ import ctypes.util
 import functools
 import statistics
 import tempfile
-import time
 from contextlib import contextmanager
 from typing import Callable
 
@@ -25,6 +24,7 @@ from tracekit.core.samples import (
     FSDP_GRAD_COPY_IN,
 )
 
+from .clocks import clock_for
 from .optimizer_steps import adamw_step
 from .shapes import (
     FSDP_COPY_RANKS,
@@ -41,16 +41,20 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class Timer:
-    """Median timings after warm-up. `first_touch` (default: on a CPU) times allocations into pages touched for the
-    first time, as a training step makes them (`fwd_bwd`, `once`)."""
+    """Median timings after warm-up, read by `clock` (tracekit.sampling.clocks: on CUDA the kernels' time on the
+    device by default, the host's clock with `on_host`; on a CPU the host's). `first_touch` (default: on a CPU) times
+    allocations into pages touched for the first time, as a training step makes them (`fwd_bwd`, `once`)."""
 
-    def __init__(self, device: torch.device, warmup: int, repeats: int, first_touch: bool | None = None):
+    def __init__(self, device: torch.device, warmup: int, repeats: int, first_touch: bool | None = None,
+                 on_host: bool = False):
         self.device, self.warmup, self.repeats = device, warmup, repeats
         self.first_touch = device.type == "cpu" if first_touch is None else first_touch
+        self.clock = clock_for(device, on_host)
 
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+    def host(self, repeats: int | None = None, first_touch: bool | None = None) -> Timer:
+        """A timer of the same device on the host's clock (host costs: what a call spends beyond its kernels)."""
+        return Timer(self.device, self.warmup, self.repeats if repeats is None else repeats,
+                     self.first_touch if first_touch is None else first_touch, on_host=True)
 
     def fwd_bwd(self, leaves: list[torch.Tensor], forward: Callable[[], torch.Tensor | tuple[torch.Tensor, ...]]
                 ) -> tuple[float, float]:
@@ -71,11 +75,8 @@ class Timer:
         outs, fwd, bwd = [], [], []
         grad = None
         for _ in range(self.warmup + self.repeats):
-            self.sync()
-            t0 = time.perf_counter()
-            out = forward()
-            self.sync()
-            fwd.append(time.perf_counter() - t0)
+            seconds, out = self.clock.time(forward, "fwd")
+            fwd.append(seconds)
             if grad is None:
                 grad = tuple(torch.ones_like(o) for o in out) if isinstance(out, tuple) else torch.ones_like(out)
             if keep:
@@ -89,10 +90,7 @@ class Timer:
         """µs of `out`'s backward into fresh gradients (none accumulated from the last repeat)."""
         for leaf in leaves:
             leaf.grad = None
-        t0 = time.perf_counter()
-        torch.autograd.backward(out, grad)
-        self.sync()
-        return time.perf_counter() - t0
+        return self.clock.time(lambda: torch.autograd.backward(out, grad), "bwd")[0]
 
     def once(self, step: Callable[[], object]) -> float:
         """Median µs of `step()`. With `first_touch` each run's allocations are pages touched for the first time, as
@@ -102,12 +100,9 @@ class Timer:
         for i in range(self.warmup + self.repeats):
             if self.first_touch:
                 return_freed_memory()
-            self.sync()
-            t0 = time.perf_counter()
-            step()
-            self.sync()
+            seconds, _ = self.clock.time(step, "once")
             if i >= self.warmup:
-                times.append(time.perf_counter() - t0)
+                times.append(seconds)
         return _median_us(times)
 
 
@@ -177,10 +172,11 @@ def time_case(case: Case, dtype_name: str, timer: Timer) -> dict[str, float]:
     elif kind == "optimizer":
         shapes = stage_shapes(int(f["layers"]), int(f["width"]), int(f["tp"]), int(f["params"]))
         return {"optimizer": _optimizer_step(shapes, dtype, timer)}
-    elif kind == "framework" and case.variant == FSDP2_UNIT:
-        return _fsdp2_unit_overhead(case.get("point"), dtype_name, timer)
+    elif kind == "framework" and case.variant == FSDP2_UNIT:  # host costs, on the host's clock; a difference of
+        # differences, which more repeats steady
+        return _fsdp2_unit_overhead(case.get("point"), dtype_name, timer.host(3 * timer.repeats, False))
     elif kind == "framework":
-        return _framework_overhead(case.get("point"), dtype_name, timer)
+        return _framework_overhead(case.get("point"), dtype_name, timer.host())
     else:
         raise ValueError(f"no timing recipe for primitive {kind!r}")
     return {"fwd": fwd, "bwd": bwd}
@@ -299,8 +295,6 @@ def _fsdp2_unit_overhead(point: Point, dtype_name: str, timer: Timer) -> dict[st
     dtype, dev = DTYPES[dtype_name], timer.device
     args, topo = _reference_layer_setup(point, dtype_name, dev)
     times: dict[tuple[bool, int], tuple[float, float]] = {}
-    # a difference of differences: more repeats steady it
-    timer = Timer(dev, timer.warmup, 3 * timer.repeats, first_touch=False)
     with one_rank_group():
         mesh = init_device_mesh(dev.type, (1,))
         for sharded in (False, True):

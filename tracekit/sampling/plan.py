@@ -12,10 +12,12 @@ share.
 
 The estimate of a case's wall time on a device (`estimate_s`) is what the budget arithmetic rests on:
 
-    case_s + runs · (t_fwd + t_bwd) + t_inputs
+    case_s + runs · (t_fwd + t_bwd + 2 · t_spin) + t_inputs
 
 with t the kernel time at the device's datasheet rates (a share of the dense bf16/fp8 peak, of the memory bandwidth,
-and a launch floor per kernel: `Speed`), runs the warm-up and timed calls, t_inputs the time to fill the inputs, and
+and a launch floor per kernel: `Speed`), runs the warm-up and timed calls, t_spin the spin a GPU's device clock queues
+each timed call behind (tracekit.sampling.clocks: twice the host's time to queue a call, taken at the first
+harvest's shortest sample, 35 µs), t_inputs the time to fill the inputs, and
 `case_s` the wall time per case beyond its timed kernels that a real run shows. On a GPU `case_s` is fitted from the
 H200 run of `tracekit sample` in the corpus (`operator-samples/h200-tracekit-sample/`: `fitted_case_s`): its wall
 time less every row's measured duration times its calls, over its case timings, an upper bound (it includes the
@@ -32,11 +34,15 @@ from pathlib import Path
 
 from tracekit.core.hardware import hardware_spec
 
+from .clocks import SPIN_MARGIN
 from .shapes import Case
 
 #: Wall seconds per case timing beyond its kernels on a GPU: `fitted_case_s` of the corpus's H200 run, rounded up
 #: to the millisecond (tests recompute it).
 GPU_CASE_S = 0.032
+#: A timed call's host round trip on a GPU: the first harvest's shortest sample (operator-samples/h200-tracekit-sample/,
+#: 35 µs, tests check it), which sizes the device clock's spin.
+HOST_CALL_S = 35e-6
 #: One-off set-up of a kind on its first case (s): the fused SwiGLU's two torch.compile compilations on a GPU (an
 #: assumption: Inductor's first compile in a process, seconds to tens of seconds).
 FIRST_USE_S = {("cuda", "swiglu"): 30.0}
@@ -53,25 +59,27 @@ CHAINS = {"swiglu_unfused": (10.0, 8), "squared_relu": (10.0, 6), "rmsnorm_unfus
 @dataclass(frozen=True)
 class Speed:
     """What a device's sampled kernels reach at best: FLOP/s of bf16 and fp8 GEMMs, bytes/s, a floor per kernel
-    call, and `case_s` per case (module docstring)."""
+    call, `case_s` per case and `spin_s` per timed call (module docstring)."""
 
     flops: float
     fp8_flops: float
     bandwidth: float
     launch_s: float
     case_s: float
+    spin_s: float = 0.0
 
 
 def speed(device: str, hardware: str | None = None) -> Speed:
     """A GPU's (H200's where the part is not in the datasheet table): half its dense bf16 and fp8 peaks (measured
     GEMMs reach 52-80% of the bf16 peak and at most 72% of the fp8 one on an H200: operator-samples/h200-matmul/) and a
     quarter of its memory bandwidth (the H200's sampled norms, residual adds and losses move their bytes at a quarter
-    to a third of it), a 10 µs floor per kernel; rough figures for one CPU core."""
+    to a third of it), a 10 µs floor per kernel, the device clock's spin per timed call; rough figures for one CPU
+    core."""
     if device == "cuda":
         spec = hardware_spec(hardware or "") or hardware_spec("H200-141GB")
         assert spec is not None
         return Speed(0.5e12 * spec.peak_tflops_fp16, 0.5e12 * (spec.peak_tflops_fp8 or spec.peak_tflops_fp16),
-                     0.25e9 * spec.mem_bw_gbs, 10e-6, GPU_CASE_S)
+                     0.25e9 * spec.mem_bw_gbs, 10e-6, GPU_CASE_S, SPIN_MARGIN * HOST_CALL_S)
     return Speed(10e9, 10e9, 4e9, 20e-6, 0.005)
 
 
@@ -104,7 +112,7 @@ def estimate_s(case: Case, rate: Speed, dtype_bytes: float, runs: int) -> float:
     peak = rate.fp8_flops if case.dtype else rate.flops
     kernel = max(flops / peak, moved / rate.bandwidth) + kernels * rate.launch_s
     inputs = moved / 3 / rate.bandwidth * 4  # inputs filled with random numbers: a few passes over them
-    return rate.case_s + runs * kernel + inputs
+    return rate.case_s + runs * (kernel + 2 * rate.spin_s) + inputs
 
 
 def first_use_s(case: Case, device: str) -> float:

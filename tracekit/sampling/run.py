@@ -13,6 +13,7 @@ from typing import Callable
 from tracekit.core.errors import ConfigError
 from tracekit.core.hardware import cpu_hardware_id, normalize_hardware
 from tracekit.core.hashing import bytes_digest
+from tracekit.core.samples import HOST_CLOCK_SOURCE
 from tracekit.core.store import SampleStore
 
 from .model_cases import model_cases
@@ -30,7 +31,7 @@ from .shapes import (
 )
 from .ssm import ssm_cases
 
-SOURCE_PATH = "tracekit-sample"
+SOURCE_PATH = HOST_CLOCK_SOURCE
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 #: Passes over the shape list (the median over passes is the sample).
 ROUNDS = 3
@@ -149,9 +150,10 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
                     timings.setdefault(case, {}).setdefault(pass_, []).append(micros)
                 report(case.primitive)
         result.stopped_by_budget = len(timings) < len(runnable)
-        for case, passes in timings.items():
+        for case, passes in timings.items():  # host costs (framework) are on the host's clock, kernels on the timer's
+            source_path = HOST_CLOCK_SOURCE if case.primitive == "framework" else timer.clock.source_path
             for pass_, values in passes.items():
-                result.rows.append(_row(hardware, case, pass_, dtype, statistics.median(values)))
+                result.rows.append(_row(hardware, case, pass_, dtype, statistics.median(values), source_path))
     if collectives:
         cases = collective_cases(device, collectives, ranks)
         comm: dict[Case, list[float]] = {}
@@ -161,7 +163,7 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
             comm.setdefault(case, []).append(micros)
             report(case.primitive)
         for case, values in comm.items():
-            row = _row(hardware, case, "comm", dtype, statistics.median(values))
+            row = _row(hardware, case, "comm", dtype, statistics.median(values), HOST_CLOCK_SOURCE)
             row["numel"] = case.feature("bytes") / DTYPE_BYTES[dtype]
             result.rows.append(row)
         result.stopped_by_budget = result.stopped_by_budget or len(comm) < len(cases)
@@ -174,6 +176,7 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
         if store is not None:
             store.add(result.source, result.rows, {
                 "kind": "sample", "path": SOURCE_PATH, "hardware": hardware, "device": device, "dtype": dtype,
+                "kernel_clock": "cuda-events" if device == "cuda" else "host",  # tracekit.sampling.clocks
                 "ranks": ranks if collectives else None, "rounds": rounds,
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             })
@@ -201,9 +204,9 @@ def _shape(case: Case) -> str:
     return " ".join(f"{k}={v:g}" for k, v in case.features)
 
 
-def _row(hardware: str, case: Case, pass_: str, dtype: str, micros: float) -> dict:
+def _row(hardware: str, case: Case, pass_: str, dtype: str, micros: float, source_path: str) -> dict:
     recipe = case.get("recipe")
     return {"hardware": hardware, "primitive": case.primitive, "pass": pass_, "dtype": case.dtype or dtype,
             "variant": case.variant, **case.features_for(pass_), "duration_us": float(micros),
             "kernel": f"tracekit.sample:{case.variant}" + (f" ({recipe})" if recipe else ""),
-            "source_path": SOURCE_PATH}
+            "source_path": source_path}

@@ -30,7 +30,13 @@ from predictor.costs.physics.lowp_gemm import learn
 from predictor.costs.physics.roofline import rates
 from tracekit.core.atomic import atomic_write_json, umask_mode
 from tracekit.core.errors import ModelError
-from tracekit.core.samples import COLLECTIVE_PRIMITIVES, FSDP2_UNIT, HOST_PRIMITIVES
+from tracekit.core.samples import (
+    COLLECTIVE_PRIMITIVES,
+    DEVICE_CLOCK_SOURCE,
+    FSDP2_UNIT,
+    HOST_CLOCK_SOURCE,
+    HOST_PRIMITIVES,
+)
 
 
 def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict | None = None,
@@ -49,6 +55,7 @@ def train_models(samples: pd.DataFrame, out: str | os.PathLike, provenance: dict
     for samples of a fixed grid of shapes (published tables): outside it the transfer and roofline paths answer."""
     framework = framework_overheads(samples)
     samples = samples[~samples["primitive"].isin(HOST_PRIMITIVES)]
+    one_clock(samples)
     samples = mean_of_repeats(deduplicate(samples[(samples["duration_us"] > 0) & (samples["primitive"] != "other")]))
     if samples.empty:
         raise ModelError("no classified samples to train on")
@@ -163,6 +170,21 @@ def framework_overheads(samples: pd.DataFrame) -> list[dict]:
         out.append({"hardware": hardware, "pass": pass_, "variant": FSDP2_UNIT, "samples": int(len(frame)),
                     "per_unit_us": round(max(0.0, float(frame["duration_us"].median())), 3)})
     return out
+
+
+def one_clock(samples: pd.DataFrame) -> None:
+    """Refuse a GPU whose kernel samples mix the host's clock (the first harvest's `tracekit sample`: each row holds
+    a launch and a synchronize) with the device's (tracekit.sampling.clocks): a model of both would answer short
+    operators with either, and `predictor.costs.physics.transfer.kernel_timed` would take it for kernel times.
+    Collectives are timed by the host's clock in either harvest."""
+    if "source_path" not in samples.columns:
+        return
+    both = {HOST_CLOCK_SOURCE, DEVICE_CLOCK_SOURCE}
+    kernels = samples[~samples["primitive"].isin(COLLECTIVE_PRIMITIVES)]
+    for hardware, paths in kernels.groupby("hardware")["source_path"]:
+        if both <= set(paths.dropna()):
+            raise ModelError(f"{hardware}: its samples mix the host's clock ({HOST_CLOCK_SOURCE}, the first "
+                             f"harvest's) with the device's ({DEVICE_CLOCK_SOURCE}); train on one of the two stores")
 
 
 def _metadata(mid, hardware, primitive, pass_, group, frame, result: FitResult) -> dict:

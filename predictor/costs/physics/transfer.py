@@ -47,12 +47,14 @@ d the root mean square of the log ratios; the estimate is the weighted geometric
 similar first, e.g. "GH200-120GB 0.78, A100-SXM4-80GB 0.22". `out_of_range` is True when any source model left its
 trained range.
 
-A source model must have learned kernel times, which the transfer scales by the rooflines: models trained on
-`tracekit sample` rows of a GPU alone are not sources (`WALL_CLOCK_SOURCES`). The sampler times each operator by
-the host's clock around a synchronize, so every row holds the launch and the synchronize with the kernel: in the
-H200 set of issue #35 no row is under 35 µs, no GEMM under 53 µs (1024×1024×128: 104 µs, its roofline 6 µs); as a
-source it took the median error of the transfer on the corpus's H100 GEMM kernels from 2.7% to 74%
-(`benchmarks/operator_accuracy.py --transfer`). Such a GPU's own predictions use its models (path `model`).
+A source model must have learned kernel times, which the transfer scales by the rooflines: models trained on the first
+harvest's `tracekit sample` rows of a GPU alone are not sources (`WALL_CLOCK_SOURCES`). That sampler timed each
+operator by the host's clock around a synchronize, so every row holds the launch and the synchronize with the kernel:
+in the H200 set of issue #35 no row is under 35 µs, no GEMM under 53 µs (1024×1024×128: 104 µs, its roofline 6 µs); as
+a source it took the median error of the transfer on the corpus's H100 GEMM kernels from 2.7% to 74%
+(`benchmarks/operator_accuracy.py --transfer`). `tracekit sample` now times a GPU's kernels on the device
+(`tracekit.sampling.clocks`, rows `tracekit-sample-device`), and those models are sources. Such a GPU's own
+predictions use its models (path `model`).
 
 Where the transfer is used is itself measured on source GPUs only: `tracekit/data/transfer.json` holds, per
 primitive, the leave-one-GPU-out median errors of transfer and roofline on the seed paper's samples (A100's models
@@ -75,12 +77,13 @@ from predictor.costs.physics.roofline import KERNEL_OVERHEAD_US, TENSOR_CORE_PRI
 from tracekit.core.data_files import DATA
 from tracekit.core.errors import ModelError
 from tracekit.core.hardware import HardwareSpec, hardware_spec
-from tracekit.core.samples import COLLECTIVE_PRIMITIVES
+from tracekit.core.samples import COLLECTIVE_PRIMITIVES, HOST_CLOCK_SOURCE
 
 SELECTION = DATA / "transfer.json"
 #: Sample sources (`source_path`) whose rows on a GPU are wall-clock times of the host around a synchronize, not
-#: kernel times (`tracekit.sampling.run.SOURCE_PATH`).
-WALL_CLOCK_SOURCES = frozenset({"tracekit-sample"})
+#: kernel times (the first harvest's; `tracekit sample` now times a GPU's kernels by CUDA events,
+#: `DEVICE_CLOCK_SOURCE`).
+WALL_CLOCK_SOURCES = frozenset({HOST_CLOCK_SOURCE})
 #: Datasheet features compared to pick sources (HardwareSpec attribute names).
 SIMILARITY_FEATURES = ("peak_tflops_fp16", "mem_bw_gbs", "sms", "l2_mb", "clock_mhz")
 DISTANCE_FLOOR = 0.05

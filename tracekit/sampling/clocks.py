@@ -1,0 +1,118 @@
+"""How `tracekit sample` reads one call's time, and what its rows say of it (`source_path`).
+
+- `WallClock` (a CPU; host costs on any device): the host's clock around the call, with the device synchronised on
+  both sides. On a CPU the kernels run on the calling thread, so that is their time. Rows: `tracekit-sample`.
+- `DeviceClock` (CUDA, every kernel primitive): two CUDA events around the call on the current stream, recorded
+  behind a spin kernel (`torch.cuda._sleep`) that keeps the GPU busy while the host queues the call. The GPU then
+  runs the call's kernels back to back, as a training step's stream runs them while its host is ahead of it, and the
+  events hold neither the launch, nor the synchronize, nor the host's gaps between the kernels of a backward. The
+  first harvest (issue #35) timed a GPU by the host's clock: on its H200 no sample was under 35 µs and a 1024×1024×128
+  GEMM took 104 µs against a 6 µs roofline, so short operators carried the host's round trip and every model trained
+  on them needed the `floor_us` rule. Rows: `tracekit-sample-device`, which the predictor takes as kernel times
+  (`predictor.costs.physics.transfer.kernel_timed`).
+
+The spin has to outlast the host's queuing of the call: it lasts `SPIN_MARGIN` times the host time the previous call
+of the same kind (a forward, a backward, a step) took to return (`spin_us`), at least `MIN_SPIN_US` and at most
+`MAX_SPIN_US` (a call that waits on the GPU itself, e.g. a MoE permute reading its split sizes, returns only after the
+spin and its kernels; its spin grows to the cap and is wasted, not wrong: after such a wait the kernels' gaps are the
+run's own). It is sized in cycles at the rate the GPU spins at, measured at the clock's first call (`cycles_per_us`).
+A warm-up call sizes the spin of the timed ones.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, TypeVar
+
+import torch
+
+from tracekit.core.samples import DEVICE_CLOCK_SOURCE, HOST_CLOCK_SOURCE
+
+SPIN_MARGIN = 2.0
+MIN_SPIN_US = 50.0
+MAX_SPIN_US = 5_000.0
+#: The spin before the first call a clock times (no host time seen yet).
+FIRST_SPIN_US = 1_000.0
+#: Cycles spun to measure the spin rate (a few ms on a GPU at 1–2 GHz), three times.
+CALIBRATION_CYCLES = 5_000_000
+
+T = TypeVar("T")
+
+
+class WallClock:
+    """The host's clock around a call, the device synchronised before and after (module docstring)."""
+
+    source_path = HOST_CLOCK_SOURCE
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def time(self, call: Callable[[], T], kind: str = "") -> tuple[float, T]:
+        """(seconds, result) of one call."""
+        self.sync()
+        t0 = time.perf_counter()
+        out = call()
+        self.sync()
+        return time.perf_counter() - t0, out
+
+
+class DeviceClock:
+    """CUDA events around a call queued behind a spin kernel (module docstring)."""
+
+    source_path = DEVICE_CLOCK_SOURCE
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.spin_us: dict[str, float] = {}  # by the kind of call (a forward, a backward, a step)
+        self._rate: float | None = None
+
+    @property
+    def cycles_per_us(self) -> float:
+        """The GPU's spin rate, measured once per clock."""
+        if self._rate is None:
+            rates = []
+            for _ in range(3):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize(self.device)
+                start.record()
+                torch.cuda._sleep(CALIBRATION_CYCLES)
+                end.record()
+                end.synchronize()
+                rates.append(CALIBRATION_CYCLES / (start.elapsed_time(end) * 1e3))
+            self._rate = statistics.median(rates)
+        return self._rate
+
+    def time(self, call: Callable[[], T], kind: str = "") -> tuple[float, T]:
+        """(seconds on the device, result) of one call; `kind` names the calls whose host time sizes its spin."""
+        cycles = spin_cycles(self.spin_us.get(kind, FIRST_SPIN_US), self.cycles_per_us)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(self.device)
+        torch.cuda._sleep(cycles)
+        start.record()
+        t0 = time.perf_counter()
+        out = call()
+        queued = time.perf_counter() - t0
+        end.record()
+        end.synchronize()
+        self.spin_us[kind] = next_spin_us(queued)
+        return start.elapsed_time(end) / 1e3, out
+
+
+def next_spin_us(queued_s: float) -> float:
+    """The spin before the next call, from the host seconds this one took to return (module docstring)."""
+    return min(MAX_SPIN_US, max(MIN_SPIN_US, SPIN_MARGIN * queued_s * 1e6))
+
+
+def spin_cycles(spin_us: float, cycles_per_us: float) -> int:
+    return max(1, int(spin_us * cycles_per_us))
+
+
+def clock_for(device: torch.device, on_host: bool = False) -> WallClock | DeviceClock:
+    """The clock of kernel times on `device` (CUDA: `DeviceClock`), or the host's (`on_host`, and on a CPU)."""
+    if device.type == "cuda" and not on_host:
+        return DeviceClock(device)
+    return WallClock(device)
