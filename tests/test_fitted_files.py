@@ -76,3 +76,31 @@ def test_code_text_keeps_code_and_drops_wording():
     source = '"""Module doc."""\nX = 1  # why\n\n\ndef f():\n    """Doc\n    on two lines."""\n    return X\n'
     assert fp.code_text(source) == "X = 1\ndef f():\n    return X"
     assert fp.code_text(source.replace("return X", "return X + 1")) != fp.code_text(source)
+
+
+def test_the_docs_quote_the_shipped_fitted_numbers():
+    """Where the docs quote a shipped fitted number as today's (Megatron-Bridge's device scales as `Hopper ×1.233`,
+    megatron-core's host constants as `… µs per operator, … ms per call, … µs per parameter tensor`), it is the
+    number the shipped profile holds, rounded as written: the docs once printed a figure the CLI no longer gave.
+    History (a scale before a change) is written without the ×."""
+    import re
+
+    stacks = ROOT / "tracekit" / "data" / "stacks"
+    scales = json.loads((stacks / "megatron-bridge.json").read_text())["device_scale"]
+    host = json.loads((stacks / "megatron-core.json").read_text())["constants"]
+    docs = {p.relative_to(ROOT).as_posix(): p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]}
+    quoted = 0
+    for name, text in docs.items():
+        for arch, value in re.findall(r"\b(Hopper|Blackwell) ×(\d+\.\d+)", text):
+            quoted += 1
+            digits = len(value.split(".")[1])
+            assert float(value) == round(scales[arch.lower()], digits), (name, arch, value, scales)
+        number = r"(\d+(?:\.\d+)?)"
+        sentence = rf"{number} µs per operator, {number} ms per call, {number} µs per parameter tensor"
+        for op_us, call_ms, tensor_us in re.findall(sentence, text):
+            quoted += 1
+            for written, shipped in ((op_us, host["host_op_us"]), (call_ms, host["microbatch_overhead_us"] / 1e3),
+                                     (tensor_us, host["tensor_op_us"])):
+                digits = len(written.split(".")[1]) if "." in written else 0
+                assert float(written) == round(shipped, digits), (name, written, shipped)
+    assert quoted >= 4
