@@ -68,6 +68,9 @@ def sample_command(
     The budget is shared between compute and collectives by their number of primitives. The first pass covers as
     many shapes as it allows, spread over the range; further passes (--rounds) re-time those shapes.
 
+    On a GPU each kernel sample is its time on the device (CUDA events, the call queued behind a spin kernel: no
+    launch or synchronize in it); host costs and collectives, and everything on a CPU, are timed by the host's clock.
+
     \b
     Example:
       tracekit sample --device cpu --budget 60 --processes 2
