@@ -22,6 +22,8 @@ from tracekit.sampling.clocks import (
     DeviceClock,
     WallClock,
     clock_for,
+    device_clock_problem,
+    implausible,
     next_spin_us,
     spin_cycles,
 )
@@ -79,3 +81,22 @@ def test_a_gpus_kernels_timed_by_both_clocks_are_refused_in_one_line(tmp_path):
     assert "H200-141GB" in message and HOST_CLOCK_SOURCE in message and DEVICE_CLOCK_SOURCE in message
     assert "\n" not in message and not out.exists()
     assert train_models(frame.assign(source_path=DEVICE_CLOCK_SOURCE), out)  # one clock trains
+
+
+def test_a_device_clock_that_cannot_run_or_times_implausibly_is_named_not_used():
+    """On a machine without CUDA (this torch has no `_sleep`, no events) the check names why in one line instead of
+    raising; a device time of zero, or above the host's time around the same GEMM, is implausible."""
+    problem = device_clock_problem(CUDA)
+    if torch.cuda.is_available():  # a working GPU's clock passes its check
+        assert problem is None, problem
+    else:
+        assert problem and "\n" not in problem
+    assert implausible(0.0, 1e-4) and implausible(2e-4, 1e-4) and "µs" in implausible(2e-4, 1e-4)
+    assert implausible(9e-5, 1e-4) is None and implausible(1.04e-4, 1e-4) is None
+
+
+def test_a_cpu_run_says_its_kernels_were_timed_by_the_hosts_clock():
+    run = sample("cpu", ["norm"], budget_s=2, store=None, warmup=1, repeats=1, rounds=1)
+    assert run.kernel_clock == "host" and run.clock_problem is None
+    collectives = sample("cpu", ["all_reduce"], budget_s=2, ranks=2, store=None, warmup=1, repeats=1, rounds=1)
+    assert collectives.kernel_clock is None

@@ -69,7 +69,8 @@ def sample_command(
     many shapes as it allows, spread over the range; further passes (--rounds) re-time those shapes.
 
     On a GPU each kernel sample is its time on the device (CUDA events, the call queued behind a spin kernel: no
-    launch or synchronize in it); host costs and collectives, and everything on a CPU, are timed by the host's clock.
+    launch or synchronize in it), once that clock has passed a check on one GEMM (else the host's clock, and the
+    summary says why); host costs and collectives, and everything on a CPU, are timed by the host's clock.
 
     \b
     Example:
@@ -90,7 +91,8 @@ def sample_command(
     counts = result.counts()
     summary = {"hardware": result.hardware, "device": result.device, "dtype": result.dtype, "source": result.source,
                "seconds": round(result.seconds, 1), "stopped_by_budget": result.stopped_by_budget,
-               "samples": counts, "skipped": result.skipped, "store": str(store or default_store())}
+               "samples": counts, "skipped": result.skipped, "kernel_clock": result.kernel_clock,
+               "clock_problem": result.clock_problem, "store": str(store or default_store())}
     if as_json:
         print_json(summary)
         return
@@ -106,6 +108,8 @@ def sample_command(
     for name, count in sorted(counts.items()):
         table.add_row(name, str(count))
     console.print(table)
+    if result.clock_problem:
+        console.print(f"kernels timed by the host's clock: {result.clock_problem}", markup=False, soft_wrap=True)
     for name, reason in sorted(result.skipped.items()):
         console.print(f"not sampled: {name}: {reason}")
     if result.stopped_by_budget:

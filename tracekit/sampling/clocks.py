@@ -17,6 +17,11 @@ of the same kind (a forward, a backward, a step) took to return (`spin_us`), at 
 spin and its kernels; its spin grows to the cap and is wasted, not wrong: after such a wait the kernels' gaps are the
 run's own). It is sized in cycles at the rate the GPU spins at, measured at the clock's first call (`cycles_per_us`).
 A warm-up call sizes the spin of the timed ones.
+
+Before a GPU's kernels are timed, `device_clock_problem` checks the device clock against the host's on one GEMM: its
+time must be above zero and at most the host's clock around the same call (which holds the kernel and more). A clock
+that fails, or that this torch cannot run, is reported in one line and the run times its kernels by the host's clock,
+as the first harvest did: a GPU's minutes are too scarce to spend on samples nobody can trust.
 """
 from __future__ import annotations
 
@@ -109,6 +114,35 @@ def next_spin_us(queued_s: float) -> float:
 
 def spin_cycles(spin_us: float, cycles_per_us: float) -> int:
     return max(1, int(spin_us * cycles_per_us))
+
+
+#: The check's GEMM (bf16, square) and its timings per clock.
+CHECK_EDGE = 2048
+CHECK_TIMINGS = 5
+#: How far above the host's time the device's may come out in the check (the two medians are of separate calls).
+CHECK_SLACK = 1.05
+
+
+def device_clock_problem(device: torch.device) -> str | None:
+    """None when the device clock times the check's GEMM plausibly on `device`, else why not (module docstring)."""
+    try:
+        x = torch.randn(CHECK_EDGE, CHECK_EDGE, device=device, dtype=torch.bfloat16)
+        on_device, on_host = DeviceClock(device), WallClock(device)
+        device_s, host_s = [], []
+        for _ in range(CHECK_TIMINGS + 1):  # the first of each is a warm-up
+            device_s.append(on_device.time(lambda: x @ x, "check")[0])
+            host_s.append(on_host.time(lambda: x @ x, "check")[0])
+    except (RuntimeError, AssertionError, AttributeError) as exc:  # no CUDA, no `_sleep` in this torch, a failed call
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+    return implausible(statistics.median(device_s[1:]), statistics.median(host_s[1:]))
+
+
+def implausible(device_s: float, host_s: float) -> str | None:
+    """Why a device time of the check's GEMM cannot be right against the host's time of it, or None."""
+    if device_s <= 0 or device_s > CHECK_SLACK * host_s:
+        return (f"the device clock timed a {CHECK_EDGE}³ bf16 GEMM at {device_s * 1e6:.1f} µs against the host's "
+                f"{host_s * 1e6:.1f} µs around it")
+    return None
 
 
 def clock_for(device: torch.device, on_host: bool = False) -> WallClock | DeviceClock:

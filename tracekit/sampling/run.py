@@ -48,6 +48,10 @@ class SampleRun:
     stopped_by_budget: bool = False
     #: "primitive/variant[/dtype]" → why those cases were not timed here (a kernel this torch or device lacks)
     skipped: dict[str, str] = field(default_factory=dict)
+    #: How the kernels were timed (tracekit.sampling.clocks): "cuda-events", or "host" (a CPU; a GPU whose device
+    #: clock failed its check, `clock_problem` saying why); None when no compute primitive was timed.
+    kernel_clock: str | None = None
+    clock_problem: str | None = None
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -83,6 +87,7 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
     """
     import torch
 
+    from .clocks import DeviceClock, device_clock_problem
     from .collectives import run_collectives
     from .compute import DTYPES, Timer, one_rank_group
     from .recipes import time_any, unsupported
@@ -125,7 +130,10 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
             timed(primitive, fraction)
 
     if compute:
-        timer = Timer(torch.device("cuda" if device == "cuda" else "cpu"), warmup, repeats)
+        dev = torch.device("cuda" if device == "cuda" else "cpu")
+        result.clock_problem = device_clock_problem(dev) if device == "cuda" else None
+        timer = Timer(dev, warmup, repeats, on_host=result.clock_problem is not None)
+        result.kernel_clock = "cuda-events" if isinstance(timer.clock, DeviceClock) else "host"
         cases = planned_cases(device, compute, dtype, warmup + repeats, hardware)
         timings: dict[Case, dict[str, list[float]]] = {}
         with one_rank_group():
@@ -176,7 +184,7 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
         if store is not None:
             store.add(result.source, result.rows, {
                 "kind": "sample", "path": SOURCE_PATH, "hardware": hardware, "device": device, "dtype": dtype,
-                "kernel_clock": "cuda-events" if device == "cuda" else "host",  # tracekit.sampling.clocks
+                "kernel_clock": result.kernel_clock,  # tracekit.sampling.clocks
                 "ranks": ranks if collectives else None, "rounds": rounds,
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             })
