@@ -81,6 +81,7 @@ def test_the_harvest_holds_every_run_with_its_unprofiled_times(harvest):
         steady = [t for i, t in logged.items() if i not in profiled and i >= 3]
         assert run["measured_ms"] == pytest.approx(statistics.median(steady), abs=1e-3)
     assert index["sample"]["exit_code"] == 0 and index["sample"]["samples"]["gemm"] > 0
+    assert index["sample"]["kernel_clock"] == "host" and index["sample"]["clock_problem"] is None  # a CPU: its clock
     assert index["env"]["hardware"].startswith("cpu-")
     files = sorted(out.iterdir())
     assert len(files) <= 8 and all(f.stat().st_size <= 15 * 2**20 for f in files)

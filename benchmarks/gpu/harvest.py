@@ -242,7 +242,8 @@ def sample_stage(args: argparse.Namespace, seconds: float, work: Path) -> dict:
             "r = sample(device=sys.argv[1], primitives=prims, budget_s=float(sys.argv[2]), ranks=max(gpus, 2), "
             "store=SampleStore(sys.argv[4]), rounds=2); "
             "print(json.dumps({'hardware': r.hardware, 'dtype': r.dtype, 'source': r.source, 'seconds': "
-            "round(r.seconds, 1), 'stopped_by_budget': r.stopped_by_budget, 'samples': r.counts()}))")
+            "round(r.seconds, 1), 'stopped_by_budget': r.stopped_by_budget, 'samples': r.counts(), "
+            "'kernel_clock': r.kernel_clock, 'clock_problem': r.clock_problem}))")
     argv = ["timeout", "-k", "10", str(int(seconds + 60)), sys.executable, "-c", code, args.device, str(seconds),
             str(gpus), str(store)]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
