@@ -96,7 +96,8 @@ def _reason(recipe: str, device: str, dtype_name: str) -> str | None:
     if probe is None:
         return None
     try:
-        time_any(probe(), dtype_name, Timer(torch.device(device), 0, 1, first_touch=False))
+        # whether it runs, not how long: the host's clock, no spin and no clock check
+        time_any(probe(), dtype_name, Timer(torch.device(device), 0, 1, first_touch=False, on_host=True))
     except (RuntimeError, NotImplementedError, TypeError, ValueError, ImportError, OSError, AttributeError,
             AssertionError) as exc:  # whatever this torch build or GPU raises for a kernel it lacks
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
