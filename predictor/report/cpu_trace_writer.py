@@ -55,18 +55,10 @@ class CpuTraceWriter(TraceWriter):
                             "_o": self._next()})
         self.next_id += 1
 
-    def annotate(self, name: str | None) -> None:
-        """As the GPU writer's, the range spanning its operators exactly (they run back to back)."""
-        if self.block is not None and self.block[0] == name:
-            self.pending = None
-            return
-        if self.block is not None:
-            label, start = self.block
-            self.events.append({"ph": "X", "cat": "user_annotation", "name": label, "pid": PID, "tid": TID,
-                                "ts": start, "dur": span(start, self.cpu_free), "args": {"External id": 0},
-                                "_o": self.block_order})
-            self.block = None
-        self.pending = name
+    def _block_event(self, label: str, start: float) -> dict:
+        """As the GPU writer's, the range spanning its operators exactly (they run back to back), in its order."""
+        return {"ph": "X", "cat": "user_annotation", "name": label, "pid": PID, "tid": TID, "ts": start,
+                "dur": span(start, self.cpu_free), "args": {"External id": 0}, "_o": self.block_order}
 
     def _main(self, start: float, dur: float) -> tuple[float, float]:
         """An operator on the main thread at [start, start + dur), after the one before it (the simulated timeline's

@@ -56,11 +56,14 @@ class TraceWriter:
             self.pending = None
             return
         if self.block is not None:
-            label, start = self.block
-            self.events.append({"ph": "X", "cat": "user_annotation", "name": label, "pid": PID, "tid": TID,
-                                "ts": start, "dur": self.cpu_free + 0.25 - start, "args": {"External id": 0}})
+            self.events.append(self._block_event(*self.block))
             self.block = None
         self.pending = name
+
+    def _block_event(self, label: str, start: float) -> dict:
+        """The closed layer annotation's event: to 0.25 µs after the last launch."""
+        return {"ph": "X", "cat": "user_annotation", "name": label, "pid": PID, "tid": TID, "ts": start,
+                "dur": self.cpu_free + 0.25 - start, "args": {"External id": 0}}
 
     def launch(self, op: str, kernel: str, start: float, dur: float, stream: int, args: dict | None = None,
                kernel_args: dict | None = None) -> None:
