@@ -29,6 +29,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .moe import layer_freq
+from .uneven_stages import uneven_stage_counts
 
 MAMBA, GDN, ATTENTION, DS_ATTENTION, MLA, MLP, MOE = "M", "G", "*", "D", "+", "-", "E"
 PIPE, MTP_SEPARATOR = "|", "/"
@@ -204,23 +205,15 @@ def stage_layers(pattern: str, pp: int, first: int | None = None, last: int | No
         if pp == 1:
             return ((tuple(range(n)),),)
         if first is not None or last is not None:
-            lead, tail = first or 0, last or 0
-            middle_stages = pp - sum(1 for v in (first, last) if v is not None)
-            middle = n - lead - tail
+            counts, middle, middle_stages = uneven_stage_counts(n, pp, first, last)
             if middle < 0:
                 raise ConfigError(f"first/last pipeline stage layers ({first}, {last}) exceed the pattern's {n} "
                                   "layers")
             if middle_stages > 0 and middle % middle_stages:
                 raise ConfigError(f"Middle layers ({middle}) must be evenly divisible by middle pipeline stages "
                                   f"({middle_stages}).")
-            per = middle // middle_stages if middle_stages > 0 else 0
-            counts = [per] * pp
-            if first is not None:
-                counts[0] = lead
-            if last is not None:
-                counts[-1] = tail
             if sum(counts) != n:
-                raise ConfigError(f"first/last pipeline stage layers ({first}, {last}) leave {n - lead - tail} "
+                raise ConfigError(f"first/last pipeline stage layers ({first}, {last}) leave {middle} "
                                   f"layers for {middle_stages} middle stages of a {n}-layer pattern")
         else:
             if n % pp:

@@ -34,6 +34,7 @@ from typing import Any
 
 from tracekit.core import hybrid_pattern
 from tracekit.core.errors import ConfigError, did_you_mean
+from tracekit.core.uneven_stages import uneven_stage_counts
 
 #: PyTorch's pipeline schedules tracekit simulates beside Megatron's (predictor.schedule.zero_bubble).
 ZERO_BUBBLE = ("LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
@@ -138,25 +139,16 @@ def _split(pp: int, vp: int, n: int, s: LayoutSettings) -> list[list[Chunk]]:
         if s.account_for_embedding_in_pipeline_split or s.account_for_loss_in_pipeline_split:
             raise ConfigError("uneven first/last pipeline stages cannot be combined with "
                               "account_for_embedding/loss_in_pipeline_split (Megatron refuses it)")
-        rest, stages_left = n, pp
         for value in (first, last):
-            if value is not None:
-                if value < 0:
-                    raise ConfigError(f"uneven pipeline stage layer counts must be ≥ 0, got {value}")
-                rest -= value
-                stages_left -= 1
+            if value is not None and value < 0:
+                raise ConfigError(f"uneven pipeline stage layer counts must be ≥ 0, got {value}")
+        per_rank, rest, stages_left = uneven_stage_counts(n, pp, first, last)
         if stages_left < 0 or rest < 0:
             raise ConfigError(f"decoder first/last pipeline layers ({first}, {last}) exceed num_layers {n} "
                               f"over pp {pp}")
         if stages_left > 0 and rest % stages_left:
             raise ConfigError(f"with uneven pipeline stages the {rest} remaining layers must divide by the "
                               f"{stages_left} middle stages")
-        middle = rest // stages_left if stages_left > 0 else 0
-        per_rank = [middle] * pp
-        if first is not None:
-            per_rank[0] = first
-        if last is not None:
-            per_rank[-1] = last
         if sum(per_rank) != n:
             raise ConfigError(f"uneven pipeline stages hold {sum(per_rank)} layers, the model has {n}")
         for rank, count in enumerate(per_rank):
