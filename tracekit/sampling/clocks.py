@@ -15,8 +15,8 @@ The spin has to outlast the host's queuing of the call: it lasts `SPIN_MARGIN` t
 of the same kind (a forward, a backward, a step) took to return (`spin_us`), at least `MIN_SPIN_US` and at most
 `MAX_SPIN_US` (a call that waits on the GPU itself, e.g. a MoE permute reading its split sizes, returns only after the
 spin and its kernels; its spin grows to the cap and is wasted, not wrong: after such a wait the kernels' gaps are the
-run's own). It is sized in cycles at the rate the GPU spins at, measured at the clock's first call (`cycles_per_us`).
-A warm-up call sizes the spin of the timed ones.
+run's own). It is sized in cycles at the rate the GPU spins at, measured once per device at the first clock's first
+call (`spin_rate`). A warm-up call sizes the spin of the timed ones.
 
 Before a GPU's kernels are timed, `device_clock_problem` checks the device clock against the host's on one GEMM: its
 time must be above zero and at most the host's clock around the same call (which holds the kernel and more). A clock
@@ -25,6 +25,7 @@ as the first harvest did: a GPU's minutes are too scarce to spend on samples nob
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Callable, TypeVar
@@ -73,27 +74,10 @@ class DeviceClock:
     def __init__(self, device: torch.device):
         self.device = device
         self.spin_us: dict[str, float] = {}  # by the kind of call (a forward, a backward, a step)
-        self._rate: float | None = None
-
-    @property
-    def cycles_per_us(self) -> float:
-        """The GPU's spin rate, measured once per clock."""
-        if self._rate is None:
-            rates = []
-            for _ in range(3):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda.synchronize(self.device)
-                start.record()
-                torch.cuda._sleep(CALIBRATION_CYCLES)
-                end.record()
-                end.synchronize()
-                rates.append(CALIBRATION_CYCLES / (start.elapsed_time(end) * 1e3))
-            self._rate = statistics.median(rates)
-        return self._rate
 
     def time(self, call: Callable[[], T], kind: str = "") -> tuple[float, T]:
         """(seconds on the device, result) of one call; `kind` names the calls whose host time sizes its spin."""
-        cycles = spin_cycles(self.spin_us.get(kind, FIRST_SPIN_US), self.cycles_per_us)
+        cycles = spin_cycles(self.spin_us.get(kind, FIRST_SPIN_US), spin_rate(self.device))
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize(self.device)
         torch.cuda._sleep(cycles)
@@ -105,6 +89,22 @@ class DeviceClock:
         end.synchronize()
         self.spin_us[kind] = next_spin_us(queued)
         return start.elapsed_time(end) / 1e3, out
+
+
+@functools.cache
+def spin_rate(device: torch.device) -> float:
+    """The GPU's spin rate in cycles per µs, measured once per device and process (the clock check's and the run's
+    clocks share it)."""
+    rates = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        start.record()
+        torch.cuda._sleep(CALIBRATION_CYCLES)
+        end.record()
+        end.synchronize()
+        rates.append(CALIBRATION_CYCLES / (start.elapsed_time(end) * 1e3))
+    return statistics.median(rates)
 
 
 def next_spin_us(queued_s: float) -> float:
