@@ -41,12 +41,11 @@ ASKED = {("activation", "swiglu"), ("norm", FUSED_RMSNORM), ("norm", "RMSlayerno
          ("bmm", "baddbmm"), ("bmm", "bmm"), ("attention", "flash_atten"), ("gemm", "linear1"), ("gemm", "linear2"),
          ("gemm", "linear3"), ("gemm", "linear4"), ("gemm", "router"), ("gemm", "expert_fc1"),
          ("gemm", "expert_fc2"), ("gemm", "grouped_fc1"), ("gemm", "grouped_fc2"), ("elementwise", "router_topk"),
-         ("elementwise", "moe_permute"), ("elementwise", "moe_unpermute")}
-#: Kinds sampled ahead of the predictor op that should ask for them (what answers its rows meanwhile): the torch
-#: softmax chain answers the unfused attention's `ScaledUpperTriangMaskedSoftmax` rows (the only softmax sampled),
-#: the others wait for a configuration setting (docs/sample-and-import.md lists them).
-AHEAD = {("activation", "swiglu_unfused"), ("activation", "glu"), ("activation", "squared_relu"),
-         ("softmax", "softmax_torch")}
+         ("elementwise", "moe_permute"), ("elementwise", "moe_unpermute"), ("softmax", "fillmask"),
+         ("softmax", "softmax")}
+#: Kinds sampled ahead of the predictor op that should ask for them: they wait for a configuration setting
+#: (docs/sample-and-import.md lists them).
+AHEAD = {("activation", "swiglu_unfused"), ("activation", "glu"), ("activation", "squared_relu")}
 
 
 def _layer(name: str, seq: int, micro: int, tp: int) -> catalog.Layer:
@@ -106,8 +105,9 @@ def test_cases_carry_the_physics_of_their_shapes():
         elif c.variant == FUSED_ROPE:
             tensor = c.get("seq") * c.get("micro_batch") * c.get("heads") * f["width"]
             assert f["numel"] == pytest.approx(tensor * 2 / 3) and f["rows"] * f["width"] == pytest.approx(f["numel"])
-        elif c.variant == "softmax_torch":
+        elif c.primitive == "softmax":
             assert f["numel"] == f["batch"] * f["heads"] * f["seq"] * f["width"] <= model_cases.SCORES_MAX["cuda"]
+            assert f["rows"] * f["width"] == f["numel"] and f["seq"] == f["width"]  # self-attention's square
         elif c.variant.startswith("grouped_"):
             assert f["m"] % model_cases.GROUP_ALIGN == 0 and f["batch"] > 1
         elif c.dtype == "fp8_block":
@@ -124,6 +124,7 @@ def test_the_predictor_asks_for_what_is_sampled():
     moe = _layer("mixtral-8x7b", 2048, 2, 1)
     asks = [(llama, {}), (llama, dict(apply_rope_fusion=True, fused_rmsnorm=True)),
             (llama, dict(attention="unfused", attention_dropout=0.1)), (llama, dict(normalization="LayerNorm")),
+            (llama, dict(attention="unfused", masked_softmax_fusion=False)),
             (moe, {}), (moe, dict(moe_grouped_gemm=True)),
             (llama, dict(precision="fp8")), (llama, dict(precision="fp8-block"))]
     asked: list[dict] = []
@@ -140,10 +141,6 @@ def test_the_predictor_asks_for_what_is_sampled():
                     matched.add((case.primitive, case.variant, case.dtype))
     assert {(p, v) for p, v, _ in matched} == ASKED
     assert {d for p, v, d in matched if v == "linear3"} == {None, "fp8", "fp8_block"}  # fp8_row: no recipe asks
-    # the torch softmax chain has the features of the unfused attention's softmax rows
-    softmax = next(c for c in sampled if c.variant == "softmax_torch")
-    rows = [r for r in asked if r["primitive"] == "softmax" and r["pass"] == "fwd"]
-    assert rows and all(_shape(r) == pytest.approx(dict(softmax.features)) for r in rows)
 
 
 def _kinds(device: str) -> dict[tuple, list[Case]]:
@@ -222,15 +219,63 @@ def test_rope_rotates_each_pair_of_dims_keeping_its_norm():
     assert torch.allclose(out[0], t[0])  # position 0: no rotation
 
 
-def test_the_torch_softmax_chain_masks_the_future_and_sums_to_one():
-    from tracekit.sampling.layer_recipes import MASKED
+def test_the_mask_is_filled_in_place_into_the_scores_view_as_megatron_does():
+    """The `fillmask` recipe writes into the baddbmm output itself (no new tensor), so its backward is the chain the
+    seed paper timed and Megatron runs: AsStridedBackward0, then CopySlices; the gradient stops at the masked
+    scores and passes the others through."""
+    from tracekit.sampling.layer_recipes import MASKED, fill_causal_mask
 
-    s = 8
-    scores = torch.randn(2, 3, s, s)
+    b, heads, s = 2, 3, 8
+    leaf_scores = torch.randn(b * heads, s, s, dtype=torch.float64, requires_grad=True)
+    scores = leaf_scores.clone()  # the baddbmm output
     mask = torch.triu(torch.ones((s, s), dtype=torch.bool), diagonal=1)
-    probs = torch.softmax(scores.masked_fill(mask, MASKED), dim=-1)
-    assert torch.allclose(probs.sum(-1), torch.ones(2, 3, s))
-    assert (probs[..., mask] < 1e-30).all()
+    out = fill_causal_mask(scores, b, mask)
+    assert out.shape == (b, heads, s, s) and out.data_ptr() == scores.data_ptr()
+    assert (out[..., mask] == MASKED).all()
+    assert torch.equal(out[..., ~mask], leaf_scores.view(b, heads, s, s)[..., ~mask])
+    node = out.grad_fn
+    assert node.name() == "AsStridedBackward0" and node.next_functions[0][0].name().endswith("CopySlices")
+    grad = torch.randn(b, heads, s, s, dtype=torch.float64)
+    torch.autograd.backward(out, grad)
+    got = leaf_scores.grad.view(b, heads, s, s)
+    assert (got[..., mask] == 0).all() and torch.equal(got[..., ~mask], grad[..., ~mask])
+
+
+def test_the_torch_softmax_path_is_sampled_as_its_two_operators_each_forward_and_backward():
+    """Megatron's torch softmax path is the seed paper's two operators, each under the variant the predictor's row
+    asks by: the fill's backward (a copy of the gradient, the fill, a copy back, over an as-strided view) does
+    more than its forward's one pass at every shape; softmax's forward reads and writes the scores."""
+    from tracekit.sampling.compute import Timer
+
+    cases = [c for c in model_cases.model_cases("cpu", {"softmax"})]
+    assert {c.variant for c in cases} == {"fillmask", "softmax"}
+    largest = max(c.feature("numel") for c in cases)
+    timer = Timer(CPU, 1, 3)
+    for case in (c for c in cases if c.feature("numel") == largest):
+        times = time_any(case, "fp32", timer)
+        assert set(times) == {"fwd", "bwd"} and min(times.values()) > 0
+        if case.variant == "fillmask":
+            assert times["bwd"] > times["fwd"]
+
+
+def test_the_predictors_torch_softmax_rows_are_answered_each_by_its_own_operators_samples(tmp_path):
+    """After a CPU run of the softmax kinds, the unfused attention's `fillmask` row is answered by a model of the
+    fill's samples and its `softmax` row, and the fused kernel's `ScaledUpperTriangMaskedSoftmax` row, by one of
+    softmax's: neither row is priced by a model of both operators (which counted the chain twice)."""
+    from predictor.costs.learned.models import ModelSet
+    from predictor.costs.learned.training import train_models
+    from tracekit.core.store import SampleStore
+    from tracekit.sampling.run import sample
+
+    store = SampleStore(tmp_path / "store")
+    run = sample("cpu", ["softmax"], budget_s=20, store=store, warmup=1, repeats=1, rounds=1)
+    train_models(store.read(), tmp_path / "models", folds=2)
+    models = ModelSet.load(tmp_path / "models")
+    for pass_ in ("fwd", "bwd"):
+        answers = {v: models.resolve(run.hardware, "softmax", pass_, v).meta["variants"]
+                   for v in ("fillmask", "softmax", "ScaledUpperTriangMaskedSoftmax")}
+        assert answers == {"fillmask": ["fillmask"], "softmax": ["softmax"],
+                           "ScaledUpperTriangMaskedSoftmax": ["softmax"]}, pass_
 
 
 def test_permuting_then_unpermuting_gives_each_token_back_weighted_by_its_probabilities():

@@ -56,10 +56,11 @@ class Timer:
         return Timer(self.device, self.warmup, self.repeats if repeats is None else repeats,
                      self.first_touch if first_touch is None else first_touch, on_host=True)
 
-    def fwd_bwd(self, leaves: list[torch.Tensor], forward: Callable[[], torch.Tensor | tuple[torch.Tensor, ...]]
-                ) -> tuple[float, float]:
+    def fwd_bwd(self, leaves: list[torch.Tensor], forward: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]],
+                prepare: Callable[[], torch.Tensor] | None = None) -> tuple[float, float]:
         """Median forward and backward µs of `forward()` (its result, a tensor or a tuple of them, is reduced by
-        backward with ones).
+        backward with ones). With `prepare`, each forward is `forward(prepare())`, `prepare` untimed: the input an
+        operator writes into in place (a fresh one per call, as each step's is).
 
         With `first_touch` (on a CPU) the forwards run first, each keeping its activations, into memory just
         returned to the system, then the backwards. A training step runs so: its forward keeps a pass's activations
@@ -75,7 +76,8 @@ class Timer:
         outs, fwd, bwd = [], [], []
         grad = None
         for _ in range(self.warmup + self.repeats):
-            seconds, out = self.clock.time(forward, "fwd")
+            call = forward if prepare is None else functools.partial(forward, prepare())
+            seconds, out = self.clock.time(call, "fwd")
             fwd.append(seconds)
             if grad is None:
                 grad = tuple(torch.ones_like(o) for o in out) if isinstance(out, tuple) else torch.ones_like(out)

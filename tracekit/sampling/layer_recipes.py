@@ -201,17 +201,35 @@ def bmm(case: Case, dtype_name: str, timer: Timer) -> dict[str, float]:
     return _fwd_bwd(timer, [probs, value], lambda: torch.bmm(probs, value.transpose(0, 1)))
 
 
-def softmax_torch(case: Case, dtype_name: str, timer: Timer) -> dict[str, float]:
-    """Megatron's FusedScaleMaskSoftmax without its fused kernel (`forward_torch_softmax`, `--no-masked-softmax-fusion`
-    or no kernel for the shape): the causal mask filled in (-10000) and softmax over the keys, in the input dtype
-    (`attention_softmax_in_fp32` is off unless asked)."""
+def fillmask(case: Case, dtype_name: str, timer: Timer) -> dict[str, float]:
+    """The causal mask filled into the scores as Megatron's torch softmax path does it (`forward_torch_softmax`,
+    `--no-masked-softmax-fusion` or no fused kernel for the shape): `attention_mask_func` writes -10000 in place
+    (`masked_fill_`) through the [b, heads, s, s] view of the baddbmm output [b · heads, s, s], so that its backward
+    is autograd's `CopySlices` over an as-strided view (AsStridedBackward0, then the fill's gradient into a copy of
+    the output's): the seed paper's `fillmask` operator. Each call fills a fresh copy of the scores (untimed), as
+    each step fills the baddbmm output it has just written."""
     f, dev = _features(case), timer.device
     b, heads, s, sk = int(f["batch"]), int(f["heads"]), int(f["seq"]), int(f["width"])
-    scores = leaf((b, heads, s, sk), DTYPES[dtype_name], dev)
+    scores = leaf((b * heads, s, sk), DTYPES[dtype_name], dev)
     mask = torch.triu(torch.ones((s, sk), device=dev, dtype=torch.bool), diagonal=1)
-    return _fwd_bwd(timer, [scores], lambda: torch.softmax(scores.masked_fill(mask, MASKED), dim=-1))
+    return _fwd_bwd(timer, [scores], lambda out: fill_causal_mask(out, b, mask), scores.clone)
 
 
-def _fwd_bwd(timer: Timer, leaves: list[torch.Tensor], forward) -> dict[str, float]:
-    fwd, bwd = timer.fwd_bwd(leaves, forward)
+def fill_causal_mask(scores: torch.Tensor, batch: int, mask: torch.Tensor) -> torch.Tensor:
+    """`attention_mask_func` on Megatron's torch softmax path: MASKED written in place where `mask` is set, through
+    the [batch, heads, s, sk] view of the baddbmm output `scores` [batch · heads, s, sk]; returns the view."""
+    return scores.view(batch, -1, *scores.shape[1:]).masked_fill_(mask, MASKED)
+
+
+def softmax(case: Case, dtype_name: str, timer: Timer) -> dict[str, float]:
+    """Softmax over the keys of the masked scores [b, heads, s, s] (`torch.nn.Softmax(dim=-1)` of the same path), in
+    the input dtype (`attention_softmax_in_fp32` is off unless asked): the seed paper's `softmax` operator."""
+    f = _features(case)
+    scores = leaf((int(f["batch"]), int(f["heads"]), int(f["seq"]), int(f["width"])), DTYPES[dtype_name],
+                  timer.device)
+    return _fwd_bwd(timer, [scores], lambda: torch.softmax(scores, dim=-1))
+
+
+def _fwd_bwd(timer: Timer, leaves: list[torch.Tensor], forward, prepare=None) -> dict[str, float]:
+    fwd, bwd = timer.fwd_bwd(leaves, forward, prepare)
     return {"fwd": fwd, "bwd": bwd}

@@ -10,10 +10,10 @@ so that what is sampled is what a prediction looks up:
 - norms: RMSNorm as torch's fused kernel (`rmsnorm_fused`, F.rms_norm) and as the unfused chain (`RMSlayernorm`);
 - RoPE: the unfused chain on a query and a key tensor (`RoPE`) and Transformer Engine's fused kernel on one tensor
   (`rope_fused`, sized as the predictor sizes it: predictor.layers.norm_rope);
-- the unfused attention chain: scores (`bmm`/`baddbmm`), the causal mask and softmax in the input dtype
-  (`softmax`/`softmax_torch`: Megatron's FusedScaleMaskSoftmax without its fused kernel), dropout on the scores
-  (`elementwise`/`dropout`), context (`bmm`/`bmm`); fused attention (SDPA) with the models' query groups and head
-  dims;
+- the unfused attention chain: scores (`bmm`/`baddbmm`), then Megatron's FusedScaleMaskSoftmax without its fused
+  kernel in the input dtype: the causal mask filled in place into the scores' view (`softmax`/`fillmask`) and
+  softmax (`softmax`/`softmax`), the seed paper's two operators; dropout on the scores (`elementwise`/`dropout`),
+  context (`bmm`/`bmm`); fused attention (SDPA) with the models' query groups and head dims;
 - MoE: router GEMM (`gemm`/`router`), top-k (`elementwise`/`router_topk`), permute and unpermute
   (`moe_permute`, `moe_unpermute`), the experts' GEMMs one expert at a time (`expert_fc1`, `expert_fc2`: Megatron's
   SequentialMLP) and grouped (`grouped_fc1`, `grouped_fc2`: torch._grouped_mm, `batch` = experts);
@@ -97,9 +97,10 @@ def layer_cases(layer: Layer, device: str, primitives: set[str]) -> list[Case]:
     if "bmm" in primitives and small_scores:
         cases.append(_case("bmm", "baddbmm", {"recipe": "baddbmm"}, batch=b * heads, m=s, n=s, k=d))
         cases.append(_case("bmm", "bmm", {"recipe": "bmm"}, batch=b * heads, m=s, n=d, k=s))
-    if "softmax" in primitives and small_scores:
-        cases.append(_case("softmax", "softmax_torch", {"recipe": "softmax_torch"}, batch=b, heads=heads, seq=s,
-                           rows=b * heads * s, width=s, numel=scores, causal=1))
+    if "softmax" in primitives and small_scores:  # the features of predictor.layers.local_kernels' rows
+        scores_of = dict(batch=b, heads=heads, seq=s, rows=b * heads * s, width=s, numel=scores, causal=0)
+        cases.append(_case("softmax", "fillmask", {"recipe": "fillmask"}, head_dim=d, **scores_of))
+        cases.append(_case("softmax", "softmax", {"recipe": "softmax"}, **scores_of))
     if "attention" in primitives:
         cases.append(_case("attention", "flash_atten", batch=b, heads=heads, kv_heads=kv, seq=s, seq_kv=s,
                            head_dim=d, causal=1))

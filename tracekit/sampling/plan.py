@@ -52,7 +52,7 @@ FIRST_USE_S = {("cuda", "swiglu"): 30.0}
 #: reference layer and each of its operators alone (`reference_layer`), or stacks of 1 and 3 layers plain and under
 #: FSDP2 with three times the repeats (`fsdp2_unit`): thousands of operator calls.
 CHAINS = {"swiglu_unfused": (10.0, 8), "squared_relu": (10.0, 6), "rmsnorm_unfused": (16.0, 14),
-          "rope": (24.0, 20), "softmax_torch": (9.0, 4), "router_topk": (12.0, 12), "moe_permute": (6.0, 6),
+          "rope": (24.0, 20), "fillmask": (12.0, 6), "router_topk": (12.0, 12), "moe_permute": (6.0, 6),
           "moe_unpermute": (10.0, 10), "reference_layer": (60.0, 2000), "fsdp2_unit": (240.0, 8000)}
 
 
