@@ -237,33 +237,10 @@ class HybridSettings:
             if lowp and m.in_proj_dim % 16:
                 raise ConfigError("For FP8, the innermost dimension of the Mamba layer input projection output tensor "
                                   f"must be a multiple of 16 (2·d_inner + 2·groups·state + heads = {m.in_proj_dim}).")
-            if m.heads % tp:
-                raise ConfigError(f"nheads must be evenly divisble by tp_size (mamba heads {m.heads}, tp {tp})")
-            if m.groups % tp:
-                raise ConfigError(f"ngroups must be evenly divisible by tp_size (mamba groups {m.groups}, tp {tp})")
-            if m.heads % m.groups:
-                raise ConfigError(f"nheads must be evenly divisible by ngroups (mamba heads {m.heads}, groups "
-                                  f"{m.groups})")
-            if cp > 1:
-                heads_t, groups_t = m.heads // tp, m.groups // tp
-                if heads_t % cp:
-                    raise ConfigError(f"nheads must be evenly divisible by tp_size * cp_size (mamba heads {m.heads}, "
-                                      f"tp {tp}, cp {cp})")
-                if groups_t < cp and cp % groups_t:
-                    raise ConfigError(f"cp_size must be evenly divisible by ngroups/tp_size (cp {cp}, groups/tp "
-                                      f"{groups_t})")
-                if groups_t >= cp and groups_t % cp:
-                    raise ConfigError(f"ngroups must be evenly divisible by tp_size * cp_size (mamba groups "
-                                      f"{m.groups}, tp {tp}, cp {cp})")
+            m.check_split(tp, cp)
         if GDN in kinds:
             g = self.gdn(c.hidden_size)
-            if g.value_heads % g.key_heads:
-                raise ConfigError(f"linear_num_value_heads ({g.value_heads}) must be a multiple of "
-                                  f"linear_num_key_heads ({g.key_heads}).")
-            for name, heads in (("linear_num_key_heads", g.key_heads), ("linear_num_value_heads", g.value_heads)):
-                if heads % (tp * cp):
-                    raise ConfigError(f"self.{name}={heads} must be a multiple of "
-                                      f"(self.tensor_model_parallel_size={tp} * self.context_parallel_size={cp}).")
+            g.check_split(tp, cp)
             align = 32 if c.precision == "mxfp8" else 16
             if lowp and g.in_proj_dim % align:
                 raise ConfigError("For FP8, the innermost dimension of the GDN layer input projection output tensor "

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import ConfigError
+
 #: MambaMixer's arguments as `hybrid_stack_spec` leaves them (no flag sets them in this snapshot).
 MAMBA_D_CONV, MAMBA_EXPAND, MAMBA_CHUNK_SIZE = 4, 2, 128
 #: The chunk of FLA's chunked gated delta rule (GatedDeltaNet.chunk_size).
@@ -37,6 +39,26 @@ class MambaShape:
         """The in-projection's output: z, x, B, C and dt."""
         return 2 * self.d_inner + 2 * self.groups * self.state + self.heads
 
+    def check_split(self, tp: int, cp: int = 1) -> None:
+        """ConfigError with Megatron's reason where MambaMixer refuses to split this mixer over `tp` tensor- and `cp`
+        context-parallel ranks."""
+        if self.heads % tp:
+            raise ConfigError(f"nheads must be evenly divisble by tp_size (mamba heads {self.heads}, tp {tp})")
+        if self.groups % tp:
+            raise ConfigError(f"ngroups must be evenly divisible by tp_size (mamba groups {self.groups}, tp {tp})")
+        if self.heads % self.groups:
+            raise ConfigError(f"nheads must be evenly divisible by ngroups (mamba heads {self.heads}, groups "
+                              f"{self.groups})")
+        heads_t, groups_t = self.heads // tp, self.groups // tp
+        if heads_t % cp:
+            raise ConfigError(f"nheads must be evenly divisible by tp_size * cp_size (mamba heads {self.heads}, "
+                              f"tp {tp}, cp {cp})")
+        if groups_t < cp and cp % groups_t:
+            raise ConfigError(f"cp_size must be evenly divisible by ngroups/tp_size (cp {cp}, groups/tp {groups_t})")
+        if groups_t >= cp and groups_t % cp:
+            raise ConfigError(f"ngroups must be evenly divisible by tp_size * cp_size (mamba groups {self.groups}, "
+                              f"tp {tp}, cp {cp})")
+
 
 @dataclass(frozen=True)
 class GDNShape:
@@ -68,6 +90,17 @@ class GDNShape:
         """q, k, v, the output gate z, then GDN's β and α per value head, or GDN2's f, b (key width) and w."""
         extra = 2 * self.value_heads if self.variant == "gdn" else 2 * self.qk_dim + self.v_dim
         return 2 * self.qk_dim + 2 * self.v_dim + extra
+
+    def check_split(self, tp: int, cp: int = 1) -> None:
+        """ConfigError with Megatron's reason where GatedDeltaNet refuses to split this layer over `tp` tensor- and
+        `cp` context-parallel ranks."""
+        if self.value_heads % self.key_heads:
+            raise ConfigError(f"linear_num_value_heads ({self.value_heads}) must be a multiple of "
+                              f"linear_num_key_heads ({self.key_heads}).")
+        for name, heads in (("linear_num_key_heads", self.key_heads), ("linear_num_value_heads", self.value_heads)):
+            if heads % (tp * cp):
+                raise ConfigError(f"self.{name}={heads} must be a multiple of "
+                                  f"(self.tensor_model_parallel_size={tp} * self.context_parallel_size={cp}).")
 
 
 @dataclass(frozen=True)

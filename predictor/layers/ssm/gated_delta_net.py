@@ -30,7 +30,6 @@ from predictor.ir.ops import OpBuilder, OpUse, Pair
 from predictor.layers.block import Matrix, Saved, Saving, Tensors, norm_params
 from predictor.layers.norm_rope import norm
 from tracekit.core.config import TrainingConfig
-from tracekit.core.errors import ConfigError
 from tracekit.core.hybrid_shapes import GDNShape
 
 from .scan_work import CONV, GDN_RULE, conv_work, gdn_work
@@ -50,13 +49,7 @@ class GDNLocal:
 
 def local(shape: GDNShape, tp: int, cp: int = 1) -> GDNLocal:
     """Per-TP-rank sizes; ConfigError with Megatron's reason where it refuses the split."""
-    if shape.value_heads % shape.key_heads:
-        raise ConfigError(f"linear_num_value_heads ({shape.value_heads}) must be a multiple of linear_num_key_heads "
-                          f"({shape.key_heads}).")
-    for name, heads in (("linear_num_key_heads", shape.key_heads), ("linear_num_value_heads", shape.value_heads)):
-        if heads % (tp * cp):
-            raise ConfigError(f"self.{name}={heads} must be a multiple of (self.tensor_model_parallel_size={tp} * "
-                              f"self.context_parallel_size={cp}).")
+    shape.check_split(tp, cp)
     return GDNLocal(shape.key_heads // tp, shape.value_heads // tp, shape.qk_dim // tp, shape.v_dim // tp,
                     shape.in_proj_dim // tp, shape.conv_dim // tp)
 

@@ -38,7 +38,6 @@ from predictor.ir.ops import OpBuilder, OpUse, Pair
 from predictor.layers.block import Matrix, Saved, Saving, Tensors, norm_params
 from predictor.layers.norm_rope import FUSED_RMSNORM, norm
 from tracekit.core.config import TrainingConfig
-from tracekit.core.errors import ConfigError
 from tracekit.core.hybrid import HybridSettings
 from tracekit.core.hybrid_shapes import MambaShape
 
@@ -64,25 +63,10 @@ class MambaLocal:
 
 def local(shape: MambaShape, tp: int, cp: int = 1) -> MambaLocal:
     """The per-rank sizes; ConfigError with Megatron's reason where it refuses the split."""
-    if shape.heads % tp:
-        raise ConfigError(f"nheads must be evenly divisble by tp_size (mamba heads {shape.heads}, tp {tp})")
-    if shape.groups % tp:
-        raise ConfigError(f"ngroups must be evenly divisible by tp_size (mamba groups {shape.groups}, tp {tp})")
-    if shape.heads % shape.groups:
-        raise ConfigError(f"nheads must be evenly divisible by ngroups ({shape.heads}, {shape.groups})")
+    shape.check_split(tp, cp)
     heads, groups = shape.heads // tp, shape.groups // tp
     d_inner = shape.d_inner // tp
-    if heads % cp:
-        raise ConfigError(f"nheads must be evenly divisible by tp_size * cp_size ({shape.heads}, tp {tp}, cp {cp})")
-    if groups < cp:
-        if cp % groups:
-            raise ConfigError(f"cp_size must be evenly divisible by ngroups/tp_size (cp {cp}, groups/tp {groups})")
-        repeat, scan_groups = cp // groups, 1
-    else:
-        if groups % cp:
-            raise ConfigError(f"ngroups must be evenly divisible by tp_size * cp_size ({shape.groups}, tp {tp}, "
-                              f"cp {cp})")
-        repeat, scan_groups = 1, groups // cp
+    repeat, scan_groups = (cp // groups, 1) if groups < cp else (1, groups // cp)
     return MambaLocal(heads, groups, d_inner, 2 * d_inner + 2 * groups * shape.state + heads,
                       d_inner + 2 * groups * shape.state, heads // cp, scan_groups, d_inner // cp, repeat)
 
