@@ -243,19 +243,31 @@ def test_the_mask_is_filled_in_place_into_the_scores_view_as_megatron_does():
 
 def test_the_torch_softmax_path_is_sampled_as_its_two_operators_each_forward_and_backward():
     """Megatron's torch softmax path is the seed paper's two operators, each under the variant the predictor's row
-    asks by: the fill's backward (a copy of the gradient, the fill, a copy back, over an as-strided view) does
-    more than its forward's one pass at every shape; softmax's forward reads and writes the scores."""
-    from tracekit.sampling.compute import Timer
+    asks by, each timed forward and backward; the fill's forward is its one in-place fill, its backward the fill of
+    the gradient and the copies around it (more passes over the scores: what its time then holds)."""
+    from torch.profiler import profile
 
-    cases = [c for c in model_cases.model_cases("cpu", {"softmax"})]
+    from tracekit.sampling.compute import Timer
+    from tracekit.sampling.layer_recipes import fill_causal_mask
+
+    cases = model_cases.model_cases("cpu", {"softmax"})
     assert {c.variant for c in cases} == {"fillmask", "softmax"}
     largest = max(c.feature("numel") for c in cases)
     timer = Timer(CPU, 1, 3)
     for case in (c for c in cases if c.feature("numel") == largest):
         times = time_any(case, "fp32", timer)
         assert set(times) == {"fwd", "bwd"} and min(times.values()) > 0
-        if case.variant == "fillmask":
-            assert times["bwd"] > times["fwd"]
+    scores = torch.randn(8, 16, 16, requires_grad=True)
+    mask = torch.triu(torch.ones((16, 16), dtype=torch.bool), diagonal=1)
+    base = scores.clone()
+    with profile() as forward:
+        out = fill_causal_mask(base, 2, mask)
+    with profile() as backward:
+        torch.autograd.backward(out, torch.ones_like(out))
+    fwd_ops = {e.name for e in forward.events() if e.name.startswith("aten::")}
+    bwd_ops = {e.name for e in backward.events() if e.name.startswith("aten::")}
+    assert "aten::masked_fill_" in fwd_ops and "aten::copy_" not in fwd_ops
+    assert {"aten::masked_fill", "aten::copy_"} <= bwd_ops
 
 
 def test_the_predictors_torch_softmax_rows_are_answered_each_by_its_own_operators_samples(tmp_path):
