@@ -26,7 +26,7 @@ import numpy as np
 from predictor.ir.graph import Graph
 from predictor.ir.ops import OpUse
 from predictor.ir.placement import rank_coordinates, strides
-from predictor.report.cpu_trace_writer import CpuTraceWriter
+from predictor.report.cpu_trace_writer import CpuTraceWriter, span
 from predictor.report.kernel_names import DeviceNames, device_names
 from predictor.report.trace_writer import BASE_NS, TraceWriter
 from predictor.schedule.pipeline import Timeline
@@ -142,6 +142,19 @@ def first_layers(graph: Graph) -> dict[tuple[int, int], int]:
     return out
 
 
+#: The relative overrun of an iteration's end that is a rounding error of its summed times (not a simulated op's).
+ROUNDING = 1e-9
+
+
+def within(start: float, dur: float, end: float) -> float:
+    """`dur`, or the duration that ends an op at `end` where `start + dur` overruns it by a rounding error: an
+    iteration's ops are placed by summing their times one by one, its step range spans the simulated period, and an
+    op that overran the range by a rounding error would be read as outside the iteration."""
+    if start + dur > end and start + dur - end <= ROUNDING * max(abs(end), 1.0):
+        return span(start, end)
+    return dur
+
+
 def rank_trace(prediction: PredictedRun, rank: int, iterations: int = 2, names: DeviceNames | None = None) -> dict:
     """The Kineto document of one simulated rank (`iterations` identical iterations back to back), named as the
     predicted hardware's traces are (`names`: another hardware's naming, the same timeline)."""
@@ -159,6 +172,11 @@ def rank_trace(prediction: PredictedRun, rank: int, iterations: int = 2, names: 
         dur = split[0]
     for it in range(iterations):
         t0 = origin + it * period
+
+        def put(use: OpUse, pass_: str, start: float, d: float, end: float = t0 + period) -> None:
+            """An op of this iteration, ending inside its step range (`within`)."""
+            w.op(use, pass_, start, within(start, d, end))
+
         for task in tl.tasks[stage]:
             where = segment_of(stage, task.chunk, c.pp, schedule)
             seg = graph.segment(*where)
@@ -170,26 +188,26 @@ def rank_trace(prediction: PredictedRun, rank: int, iterations: int = 2, names: 
                 forward = task.kind == "F" or use.recompute
                 w.annotate(layer_unit(use.name, None if layer is None else first[where] + layer)
                            if forward else None)
-                w.op(use, "fwd" if forward else "bwd", t, d)
+                put(use, "fwd" if forward else "bwd", t, d)
                 t += d
             w.annotate(None)
             if task.send and graph.p2p is not None:
-                w.op(OpUse("p2p.send", graph.p2p, group="pp"), "comm", t, task.send)
+                put(OpUse("p2p.send", graph.p2p, group="pp"), "comm", t, task.send)
         tail = tl.tails[stage]
         sync_ops = graph.grad_sync[stage]
         for use, (a, b) in zip(sync_ops, tail.sync_intervals):
-            w.op(use, "comm", t0 + a, b - a)
+            put(use, "comm", t0 + a, b - a)
         opt = graph.optimizer[stage]
-        w.op(opt, "optimizer", t0 + tail.opt_start, tail.opt_end - tail.opt_start)
+        put(opt, "optimizer", t0 + tail.opt_start, tail.opt_end - tail.opt_start)
         t = t0 + tail.opt_end
         if tail.exposed_gather_us:
             for use in graph.param_gather[stage]:
                 d = float(dur[use.spec])
-                w.op(use, "comm", t, d)
+                put(use, "comm", t, d)
                 t += d
         for use, times in graph.reports.get(stage, []):  # the loss report, the logging barrier's share
             d = times * float(dur[use.spec])
-            w.op(use, "comm", t, d)
+            put(use, "comm", t, d)
             t += d
         w.step(it + 1, t0, period)
     events = w.finish()
