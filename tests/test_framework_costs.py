@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +69,14 @@ def test_every_megatron_flag_has_a_class_and_the_flags_tracekit_reads_are_modell
             names.add(dest_form(flag[5:]))
         read = bool(names & own)
         assert (classes[flag] == "modelled") == read, f"{flag}: read by tracekit {read}, class {classes[flag]}"
+
+
+def test_the_inputs_page_counts_the_flags_of_each_class():
+    page = (ROOT / "docs" / "inputs.md").read_text()
+    counts = {name: list(flag_classes().values()).count(name) for name in CLASSES}
+    assert f"Every one of the {len(FLAGS)} flags" in page
+    for name, count in counts.items():
+        assert re.search(rf"`{name}` \({count}:", page), (name, count)
 
 
 def test_the_flags_the_costs_are_modelled_for_are_modelled_and_the_costless_are_not_warned():

@@ -12,6 +12,7 @@ from tracekit.core import (
     hybrid as hybrid_settings,
     hybrid_pattern,
     layer_impl,
+    legacy_arguments,
     moe as moe_settings,
     pipeline_layout,
     precision as precision_recipes,
@@ -333,6 +334,7 @@ class TrainingConfig:
             key = setting_name(raw_key)
             if key not in values and key not in extra and scalar(raw) is not None:
                 apply_setting(key, scalar(raw), values, extra, known)
+        legacy_arguments.apply(values, extra)  # Megatron's deprecated flags: refused or translated
         pattern = values.get("hybrid_layer_pattern") or values.get("hybrid_override_pattern")
         if "num_layers" not in values and pattern:  # Megatron takes the layer count from the pattern
             values["num_layers"] = hybrid_pattern.layer_count(str(pattern))

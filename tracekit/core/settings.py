@@ -14,6 +14,7 @@ from tracekit.core import (
     choices,
     hybrid as hybrid_settings,
     layer_impl,
+    legacy_arguments,
     moe as moe_settings,
     pipeline_layout,
     precision as precision_recipes,
@@ -112,6 +113,8 @@ READ = ("fp16", "bf16", "fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe", 
          "cublas_workspace_config", "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_enable_expert_bias",
          "bias_dropout_fusion", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "log_interval",
          "squared_relu",
+         # Megatron's deprecated flags, refused or translated (tracekit.core.legacy_arguments)
+         *legacy_arguments.SETTINGS,
          # the layer implementation's kernels and what is installed (tracekit.core.layer_impl)
          *layer_impl.SETTINGS,
          # a hybrid model's: Megatron's negated switch (tracekit.core.hybrid.NEGATED) and the layer spec, kept in

@@ -1,0 +1,112 @@
+"""Megatron's deprecated flags (tracekit.core.legacy_arguments): refused where the vendored Megatron-LM stops, with
+its words; `--use-rotary-position-embeddings` and `--no-position-embedding` read as Megatron translates them;
+`--padded-vocab-size` as the model's vocabulary, unpadded. Real predictions with the bundled models, Megatron's own
+source for the words."""
+from __future__ import annotations
+
+import json
+import re
+import tarfile
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from extractors.jobs.megatron import config_from_argv, config_from_log
+from tracekit.cli import app
+from tracekit.core.errors import ConfigError
+from tracekit.core.legacy_arguments import REFUSED
+from tracekit.core.megatron_arguments import unmodelled_flags
+
+ROOT = Path(__file__).resolve().parent.parent
+VENDORED = sorted((ROOT.parent / "shared" / "vendor").glob("megatron-lm-*.tar.gz"))
+BASE = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 "
+        "--micro-batch-size 1 --global-batch-size 8 --tensor-model-parallel-size 2 --bf16")
+runner = CliRunner()
+
+
+def _predict(extra: str) -> dict:
+    done = runner.invoke(app, ["predict", "--megatron-args", f"{BASE} {extra}", "--hardware", "H100-80GB-HBM3",
+                               "--gpus", "2", "--json"])
+    assert done.exit_code == 0, done.output
+    return json.loads(done.stdout)
+
+
+def _operators(result: dict) -> set[str]:
+    return {name for part in result["estimates"]["parts"] for name in part["operators"]}
+
+
+@pytest.mark.skipif(not VENDORED, reason="the vendored Megatron-LM snapshot is not beside the checkout")
+def test_the_refusals_are_megatrons_own_words():
+    with tarfile.open(VENDORED[-1]) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("megatron/training/arguments.py"))
+        handle = tar.extractfile(member)
+        assert handle is not None
+        source = handle.read().decode()
+    # the source splits its messages over lines ('... no longer ' \ 'valid, ...'): join the pieces
+    joined = re.sub(r"""['"]\s*\\?\s*\n\s*['"]""", "", source)
+    for words in REFUSED.values():
+        assert words in joined, words
+    assert "--no-position-embedding is deprecated, use --position-embedding-type" in joined
+    assert "if args.use_rotary_position_embeddings:\n        args.position_embedding_type = 'rope'" in source
+
+
+@pytest.mark.parametrize("flag", ["--batch-size 4", "--warmup 0.01", "--model-parallel-size 2",
+                                  "--checkpoint-activations"])
+def test_a_flag_megatron_stops_on_is_refused_in_one_line_naming_it(flag):
+    with pytest.raises(ConfigError, match=re.escape(flag.split()[0])):
+        config_from_argv(f"{BASE} {flag}")
+    done = runner.invoke(app, ["predict", "--megatron-args", f"{BASE} {flag}", "--hardware", "H100-80GB-HBM3",
+                               "--gpus", "2"])
+    assert done.exit_code == 2 and not done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and flag.split()[0] in lines[0], done.stderr
+
+
+def test_a_stopped_flag_left_at_its_default_is_no_refusal():
+    # a Megatron log prints every switch, set or not: checkpoint_activations False is what Megatron runs
+    from_log = config_from_log("------ arguments ------\n  num_layers ...... 4\n  hidden_size ..... 1024\n"
+                               "  num_attention_heads ... 16\n  seq_length ...... 2048\n"
+                               "  checkpoint_activations ... False\n  batch_size ...... None\n"
+                               "  use_rotary_position_embeddings ... False\n-------- end of arguments ---------\n")
+    assert from_log.position_embedding_type == "learned_absolute" and from_log.extra == {}
+
+
+def test_rotary_position_embeddings_flag_is_rope_as_megatron_makes_it():
+    legacy, rope, learned = (_predict(x) for x in ("--use-rotary-position-embeddings",
+                                                   "--position-embedding-type rope", ""))
+    assert config_from_argv(f"{BASE} --use-rotary-position-embeddings").position_embedding_type == "rope"
+    assert legacy["iteration_time_s"] == rope["iteration_time_s"]
+    assert legacy["memory_gb_per_gpu"] == rope["memory_gb_per_gpu"]
+    assert not any("not modelled" in w for w in legacy["warnings"])
+    # RoPE: no learned position table (its lookup and its weights gone), rotary kernels in every layer
+    assert "embedding.position_embeddings" in _operators(learned)
+    assert "embedding.position_embeddings" not in _operators(legacy)
+    assert legacy["memory_gb_per_gpu"]["weights"] < learned["memory_gb_per_gpu"]["weights"]
+    # Megatron: --use-rotary-position-embeddings wins over a stated --position-embedding-type
+    stated = config_from_argv(f"{BASE} --position-embedding-type learned_absolute --use-rotary-position-embeddings")
+    assert stated.position_embedding_type == "rope"
+
+
+def test_no_position_embedding_changes_nothing_with_rope_and_is_refused_without():
+    with_rope = "--position-embedding-type rope"
+    assert _predict(f"{with_rope} --no-position-embedding")["iteration_time_s"] == \
+        _predict(with_rope)["iteration_time_s"]
+    for spelling in ({"add_position_embedding": False}, {"no_position_embedding": True}):
+        with pytest.raises(ConfigError, match="--no-position-embedding is deprecated.*here it is learned_absolute"):
+            config_from_argv(BASE, defaults=spelling)
+    with pytest.raises(ConfigError, match="--no-position-embedding is deprecated"):
+        config_from_argv(f"{BASE} --no-position-embedding")
+
+
+def test_padded_vocab_size_is_the_vocabulary_unpadded():
+    # 50257 (GPT-2's) pads to 50432 at tp 2 (a multiple of 128·2); --padded-vocab-size is taken as it is
+    assert config_from_argv(BASE).padded_vocab_size == 50432
+    c = config_from_argv(f"{BASE} --padded-vocab-size 50258")
+    assert c.padded_vocab_size == 50258 and unmodelled_flags(c.extra) == []
+    assert config_from_argv(f"{BASE} --vocab-size 32000 --padded-vocab-size 50258").padded_vocab_size == 50258
+    # fewer rows of the embedding and the head: fewer weights than the padded vocabulary's
+    padded, given = _predict(""), _predict("--padded-vocab-size 50258")
+    assert given["memory_gb_per_gpu"]["weights"] < padded["memory_gb_per_gpu"]["weights"]
+    with pytest.raises(ConfigError, match="padded_vocab_size 50257 is not a positive multiple of tp 2"):
+        config_from_argv(f"{BASE} --padded-vocab-size 50257")

@@ -1,0 +1,61 @@
+"""Megatron-LM's deprecated and legacy arguments, read as Megatron reads them (the pinned snapshot's
+`megatron/training/arguments.py` `validate_args` and `argument_utils.py`), so a launch line of an older recipe is
+either predicted as Megatron runs it or refused where Megatron stops:
+
+- **Refused** (Megatron asserts or exits, with these words): `--batch-size`, `--warmup`, `--model-parallel-size` (any
+  value) and `--checkpoint-activations`.
+- **Translated**: `--use-rotary-position-embeddings` makes the position embedding RoPE, whatever
+  `--position-embedding-type` says. `--no-position-embedding` is refused unless the embedding is RoPE (which has no
+  learned table; then it changes nothing).
+- **The vocabulary as given**: `--padded-vocab-size V` is the model's vocabulary, not padded again (Megatron builds
+  the model with `should_pad_vocab=False`); its vocabulary-parallel embedding splits it evenly over tp, so V must
+  divide by tp.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from tracekit.core.errors import ConfigError
+
+#: Setting (argparse destination) → Megatron's words when it stops on it.
+REFUSED = {
+    "batch_size": "--batch-size argument is no longer valid, use --micro-batch-size instead",
+    "warmup": "--warmup argument is no longer valid, use --lr-warmup-fraction instead",
+    "model_parallel_size": "--model-parallel-size is no longer valid, use --tensor-model-parallel-size instead",
+    "checkpoint_activations": "--checkpoint-activations is no longer valid, use --recompute-activations, or, for "
+                              "more control, --recompute-granularity and --recompute-method.",
+}
+#: The spellings of `--no-position-embedding` a mapping can hold: its argparse destination (False when given), the
+#: flag's dest form (True) and the `--no-x` form a command line parses to (`position_embedding` False).
+NO_POSITION = (("add_position_embedding", False), ("no_position_embedding", True), ("position_embedding", False))
+#: Every setting this module reads (tracekit.core.settings.READ).
+SETTINGS = (*REFUSED, "use_rotary_position_embeddings", "padded_vocab_size", *(name for name, _ in NO_POSITION))
+
+
+def _given(value: Any, when: bool) -> bool:
+    """Whether a switch's value (bool, or a CSV cell / log string) is `when`."""
+    return str(value).strip().lower() in (("true", "1", "yes") if when else ("false", "0", "no"))
+
+
+def apply(values: dict[str, Any], extra: dict[str, Any]) -> None:
+    """Read the legacy settings out of `extra` into `values` (TrainingConfig's fields) as Megatron does; ConfigError
+    where Megatron stops. Runs once every stated setting and the stack's defaults are in."""
+    for name, words in REFUSED.items():
+        value = extra.pop(name, None)
+        if value is None or (name == "checkpoint_activations" and not _given(value, True)):
+            continue
+        raise ConfigError(f"{words} (Megatron stops on it)")
+    if _given(extra.pop("use_rotary_position_embeddings", False), True):
+        values["position_embedding_type"] = "rope"
+    dropped = [name for name, when in NO_POSITION if name in extra and _given(extra.pop(name), when)]
+    embedding = values.get("position_embedding_type", "learned_absolute")
+    if dropped and embedding != "rope":
+        raise ConfigError("--no-position-embedding is deprecated, use --position-embedding-type (Megatron stops on "
+                          f"it unless the position embedding is rope; here it is {embedding})")
+    padded = extra.pop("padded_vocab_size", None)
+    if padded is not None:
+        vocab, tp = int(float(padded)), int(float(values.get("tensor_model_parallel_size", 1)))
+        if vocab < 1 or vocab % tp:
+            raise ConfigError(f"padded_vocab_size {padded} is not a positive multiple of tp {tp}: Megatron's "
+                              "vocabulary-parallel embedding splits the vocabulary evenly over tp")
+        values["vocab_size"], values["make_vocab_size_divisible_by"] = vocab, 1
