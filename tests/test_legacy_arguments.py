@@ -72,6 +72,22 @@ def test_a_stopped_flag_left_at_its_default_is_no_refusal():
     assert from_log.position_embedding_type == "learned_absolute" and from_log.extra == {}
 
 
+def test_a_log_of_an_older_megatron_that_ran_them_reads_them_as_it_ran():
+    # a record of a run (here Megatron-LM 2021's arguments block): its --checkpoint-activations ran, as full recompute
+    # of every layer (checkpoint_num_layers at a time); its --batch-size was the micro-batch
+    block = ("------ arguments ------\n  num_layers ...... 4\n  hidden_size ..... 1024\n"
+             "  num_attention_heads ... 16\n  seq_length ...... 2048\n  checkpoint_activations ... True\n"
+             "  checkpoint_num_layers ... 2\n  batch_size ...... 4\n  model_parallel_size ... 2\n"
+             "  world_size ... 2\n-------- end of arguments ---------\n")
+    c = config_from_log(block)
+    assert (c.recompute_granularity, c.recompute_method, c.recompute_num_layers) == ("full", "uniform", 2)
+    assert (c.micro_batch_size, c.tensor_model_parallel_size) == (4, 2)
+    # the same words typed for today's Megatron are refused, as an override too
+    done = runner.invoke(app, ["predict", "--megatron-args", BASE, "--hardware", "H100-80GB-HBM3", "--gpus", "2",
+                               "--set", "batch_size=4"])
+    assert done.exit_code == 2 and "--batch-size argument is no longer valid" in done.stderr, done.output
+
+
 def test_rotary_position_embeddings_flag_is_rope_as_megatron_makes_it():
     legacy, rope, learned = (_predict(x) for x in ("--use-rotary-position-embeddings",
                                                    "--position-embedding-type rope", ""))

@@ -334,7 +334,7 @@ class TrainingConfig:
             key = setting_name(raw_key)
             if key not in values and key not in extra and scalar(raw) is not None:
                 apply_setting(key, scalar(raw), values, extra, known)
-        legacy_arguments.apply(values, extra)  # Megatron's deprecated flags: refused or translated
+        legacy_arguments.apply(values, extra, record=not strict)  # Megatron's deprecated flags
         pattern = values.get("hybrid_layer_pattern") or values.get("hybrid_override_pattern")
         if "num_layers" not in values and pattern:  # Megatron takes the layer count from the pattern
             values["num_layers"] = hybrid_pattern.layer_count(str(pattern))
@@ -395,5 +395,6 @@ def check_settings(mapping: dict[str, Any]) -> None:
         if dest_form(raw_key) not in names:
             raise ConfigError(f"unknown setting {raw_key!r}{did_you_mean(dest_form(raw_key), names)}: "
                               f"tracekit reads {', '.join(names)}")
+    legacy_arguments.apply({}, {setting_name(k): scalar(v) for k, v in mapping.items()})  # typed: Megatron stops
 
 

@@ -3,7 +3,11 @@
 either predicted as Megatron runs it or refused where Megatron stops:
 
 - **Refused** (Megatron asserts or exits, with these words): `--batch-size`, `--warmup`, `--model-parallel-size` (any
-  value) and `--checkpoint-activations`.
+  value) and `--checkpoint-activations`, in what a person typed. In the record of a run that happened (a log's
+  arguments block, a table row, a captured launch: an older Megatron ran them) they mean what they meant there:
+  `batch_size` the micro-batch, `model_parallel_size` the tensor-parallel size, `checkpoint_activations` full
+  recompute of every layer (`checkpoint_num_layers` at a time, uniform), `warmup` the learning-rate schedule's (no
+  effect on the time).
 - **Translated**: `--use-rotary-position-embeddings` makes the position embedding RoPE, whatever
   `--position-embedding-type` says. `--no-position-embedding` is refused unless the embedding is RoPE (which has no
   learned table; then it changes nothing).
@@ -37,14 +41,26 @@ def _given(value: Any, when: bool) -> bool:
     return str(value).strip().lower() in (("true", "1", "yes") if when else ("false", "0", "no"))
 
 
-def apply(values: dict[str, Any], extra: dict[str, Any]) -> None:
+#: What the refused settings meant in the Megatron versions that ran them: setting → TrainingConfig's field.
+RECORDED = {"batch_size": "micro_batch_size", "model_parallel_size": "tensor_model_parallel_size"}
+
+
+def apply(values: dict[str, Any], extra: dict[str, Any], record: bool = False) -> None:
     """Read the legacy settings out of `extra` into `values` (TrainingConfig's fields) as Megatron does; ConfigError
-    where Megatron stops. Runs once every stated setting and the stack's defaults are in."""
+    where Megatron stops, unless `record` (the settings of a run that happened: module docstring). Runs once every
+    stated setting and the stack's defaults are in."""
     for name, words in REFUSED.items():
         value = extra.pop(name, None)
         if value is None or (name == "checkpoint_activations" and not _given(value, True)):
             continue
-        raise ConfigError(f"{words} (Megatron stops on it)")
+        if not record:
+            raise ConfigError(f"{words} (Megatron stops on it)")
+        if name in RECORDED:
+            values.setdefault(RECORDED[name], value)
+        elif name == "checkpoint_activations":
+            values.setdefault("recompute_granularity", "full")
+            values.setdefault("recompute_method", "uniform")
+            values.setdefault("recompute_num_layers", extra.pop("checkpoint_num_layers", 1))
     if _given(extra.pop("use_rotary_position_embeddings", False), True):
         values["position_embedding_type"] = "rope"
     dropped = [name for name, when in NO_POSITION if name in extra and _given(extra.pop(name), when)]
