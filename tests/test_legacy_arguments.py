@@ -121,6 +121,9 @@ def test_padded_vocab_size_is_the_vocabulary_unpadded():
     c = config_from_argv(f"{BASE} --padded-vocab-size 50258")
     assert c.padded_vocab_size == 50258 and unmodelled_flags(c.extra) == []
     assert config_from_argv(f"{BASE} --vocab-size 32000 --padded-vocab-size 50258").padded_vocab_size == 50258
+    # a log prints the padding of its vocabulary (1000 at tp 2 → 1024): the vocabulary stays as stated
+    logged = config_from_argv(f"{BASE} --vocab-size 1000 --padded-vocab-size 1024")
+    assert (logged.vocab_size, logged.make_vocab_size_divisible_by, logged.padded_vocab_size) == (1000, 128, 1024)
     # fewer rows of the embedding and the head: fewer weights than the padded vocabulary's
     padded, given = _predict(""), _predict("--padded-vocab-size 50258")
     assert given["memory_gb_per_gpu"]["weights"] < padded["memory_gb_per_gpu"]["weights"]

@@ -23,6 +23,8 @@ from tracekit.core.errors import ConfigError, did_you_mean
 from tracekit.core.hybrid import HybridSettings
 from tracekit.core.megatron_arguments import dest_form, refuse_unknown
 from tracekit.core.megatron_defaults import (
+    VOCAB_MULTIPLE,
+    VOCAB_SIZE,
     data_parallel_size,
     default_ffn_hidden_size,
     default_kv_channels,
@@ -73,8 +75,8 @@ class TrainingConfig:
     ffn_hidden_size: int = DERIVED
     num_query_groups: int = DERIVED
     kv_channels: int | None = None
-    vocab_size: int = 50257
-    make_vocab_size_divisible_by: int = 128
+    vocab_size: int = VOCAB_SIZE
+    make_vocab_size_divisible_by: int = VOCAB_MULTIPLE
     micro_batch_size: int = 1
     global_batch_size: int = DERIVED
     tensor_model_parallel_size: int = 1
@@ -269,9 +271,7 @@ class TrainingConfig:
         if vp > 1 and pp < 2:
             raise ConfigError("an interleaved schedule (virtual pipeline stages > 1) needs pp ≥ 2")
         if self.world_size != tp * pp * cp * dp:
-            raise ConfigError(
-                f"world size {self.world_size} ≠ tp·pp·cp·dp = {tp}·{pp}·{cp}·{dp} = {tp * pp * cp * dp}"
-            )
+            raise ConfigError(f"world size {self.world_size} ≠ tp·pp·cp·dp = {tp}·{pp}·{cp}·{dp} = {tp * pp * cp * dp}")
         if self.global_batch_size % (self.micro_batch_size * dp):
             raise ConfigError(
                 f"global_batch_size {self.global_batch_size} is not divisible by micro_batch_size·dp = "
@@ -382,8 +382,7 @@ class TrainingConfig:
         return config
 
 def own_setting_names() -> set[str]:
-    """Every setting name tracekit reads itself: TrainingConfig's fields, their aliases, and the Megatron
-    arguments it interprets."""
+    """Every setting name tracekit reads itself: TrainingConfig's fields, their aliases, Megatron's it interprets."""
     return ({f.name for f in dataclasses.fields(TrainingConfig)} - {"extra"} - set(SECTIONS)) | set(ALIASES) \
         | set(READ) | set(SECTION_OF)
 

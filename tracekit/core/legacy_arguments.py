@@ -13,13 +13,15 @@ either predicted as Megatron runs it or refused where Megatron stops:
   learned table; then it changes nothing).
 - **The vocabulary as given**: `--padded-vocab-size V` is the model's vocabulary, not padded again (Megatron builds
   the model with `should_pad_vocab=False`); its vocabulary-parallel embedding splits it evenly over tp, so V must
-  divide by tp.
+  divide by tp. A log prints the padded size of its vocabulary: where V is what the stated vocabulary pads to, the
+  vocabulary stays as stated.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from tracekit.core.errors import ConfigError
+from tracekit.core.megatron_defaults import VOCAB_MULTIPLE, VOCAB_SIZE, padded_vocab_size
 
 #: Setting (argparse destination) → Megatron's words when it stops on it.
 REFUSED = {
@@ -69,9 +71,13 @@ def apply(values: dict[str, Any], extra: dict[str, Any], record: bool = False) -
         raise ConfigError("--no-position-embedding is deprecated, use --position-embedding-type (Megatron stops on "
                           f"it unless the position embedding is rope; here it is {embedding})")
     padded = extra.pop("padded_vocab_size", None)
-    if padded is not None:
-        vocab, tp = int(float(padded)), int(float(values.get("tensor_model_parallel_size", 1)))
-        if vocab < 1 or vocab % tp:
-            raise ConfigError(f"padded_vocab_size {padded} is not a positive multiple of tp {tp}: Megatron's "
-                              "vocabulary-parallel embedding splits the vocabulary evenly over tp")
+    if padded is None:
+        return
+    vocab, tp = int(float(padded)), int(float(values.get("tensor_model_parallel_size", 1)))
+    if vocab < 1 or vocab % tp:
+        raise ConfigError(f"padded_vocab_size {padded} is not a positive multiple of tp {tp}: Megatron's "
+                          "vocabulary-parallel embedding splits the vocabulary evenly over tp")
+    stated = (int(float(values.get("vocab_size", VOCAB_SIZE))),
+              int(float(values.get("make_vocab_size_divisible_by", VOCAB_MULTIPLE))))
+    if vocab != padded_vocab_size(*stated, tp):  # a log prints the padding of its vocabulary: that is no new size
         values["vocab_size"], values["make_vocab_size_divisible_by"] = vocab, 1

@@ -2,6 +2,9 @@
 parser and the seed paper's sample reader use these)."""
 from __future__ import annotations
 
+#: Megatron-core's vocabulary where none is stated (GPT-2's) and its --make-vocab-size-divisible-by default.
+VOCAB_SIZE, VOCAB_MULTIPLE = 50257, 128
+
 
 def default_ffn_hidden_size(hidden_size: int, swiglu: bool) -> int:
     """Megatron's --ffn-hidden-size when not given: 4h, or with SwiGLU int(8h/3/64)·64 (⅔ of 4h, a multiple of 64)."""
