@@ -51,7 +51,7 @@ def test_the_refusals_are_megatrons_own_words():
     assert "if args.use_rotary_position_embeddings:\n        args.position_embedding_type = 'rope'" in source
 
 
-@pytest.mark.parametrize("flag", ["--batch-size 4", "--warmup 0.01", "--model-parallel-size 2",
+@pytest.mark.parametrize("flag", ["--batch-size 4", "--warmup 100", "--model-parallel-size 2",
                                   "--checkpoint-activations"])
 def test_a_flag_megatron_stops_on_is_refused_in_one_line_naming_it(flag):
     with pytest.raises(ConfigError, match=re.escape(flag.split()[0])):
@@ -61,6 +61,14 @@ def test_a_flag_megatron_stops_on_is_refused_in_one_line_naming_it(flag):
     assert done.exit_code == 2 and not done.stdout
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and flag.split()[0] in lines[0], done.stderr
+
+
+def test_a_value_that_is_no_switch_or_no_number_is_refused_naming_the_key():
+    for flag, key in (("--use-rotary-position-embeddings=maybe", "use_rotary_position_embeddings"),
+                      ("--checkpoint-activations=maybe", "checkpoint_activations"),
+                      ("--padded-vocab-size abc", "padded_vocab_size"), ("--batch-size 4.5", "batch_size")):
+        with pytest.raises(ConfigError, match=f"^{key}: "):
+            config_from_argv(f"{BASE} {flag}")
 
 
 def test_a_stopped_flag_left_at_its_default_is_no_refusal():
@@ -113,6 +121,11 @@ def test_no_position_embedding_changes_nothing_with_rope_and_is_refused_without(
             config_from_argv(BASE, defaults=spelling)
     with pytest.raises(ConfigError, match="--no-position-embedding is deprecated"):
         config_from_argv(f"{BASE} --no-position-embedding")
+    # as an override of a RoPE configuration it changes nothing there either
+    done = runner.invoke(app, ["predict", "--megatron-args", f"{BASE} {with_rope}", "--hardware", "H100-80GB-HBM3",
+                               "--gpus", "2", "--json", "--set", "add_position_embedding=false"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout)["iteration_time_s"] == _predict(with_rope)["iteration_time_s"]
 
 
 def test_padded_vocab_size_is_the_vocabulary_unpadded():

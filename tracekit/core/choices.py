@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracekit.core import moe, pipeline_layout, sharding
+from tracekit.core import legacy_arguments, moe, pipeline_layout, sharding
 from tracekit.core.errors import ConfigError, did_you_mean
 from tracekit.core.megatron_arguments import list_words
 
@@ -88,13 +88,13 @@ NCCL_ALGOS = ("Tree", "Ring", "CollnetDirect", "CollnetChain", "NVLS", "NVLSTree
 #: Megatron arguments kept in `extra` that are switches (true or false).
 FLAGS = ("fp16", "bf16", "use_flash_attn", "recompute_activations", "disable_bias_linear", "group_query_attention",
          "fine_grained_activation_offloading", "muon_split_qkv", "moe_router_enable_expert_bias", "bias_dropout_fusion",
-         "cross_entropy_loss_fusion", "squared_relu", *sharding.FLAGS)
+         "cross_entropy_loss_fusion", "squared_relu", *sharding.FLAGS, *legacy_arguments.SWITCHES)
 #: Megatron arguments kept in `extra` that are numbers: name → whole number or not. A list is allowed where Megatron
 #: takes several (`--moe-aux-loss-coeff`, one per load-balancing type).
 NUMBERS = {"muon_num_ns_steps": True, "log_interval": True, "min_offloaded_tensor_size": True,
            "activation_offload_fraction": False, "moe_aux_loss_coeff": False, "moe_z_loss_coeff": False,
            "cpu_offloading_num_layers": True, "moe_first_k_dense": True,
-           "num_layers_per_virtual_pipeline_stage": True}
+           "num_layers_per_virtual_pipeline_stage": True, **dict.fromkeys(legacy_arguments.WHOLE_NUMBERS, True)}
 _LISTS = ("moe_aux_loss_coeff",)
 
 _TRUE = ("true", "1", "yes")

@@ -394,6 +394,6 @@ def check_settings(mapping: dict[str, Any]) -> None:
         if dest_form(raw_key) not in names:
             raise ConfigError(f"unknown setting {raw_key!r}{did_you_mean(dest_form(raw_key), names)}: "
                               f"tracekit reads {', '.join(names)}")
-    legacy_arguments.apply({}, {setting_name(k): scalar(v) for k, v in mapping.items()})  # typed: Megatron stops
+    legacy_arguments.refuse({setting_name(k): scalar(v) for k, v in mapping.items()})  # typed: Megatron stops
 
 

@@ -34,38 +34,49 @@ REFUSED = {
 #: The spellings of `--no-position-embedding` a mapping can hold: its argparse destination (False when given), the
 #: flag's dest form (True) and the `--no-x` form a command line parses to (`position_embedding` False).
 NO_POSITION = (("add_position_embedding", False), ("no_position_embedding", True), ("position_embedding", False))
+#: The switches and the whole numbers among them, checked as such before they reach `apply`
+#: (tracekit.core.choices.FLAGS and NUMBERS).
+SWITCHES = ("checkpoint_activations", "use_rotary_position_embeddings", *(name for name, _ in NO_POSITION))
+WHOLE_NUMBERS = ("batch_size", "warmup", "model_parallel_size", "padded_vocab_size")
 #: Every setting this module reads (tracekit.core.settings.READ).
 SETTINGS = (*REFUSED, "use_rotary_position_embeddings", "padded_vocab_size", *(name for name, _ in NO_POSITION))
-
-
-def _given(value: Any, when: bool) -> bool:
-    """Whether a switch's value (bool, or a CSV cell / log string) is `when`."""
-    return str(value).strip().lower() in (("true", "1", "yes") if when else ("false", "0", "no"))
-
-
 #: What the refused settings meant in the Megatron versions that ran them: setting → TrainingConfig's field.
 RECORDED = {"batch_size": "micro_batch_size", "model_parallel_size": "tensor_model_parallel_size"}
 
 
-def apply(values: dict[str, Any], extra: dict[str, Any], record: bool = False) -> None:
-    """Read the legacy settings out of `extra` into `values` (TrainingConfig's fields) as Megatron does; ConfigError
-    where Megatron stops, unless `record` (the settings of a run that happened: module docstring). Runs once every
-    stated setting and the stack's defaults are in."""
+def _stated(name: str, value: Any) -> bool:
+    """Whether a refused setting is set (a switch to true, a number at all): a log prints them unset."""
+    return value is True if name in SWITCHES else value is not None
+
+
+def refuse(settings: dict[str, Any]) -> None:
+    """ConfigError in Megatron's words for the first refused setting `settings` set (what a person typed: a command
+    line, a job file, `--set`)."""
     for name, words in REFUSED.items():
-        value = extra.pop(name, None)
-        if value is None or (name == "checkpoint_activations" and not _given(value, True)):
-            continue
-        if not record:
+        if _stated(name, settings.get(name)):
             raise ConfigError(f"{words} (Megatron stops on it)")
+
+
+def apply(values: dict[str, Any], extra: dict[str, Any], record: bool = False) -> None:
+    """Read the legacy settings out of `extra` (switches and numbers already checked) into `values` (TrainingConfig's
+    fields) as Megatron does; ConfigError where Megatron stops, the refused settings only if not `record` (the
+    settings of a run that happened: module docstring). Runs once every stated setting and the stack's defaults are
+    in."""
+    if not record:
+        refuse(extra)
+    for name in REFUSED:
+        value = extra.pop(name, None)
+        if not _stated(name, value):
+            continue
         if name in RECORDED:
             values.setdefault(RECORDED[name], value)
         elif name == "checkpoint_activations":
             values.setdefault("recompute_granularity", "full")
             values.setdefault("recompute_method", "uniform")
             values.setdefault("recompute_num_layers", extra.pop("checkpoint_num_layers", 1))
-    if _given(extra.pop("use_rotary_position_embeddings", False), True):
+    if extra.pop("use_rotary_position_embeddings", None) is True:
         values["position_embedding_type"] = "rope"
-    dropped = [name for name, when in NO_POSITION if name in extra and _given(extra.pop(name), when)]
+    dropped = [name for name, when in NO_POSITION if extra.pop(name, None) is when]
     embedding = values.get("position_embedding_type", "learned_absolute")
     if dropped and embedding != "rope":
         raise ConfigError("--no-position-embedding is deprecated, use --position-embedding-type (Megatron stops on "
@@ -73,7 +84,7 @@ def apply(values: dict[str, Any], extra: dict[str, Any], record: bool = False) -
     padded = extra.pop("padded_vocab_size", None)
     if padded is None:
         return
-    vocab, tp = int(float(padded)), int(float(values.get("tensor_model_parallel_size", 1)))
+    vocab, tp = int(padded), int(float(values.get("tensor_model_parallel_size", 1)))
     if vocab < 1 or vocab % tp:
         raise ConfigError(f"padded_vocab_size {padded} is not a positive multiple of tp {tp}: Megatron's "
                           "vocabulary-parallel embedding splits the vocabulary evenly over tp")
