@@ -31,7 +31,6 @@ from .shapes import (
 )
 from .ssm import ssm_cases
 
-SOURCE_PATH = HOST_CLOCK_SOURCE
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 #: Passes over the shape list (the median over passes is the sample).
 ROUNDS = 3
@@ -183,7 +182,7 @@ def sample(device: str = "cpu", primitives: list[str] | None = None, budget_s: f
             row["source"] = result.source
         if store is not None:
             store.add(result.source, result.rows, {
-                "kind": "sample", "path": SOURCE_PATH, "hardware": hardware, "device": device, "dtype": dtype,
+                "kind": "sample", "path": HOST_CLOCK_SOURCE, "hardware": hardware, "device": device, "dtype": dtype,
                 "kernel_clock": result.kernel_clock,  # tracekit.sampling.clocks
                 "ranks": ranks if collectives else None, "rounds": rounds,
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
