@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from extractors import xla_collectives  # noqa: E402
-from predictor import collectives  # noqa: E402
 from predictor.costs.learned.models import ModelSet  # noqa: E402
+from predictor.costs.physics import collectives  # noqa: E402
 from predictor.costs.physics.collectives import collective_us  # noqa: E402
 from tracekit.core.cluster import preset  # noqa: E402
 

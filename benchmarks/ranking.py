@@ -22,9 +22,9 @@ from scipy.stats import kendalltau
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.e2e_accuracy import FOLDS, fit_stack, load  # noqa: E402
 from predictor.costs.learned.models import ModelSet  # noqa: E402
-from predictor.sweeps.calibration_fit import held_out_times_s, iteration_times_s  # noqa: E402
+from predictor.sweeps.calibration_fit import iteration_times_s  # noqa: E402
+from tools import stack_fits as sf  # noqa: E402
 from tracekit.core.calibration import NONE  # noqa: E402
 
 
@@ -53,10 +53,10 @@ def ranking(rows, predicted: np.ndarray, measured: np.ndarray) -> dict[str, floa
 
 def main() -> None:
     models = ModelSet.load()
-    rows, prepared, measured, _ = load(models, "vtrain single node")
-    fold = np.random.default_rng(0).permutation(len(rows)) % FOLDS
-    runs = {"defaults (stack constants 5-fold CV)": held_out_times_s(prepared, measured, fold, fit_stack),
-            "no stack constants": iteration_times_s(prepared, NONE)}
+    data = sf.load_set(models, sf.VTRAIN_SINGLE)  # the rows as `predict --batch` parses them (tools/stack_fits.py)
+    rows, measured = data.rows, data.measured
+    runs = {"defaults (stack constants 5-fold CV)": sf.deepspeed_held_out(data),
+            "no stack constants": iteration_times_s(data.prepared, NONE)}
     print(f"{'predictions':<38} {'groups':>6} {'top-1 hit':>9} {'median regret':>13} {'mean regret':>11} "
           f"{'Kendall τ':>9}")
     for label, predicted in runs.items():

@@ -22,7 +22,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from extractors.kineto.events import decode_events, event_columns  # noqa: E402
+from extractors.kineto.decode import decode_events, event_columns  # noqa: E402
 from extractors.kineto.linkage import link, op_context  # noqa: E402
 from extractors.kineto.load import open_trace  # noqa: E402
 from extractors.kineto.twins import MIN_RUN, MIN_TWINS, twin_ops  # noqa: E402
