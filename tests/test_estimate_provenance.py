@@ -70,7 +70,7 @@ def test_the_parts_add_up_to_the_operator_time_each_kind_once(case, request):
 def test_the_demo_names_the_link_model_once_at_the_top(demo):
     doc, table = demo
     physics = [p for p in doc["estimates"]["parts"] if p["path"] == "physics"]
-    assert len(physics) == 1 and "ddp.bucket*.all_reduce" in physics[0]["operators"]
+    assert len(physics) == 1 and "loss.report_all_reduce" in physics[0]["operators"]
     lines = table.stdout.splitlines()
     headline = next(i for i, line in enumerate(lines) if line.startswith("32 layers × h4096"))
     line = lines[headline + 1]

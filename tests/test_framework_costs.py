@@ -16,9 +16,10 @@ from typer.testing import CliRunner
 
 from extractors import jobs as B
 from extractors.jobs.megatron import config_from_argv
+from predictor.architecture.tensors import chunk_tensors
 from predictor.assembly.graph import build_graph
 from predictor.predict import predict, prepare_many
-from predictor.schedule.framework_costs import capture, chunk_tensors, cluster_for, pass_costs
+from predictor.schedule.framework_costs import capture, cluster_for, pass_costs
 from predictor.schedule.stage_work import simulate_graph
 from predictor.sweeps.calibration_fit import fit_with_hosts
 from tests.conftest import E2E

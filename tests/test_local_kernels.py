@@ -125,6 +125,37 @@ def test_local_linear_layers_add_the_qkv_bias_with_kernels_of_their_own():
     assert not [r for r in no_bias if r["name"] == "self_attention.linear_qkv.bias"]
 
 
+def test_a_qkv_bias_alone_is_the_qkv_projections_own():
+    """`--add-qkv-bias` without `--add-bias-linear` (Qwen2's attention): Megatron builds linear_qkv with
+    `bias=add_bias_linear or add_qkv_bias` and every other linear without one — the QKV bias adds its
+    (heads + 2·groups)·head_dim / tp parameters per layer, its gradient's reduction in the backward, and on the local
+    layers its own bias kernel; with biases on everywhere the flag changes nothing."""
+    from predictor.architecture.params import layer_params
+    from predictor.architecture.tensors import chunk_tensors
+
+    for tp in (1, 2):
+        plain = config(f"{LLAMA} {TE} --tensor-model-parallel-size {tp}")
+        qwen = config(f"{LLAMA} {TE} --tensor-model-parallel-size {tp} --add-qkv-bias")
+        assert layer_params(qwen, 0)[0] - layer_params(plain, 0)[0] == (16 + 2 * 4) * 128 // tp
+        # one more parameter tensor per layer (the bias), and nothing else
+        assert chunk_tensors(qwen, 0, 0).tensors - chunk_tensors(plain, 0, 0).tensors == 4
+    g = build_graph(config(f"{LLAMA} {TE} --add-qkv-bias"), HW, backward_roles=("gemm",))  # a GEMM per role
+    roles = {}
+    for o in g.segments[0].bwd:
+        if o.per_layer and g.specs[o.spec]["primitive"] == "gemm":
+            roles.setdefault(o.name, set()).add(g.specs[o.spec]["role"])
+    assert "bgrad" in roles["self_attention.linear_qkv"]
+    assert not [name for name, r in roles.items() if "bgrad" in r and name != "self_attention.linear_qkv"]
+    local_fwd, local_bwd = ops(config(f"{LLAMA} {LOCAL} --add-qkv-bias"))
+    tokens, qkv = 4 * 2048, (16 + 2 * 4) * 128
+    assert [r["numel"] * RES_ADD_MOVES for r in local_fwd if r["name"].endswith(".bias")] == \
+        pytest.approx([2 * tokens * qkv])  # the QKV output read and the sum written; no other linear has a bias
+    assert [r["name"] for r in local_bwd if r["name"].endswith(".bias.grad")] == ["self_attention.linear_qkv.bias.grad"]
+    # with add_bias_linear the QKV projection has its bias already
+    biased = f"{GPT} {LOCAL}"
+    assert ops(config(f"{biased} --add-qkv-bias")) == ops(config(biased))
+
+
 def test_local_norms_are_apex_or_torch_and_gqa_repeats_its_keys_and_values():
     assert {r["variant"] for r in ops(config(f"{GPT} {LOCAL}"))[0] if r["primitive"] == "norm"} == \
         {"layernorm_apex_persist"}  # apex's persistent kernel: width 2048 is one it has

@@ -40,6 +40,7 @@ class OpUse:
     launch: bool = True  # launched by a call of its own (a recipe's casts run inside their linear's call: False)
     # device synchronisations its call makes on the host before issuing it (predictor.layers.moe.host_syncs)
     syncs: int = 0
+    chunk: int = 0  # the model chunk a gradient bucket's collective reduces (predictor.parallel.grad_buckets)
 
     @property
     def stream(self) -> str:
@@ -50,7 +51,7 @@ class OpUse:
         every other field kept: the one copy that names them all (cheaper than `dataclasses.replace` on the graph
         builder's path)."""
         return OpUse(self.name, self.spec, count, True, self.group, self.flops, recompute, block, self.launch,
-                     self.syncs)
+                     self.syncs, self.chunk)
 
 
 #: An op's backward: one OpUse, or its parts per role (see the module docstring).
@@ -137,26 +138,27 @@ class OpBuilder:
                          ranks_per_node=place.ranks_per_node, nodes=place.nodes, numel=nbytes / self.bytes)
         return OpUse(name, spec, per_layer=per_layer, group=group)
 
-    def bucket(self, name: str, primitive: str, nbytes: float, group: str = "dpcp") -> OpUse | None:
-        """One gradient bucket's collective on a data-parallel group (a big model has thousands of buckets of a few
-        sizes, so the spec of each size is looked up once)."""
+    def bucket(self, name: str, primitive: str, nbytes: float, group: str = "dpcp", chunk: int = 0) -> OpUse | None:
+        """One gradient bucket's collective on a data-parallel group for model chunk `chunk` (a big model has
+        thousands of buckets of a few sizes, so the spec of each size is looked up once)."""
         key = (primitive, nbytes, group)
         if key not in self.bucket_specs:
             op = self.collective(name, primitive, group, nbytes, False)
             self.bucket_specs[key] = None if op is None else op.spec
         spec = self.bucket_specs[key]
-        return None if spec is None else OpUse(name, spec, group=group)
+        return None if spec is None else OpUse(name, spec, group=group, chunk=chunk)
 
     # -- building blocks ---------------------------------------------------------------------------------------
     def gemm(self, name: str, variant: str, m: float, n: float, k: float, per_layer: bool = True,
-             bias: bool = True, dtype: str | None = None, batch: int = 1) -> tuple[OpUse, Backward]:
-        """A GEMM, or `batch` of one shape (a grouped GEMM of equal groups); `bias`: it has one where the
-        configuration adds biases."""
+             bias: bool | None = None, dtype: str | None = None, batch: int = 1) -> tuple[OpUse, Backward]:
+        """A GEMM, or `batch` of one shape (a grouped GEMM of equal groups); `bias`: whether it has one (None: where
+        the configuration adds biases, `add_bias_linear`)."""
         return self.compute(name, "gemm", variant, 2.0 * m * n * k * batch, per_layer,
-                            bias and self.c.add_bias_linear, dtype or self.gemm_dtype, m=m, n=n, k=k, batch=batch)
+                            self.c.add_bias_linear if bias is None else bias, dtype or self.gemm_dtype,
+                            m=m, n=n, k=k, batch=batch)
 
     def linear(self, name: str, variant: str, m: float, n: float, k: float, module: str, lowp: bool = True,
-               bias: bool = True, per_layer: bool = True, batch: int = 1) -> list[Pair]:
+               bias: bool | None = None, per_layer: bool = True, batch: int = 1) -> list[Pair]:
         """A linear layer's GEMM in the recipe's dtype (`lowp`: the recipe applies to it; bf16 layers and modules
         the recipe keeps in bf16 pass False), with the recipe's input and output-gradient casts around it; `batch`
         GEMMs of one shape for a grouped GEMM (the local experts, each with its own [k, n] weight)."""

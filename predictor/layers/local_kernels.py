@@ -163,10 +163,11 @@ def _torch_softmax(b: OpBuilder, k: Kernels, a_t: int, s: int, seq_kv: int, qk_d
     return out
 
 
-def linear_bias(b: OpBuilder, name: str, rows: float, n: float, module: str) -> list[Pair]:
+def linear_bias(b: OpBuilder, name: str, rows: float, n: float, module: str, bias: bool | None = None) -> list[Pair]:
     """The local ColumnParallelLinear's own bias add over its [rows, n] output and the reduction of its gradient
-    (none with Transformer Engine's layers or without biases); both run inside the linear layer's call."""
-    if not b.c.add_bias_linear or not kernels(b.c).local:
+    (none with Transformer Engine's layers or without a bias: `bias`, None where the configuration adds biases);
+    both run inside the linear layer's call."""
+    if not (b.c.add_bias_linear if bias is None else bias) or not kernels(b.c).local:
         return []
     return streaming(b, f"{name}.bias", "bias_add", 2.0 * rows * n, rows * n, n, module, launch=False)
 

@@ -3,10 +3,11 @@ the distributed optimizer's parameter all-gather, the tied embedding's gradient 
 the low-precision recipe's weight casts, Muon's orthogonalisation (predictor.parallel.muon), and the loss report and
 logging barrier (predictor.parallel.iteration_syncs).
 
-Megatron's DDP keeps gradients in buckets of max(40M, 1M · ranks) elements: dense parameters are reduced over the
-data- and context-parallel ranks (`dpcp`), expert parameters over the expert data-parallel ranks (`edp`), each in
-buckets of their own: an all-reduce of the bucket, or with the distributed optimizer a reduce-scatter of it and, after
-the step, an all-gather of the updated parameters (1/ranks of the bucket each; fp8 parameters with
+Megatron's DDP keeps each model chunk's gradients in buckets (predictor.parallel.grad_buckets: max(40M, 1M · ranks)
+elements on the first stage's first chunk with `overlap_grad_reduce`, else one per buffer): dense parameters are reduced
+over the data- and context-parallel ranks (`dpcp`), expert parameters over the expert data-parallel ranks (`edp`), each
+in buckets of their own: an all-reduce of the bucket, or with the distributed optimizer a reduce-scatter of it and,
+after the step, an all-gather of the updated parameters (1/ranks of the bucket each; fp8 parameters with
 `fp8_param_gather`, MXFP8 ones in bf16: `param_gather_bytes`; under FSDP/ZeRO-2+ the experts are sharded per unit
 instead, predictor.parallel.fsdp). The optimizer step updates the stage's dense parameters / dpcp (sharded) plus its
 expert parameters / edp; under torch FSDP2 they are DTensors, whose step is sampled of its own (`tracekit sample`: every
@@ -19,9 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from predictor.architecture.params import chunk_params
+from predictor.architecture.tensors import chunk_tensors
 from predictor.ir.ops import OpBuilder, OpUse
 from predictor.layers.local_kernels import optimizer_ops
 from predictor.parallel import fsdp, iteration_syncs, muon
+from predictor.parallel.grad_buckets import bucket_elements, bucket_size
 from tracekit.core.config import TrainingConfig
 from tracekit.core.samples import DTENSOR_SUFFIX
 
@@ -45,25 +48,24 @@ def param_gather_bytes(c: TrainingConfig) -> int:
     return 1 if (lowp and c.recipe.name != "mxfp8") else c.dtype_bytes
 
 
-def _buckets(b: OpBuilder, params: int, group: str, tag: str, sync: StageSync) -> None:
+def _buckets(b: OpBuilder, sizes: list[int], group: str, chunk: int, sync: StageSync) -> None:
+    """The collectives of one buffer's buckets (`sizes`: elements each) of model chunk `chunk` on data-parallel group
+    `group` (named `ddp.bucket3.all_reduce`, `ddp.chunk1.expert_bucket0.reduce_scatter`)."""
     c = b.c
+    tag = (f"chunk{chunk}." if chunk else "") + ("expert_" if group == "edp" else "")
     ranks = b.groups[group].size
-    if params <= 0:
-        return
-    bucket = max(40_000_000, 1_000_000 * ranks)  # Megatron's default DDP bucket size (elements)
     grad_bytes = c.grad_bytes  # fp32 main grads with bf16 (Megatron's rule), or when the stack/config asks
     gather_bytes = param_gather_bytes(c)
-    n = max(1, -(-params // bucket))
-    for i in range(n):
-        numel = min(bucket, params - i * bucket) if n > 1 else params
+    for i, numel in enumerate(sizes):
         if c.use_distributed_optimizer:
-            op = b.bucket(f"ddp.{tag}bucket{i}.reduce_scatter", "reduce_scatter", numel * grad_bytes / ranks, group)
+            op = b.bucket(f"ddp.{tag}bucket{i}.reduce_scatter", "reduce_scatter", numel * grad_bytes / ranks, group,
+                          chunk)
             gather = b.bucket(f"optimizer.{tag}bucket{i}.param_all_gather", "all_gather",
-                              numel * gather_bytes / ranks, group)
+                              numel * gather_bytes / ranks, group, chunk)
             if gather:
                 sync.param_gather.append(gather)
         else:
-            op = b.bucket(f"ddp.{tag}bucket{i}.all_reduce", "all_reduce", numel * grad_bytes, group)
+            op = b.bucket(f"ddp.{tag}bucket{i}.all_reduce", "all_reduce", numel * grad_bytes, group, chunk)
         if op:
             sync.grad_sync.append(op)
 
@@ -73,21 +75,26 @@ def stage_sync(b: OpBuilder, stage: int, weight_cast_elements: float) -> StageSy
     c = b.c
     pp, vp = c.pp, c.vp
     sync = StageSync()
-    dense = expert = 0
-    for chunk in range(vp):
-        d, e = chunk_params(c, stage, chunk)
-        dense += d
-        expert += e
+    per_chunk = [chunk_params(c, stage, chunk) for chunk in range(vp)]
+    dense, expert = sum(d for d, _ in per_chunk), sum(e for _, e in per_chunk)
+    # each chunk's buffers in buckets (predictor.parallel.grad_buckets): [(dense sizes, expert sizes)] per chunk
+    buckets = []
+    for chunk, (d, e) in enumerate(per_chunk):
+        size = bucket_size(c, stage, chunk, dense + expert, fsdp.sharding_of(c).dp)
+        tensors = chunk_tensors(c, stage, chunk).tensors
+        buckets.append((bucket_elements(d, size, tensors), bucket_elements(e, size, tensors)))
     sharding = fsdp.sharding_of(c)
     if sharding.per_unit:  # FSDP reduces each unit's gradients in the backward (predictor.parallel.fsdp)
         shard_dense = fsdp.stage_sync(b, stage, dense, sync.param_gather, sync.grad_sync)
     elif sharding.replicas > 1:  # the distributed optimizer in instances (predictor.parallel.fsdp)
-        shard_dense = fsdp.instance_buckets(b, dense, sync.grad_sync, sync.param_gather)
+        shard_dense = fsdp.instance_buckets(b, [sizes for sizes, _ in buckets], sync.grad_sync, sync.param_gather)
     else:
-        _buckets(b, dense, "dpcp", "", sync)
+        for chunk, (sizes, _) in enumerate(buckets):
+            _buckets(b, sizes, "dpcp", chunk, sync)
         shard_dense = b.groups["dpcp"].size if c.use_distributed_optimizer else 1
     if not (sharding.per_unit and sharding.grads_sharded):  # FSDP/ZeRO-2+ shard the experts per unit too
-        _buckets(b, expert, "edp", "expert_", sync)
+        for chunk, (_, sizes) in enumerate(buckets):
+            _buckets(b, sizes, "edp", chunk, sync)
     tied = pp > 1 and not c.untie_embeddings_and_output_weights and stage in (0, pp - 1)
     if tied:  # word-embedding gradient shared by the first and last stage
         place = b.groups["p2p"]

@@ -229,29 +229,28 @@ def stage_sync(b: OpBuilder, stage: int, dense: int, param_gather: list[OpUse], 
     return s.optimizer_shard
 
 
-def instance_buckets(b: OpBuilder, dense: int, grad_sync: list[OpUse], param_gather: list[OpUse]) -> int:
+def instance_buckets(b: OpBuilder, chunk_buckets: list[list[int]], grad_sync: list[OpUse],
+                     param_gather: list[OpUse]) -> int:
     """Megatron's distributed optimizer in `num_distributed_optimizer_instances` instances (no FSDP): each gradient
-    bucket is reduce-scattered inside an instance's ranks, its shard all-reduced across the instances, and the updated
-    shard all-gathered inside the instance again (Megatron's buckets of max(40M, 1M · ranks) elements). Returns how
-    many ranks the optimizer state is spread over (one instance's)."""
+    bucket (`chunk_buckets`: per model chunk, the elements of each of its dense buckets, grad_buckets' cut) is
+    reduce-scattered inside an instance's ranks, its shard all-reduced across the instances, and the updated shard
+    all-gathered inside the instance again. Returns how many ranks the optimizer state is spread over (one
+    instance's)."""
     c = b.c
     s = sharding_of(c)
     add_groups(b, s)
     n = s.shard_size
-    if dense <= 0:
-        return n
-    bucket = max(40_000_000, 1_000_000 * s.dp)
-    count = max(1, -(-dense // bucket))
-    for i in range(count):
-        numel = min(bucket, dense - i * bucket) if count > 1 else dense
-        for op, where in ((b.bucket(f"ddp.bucket{i}.reduce_scatter", "reduce_scatter", numel * c.grad_bytes / n,
-                                    SHARD), grad_sync),
-                          (b.bucket(f"ddp.bucket{i}.instance_all_reduce", "all_reduce", numel * c.grad_bytes / n,
-                                    REPLICA), grad_sync),
-                          (b.bucket(f"optimizer.bucket{i}.param_all_gather", "all_gather", numel * gather_bytes(c) / n,
-                                    SHARD), param_gather)):
-            if op is not None:
-                where.append(op)
+    for chunk, sizes in enumerate(chunk_buckets):
+        tag = f"chunk{chunk}." if chunk else ""
+        for i, numel in enumerate(sizes):
+            for op, where in ((b.bucket(f"ddp.{tag}bucket{i}.reduce_scatter", "reduce_scatter",
+                                        numel * c.grad_bytes / n, SHARD, chunk), grad_sync),
+                              (b.bucket(f"ddp.{tag}bucket{i}.instance_all_reduce", "all_reduce",
+                                        numel * c.grad_bytes / n, REPLICA, chunk), grad_sync),
+                              (b.bucket(f"optimizer.{tag}bucket{i}.param_all_gather", "all_gather",
+                                        numel * gather_bytes(c) / n, SHARD, chunk), param_gather)):
+                if op is not None:
+                    where.append(op)
     return n
 
 

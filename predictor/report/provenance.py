@@ -34,7 +34,7 @@ WHAT = {("model", False): "from trained models", ("model", True): "from trained 
         ("physics", False): "from the collectives' link model"}
 #: Names listed per part on the line (the rest counted; `--json` has them all).
 LISTED = 3
-_NUMBERED = re.compile(r"(?<=bucket)\d+|(?<=newton_schulz)\d+|(?<=\.)\d+(?=\.|$)")
+_NUMBERED = re.compile(r"(?<=bucket)\d+|(?<=chunk)\d+|(?<=newton_schulz)\d+|(?<=\.)\d+(?=\.|$)")
 
 
 @lru_cache(maxsize=8192)

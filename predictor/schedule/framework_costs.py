@@ -32,18 +32,17 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from predictor.architecture.params import chunk_params
+from predictor.architecture.tensors import chunk_tensors
 from predictor.costs.physics.collectives import BASE_US
 from predictor.costs.physics.roofline import MEMORY_EFFICIENCY, rates
 from predictor.ir.graph import Graph
 from predictor.ir.ops import OpUse
-from predictor.layers.decoder import blocks_named, layer_blocks, mtp_layer
+from predictor.layers.decoder import blocks_named
 from predictor.layers.local_kernels import optimizer_loops
 from predictor.parallel import muon
 from tracekit.core.cluster import Cluster
 from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import hardware_spec
-from tracekit.core.pipeline_layout import chunks
 from tracekit.core.runtime import RuntimeSettings
 
 #: One device synchronisation seen from the host (cudaDeviceSynchronize of an idle stream and the Python around it).
@@ -162,61 +161,6 @@ def capture(config: TrainingConfig) -> Capture:
         moe_only.append(False)
         dense_only.append(False)
     return Capture(regions=tuple(regions), moe_only=tuple(moe_only), dense_only=tuple(dense_only))
-
-
-# -- parameter tensors ------------------------------------------------------------------------------------------
-@dataclass
-class ChunkTensors:
-    """Parameter tensors one GPU holds for a model chunk: all of them, the linear layers' weights, and the elements
-    of those weights (what gradient-accumulation fusion writes into the main gradient)."""
-
-    tensors: int = 0
-    linear_weights: int = 0
-    linear_elements: float = 0.0
-    elements: float = 0.0  # every parameter element (dense and expert)
-
-
-def _layer_tensors(c: TrainingConfig, layer: int) -> tuple[int, int]:
-    """(tensors, linear weights) of one decoder layer on one GPU: weights, biases and norm parameters as
-    Megatron-core's Transformer Engine layers register them (its blocks', `predictor.layers.block.Block.tensors`)."""
-    norm = 1 if c.normalization == "RMSNorm" else 2
-    bias = 1 if c.add_bias_linear else 0
-    linears = biased = norms = other = 0
-    for block in layer_blocks(c, layer):
-        held = block.tensors(c)
-        linears += held.linears
-        biased += held.biased
-        norms += held.norms
-        other += held.other
-    return linears + bias * biased + norm * norms + other, linears
-
-
-def chunk_tensors(c: TrainingConfig, stage: int, chunk: int) -> ChunkTensors:
-    """The parameter tensors of one model chunk on one GPU (`ChunkTensors`)."""
-    part = chunks(c)[stage][chunk]
-    out = ChunkTensors()
-    for layer in part.layers:
-        tensors, linears = _layer_tensors(c, layer)
-        out.tensors += tensors
-        out.linear_weights += linears
-    for _ in range(part.mtp):  # an MTP layer: a decoder layer, its projection and three norms
-        tensors, linears = _layer_tensors(c, mtp_layer(c))
-        out.tensors += tensors + 1 + 3 * (1 if c.normalization == "RMSNorm" else 2)
-        out.linear_weights += linears + 1
-    dense, expert = chunk_params(c, stage, chunk)
-    out.elements = float(dense + expert)
-    embedding = 0.0
-    if part.embedding:
-        learned = c.learned_positions
-        out.tensors += 1 + (1 if learned else 0)
-        embedding = c.padded_vocab_size // c.tp * c.hidden_size + (c.seq_length * c.hidden_size if learned else 0)
-    if part.loss:
-        out.tensors += 1 if c.normalization == "RMSNorm" else 2
-        if not (part.embedding and not c.untie_embeddings_and_output_weights):
-            out.tensors += 1
-            out.linear_weights += 1
-    out.linear_elements = max(0.0, out.elements - embedding)
-    return out
 
 
 # -- per-parameter passes and timers ------------------------------------------------------------------------------

@@ -317,9 +317,10 @@ def simulate_many(jobs: list[tuple[list[list[Work]], list[list[Work]], int, dict
     together (`pipeline_runs`). Options, per stage: grad_buckets_us (DP bucket collectives in order),
     embedding_sync_us (tied embedding all-reduce), optimizer_us, param_gather_us (distributed optimizer's
     all-gather, exposed unless overlap_param_gather: overlapped with the next forward), report_us (the loss report and
-    logging barrier per iteration, after it, exposed); overlap_grad (buckets
-    beside the last backward); iteration_overhead_us; p2p_us and overlap_p2p (P2P sends beside the next task);
-    microbatch_group (the interleaved schedule's micro-batches per chunk in a row; default pp)."""
+    logging barrier per iteration, after it, exposed); overlap_grad (buckets beside the last backward of their model
+    chunk); grad_bucket_chunks (per stage, each bucket's model chunk; default 0); iteration_overhead_us; p2p_us and
+    overlap_p2p (P2P sends beside the next task); microbatch_group (the interleaved schedule's micro-batches per chunk
+    in a row; default pp)."""
     runs = pipeline_runs([(fwd, bwd, m, options.get("p2p_us", 0.0), options.get("overlap_p2p", False),
                            options.get("microbatch_group")) for fwd, bwd, m, options in jobs])
     return [_finish(run, m, **{k: v for k, v in options.items()
@@ -328,7 +329,8 @@ def simulate_many(jobs: list[tuple[list[list[Work]], list[list[Work]], int, dict
 
 
 def _finish(runs: _Runs, m: int, *, grad_buckets_us: list[list[float]] | None = None, overlap_grad: bool = False,
-            embedding_sync_us: list[float] | None = None, optimizer_us: list[float] | None = None,
+            grad_bucket_chunks: list[list[int]] | None = None, embedding_sync_us: list[float] | None = None,
+            optimizer_us: list[float] | None = None,
             param_gather_us: list[float] | None = None, overlap_param_gather: bool = False,
             report_us: list[float] | None = None, iteration_overhead_us: float = 0.0) -> Timeline:
     """Gradient sync, optimizer and breakdown after the simulated pipeline."""
@@ -341,9 +343,10 @@ def _finish(runs: _Runs, m: int, *, grad_buckets_us: list[list[float]] | None = 
     sync_ends, busy_ends, intervals = [], [], []
     for s in range(pp):
         last = runs.plan.offsets[s] + len(runs.plan.works[s]) - 1
-        last_start, last_end = float(runs.starts[last]), float(runs.ends[last])
+        last_end = float(runs.ends[last])
         busy_ends.append(last_end)
-        spans, t = _bucket_spans(grad_buckets_us[s], last_start, last_end, overlap_grad)
+        chunks = grad_bucket_chunks[s] if grad_bucket_chunks else [0] * len(grad_buckets_us[s])
+        spans, t = _bucket_spans(grad_buckets_us[s], chunks, _last_backwards(runs, s), last_end, overlap_grad)
         t = max(t, last_end)
         if embedding_sync_us[s]:
             spans.append((t, t + embedding_sync_us[s]))
@@ -376,17 +379,36 @@ def _finish(runs: _Runs, m: int, *, grad_buckets_us: list[list[float]] | None = 
     return Timeline(pp, vp, m, tails, iteration, breakdown, crit, runs)
 
 
-def _bucket_spans(buckets: list[float], last_start: float, last_end: float, overlap: bool
-                  ) -> tuple[list[tuple[float, float]], float]:
-    """(start, end) of each DP bucket collective, one after the other, and when the last ends. Without overlap they
-    start at the end of the stage's last backward; overlapped, bucket i is ready after (i+1)/n of it."""
+def _last_backwards(runs: _Runs, s: int) -> dict[int, tuple[float, float]]:
+    """(start, end) of the last backward task (or weight-gradient task) of each model chunk on stage `s`."""
+    base, out = runs.plan.offsets[s], {}
+    for k, (kind, _, chunk) in enumerate(runs.plan.orders[s]):
+        if kind != "F":
+            out[chunk] = (base + k)
+    return {chunk: (float(runs.starts[k]), float(runs.ends[k])) for chunk, k in out.items()}
+
+
+def _bucket_spans(buckets: list[float], chunks: list[int], last_backward: dict[int, tuple[float, float]],
+                  last_end: float, overlap: bool) -> tuple[list[tuple[float, float]], float]:
+    """(start, end) of each DP bucket collective (in the order given), one after the other on the stage's
+    communication stream, and when the last ends. Without overlap they start at the end of the stage's last backward;
+    overlapped, the i-th of a chunk's n buckets is ready after (i+1)/n of the chunk's last backward, and they run in
+    the order they are ready."""
     if not overlap:
         ends = list(accumulate(buckets, initial=last_end))
         return list(zip(ends[:-1], ends[1:])), ends[-1]
-    spans, t, n, length = [], last_start, len(buckets), last_end - last_start
-    for i, dur in enumerate(buckets):
-        ready = last_start + length * (i + 1) / n
-        start = ready if ready > t else t
-        t = start + dur
-        spans.append((start, t))
-    return spans, t
+    of_chunk: dict[int, int] = {}
+    for chunk in chunks:
+        of_chunk[chunk] = of_chunk.get(chunk, 0) + 1
+    ready, seen = [], dict.fromkeys(of_chunk, 0)
+    for chunk in chunks:
+        start, end = last_backward.get(chunk, (last_end, last_end))
+        seen[chunk] += 1
+        ready.append(start + (end - start) * seen[chunk] / of_chunk[chunk])
+    spans: list[tuple[float, float]] = [(0.0, 0.0)] * len(buckets)
+    t = float("-inf")
+    for i in sorted(range(len(buckets)), key=lambda i: (ready[i], i)):
+        start = ready[i] if ready[i] > t else t
+        t = start + buckets[i]
+        spans[i] = (start, t)
+    return spans, (t if buckets else last_end)

@@ -184,8 +184,8 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
                                                 fsdp.hooked_units(graph.segment(s, k).bwd, False))
             if out:
                 fwd[s][k] = dataclasses.replace(fwd[s][k], other=fwd[s][k].other + out)
-    buckets = [[float(dur[o.spec]) for o in graph.grad_sync[s] if o.group in ("dpcp", "edp", *fsdp.GROUPS)]
-               for s in range(pp)]
+    bucket_ops = [[o for o in graph.grad_sync[s] if o.group in ("dpcp", "edp", *fsdp.GROUPS)] for s in range(pp)]
+    buckets = [[float(dur[o.spec]) for o in ops] for ops in bucket_ops]
     embd = [float(sum(dur[o.spec] for o in graph.grad_sync[s] if o.group == "embd")) for s in range(pp)]
     optimizer = [float(dur[graph.optimizer[s].spec]) + float(sum(o.count * dur[o.spec] for o in graph.casts.get(s, [])))
                  + passes.iteration_us(s, cal.tensor_op_us) for s in range(pp)]
@@ -209,6 +209,7 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
     options = dict(
         p2p_us=float(dur[graph.p2p]) if graph.p2p is not None else 0.0,
         grad_buckets_us=buckets, overlap_grad=c.overlap_grad_reduce, embedding_sync_us=embd,
+        grad_bucket_chunks=[[o.chunk for o in ops] for ops in bucket_ops],
         optimizer_us=optimizer, param_gather_us=gather, overlap_param_gather=c.overlap_param_gather, report_us=report,
         iteration_overhead_us=cal.iteration_overhead_us, overlap_p2p=c.overlap_p2p_comm and vp > 1,
         microbatch_group=c.microbatch_group, **extra,

@@ -94,7 +94,8 @@ FLAGS = ("fp16", "bf16", "use_flash_attn", "recompute_activations", "disable_bia
 NUMBERS = {"muon_num_ns_steps": True, "log_interval": True, "min_offloaded_tensor_size": True,
            "activation_offload_fraction": False, "moe_aux_loss_coeff": False, "moe_z_loss_coeff": False,
            "cpu_offloading_num_layers": True, "moe_first_k_dense": True,
-           "num_layers_per_virtual_pipeline_stage": True, **dict.fromkeys(legacy_arguments.WHOLE_NUMBERS, True)}
+           "num_layers_per_virtual_pipeline_stage": True, "ddp_bucket_size": True, "ddp_num_buckets": True,
+           **dict.fromkeys(legacy_arguments.WHOLE_NUMBERS, True)}
 _LISTS = ("moe_aux_loss_coeff",)
 
 _TRUE = ("true", "1", "yes")

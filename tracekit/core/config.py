@@ -110,6 +110,7 @@ class TrainingConfig:
     #: RMSNorm as one fused kernel (Transformer Engine's); False: an unfused module (GPT-NeoX's, the samples')
     fused_rmsnorm: bool = False
     add_bias_linear: bool = True
+    add_qkv_bias: bool = False  # the QKV projection's bias alone (Qwen's); Megatron turns it on with add_bias_linear
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
     untie_embeddings_and_output_weights: bool = False
@@ -188,6 +189,11 @@ class TrainingConfig:
         if self.kv_channels is None:
             raise ConfigError(f"num_attention_heads must be ≥ 1, got {self.num_attention_heads}")
         return self.kv_channels
+
+    @property
+    def qkv_bias(self) -> bool:
+        """The QKV projection has a bias: Megatron's `bias=add_bias_linear or add_qkv_bias` (attention.py)."""
+        return self.add_bias_linear or self.add_qkv_bias
 
     @property
     def learned_positions(self) -> bool:

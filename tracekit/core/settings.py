@@ -107,12 +107,12 @@ READ = ("fp16", "bf16", "fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe", 
          # (predictor.layers.moe.host_calls), the unfused bias-dropout-add (predictor.layers.mlp.bias_dropout_add), the
          # fused loss (predictor.layers.embedding.cross_entropy: its time; predictor.memory.stages: the logits it keeps,
          # by implementation), the logging barrier's interval (predictor.parallel.iteration_syncs) and the activation
-         # of a non-gated MLP (predictor.layers.mlp.activation)
+         # of a non-gated MLP (predictor.layers.mlp.activation), the gradient buckets (predictor.parallel.grad_buckets)
          "fine_grained_activation_offloading", "offload_modules", "min_offloaded_tensor_size",
          "activation_offload_fraction", "optimizer", "muon_num_ns_steps", "muon_tp_mode", "muon_split_qkv",
          "cublas_workspace_config", "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_enable_expert_bias",
          "bias_dropout_fusion", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "log_interval",
-         "squared_relu",
+         "squared_relu", "ddp_bucket_size", "ddp_num_buckets",
          # Megatron's deprecated flags, refused or translated (tracekit.core.legacy_arguments)
          *legacy_arguments.SETTINGS,
          # the layer implementation's kernels and what is installed (tracekit.core.layer_impl)

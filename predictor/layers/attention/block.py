@@ -29,7 +29,7 @@ def attention_params(c: TrainingConfig) -> int:
             + a.kv_lora_rank * heads * (a.qk_head_dim + a.v_head_dim)
         return q + kv + heads * a.v_head_dim * h + h * bias + norm_params(c, h)
     d, groups = c.head_dim, c.num_query_groups // t
-    qkv = h * (heads + 2 * groups) * d + (heads + 2 * groups) * d * bias
+    qkv = h * (heads + 2 * groups) * d + (heads + 2 * groups) * d * c.qkv_bias
     qk_norm = 2 * norm_params(c, d) if a is not None and a.qk_layernorm else 0
     return qkv + heads * d * h + h * bias + norm_params(c, h) + qk_norm
 
@@ -103,7 +103,9 @@ class Attention:
         a = c.attn
         if a is not None and a.multi_latent_attention:
             return Tensors(linears=(2 if a.q_lora_rank else 1) + 3, biased=1, norms=2 + (1 if a.q_lora_rank else 0))
-        return Tensors(linears=2, biased=2, norms=1 + (2 if a is not None and a.qk_layernorm else 0))
+        # the QKV bias alone (add_qkv_bias without add_bias_linear) is a tensor of its own
+        return Tensors(linears=2, biased=2, norms=1 + (2 if a is not None and a.qk_layernorm else 0),
+                       other=int(c.qkv_bias and not c.add_bias_linear))
 
     def offload_tensors(self, c: TrainingConfig) -> dict[str, list[float]]:
         """Tokens are the sequence (over CP) × micro-batch; with sequence parallelism the norm and the linears'

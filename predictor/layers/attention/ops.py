@@ -41,8 +41,10 @@ def attention_block(b: OpBuilder, window: int | None, lowp: bool) -> list[Pair]:
     else:
         d = c.head_dim
         g_t = c.num_query_groups // t
-        pairs.extend(b.linear("self_attention.linear_qkv", "linear1", rows, (a_t + 2 * g_t) * d, h, "attention", lowp))
-        pairs.extend(linear_bias(b, "self_attention.linear_qkv", rows, (a_t + 2 * g_t) * d, "attention"))  # local
+        pairs.extend(b.linear("self_attention.linear_qkv", "linear1", rows, (a_t + 2 * g_t) * d, h, "attention", lowp,
+                              bias=c.qkv_bias))
+        pairs.extend(linear_bias(b, "self_attention.linear_qkv", rows, (a_t + 2 * g_t) * d, "attention",  # local
+                                 bias=c.qkv_bias))
         if c.attn is not None and c.attn.qk_layernorm:
             for name, heads in (("q_layernorm", a_t), ("k_layernorm", g_t)):
                 fwd, bwd = norm(b, f"self_attention.{name}", rows=rows * heads, width=d)

@@ -1,0 +1,63 @@
+"""Megatron's gradient buckets: in how many collectives each model chunk's gradients are reduced, and how big each is
+(the pinned Megatron-LM's `training.py: resolve_ddp_bucket_size` and `wrap_model_chunks_with_ddp`,
+`distributed_data_parallel.py`, `param_and_grad_buffer.py`).
+
+- **The bucket size** (elements): with `ddp_num_buckets` N, the rank's parameters (every chunk, dense and expert) // N;
+  else `ddp_bucket_size`; else max(40M, 1M · the dp·cp ranks).
+- **No bucketing** — the chunk's whole buffer in one collective — without `overlap_grad_reduce` (every bucket would
+  start after the last backward anyway), on every pipeline stage but the first (their reduction is off the critical
+  path, Megatron's comment says) and for every model chunk but the first of the interleaved schedule.
+- A chunk's dense and expert parameters are buffers of their own, each cut with that size.
+
+Megatron walks a buffer's parameters in backward order and closes a bucket at the end of the parameter that brings it
+to the size; tracekit cuts the buffer into buckets of the size and a last one with the rest, never into more buckets
+than the chunk has parameter tensors (predictor.architecture.tensors: a bucket holds at least one), in equal slices
+then. DeepSpeed's ZeRO-0/1 and torch DDP (torchtitan's `replicate`) are priced with these buckets too.
+"""
+from __future__ import annotations
+
+from tracekit.core.config import TrainingConfig
+from tracekit.core.errors import ConfigError
+
+#: Megatron's default bucket: at least this many elements ...
+MIN_ELEMENTS = 40_000_000
+#: ... and this many per data- and context-parallel rank (NCCL's ring chunks stay bandwidth-bound at large dp).
+PER_RANK_ELEMENTS = 1_000_000
+
+
+def _whole(c: TrainingConfig, key: str) -> int | None:
+    value = c.extra.get(key)
+    if value is None:
+        return None
+    if int(value) < 1:
+        raise ConfigError(f"{key} must be ≥ 1, got {value}")
+    return int(value)
+
+
+def bucket_size(c: TrainingConfig, stage: int, chunk: int, rank_params: int, dpcp_ranks: int) -> int | None:
+    """Elements per gradient bucket of model chunk `chunk` on pipeline stage `stage`, or None for one bucket of the
+    whole buffer (module docstring); `rank_params`: every parameter the rank holds (all its chunks, dense and
+    expert), what `ddp_num_buckets` divides."""
+    num_buckets, size = _whole(c, "ddp_num_buckets"), _whole(c, "ddp_bucket_size")
+    if not c.overlap_grad_reduce or stage > 0 or chunk > 0:
+        return None
+    if num_buckets is not None:
+        return max(1, rank_params // num_buckets)
+    if size is not None:
+        return size
+    return max(MIN_ELEMENTS, PER_RANK_ELEMENTS * dpcp_ranks)
+
+
+def bucket_elements(params: int, size: int | None, tensors: int) -> list[int]:
+    """The elements of each bucket of a buffer of `params` elements in `tensors` parameter tensors, cut in buckets of
+    `size` (None: one bucket) — full ones and the rest, or equal slices when that would be more buckets than
+    tensors."""
+    if params <= 0:
+        return []
+    if size is None or size >= params:
+        return [params]
+    count = -(-params // size)
+    if count <= max(1, tensors):
+        return [min(size, params - i * size) for i in range(count)]
+    count = max(1, tensors)
+    return [params // count + (1 if i < params % count else 0) for i in range(count)]
