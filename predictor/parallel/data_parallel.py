@@ -24,7 +24,7 @@ from predictor.architecture.tensors import chunk_tensors
 from predictor.ir.ops import OpBuilder, OpUse
 from predictor.layers.local_kernels import optimizer_ops
 from predictor.parallel import fsdp, iteration_syncs, muon
-from predictor.parallel.grad_buckets import bucket_elements, bucket_size
+from predictor.parallel.grad_buckets import bucket_elements, bucket_size, chunk_tag
 from tracekit.core.config import TrainingConfig
 from tracekit.core.samples import DTENSOR_SUFFIX
 
@@ -52,7 +52,7 @@ def _buckets(b: OpBuilder, sizes: list[int], group: str, chunk: int, sync: Stage
     """The collectives of one buffer's buckets (`sizes`: elements each) of model chunk `chunk` on data-parallel group
     `group` (named `ddp.bucket3.all_reduce`, `ddp.chunk1.expert_bucket0.reduce_scatter`)."""
     c = b.c
-    tag = (f"chunk{chunk}." if chunk else "") + ("expert_" if group == "edp" else "")
+    tag = chunk_tag(chunk) + ("expert_" if group == "edp" else "")
     ranks = b.groups[group].size
     grad_bytes = c.grad_bytes  # fp32 main grads with bf16 (Megatron's rule), or when the stack/config asks
     gather_bytes = param_gather_bytes(c)
@@ -77,13 +77,13 @@ def stage_sync(b: OpBuilder, stage: int, weight_cast_elements: float) -> StageSy
     sync = StageSync()
     per_chunk = [chunk_params(c, stage, chunk) for chunk in range(vp)]
     dense, expert = sum(d for d, _ in per_chunk), sum(e for _, e in per_chunk)
+    sharding = fsdp.sharding_of(c)
     # each chunk's buffers in buckets (predictor.parallel.grad_buckets): [(dense sizes, expert sizes)] per chunk
     buckets = []
     for chunk, (d, e) in enumerate(per_chunk):
-        size = bucket_size(c, stage, chunk, dense + expert, fsdp.sharding_of(c).dp)
-        tensors = chunk_tensors(c, stage, chunk).tensors
+        size = bucket_size(c, stage, chunk, dense + expert, sharding.dp)
+        tensors = chunk_tensors(c, stage, chunk).tensors if size is not None else 1  # the floor of a cut buffer
         buckets.append((bucket_elements(d, size, tensors), bucket_elements(e, size, tensors)))
-    sharding = fsdp.sharding_of(c)
     if sharding.per_unit:  # FSDP reduces each unit's gradients in the backward (predictor.parallel.fsdp)
         shard_dense = fsdp.stage_sync(b, stage, dense, sync.param_gather, sync.grad_sync)
     elif sharding.replicas > 1:  # the distributed optimizer in instances (predictor.parallel.fsdp)

@@ -38,6 +38,7 @@ from predictor.ir.ops import OpBuilder, OpUse
 from predictor.ir.placement import group_placement
 from predictor.layers.block import Block
 from predictor.layers.decoder import blocks_named, layer_blocks
+from predictor.parallel.grad_buckets import chunk_tag
 from tracekit.core.pipeline_layout import chunks
 from tracekit.core.samples import FSDP_COPY_IN, FSDP_COPY_OUT, FSDP_GRAD_COPY_IN
 from tracekit.core.sharding import Sharding, sharding_of
@@ -241,7 +242,7 @@ def instance_buckets(b: OpBuilder, chunk_buckets: list[list[int]], grad_sync: li
     add_groups(b, s)
     n = s.shard_size
     for chunk, sizes in enumerate(chunk_buckets):
-        tag = f"chunk{chunk}." if chunk else ""
+        tag = chunk_tag(chunk)
         for i, numel in enumerate(sizes):
             for op, where in ((b.bucket(f"ddp.{tag}bucket{i}.reduce_scatter", "reduce_scatter",
                                         numel * c.grad_bytes / n, SHARD, chunk), grad_sync),

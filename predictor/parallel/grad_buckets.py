@@ -48,6 +48,12 @@ def bucket_size(c: TrainingConfig, stage: int, chunk: int, rank_params: int, dpc
     return max(MIN_ELEMENTS, PER_RANK_ELEMENTS * dpcp_ranks)
 
 
+def chunk_tag(chunk: int) -> str:
+    """What a bucket collective's name says of its model chunk: nothing for the first (`ddp.bucket3.all_reduce`),
+    `chunk1.` for the second (`ddp.chunk1.bucket0.all_reduce`)."""
+    return f"chunk{chunk}." if chunk else ""
+
+
 def bucket_elements(params: int, size: int | None, tensors: int) -> list[int]:
     """The elements of each bucket of a buffer of `params` elements in `tensors` parameter tensors, cut in buckets of
     `size` (None: one bucket) — full ones and the rest, or equal slices when that would be more buckets than

@@ -13,6 +13,7 @@ what is left); the k-th backward the same entry with the chunks in reverse.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from itertools import accumulate
@@ -345,8 +346,12 @@ def _finish(runs: _Runs, m: int, *, grad_buckets_us: list[list[float]] | None = 
         last = runs.plan.offsets[s] + len(runs.plan.works[s]) - 1
         last_end = float(runs.ends[last])
         busy_ends.append(last_end)
-        chunks = grad_bucket_chunks[s] if grad_bucket_chunks else [0] * len(grad_buckets_us[s])
-        spans, t = _bucket_spans(grad_buckets_us[s], chunks, _last_backwards(runs, s), last_end, overlap_grad)
+        if overlap_grad and grad_buckets_us[s]:
+            chunks = grad_bucket_chunks[s] if grad_bucket_chunks else [0] * len(grad_buckets_us[s])
+            spans, t = _overlapped_spans(grad_buckets_us[s], chunks, _last_backwards(runs, s), last_end)
+        else:  # after the stage's last backward, one after the other
+            ends = list(accumulate(grad_buckets_us[s], initial=last_end))
+            spans, t = list(zip(ends[:-1], ends[1:])), ends[-1]
         t = max(t, last_end)
         if embedding_sync_us[s]:
             spans.append((t, t + embedding_sync_us[s]))
@@ -380,26 +385,24 @@ def _finish(runs: _Runs, m: int, *, grad_buckets_us: list[list[float]] | None = 
 
 
 def _last_backwards(runs: _Runs, s: int) -> dict[int, tuple[float, float]]:
-    """(start, end) of the last backward task (or weight-gradient task) of each model chunk on stage `s`."""
-    base, out = runs.plan.offsets[s], {}
-    for k, (kind, _, chunk) in enumerate(runs.plan.orders[s]):
-        if kind != "F":
-            out[chunk] = (base + k)
-    return {chunk: (float(runs.starts[k]), float(runs.ends[k])) for chunk, k in out.items()}
+    """(start, end) of the last backward task (or weight-gradient task) of each model chunk on stage `s`: the stage's
+    order read from its end, until every chunk is found."""
+    base, order, out = runs.plan.offsets[s], runs.plan.orders[s], {}
+    for k in range(len(order) - 1, -1, -1):
+        kind, _, chunk = order[k]
+        if kind != "F" and chunk not in out:
+            out[chunk] = (float(runs.starts[base + k]), float(runs.ends[base + k]))
+            if len(out) == runs.plan.vp:
+                break
+    return out
 
 
-def _bucket_spans(buckets: list[float], chunks: list[int], last_backward: dict[int, tuple[float, float]],
-                  last_end: float, overlap: bool) -> tuple[list[tuple[float, float]], float]:
-    """(start, end) of each DP bucket collective (in the order given), one after the other on the stage's
-    communication stream, and when the last ends. Without overlap they start at the end of the stage's last backward;
-    overlapped, the i-th of a chunk's n buckets is ready after (i+1)/n of the chunk's last backward, and they run in
-    the order they are ready."""
-    if not overlap:
-        ends = list(accumulate(buckets, initial=last_end))
-        return list(zip(ends[:-1], ends[1:])), ends[-1]
-    of_chunk: dict[int, int] = {}
-    for chunk in chunks:
-        of_chunk[chunk] = of_chunk.get(chunk, 0) + 1
+def _overlapped_spans(buckets: list[float], chunks: list[int], last_backward: dict[int, tuple[float, float]],
+                      last_end: float) -> tuple[list[tuple[float, float]], float]:
+    """(start, end) of each DP bucket collective (in the order given) overlapped with the backward, and when the last
+    ends: the i-th of a chunk's n buckets is ready after (i+1)/n of the chunk's last backward, and they run one after
+    the other on the stage's communication stream in the order they are ready."""
+    of_chunk = Counter(chunks)
     ready, seen = [], dict.fromkeys(of_chunk, 0)
     for chunk in chunks:
         start, end = last_backward.get(chunk, (last_end, last_end))
@@ -411,4 +414,4 @@ def _bucket_spans(buckets: list[float], chunks: list[int], last_backward: dict[i
         start = ready[i] if ready[i] > t else t
         t = start + buckets[i]
         spans[i] = (start, t)
-    return spans, (t if buckets else last_end)
+    return spans, t
