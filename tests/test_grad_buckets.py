@@ -10,9 +10,13 @@ import pytest
 from extractors.jobs.megatron import config_from_argv
 from predictor.architecture.params import chunk_params
 from predictor.assembly.graph import build_graph
+from predictor.costs.physics.roofline import MEMORY_EFFICIENCY
 from predictor.parallel.grad_buckets import MIN_ELEMENTS, bucket_elements
+from predictor.schedule.framework_costs import pass_costs
 from predictor.schedule.pipeline import Work, simulate
+from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
+from tracekit.core.hardware import hardware_spec
 
 HW = "A100-SXM4-80GB"
 JOB = ("--num-layers 16 --hidden-size 4096 --num-attention-heads 32 --seq-length 2048 --micro-batch-size 1 "
@@ -113,3 +117,63 @@ def test_a_chunks_buckets_wait_for_its_last_backward():
     # the same buckets all of chunk 0: each waits for chunk 0's last backward, later than chunk 1's would
     late = simulate(fwd, bwd, m, grad_buckets_us=buckets, grad_bucket_chunks=[[0, 0, 0], [0]], overlap_grad=True)
     assert late.tails[0].sync_intervals[2][0] > tl.tails[0].sync_intervals[2][0]
+
+
+# -- the in-place scaling of the gradient buffers -------------------------------------------------------------------
+def scaling_us(extra: str, gpus: int = 16, hw: str = HW) -> float:
+    """Device µs of stage 0's per-iteration passes (pass_costs), where the gradient buffers' scaling is priced."""
+    c = config_from_argv(f"{JOB} {extra}", {"world_size": gpus})
+    return pass_costs(build_graph(c, hw, 8)).iteration_device_us[0]
+
+
+def gpt_params(tp: int) -> float:
+    """Parameters one GPU of tensor-parallel size `tp` holds of JOB's model (16 layers, h 4096, learned positions,
+    tied output layer, vocabulary 50257 padded to 128·tp): a layer's QKV, projection and MLP weights (12h²), the
+    column-parallel layers' biases (QKV 3h, FC1 4h: split) and the row-parallel ones' (projection and FC2: whole),
+    its two LayerNorms, then the word and position embeddings and the final norm."""
+    h, layers = 4096, 16
+    vocab = -(-50257 // (128 * tp)) * 128 * tp
+    per_layer = 12 * h * h / tp + (3 * h + 4 * h) / tp + (h + h) + 2 * 2 * h
+    return layers * per_layer + vocab * h / tp + 2048 * h + 2 * h
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_megatrons_ddp_scales_every_gradient_once_before_reducing(tp):
+    """By default each bucket is multiplied by 1/(dp·cp) before its collective: a read and a write of every fp32
+    gradient the GPU holds. With --ddp-average-in-collective the collective averages and nothing is scaled; with one
+    data-parallel rank the factor is 1 and Megatron skips it."""
+    split = f"--tensor-model-parallel-size {tp}"
+    default, averaged = scaling_us(split), scaling_us(f"{split} --ddp-average-in-collective")
+    bandwidth = hardware_spec(HW).mem_bw_gbs * 1e3 * MEMORY_EFFICIENCY  # bytes per µs
+    assert (default - averaged) * bandwidth == pytest.approx(2 * 4 * gpt_params(tp), rel=1e-3)
+    assert scaling_us(split, gpus=tp) == pytest.approx(averaged)  # dp 1: nothing to scale
+
+
+def test_a_per_token_loss_scales_after_the_reduction_even_on_one_rank():
+    """--calculate-per-token-loss: no scaling before the collective, every buffer divided by the token count after
+    it (finalize_model_grads), whatever the data-parallel size."""
+    one = scaling_us("", gpus=1)
+    assert scaling_us("--calculate-per-token-loss", gpus=1) > one
+    assert scaling_us("--calculate-per-token-loss") == pytest.approx(scaling_us(""))
+    with pytest.raises(ConfigError, match="refuses --ddp-average-in-collective with --calculate-per-token-loss"):
+        config_from_argv(f"{JOB} --calculate-per-token-loss --ddp-average-in-collective", {"world_size": 16}).validate()
+
+
+def test_averaging_in_the_collective_still_scales_the_expert_buffers():
+    """With expert parallelism the expert buffers are reduced over fewer ranks (edp 4) than the dense ones (dp·cp
+    16): averaged in the collective, they are still scaled by edp/(dp·cp) before it, and only they; without expert
+    parallelism both are reduced over the same ranks and nothing is scaled."""
+    moe = "--num-experts 8 --moe-router-topk 2 --ddp-average-in-collective"
+    c = config_from_argv(f"{JOB} {moe} --expert-model-parallel-size 4", {"world_size": 16})
+    _, expert = chunk_params(c, 0, 0)
+    bandwidth = hardware_spec(HW).mem_bw_gbs * 1e3 * MEMORY_EFFICIENCY
+    assert expert > 0
+    assert scaling_us(f"{moe} --expert-model-parallel-size 4") * bandwidth == pytest.approx(2 * 4 * expert, rel=1e-3)
+    assert scaling_us(moe) == 0
+
+
+@pytest.mark.parametrize("key", ["calculate_per_token_loss", "ddp_average_in_collective"])
+def test_the_scaling_switches_take_true_or_false_only(key):
+    job = {"num_layers": 2, "hidden_size": 1024, "num_attention_heads": 8, "seq_length": 1024, key: "maybe"}
+    with pytest.raises(ConfigError, match=f"{key}: 'maybe' is not true or false"):
+        TrainingConfig.from_mapping(job, strict=True)

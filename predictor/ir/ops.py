@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from predictor.ir.placement import GroupPlacement, placements
+from predictor.ir.placement import GroupPlacement, order_of, placements
 from tracekit.core.config import TrainingConfig
 
 #: Streams of an op: compute ops and the blocking collectives that sit between them.
@@ -82,7 +82,8 @@ class OpBuilder:
         self.gemm_dtype = c.gemm_dtype
         moe = c.moe
         self.groups: dict[str, GroupPlacement] = placements(
-            c.tp, c.cp, c.dp, c.pp, gpus_per_node, moe.ep if moe else 1, moe.etp(c.tp) if moe else None)
+            c.tp, c.cp, c.dp, c.pp, gpus_per_node, moe.ep if moe else 1, moe.etp(c.tp) if moe else None,
+            order_of(c))
         self.specs: list[dict] = []
         self.index: dict[tuple, int] = {}
         self.bucket_specs: dict[tuple, int | None] = {}

@@ -13,11 +13,20 @@ Megatron walks a buffer's parameters in backward order and closes a bucket at th
 to the size; tracekit cuts the buffer into buckets of the size and a last one with the rest, never into more buckets
 than the chunk has parameter tensors (predictor.architecture.tensors: a bucket holds at least one), in equal slices
 then. DeepSpeed's ZeRO-0/1 and torch DDP (torchtitan's `replicate`) are priced with these buckets too.
+
+Before a bucket's collective, Megatron's DDP multiplies the bucket's gradients in place by its scaling factor
+(`param_and_grad_buffer.py: start_grad_sync`) wherever that factor is not 1: 1/(dp·cp ranks) by default, for dense
+and expert buffers alike; with `ddp_average_in_collective` the collective averages and only the expert buffers are
+scaled (by their ranks over the dense buffers' ranks: edp/dp·cp); with `calculate_per_token_loss` nothing is scaled
+before the collective and every buffer is divided by the global batch's token count after it
+(`finalize_model_grads`). `scaled_elements` counts the gradient elements those passes read and write on a stage.
 """
 from __future__ import annotations
 
+from predictor.architecture.params import chunk_params
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
+from tracekit.core.runtime import RuntimeSettings
 
 #: Megatron's default bucket: at least this many elements ...
 MIN_ELEMENTS = 40_000_000
@@ -67,3 +76,20 @@ def bucket_elements(params: int, size: int | None, tensors: int) -> list[int]:
         return [min(size, params - i * size) for i in range(count)]
     count = max(1, tensors)
     return [params // count + (1 if i < params % count else 0) for i in range(count)]
+
+
+def scaled_elements(c: TrainingConfig, stage: int, dpcp_ranks: int, edp_ranks: int) -> int:
+    """Gradient elements Megatron's DDP scales in place once per iteration on pipeline stage `stage` (module
+    docstring): each chunk's dense and expert buffers, where their scaling factor is not 1."""
+    run = c.run or RuntimeSettings()
+    if run.per_token_loss:
+        dense_scaled = expert_scaled = True
+    elif run.average_in_collective:
+        dense_scaled, expert_scaled = False, edp_ranks != dpcp_ranks
+    else:
+        dense_scaled = expert_scaled = dpcp_ranks > 1
+    out = 0
+    for chunk in range(c.vp):
+        dense, expert = chunk_params(c, stage, chunk)
+        out += (dense if dense_scaled else 0) + (expert if expert_scaled else 0)
+    return out

@@ -25,7 +25,7 @@ import numpy as np
 
 from predictor.ir.graph import Graph
 from predictor.ir.ops import OpUse
-from predictor.ir.placement import rank_coordinates, strides
+from predictor.ir.placement import order_of, rank_coordinates, strides
 from predictor.report.cpu_trace_writer import CpuTraceWriter, span
 from predictor.report.kernel_names import DeviceNames, device_names
 from predictor.report.trace_writer import BASE_NS, TraceWriter
@@ -49,7 +49,7 @@ class PredictedRun(Protocol):
 def default_ranks(graph: Graph) -> list[int]:
     """The first global rank of every pipeline stage."""
     c = graph.config
-    return [s * strides(c.tp, c.cp, c.dp, c.pp)["pp"] for s in range(c.pp)]
+    return [s * strides(c.tp, c.cp, c.dp, c.pp, order_of(c))["pp"] for s in range(c.pp)]
 
 
 def write_traces(prediction: PredictedRun, out_dir: str | Path, ranks: list[int] | None = None,
@@ -160,7 +160,7 @@ def rank_trace(prediction: PredictedRun, rank: int, iterations: int = 2, names: 
     predicted hardware's traces are (`names`: another hardware's naming, the same timeline)."""
     graph, tl, dur = prediction.graph, prediction.timeline, prediction.durations_us
     c = graph.config
-    stage = rank_coordinates(rank, c.tp, c.cp, c.dp, c.pp)["pp"]
+    stage = rank_coordinates(rank, c.tp, c.cp, c.dp, c.pp, order_of(c))["pp"]
     names = names or device_names(prediction.cluster.hardware)
     w = (CpuTraceWriter if names.cpu else TraceWriter)(graph, rank, c.precision, names)
     period = tl.iteration_us

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from predictor.ir.graph import Graph
 from predictor.ir.ops import OpUse
-from predictor.ir.placement import rank_coordinates, strides
+from predictor.ir.placement import order_of, rank_coordinates, strides
 from predictor.report.kernel_names import DeviceNames, device_names
 from tracekit.core.precision import recipe
 
@@ -231,16 +231,16 @@ class TraceWriter:
 
     def group_ranks(self, group: str, n: int) -> list[int]:
         c = self.graph.config
-        st = strides(c.tp, c.cp, c.dp, c.pp)
-        coords = rank_coordinates(self.rank, c.tp, c.cp, c.dp, c.pp)
+        order = order_of(c)
+        st = strides(c.tp, c.cp, c.dp, c.pp, order)
+        coords = rank_coordinates(self.rank, c.tp, c.cp, c.dp, c.pp, order)
         if group in ("tp", "cp", "dp"):
             base = self.rank - coords[group] * st[group]
             return [base + i * st[group] for i in range(n)]
         place = self.graph.groups.get(group)
-        # dpcp, world and the expert groups: every stride-th
+        # dpcp, world and the expert groups: every stride-th (dpcp over two axes in the tp-pp-dp order)
         if group not in ("embd", "p2p", "pp") and place is not None:
-            start = self.rank - (self.rank // place.stride % place.size) * place.stride
-            return [start + i * place.stride for i in range(n)]
+            return place.members(self.rank)[:n]
         if group == "embd":
             return [coords["tp"] + coords["cp"] * st["cp"] + coords["dp"] * st["dp"] + s * st["pp"]
                     for s in (0, c.pp - 1)]

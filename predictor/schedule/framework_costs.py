@@ -17,8 +17,11 @@
   every gradient the optimizer holds (sharded with the distributed optimizer), `log_params_norm` loops over every
   parameter and reads the optimizer's copy of its data; each ends in all-reduces of a scalar and a read on the host.
   Without apex's or Transformer Engine's multi-tensor kernels, the gradient norm reads each tensor's norm on the host
-  and the parameter copy is two kernels a tensor (`predictor.layers.local_kernels.optimizer_loops`). A pass takes the
-  longer of its host and device time.
+  and the parameter copy is two kernels a tensor (`predictor.layers.local_kernels.optimizer_loops`). Megatron's DDP
+  (not the FSDPs, which reduce per unit) scales its gradient buffers in place once per iteration
+  (`predictor.parallel.grad_buckets.scaled_elements`: read and written); with `calculate_per_token_loss` the token
+  count is broadcast over the pipeline stages and all-reduced over the data- and context-parallel ranks first. A pass
+  takes the longer of its host and device time.
 - **Timers** (`timing_log_level` ≥ 1): each timer start and stop synchronises the device (`SYNC_US`); at level 1 the
   optimizer's and gradient sync's phases (`LEVEL_1_TIMERS`, `LEVEL_1_BARRIERS` of them behind a barrier over all
   ranks unless `--no-barrier-with-level-1-timing`), at level 2 also each micro-batch's forward and backward call
@@ -39,11 +42,12 @@ from predictor.ir.graph import Graph
 from predictor.ir.ops import OpUse
 from predictor.layers.decoder import blocks_named
 from predictor.layers.local_kernels import optimizer_loops
-from predictor.parallel import muon
+from predictor.parallel import grad_buckets, muon
 from tracekit.core.cluster import Cluster
 from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import hardware_spec
 from tracekit.core.runtime import RuntimeSettings
+from tracekit.core.sharding import sharding_of
 
 #: One device synchronisation seen from the host (cudaDeviceSynchronize of an idle stream and the Python around it).
 SYNC_US = 10.0
@@ -215,6 +219,7 @@ def pass_costs(graph: Graph) -> PassCosts:
 
     shard = graph.groups["dpcp"].size if c.use_distributed_optimizer else 1
     main = 4  # the optimizer's fp32 main gradients and parameters (fp16 and bf16 mixed precision)
+    ddp = not sharding_of(c).per_unit  # Megatron's DDP buffers (ZeRO-0/1 of DeepSpeed, Megatron-FSDP alike)
     out = PassCosts()
     for stage in range(c.pp):
         per_chunk = [chunk_tensors(c, stage, k) for k in range(c.vp)]
@@ -225,6 +230,11 @@ def pass_costs(graph: Graph) -> PassCosts:
         loops, reads = optimizer_loops(c, math.ceil(tensors / shard))  # no multi-tensor kernels (local_kernels)
         steps += loops
         fixed += reads * SYNC_US
+        if ddp:
+            scaled = grad_buckets.scaled_elements(c, stage, graph.groups["dpcp"].size, graph.groups["edp"].size)
+            device += moved(2 * scaled * c.grad_bytes)
+            if run.per_token_loss:  # the token count from the last stage, then summed over the data-parallel ranks
+                fixed += _scalar_allreduce_us(graph, "pp") + _scalar_allreduce_us(graph, "dpcp")
         if run.log_num_zeros_in_grad:  # count_nonzero, subtract, add per gradient the optimizer holds
             held = math.ceil(tensors / shard)
             steps += held

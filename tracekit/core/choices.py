@@ -88,7 +88,8 @@ NCCL_ALGOS = ("Tree", "Ring", "CollnetDirect", "CollnetChain", "NVLS", "NVLSTree
 #: Megatron arguments kept in `extra` that are switches (true or false).
 FLAGS = ("fp16", "bf16", "use_flash_attn", "recompute_activations", "disable_bias_linear", "group_query_attention",
          "fine_grained_activation_offloading", "muon_split_qkv", "moe_router_enable_expert_bias", "bias_dropout_fusion",
-         "cross_entropy_loss_fusion", "squared_relu", *sharding.FLAGS, *legacy_arguments.SWITCHES)
+         "cross_entropy_loss_fusion", "squared_relu", "use_tp_pp_dp_mapping", *sharding.FLAGS,
+         *legacy_arguments.SWITCHES)
 #: Megatron arguments kept in `extra` that are numbers: name → whole number or not. A list is allowed where Megatron
 #: takes several (`--moe-aux-loss-coeff`, one per load-balancing type).
 NUMBERS = {"muon_num_ns_steps": True, "log_interval": True, "min_offloaded_tensor_size": True,

@@ -134,6 +134,10 @@ class MoESettings:
             raise ConfigError(f"num_experts {self.num_experts} is not divisible by expert_model_parallel_size "
                               f"{self.ep}")
         etp = self.etp(c.tp)
+        if c.extra.get("use_tp_pp_dp_mapping") and c.pp > 1 and etp * self.ep != c.tp * c.cp:
+            raise ConfigError("Megatron refuses --use-tp-pp-dp-mapping with a pipeline when the expert layers' "
+                              "data-parallel size differs from the attention layers' (expert_tensor_parallel_size·"
+                              f"expert_model_parallel_size {etp}·{self.ep} ≠ tp·cp {c.tp}·{c.cp})")
         if (c.world_size // c.pp) % (etp * self.ep):
             raise ConfigError(f"the {c.world_size // c.pp} GPUs of a pipeline stage are not divisible by "
                               f"expert_tensor_parallel_size·expert_model_parallel_size = {etp}·{self.ep}")

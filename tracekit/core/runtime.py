@@ -22,6 +22,11 @@ logging passes, timers, gradient-accumulation fusion, gradient clipping. Setting
 - `timing_log_level` (0–2) with `barrier_with_level_1_timing` (Megatron's `barrier_with_L1_time`, default on): level
   ≥ 1 times the optimizer's and gradient sync's phases, each timer a device synchronisation (and a barrier at
   level 1 when asked), level 2 every micro-batch's forward, backward and P2P calls too.
+- `calculate_per_token_loss`: the loss summed over tokens and the gradients divided by the global batch's token
+  count after their reduction (a broadcast of the count over the pipeline stages, an all-reduce over the data- and
+  context-parallel ranks, one pass over every gradient buffer); `ddp_average_in_collective`: the data-parallel
+  collective averages (NCCL's AVG) instead of Megatron's DDP scaling each bucket by 1/ranks before it
+  (`predictor.parallel.grad_buckets.scaled_elements`). Megatron refuses the two together.
 - `torch_compile` (not a Megatron flag: torchtitan's `[compile] enable`, Composer's `compile_config`): each
   transformer block compiled by TorchInductor, its memory-bound ops run as fused kernels
   (`predictor.layers.compile_fusion`).
@@ -57,6 +62,8 @@ class RuntimeSettings:
     timing_log_level: int | None = None
     barrier_with_level_1_timing: bool | None = None
     clip_grad: float | None = None
+    calculate_per_token_loss: bool | None = None
+    ddp_average_in_collective: bool | None = None
     torch_compile: bool | None = None
 
     def __post_init__(self) -> None:
@@ -107,6 +114,14 @@ class RuntimeSettings:
         return 1.0 if self.clip_grad is None else float(self.clip_grad)
 
     @property
+    def per_token_loss(self) -> bool:
+        return bool(self.calculate_per_token_loss)
+
+    @property
+    def average_in_collective(self) -> bool:
+        return bool(self.ddp_average_in_collective)
+
+    @property
     def compiled(self) -> bool:
         return bool(self.torch_compile)
 
@@ -140,6 +155,9 @@ class RuntimeSettings:
             raise ConfigError("Megatron refuses --enable-cuda-graph or --external-cuda-graph with --cuda-graph-impl")
         if self.enable_cuda_graph and self.external_cuda_graph:
             raise ConfigError("Megatron refuses --enable-cuda-graph together with --external-cuda-graph")
+        if self.per_token_loss and self.average_in_collective:  # distributed_data_parallel.py asserts it
+            raise ConfigError("Megatron refuses --ddp-average-in-collective with --calculate-per-token-loss (the "
+                              "gradients are divided by the token count after the reduction, not averaged in it)")
         modules = self.graph_modules
         if "moe" in modules and "moe_router" in modules:
             raise ConfigError("cuda_graph_modules must not contain both moe and moe_router.")

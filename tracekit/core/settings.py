@@ -113,6 +113,8 @@ READ = ("fp16", "bf16", "fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe", 
          "cublas_workspace_config", "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_enable_expert_bias",
          "bias_dropout_fusion", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "log_interval",
          "squared_relu", "ddp_bucket_size", "ddp_num_buckets",
+         # the rank order (predictor.ir.placement.order_of)
+         "use_tp_pp_dp_mapping",
          # Megatron's deprecated flags, refused or translated (tracekit.core.legacy_arguments)
          *legacy_arguments.SETTINGS,
          # the layer implementation's kernels and what is installed (tracekit.core.layer_impl)
