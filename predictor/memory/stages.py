@@ -20,9 +20,10 @@ SP) plus one layer's working set. 1F1B keeps min(pp − stage, m) micro-batches 
 × (1 + (pp − 1)/(pp·vp))); PyTorch's zero-bubble schedules what their orders hold (predictor.memory.zero_bubble).
 Megatron's CPU offloading (`--cpu-offloading-num-layers N`, activations only, its default) keeps the first N layers'
 activations on the host: one such layer's stays on the GPU as a working set.
-Parameters: bf16/fp16 weights (2 bytes), gradients in the main-gradient dtype, Adam state (fp32 master, m, v:
-12 bytes, 8 in fp32 training), sharded over the data-parallel ranks with the distributed optimizer — dense
-parameters over dp·cp, expert parameters over the expert data-parallel ranks.
+Parameters: bf16/fp16 weights (2 bytes), gradients in the main-gradient dtype, Adam state (fp32 master, m, v: 12 bytes,
+8 in fp32 training; the precision-aware optimizer's dtypes: tracekit.core.optimizer_state), sharded over the
+data-parallel ranks with the distributed optimizer — dense parameters over dp·cp, expert parameters over the expert
+data-parallel ranks.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from predictor.schedule.activation_offload import offload_modules
 from predictor.schedule.pipeline import stage_order
 from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import hardware_spec
+from tracekit.core.optimizer_state import adam_state
 from tracekit.core.pipeline_layout import chunks, torch_schedule
 
 GB = 1e9
@@ -128,7 +130,8 @@ def stage_memory(c: TrainingConfig, hardware: str | None = None) -> list[dict[st
     without it no workspace is counted and weights keep the copies of Hopper and earlier."""
     weight_bytes = 4 if c.precision == "fp32" else 2
     grad_bytes = c.grad_bytes
-    state_bytes = 8 if c.precision == "fp32" else 12  # Adam m, v (+ fp32 master weights in mixed precision)
+    adam = adam_state(c)  # Adam's m, v and main parameters (tracekit.core.optimizer_state)
+    state_bytes = adam.state_bytes
     distributed = c.use_distributed_optimizer
     dense_shard = c.dp * c.cp if distributed else 1
     sharded = fsdp.sharding_of(c)
@@ -178,8 +181,9 @@ def stage_memory(c: TrainingConfig, hardware: str | None = None) -> list[dict[st
         params = dense + expert
         # 2-byte gradients (fp16, or bf16 reduced in bf16): Megatron's mixed-precision optimizer gives its fp32 main
         # parameters (a shard of them with the distributed optimizer) fp32 copies of the gradients, kept until the
-        # next step's zero_grad
-        main_grads = (dense / dense_shard + expert / expert_shard) * 4 if grad_bytes == 2 else 0.0
+        # next step's zero_grad; the precision-aware optimizer reads the gradient buffer itself
+        copied = grad_bytes == 2 and not adam.decoupled_grads
+        main_grads = (dense / dense_shard + expert / expert_shard) * 4 if copied else 0.0
         row = {
             "weights": (params * weight_bytes + lowp_params * per_lowp_weight) / GB,
             "gradients": (params * grad_bytes + main_grads) / GB,

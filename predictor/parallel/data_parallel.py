@@ -10,10 +10,12 @@ in buckets of their own: an all-reduce of the bucket, or with the distributed op
 after the step, an all-gather of the updated parameters (1/ranks of the bucket each; fp8 parameters with
 `fp8_param_gather`, MXFP8 ones in bf16: `param_gather_bytes`; under FSDP/ZeRO-2+ the experts are sharded per unit
 instead, predictor.parallel.fsdp). The optimizer step updates the stage's dense parameters / dpcp (sharded) plus its
-expert parameters / edp; under torch FSDP2 they are DTensors, whose step is sampled of its own (`tracekit sample`: every
-op dispatched through DTensor; models without such samples answer with the plain step, what a GPU's kernels take while
-its host dispatches ahead); without apex and Transformer Engine, torch AdamW's foreach passes beyond the fused step's
-(predictor.layers.local_kernels). Weights cast by the recipe (tracekit.core.precision) are cast once per iteration.
+expert parameters / edp, asked of the fused step's model at the parameters that move as many bytes where Adam's state is
+in other dtypes (the precision-aware optimizer: tracekit.core.optimizer_state.step_bytes); under torch FSDP2 they are
+DTensors, whose step is sampled of its own (`tracekit sample`: every op dispatched through DTensor; models without such
+samples answer with the plain step, what a GPU's kernels take while its host dispatches ahead); without apex and
+Transformer Engine, torch AdamW's foreach passes beyond the fused step's (predictor.layers.local_kernels). Weights cast
+by the recipe (tracekit.core.precision) are cast once per iteration.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from predictor.layers.local_kernels import optimizer_ops
 from predictor.parallel import fsdp, iteration_syncs, muon
 from predictor.parallel.grad_buckets import bucket_elements, bucket_size, chunk_tag
 from tracekit.core.config import TrainingConfig
+from tracekit.core.optimizer_state import FUSED_ADAM_BYTES, step_bytes
 from tracekit.core.samples import DTENSOR_SUFFIX
 
 
@@ -107,8 +110,9 @@ def stage_sync(b: OpBuilder, stage: int, weight_cast_elements: float) -> StageSy
     shard_expert = b.groups["edp"].size if (c.use_distributed_optimizer or sharding.fsdp) else 1
     params = -(-dense // shard_dense) + -(-expert // shard_expert)
     dtensor = DTENSOR_SUFFIX if sharding.implementation == "torch-fsdp2" else ""  # FSDP2's parameters are DTensors
+    moved = step_bytes(c) / FUSED_ADAM_BYTES  # Adam's state in other dtypes: the parameters that move as many bytes
     spec = b.spec("optimizer", "optimizer", f"{kind}_optimizer{dtensor}", None, None, layers=layers,
-                  width=c.hidden_size, tp=c.tp, params=params)
+                  width=c.hidden_size, tp=c.tp, params=params * moved)
     sync.optimizer = OpUse("optimizer.step", spec)
     sync.casts.extend(optimizer_ops(b, params))  # torch AdamW's foreach passes without apex or TE (local_kernels)
     if weight_cast_elements:

@@ -34,6 +34,7 @@ class Choices:
 
 
 _ATTN_BACKENDS = {"fused": "flash", "auto": "flash", "local": "unfused"}
+_TORCH_DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.uint8": "fp8"}
 _ROUTER_BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
 
 #: Setting name (TrainingConfig's field, a section's field, or a Megatron argument kept in `extra`) → its choices.
@@ -77,6 +78,11 @@ ENUMERATED: dict[str, Choices] = {
     "transformer_impl": Choices(("transformer_engine", "local", "inference_optimized")),
     "cross_entropy_fusion_impl": Choices(("native", "te", "flash_attn", "torch")),  # the last two: llm-foundry's
     "optimizer": Choices(("adam", "muon", "dist_muon", "adaptive_muon"), unmodelled=("sgd", "lion", "soap")),
+    # the precision-aware optimizer's dtypes (tracekit.core.optimizer_state; a log prints them as torch dtypes)
+    "main_grads_dtype": Choices(("fp32", "bf16"), spellings=_TORCH_DTYPES),
+    "main_params_dtype": Choices(("fp32", "fp16"), spellings=_TORCH_DTYPES),
+    "exp_avg_dtype": Choices(("fp32", "fp16", "bf16", "fp8"), spellings=_TORCH_DTYPES),
+    "exp_avg_sq_dtype": Choices(("fp32", "fp16", "bf16", "fp8"), spellings=_TORCH_DTYPES),
     "muon_tp_mode": Choices(("blockwise", "duplicated", "distributed")),
     "offload_modules": Choices(("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1",
                                 "moe_act", "fused_group_mlp"), unmodelled=("gdp_qkv",), words=True),
@@ -88,7 +94,8 @@ NCCL_ALGOS = ("Tree", "Ring", "CollnetDirect", "CollnetChain", "NVLS", "NVLSTree
 #: Megatron arguments kept in `extra` that are switches (true or false).
 FLAGS = ("fp16", "bf16", "use_flash_attn", "recompute_activations", "disable_bias_linear", "group_query_attention",
          "fine_grained_activation_offloading", "muon_split_qkv", "moe_router_enable_expert_bias", "bias_dropout_fusion",
-         "cross_entropy_loss_fusion", "squared_relu", "use_tp_pp_dp_mapping", *sharding.FLAGS,
+         "cross_entropy_loss_fusion", "squared_relu", "use_tp_pp_dp_mapping", "use_precision_aware_optimizer",
+         *sharding.FLAGS,
          *legacy_arguments.SWITCHES)
 #: Megatron arguments kept in `extra` that are numbers: name → whole number or not. A list is allowed where Megatron
 #: takes several (`--moe-aux-loss-coeff`, one per load-balancing type).

@@ -14,6 +14,7 @@ from tracekit.core import (
     layer_impl,
     legacy_arguments,
     moe as moe_settings,
+    optimizer_state,
     pipeline_layout,
     precision as precision_recipes,
 )
@@ -241,8 +242,9 @@ class TrainingConfig:
     def grad_bytes(self) -> int:
         """Bytes per gradient element kept and reduced across data-parallel ranks (fp32 main gradients except with
         fp16, Megatron's rule; in the training dtype where a configuration states fp32 accumulation off: Megatron-
-        Bridge's `grad_reduce_in_fp32=False`, FSDP's 16-bit reduce dtype)."""
-        if self.accumulate_allreduce_grads_in_fp32 is False:
+        Bridge's `grad_reduce_in_fp32=False`, FSDP's 16-bit reduce dtype, bf16 main gradients of the precision-aware
+        optimizer: tracekit.core.optimizer_state)."""
+        if self.accumulate_allreduce_grads_in_fp32 is False or self.extra.get("main_grads_dtype") == "bf16":
             return self.dtype_bytes
         if self.precision != "fp16" or self.accumulate_allreduce_grads_in_fp32:
             return 4
@@ -298,6 +300,7 @@ class TrainingConfig:
         if self.sequence_parallel and self.seq_length % tp:
             raise ConfigError(f"seq_length {self.seq_length} is not divisible by tp {tp} (sequence parallel)")
         layer_impl.check(self)  # the layer implementation's kernels and what is installed
+        optimizer_state.check(self)  # Adam's state dtypes (the precision-aware optimizer)
         return self
 
     # -- (de)serialization --------------------------------------------------------------------------------------

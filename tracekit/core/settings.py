@@ -16,6 +16,7 @@ from tracekit.core import (
     layer_impl,
     legacy_arguments,
     moe as moe_settings,
+    optimizer_state,
     pipeline_layout,
     precision as precision_recipes,
     runtime as runtime_settings,
@@ -115,6 +116,8 @@ READ = ("fp16", "bf16", "fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe", 
          "squared_relu", "ddp_bucket_size", "ddp_num_buckets",
          # the rank order (predictor.ir.placement.order_of)
          "use_tp_pp_dp_mapping",
+         # Adam's state and the precision-aware optimizer (tracekit.core.optimizer_state)
+         *optimizer_state.SETTINGS,
          # Megatron's deprecated flags, refused or translated (tracekit.core.legacy_arguments)
          *legacy_arguments.SETTINGS,
          # the layer implementation's kernels and what is installed (tracekit.core.layer_impl)
