@@ -35,6 +35,11 @@ ARGV_CASES = [
     (["CUDA_VISIBLE_DEVICES=0,1", "--lr", "1e-4"], ["CUDA_VISIBLE_DEVICES=0,1", "--lr", "1e-4"]),
     (["--use-flash-attn", "--num-layers", "24"], ["--use-flash-attn", "--num-layers", "24"]),
     (["--max-position-embeddings", "4096"], ["--max-position-embeddings", "4096"]),
+    # Megatron settings with a token in the middle of their names: what they count or route, not a credential
+    (["--calculate-per-token-loss", "pretrain_gpt.py"], ["--calculate-per-token-loss", "pretrain_gpt.py"]),
+    (["--moe-token-dispatcher-type", "alltoall"], ["--moe-token-dispatcher-type", "alltoall"]),
+    (["--moe-token-drop-policy=probs"], ["--moe-token-drop-policy=probs"]),
+    (["ACCESS_TOKEN=abc"], ["ACCESS_TOKEN=<redacted>"]),
 ]
 
 
@@ -51,6 +56,8 @@ def test_command_lines(argv, expected):
     ("GET https://user:pa55@example.org/data", "pa55", "https://user:"),
     ("  tokenizer_type .................. GPT2BPETokenizer", None, "GPT2BPETokenizer"),
     ("iteration 10/ 100 | consumed tokens: 40960 | lm loss: 1.2E+01", None, "40960"),
+    ("  moe_token_dispatcher_type ....... alltoall", None, "alltoall"),
+    ("  calculate_per_token_loss ........ True", None, "True"),
 ])
 def test_log_lines(line, secret, kept):
     clean = redact_text(line)
@@ -82,3 +89,12 @@ def test_a_capture_keeps_no_credential_in_its_log_or_manifest(tmp_path):
     kept = (tmp_path / "cap" / "train.log").read_text() + (tmp_path / "cap" / "manifest.json").read_text()
     assert WANDB not in kept and "hf_abcdefghijklmnop" not in kept
     assert json.loads((tmp_path / "cap" / "manifest.json").read_text())["command"][1] == "WANDB_API_KEY=<redacted>"
+
+
+def test_a_switch_named_like_a_credential_keeps_its_value():
+    """A capture's manifest keeps its configuration's settings: a true/false value holds no credential, and a token
+    inside a setting's name is what it counts (calculate_per_token_loss) or routes (moe_token_dispatcher_type)."""
+    doc = redact({"calculate_per_token_loss": True, "moe_token_dispatcher_type": "alltoall", "rl_skip_bos_token": False,
+                  "use_auth": False, "access_token": "abc", "wandb_api_key": None})
+    assert doc == {"calculate_per_token_loss": True, "moe_token_dispatcher_type": "alltoall",
+                   "rl_skip_bos_token": False, "use_auth": False, "access_token": "<redacted>", "wandb_api_key": None}

@@ -22,11 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from predictor.architecture.params import chunk_params
-from predictor.architecture.tensors import chunk_tensors
 from predictor.ir.ops import OpBuilder, OpUse
 from predictor.layers.local_kernels import optimizer_ops
 from predictor.parallel import fsdp, iteration_syncs, muon
-from predictor.parallel.grad_buckets import bucket_elements, bucket_size, chunk_tag
+from predictor.parallel.grad_buckets import chunk_tag, stage_buckets
 from tracekit.core.config import TrainingConfig
 from tracekit.core.optimizer_state import FUSED_ADAM_BYTES, step_bytes
 from tracekit.core.samples import DTENSOR_SUFFIX
@@ -81,12 +80,7 @@ def stage_sync(b: OpBuilder, stage: int, weight_cast_elements: float) -> StageSy
     per_chunk = [chunk_params(c, stage, chunk) for chunk in range(vp)]
     dense, expert = sum(d for d, _ in per_chunk), sum(e for _, e in per_chunk)
     sharding = fsdp.sharding_of(c)
-    # each chunk's buffers in buckets (predictor.parallel.grad_buckets): [(dense sizes, expert sizes)] per chunk
-    buckets = []
-    for chunk, (d, e) in enumerate(per_chunk):
-        size = bucket_size(c, stage, chunk, dense + expert, sharding.dp)
-        tensors = chunk_tensors(c, stage, chunk).tensors if size is not None else 1  # the floor of a cut buffer
-        buckets.append((bucket_elements(d, size, tensors), bucket_elements(e, size, tensors)))
+    buckets = stage_buckets(c, stage, sharding.dp)  # [(dense sizes, expert sizes)] per chunk (grad_buckets)
     if sharding.per_unit:  # FSDP reduces each unit's gradients in the backward (predictor.parallel.fsdp)
         shard_dense = fsdp.stage_sync(b, stage, dense, sync.param_gather, sync.grad_sync)
     elif sharding.replicas > 1:  # the distributed optimizer in instances (predictor.parallel.fsdp)

@@ -24,6 +24,7 @@ before the collective and every buffer is divided by the global batch's token co
 from __future__ import annotations
 
 from predictor.architecture.params import chunk_params
+from predictor.architecture.tensors import chunk_tensors
 from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
 from tracekit.core.runtime import RuntimeSettings
@@ -92,4 +93,17 @@ def scaled_elements(c: TrainingConfig, stage: int, dpcp_ranks: int, edp_ranks: i
     for chunk in range(c.vp):
         dense, expert = chunk_params(c, stage, chunk)
         out += (dense if dense_scaled else 0) + (expert if expert_scaled else 0)
+    return out
+
+
+def stage_buckets(c: TrainingConfig, stage: int, dpcp_ranks: int) -> list[tuple[list[int], list[int]]]:
+    """Per model chunk of pipeline stage `stage`, the elements of each bucket of its dense and of its expert buffer
+    (module docstring; `dpcp_ranks`: the ranks a dense parameter is reduced over)."""
+    per_chunk = [chunk_params(c, stage, chunk) for chunk in range(c.vp)]
+    rank_params = sum(d + e for d, e in per_chunk)
+    out = []
+    for chunk, (dense, expert) in enumerate(per_chunk):
+        size = bucket_size(c, stage, chunk, rank_params, dpcp_ranks)
+        tensors = chunk_tensors(c, stage, chunk).tensors if size is not None else 1  # the floor of a cut buffer
+        out.append((bucket_elements(dense, size, tensors), bucket_elements(expert, size, tensors)))
     return out

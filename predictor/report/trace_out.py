@@ -197,8 +197,9 @@ def rank_trace(prediction: PredictedRun, rank: int, iterations: int = 2, names: 
         sync_ops = graph.grad_sync[stage]
         for use, (a, b) in zip(sync_ops, tail.sync_intervals):
             put(use, "comm", t0 + a, b - a)
-        opt = graph.optimizer[stage]
-        put(opt, "optimizer", t0 + tail.opt_start, tail.opt_end - tail.opt_start)
+        opt = graph.optimizer[stage]  # the step and the recipe's casts; not the passes beside them (framework_costs)
+        step = float(dur[opt.spec]) + sum(o.count * float(dur[o.spec]) for o in graph.casts.get(stage, []))
+        put(opt, "optimizer", t0 + tail.opt_start, min(step, tail.opt_end - tail.opt_start))
         t = t0 + tail.opt_end
         if tail.exposed_gather_us:
             for use in graph.param_gather[stage]:

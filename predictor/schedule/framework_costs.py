@@ -20,8 +20,10 @@
   and the parameter copy is two kernels a tensor (`predictor.layers.local_kernels.optimizer_loops`). Megatron's DDP
   (not the FSDPs, which reduce per unit) scales its gradient buffers in place once per iteration
   (`predictor.parallel.grad_buckets.scaled_elements`: read and written); with `calculate_per_token_loss` the token
-  count is broadcast over the pipeline stages and all-reduced over the data- and context-parallel ranks first. A pass
-  takes the longer of its host and device time.
+  count is broadcast over the pipeline stages and all-reduced over the data- and context-parallel ranks first; with
+  Megatron-LM's result checks (`tracekit.core.runtime.result_checks`) each bucket's norm is read before its collective
+  and checked on the host, the device idle for each synchronisation's return and the next issue (`SYNC_US` +
+  `host_op_us`). A pass takes the longer of its host and device time.
 - **Timers** (`timing_log_level` ≥ 1): each timer start and stop synchronises the device (`SYNC_US`); at level 1 the
   optimizer's and gradient sync's phases (`LEVEL_1_TIMERS`, `LEVEL_1_BARRIERS` of them behind a barrier over all
   ranks unless `--no-barrier-with-level-1-timing`), at level 2 also each micro-batch's forward and backward call
@@ -46,7 +48,7 @@ from predictor.parallel import grad_buckets, muon
 from tracekit.core.cluster import Cluster
 from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import hardware_spec
-from tracekit.core.runtime import RuntimeSettings
+from tracekit.core.runtime import RuntimeSettings, result_checks
 from tracekit.core.sharding import sharding_of
 
 #: One device synchronisation seen from the host (cudaDeviceSynchronize of an idle stream and the Python around it).
@@ -176,13 +178,14 @@ class PassCosts:
     iteration_steps: list[float] = field(default_factory=list)
     iteration_device_us: list[float] = field(default_factory=list)
     iteration_fixed_us: list[float] = field(default_factory=list)
+    iteration_syncs: list[float] = field(default_factory=list)  # host synchronisations (the buckets' checks)
     backward_steps: list[list[float]] = field(default_factory=list)
     backward_device_us: list[list[float]] = field(default_factory=list)
     call_fixed_us: float = 0.0  # per forward or backward call (level-2 timers)
 
-    def iteration_us(self, stage: int, tensor_op_us: float) -> float:
+    def iteration_us(self, stage: int, tensor_op_us: float, host_op_us: float) -> float:
         return max(self.iteration_steps[stage] * tensor_op_us, self.iteration_device_us[stage]) \
-            + self.iteration_fixed_us[stage]
+            + self.iteration_fixed_us[stage] + self.iteration_syncs[stage] * (SYNC_US + host_op_us)
 
     def backward_us(self, stage: int, chunk: int, tensor_op_us: float) -> tuple[float, float]:
         """(device µs, host µs beyond it) of one micro-batch's backward passes on a chunk."""
@@ -220,6 +223,7 @@ def pass_costs(graph: Graph) -> PassCosts:
     shard = graph.groups["dpcp"].size if c.use_distributed_optimizer else 1
     main = 4  # the optimizer's fp32 main gradients and parameters (fp16 and bf16 mixed precision)
     ddp = not sharding_of(c).per_unit  # Megatron's DDP buffers (ZeRO-0/1 of DeepSpeed, Megatron-FSDP alike)
+    checks = result_checks(c)
     out = PassCosts()
     for stage in range(c.pp):
         per_chunk = [chunk_tensors(c, stage, k) for k in range(c.vp)]
@@ -230,9 +234,14 @@ def pass_costs(graph: Graph) -> PassCosts:
         loops, reads = optimizer_loops(c, math.ceil(tensors / shard))  # no multi-tensor kernels (local_kernels)
         steps += loops
         fixed += reads * SYNC_US
+        syncs = 0.0
         if ddp:
             scaled = grad_buckets.scaled_elements(c, stage, graph.groups["dpcp"].size, graph.groups["edp"].size)
             device += moved(2 * scaled * c.grad_bytes)
+            if checks.bucket_norm:  # each bucket's norm read, its checks on the host (runtime.result_checks)
+                device += moved(elements * c.grad_bytes)
+                buckets = grad_buckets.stage_buckets(c, stage, graph.groups["dpcp"].size)
+                syncs += checks.bucket_syncs * sum(len(d) + len(e) for d, e in buckets)
             if run.per_token_loss:  # the token count from the last stage, then summed over the data-parallel ranks
                 fixed += _scalar_allreduce_us(graph, "pp") + _scalar_allreduce_us(graph, "dpcp")
         if run.log_num_zeros_in_grad:  # count_nonzero, subtract, add per gradient the optimizer holds
@@ -253,6 +262,7 @@ def pass_costs(graph: Graph) -> PassCosts:
         out.iteration_steps.append(steps)
         out.iteration_device_us.append(device)
         out.iteration_fixed_us.append(fixed)
+        out.iteration_syncs.append(syncs)
         # DDP's gradient hook runs once per parameter and micro-batch; without fusion it launches main_grad += grad
         # per weight: read the gradient and the main gradient, write the main gradient
         fused = run.accumulation_fused

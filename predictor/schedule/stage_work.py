@@ -73,19 +73,20 @@ def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: flo
           hiding: Hiding | None = None, graphs: Capture | None = None, passes: tuple[float, float, float] = (0, 0, 0)
           ) -> Work:
     """One micro-batch of a segment's forward or backward. Each layer block (the layers of one kind, `OpUse.block`,
-    `count` of them) is summed once and multiplied by its count. A layer pass's compute lasts at least the host time
-    to issue its compute operators (`host_op_us` each: a launch-bound layer waits on the CPU); the excess, and the
+    `count` of them) is summed once and multiplied by its count. A layer pass's compute lasts at least the host time to
+    issue its compute operators (`host_op_us` each: a launch-bound layer waits on the CPU); the excess, and the
     framework time per compute operator no device hides (sampled: `framework_us`, plus the calibration's
     `op_overhead_us`), count as `other`. Blocking collectives add to it, except those `hiding` lets run beside the
     pass's compute: a layer pass then exposes only their time beyond the compute that covers them. Ops a CUDA graph
-    captures (`graphs`) cost no host time; each captured region of a layer costs one host op (its launch); a graph of
-    the full iteration takes the per-call overhead too. A device synchronisation of a host-issued op
-    (`predictor.layers.moe.host_syncs`) makes the device idle for the sync's return and the next op's issue (`SYNC_US` +
-    `host_op_us`) and costs the host `SYNC_US`: a layer pass lasts max(compute + idle, host). `passes`: (device µs,
-    host µs beyond it, fixed µs) of the per-parameter passes and timers of this call
+    captures (`graphs`) cost no host time; each captured region of a layer costs one host op (its launch); a graph
+    of the full iteration takes the per-call overhead too. A device synchronisation of a host-issued op
+    (`predictor.layers.moe.host_syncs`) makes the device idle for the sync's return and the next op's issue
+    (`SYNC_US` + `host_op_us`) and costs the host `SYNC_US`: a layer pass lasts max(compute + idle, host); outside
+    the layers (the loss function's checks, `tracekit.core.runtime.result_checks`) the idle time adds to the call's.
+    `passes`: (device µs, host µs beyond it, fixed µs) of the per-parameter passes and timers of this call
     (`predictor.schedule.framework_costs`)."""
     compute = comm = root_fsdp = 0.0
-    other_ops = 0
+    other_ops = other_syncs = 0
     blocks: dict[tuple[str, int], _Block] = {}
     hide = hiding or Hiding()
     cap = graphs or Capture()
@@ -121,7 +122,9 @@ def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: flo
         else:
             compute += op.count * t
             other_ops += 0 if full or not op.launch else op.count
-    other = (0.0 if full else cal.microbatch_overhead_us) + (framework_us + cal.op_overhead_us) * other_ops
+            other_syncs += 0 if full else op.count * op.syncs
+    other = (0.0 if full else cal.microbatch_overhead_us) + (framework_us + cal.op_overhead_us) * other_ops \
+        + (SYNC_US + cal.host_op_us) * other_syncs  # the device idles for each sync's return and the next issue
     for (_, count), blk in blocks.items():
         tp = max(0.0, blk.tp - blk.tp_cover) if hide.tp_cover is not None else blk.tp
         ep = max(0.0, blk.ep - (blk.compute if hide.ep_all else blk.ep_cover))
@@ -188,7 +191,7 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
     buckets = [[float(dur[o.spec]) for o in ops] for ops in bucket_ops]
     embd = [float(sum(dur[o.spec] for o in graph.grad_sync[s] if o.group == "embd")) for s in range(pp)]
     optimizer = [float(dur[graph.optimizer[s].spec]) + float(sum(o.count * dur[o.spec] for o in graph.casts.get(s, [])))
-                 + passes.iteration_us(s, cal.tensor_op_us) for s in range(pp)]
+                 + passes.iteration_us(s, cal.tensor_op_us, cal.host_op_us) for s in range(pp)]
     gather = [float(sum(dur[o.spec] for o in graph.param_gather[s])) for s in range(pp)]
     report = [float(sum(times * dur[o.spec] for o, times in graph.reports.get(s, []))) for s in range(pp)]
     extra: dict = {"pipeline_schedule": schedule} if schedule else {}

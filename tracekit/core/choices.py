@@ -103,6 +103,7 @@ NUMBERS = {"muon_num_ns_steps": True, "log_interval": True, "min_offloaded_tenso
            "activation_offload_fraction": False, "moe_aux_loss_coeff": False, "moe_z_loss_coeff": False,
            "cpu_offloading_num_layers": True, "moe_first_k_dense": True,
            "num_layers_per_virtual_pipeline_stage": True, "ddp_bucket_size": True, "ddp_num_buckets": True,
+           "loss_scale": False,
            **dict.fromkeys(legacy_arguments.WHOLE_NUMBERS, True)}
 _LISTS = ("moe_aux_loss_coeff",)
 

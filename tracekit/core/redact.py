@@ -1,12 +1,14 @@
 """Keep process environments and credentials out of everything tracekit stores or prints: structures (`redact`),
 command lines (`redact_argv`) and lines of text such as a captured log (`redact_text`, `redact_line` on bytes).
 
-A name says "credential" when one of its words (split at `-`, `_`, case changes) is token, secret, password, passwd,
-pwd, credential(s), auth, authorization, cookie or passphrase, or when its last word is key/keys after another word
-(`api_key`, `WANDB_API_KEY`, `access_key`, `--wandb-key`). Names that merely contain those letters are not:
-`--tokenizer-type`, `--num-tokens`, `max_tokens`, `--key-size`. Values are replaced by `<redacted>` where such a name
-assigns them (`NAME=VALUE`, `--flag VALUE`, `--flag=VALUE`, `name: value` in text), and anywhere they have a known
-token shape (Hugging Face, GitHub, OpenAI-style, AWS access key ids, Slack), are a long hex key (≥ 32 digits, e.g.
+A name says "credential" when one of its words (split at `-`, `_`, case changes) is secret, password, passwd, pwd,
+credential(s), auth, authorization, cookie or passphrase, when its last word is token (`HF_TOKEN`, `--hf-token`,
+`access_token`: a token elsewhere in a name is what a setting counts or routes, `--calculate-per-token-loss`,
+`--moe-token-dispatcher-type`), or when its last word is key/keys after another word (`api_key`, `WANDB_API_KEY`,
+`access_key`, `--wandb-key`). Names that merely contain those letters are not: `--tokenizer-type`, `--num-tokens`,
+`max_tokens`, `--key-size`. A true/false or empty value is never a credential. Values are replaced by `<redacted>` where
+such a name assigns them (`NAME=VALUE`, `--flag VALUE`, `--flag=VALUE`, `name: value` in text), and anywhere they have a
+known token shape (Hugging Face, GitHub, OpenAI-style, AWS access key ids, Slack), are a long hex key (≥ 32 digits, e.g.
 W&B's 40), a URL's `user:password@`, or a `Bearer` header value. A `bash -c "..."` string is redacted inside.
 """
 from __future__ import annotations
@@ -15,8 +17,10 @@ import re
 import shlex
 from typing import Any
 
-_SECRET_WORDS = frozenset({"token", "secret", "password", "passwd", "pwd", "credential", "credentials", "auth",
+_SECRET_WORDS = frozenset({"secret", "password", "passwd", "pwd", "credential", "credentials", "auth",
                            "authorization", "cookie", "passphrase", "apikey", "accesskey", "privatekey"})
+#: Words that say "credential" only at the end of a name.
+_SECRET_LAST_WORDS = frozenset({"token", "key", "keys"})
 _SECRET_VALUE = re.compile(
     r"(hf_[A-Za-z0-9]{8,}|gh[pousr]_[A-Za-z0-9]{8,}|github_pat_[A-Za-z0-9_]{8,}|sk-[A-Za-z0-9_-]{8,}|"
     r"AKIA[0-9A-Z]{16}|xox[abpr]-[A-Za-z0-9-]{10,})"
@@ -42,7 +46,9 @@ def secret_name(name: str) -> bool:
     words = _words(name)
     if any(w in _SECRET_WORDS for w in words):
         return True
-    return len(words) >= 2 and words[-1] in ("key", "keys")
+    if not words or words[-1] not in _SECRET_LAST_WORDS:
+        return False
+    return words[-1] == "token" or len(words) >= 2
 
 
 def _scrub(text: str) -> str:
@@ -59,7 +65,8 @@ def redact(obj: Any) -> Any:
         for key, value in obj.items():
             if str(key).lower() in ENVIRONMENT_KEYS:
                 continue
-            out[key] = REDACTED if secret_name(str(key)) and not isinstance(value, (dict, list)) else redact(value)
+            hidden = secret_name(str(key)) and value is not None and not isinstance(value, (dict, list, bool))
+            out[key] = REDACTED if hidden else redact(value)
         return out
     if isinstance(obj, list):
         return [redact(v) for v in obj]

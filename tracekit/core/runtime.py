@@ -27,6 +27,12 @@ logging passes, timers, gradient-accumulation fusion, gradient clipping. Setting
   context-parallel ranks, one pass over every gradient buffer); `ddp_average_in_collective`: the data-parallel
   collective averages (NCCL's AVG) instead of Megatron's DDP scaling each bucket by 1/ranks before it
   (`predictor.parallel.grad_buckets.scaled_elements`). Megatron refuses the two together.
+- `check_for_nan_in_loss_and_grad` (Megatron-LM's default on; `--no-check-for-nan-in-loss-and-grad`; off by itself
+  under fp16 with a dynamic loss scale, i.e. without `loss_scale`): each micro-batch's loss is checked for NaN and
+  Inf on the host (two device synchronisations on the last stage, `pretrain_gpt.py: loss_func`), and each gradient
+  bucket's norm before its collective (the bucket read, two synchronisations: `param_and_grad_buffer.py:
+  check_grads`); `check_for_large_grads` checks that norm once more, `check_for_spiky_loss` the loss
+  (`result_checks`). Megatron refuses the checks with `cuda_graph_impl full_iteration`.
 - `torch_compile` (not a Megatron flag: torchtitan's `[compile] enable`, Composer's `compile_config`): each
   transformer block compiled by TorchInductor, its memory-bound ops run as fused kernels
   (`predictor.layers.compile_fusion`).
@@ -64,6 +70,9 @@ class RuntimeSettings:
     clip_grad: float | None = None
     calculate_per_token_loss: bool | None = None
     ddp_average_in_collective: bool | None = None
+    check_for_nan_in_loss_and_grad: bool | None = None
+    check_for_large_grads: bool | None = None
+    check_for_spiky_loss: bool | None = None
     torch_compile: bool | None = None
 
     def __post_init__(self) -> None:
@@ -163,6 +172,9 @@ class RuntimeSettings:
             raise ConfigError("cuda_graph_modules must not contain both moe and moe_router.")
         if self.graph_impl == "transformer_engine" and "moe_preprocess" in modules and "moe_router" not in modules:
             raise ConfigError("moe_preprocess cuda graph is only supported with moe_router cuda graph.")
+        if self.graph_impl == "full_iteration" and result_checks(config).loss_syncs:  # validate_args asserts it
+            raise ConfigError("--no-check-for-nan-in-loss-and-grad should be set with --cuda-graph-impl=full_iteration "
+                              "for training (Megatron stops on it)")
         if self.graph_impl == "full_iteration" and self.graph_modules:
             raise ConfigError("Megatron refuses --cuda-graph-modules with --cuda-graph-impl full_iteration (it "
                               f"captures the whole iteration), got {', '.join(sorted(self.graph_modules))}")
@@ -184,3 +196,26 @@ def stated(settings: dict[str, Any]) -> bool:
     """Whether a configuration states any of these settings (then the section exists; `False` is a statement too:
     `--no-gradient-accumulation-fusion`)."""
     return any(v is not None for v in settings.values())
+
+
+@dataclass(frozen=True)
+class ResultChecks:
+    """What Megatron-LM's result checks cost (module docstring): host synchronisations per micro-batch on the stage
+    with the loss, host synchronisations per gradient bucket, and whether each bucket's norm is computed (a read of
+    the bucket)."""
+
+    loss_syncs: int = 0
+    bucket_syncs: int = 0
+    bucket_norm: bool = False
+
+
+def result_checks(config) -> ResultChecks:
+    """The checks a configuration (a TrainingConfig) runs: NaN and Inf of the loss and of each bucket's gradient norm
+    unless turned off — or off by Megatron under fp16 with a dynamic loss scale — plus the large-gradient and
+    spiky-loss checks where asked."""
+    run = config.run or RuntimeSettings()
+    nan = run.check_for_nan_in_loss_and_grad is not False
+    if config.precision == "fp16" and not config.extra.get("loss_scale"):
+        nan = False  # validate_args: the dynamic loss scaler reads NaNs as its signal
+    large, spiky = bool(run.check_for_large_grads), bool(run.check_for_spiky_loss)
+    return ResultChecks(2 * nan + spiky, 2 * nan + large, nan or large)

@@ -118,6 +118,8 @@ READ = ("fp16", "bf16", "fp8_format", "fp8_recipe", "fp4_format", "fp4_recipe", 
          "use_tp_pp_dp_mapping",
          # Adam's state and the precision-aware optimizer (tracekit.core.optimizer_state)
          *optimizer_state.SETTINGS,
+         # the static loss scale: with fp16, Megatron's result checks run only with one (tracekit.core.runtime)
+         "loss_scale",
          # Megatron's deprecated flags, refused or translated (tracekit.core.legacy_arguments)
          *legacy_arguments.SETTINGS,
          # the layer implementation's kernels and what is installed (tracekit.core.layer_impl)

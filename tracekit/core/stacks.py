@@ -47,7 +47,7 @@ CONFIG_KEYS = ("attention", "overlap_grad_reduce", "overlap_param_gather", "over
                "use_distributed_optimizer", "accumulate_allreduce_grads_in_fp32", "position_embedding_type",
                "normalization", "apply_rope_fusion", "fused_rmsnorm", "swiglu", "moe_token_dispatcher_type",
                "moe_grouped_gemm", "moe_permute_fusion", "hidden_dropout", "attention_dropout",
-               "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
+               "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "check_for_nan_in_loss_and_grad",
                "apex_available", "te_available")  # what the stack's install has (tracekit.core.layer_impl)
 
 

@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--adam-beta2", type=float, default=0.999)
     train.add_argument("--seed", type=int, default=1234)
     train.add_argument("--log-interval", type=int, default=100)
+    train.add_argument("--no-check-for-nan-in-loss-and-grad", dest="check_for_nan_in_loss_and_grad",
+                       action="store_false", help="skip Megatron's checks of each micro-batch's loss and of the "
+                       "gradients' norm before their reduction for NaN and Inf (off by themselves under --fp16: no "
+                       "static loss scale here)")
     prec = train.add_mutually_exclusive_group()
     prec.add_argument("--bf16", action="store_true")
     prec.add_argument("--fp16", action="store_true")
@@ -115,6 +119,8 @@ def parse_args(argv: list[str] | None, world_size: int, cuda: bool) -> argparse.
     args.num_micro_batches = num_microbatches(args.global_batch_size, args.micro_batch_size, args.data_parallel_size)
     args.params_dtype = "torch.bfloat16" if args.bf16 else "torch.float16" if args.fp16 else "torch.float32"
     args.accumulate_allreduce_grads_in_fp32 = bool(args.bf16)
+    if args.fp16:  # Megatron turns the checks off under a dynamic loss scale; this trainer has no static one
+        args.check_for_nan_in_loss_and_grad = False
     if args.distributed_backend is None:
         args.distributed_backend = "nccl" if cuda else "gloo"
     if args.use_torch_fsdp2 and (tp > 1 or pp > 1):

@@ -62,8 +62,9 @@ class P2P:
 
 
 def one_f_one_b(topo: Topology, p2p: P2P, forward: Callable[[int, torch.Tensor | None], torch.Tensor],
-                num_microbatches: int) -> list[float]:
-    """Run one iteration's forward and backward passes; returns the last stage's per-micro-batch losses."""
+                num_microbatches: int, check: bool = False) -> list[float]:
+    """Run one iteration's forward and backward passes; returns the last stage's per-micro-batch losses. `check`:
+    each loss is checked for NaN and then for Inf on the host, as Megatron's loss function does."""
     warmup = min(topo.pp - topo.pp_rank - 1, num_microbatches)
     remaining = num_microbatches - warmup
     inputs, outputs, losses = [], [], []
@@ -74,6 +75,8 @@ def one_f_one_b(topo: Topology, p2p: P2P, forward: Callable[[int, torch.Tensor |
         y = forward(index, x)
         index += 1
         if topo.last_stage:
+            if check and (bool(torch.isnan(y)) or bool(torch.isinf(y))):
+                raise RuntimeError("found NaN or Inf in local forward loss calculation")
             losses.append(float(y.detach()))
             y = y / num_microbatches
         inputs.append(x)

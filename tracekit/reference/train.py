@@ -23,15 +23,24 @@ from .schedule import P2P, one_f_one_b
 DTYPES = {"torch.bfloat16": torch.bfloat16, "torch.float16": torch.float16, "torch.float32": torch.float32}
 
 
-def _all_reduce_grads(params: list[torch.nn.Parameter], group, scale: float = 1.0, fp32: bool = False) -> None:
+def _all_reduce_grads(params: list[torch.nn.Parameter], group, scale: float = 1.0, fp32: bool = False,
+                      check: bool = False) -> None:
     """Sum the (pre-scaled) gradients of `params` over `group` in one flat buffer, as Megatron's grad buffer does;
-    `fp32` reduces bf16 gradients in fp32 (Megatron's accumulate_allreduce_grads_in_fp32, on for bf16)."""
+    `fp32` reduces bf16 gradients in fp32 (Megatron's accumulate_allreduce_grads_in_fp32, on for bf16); `check`: the
+    buffer's norm is checked for NaN and then for Inf on the host first, on one rank too (Megatron's check_grads)."""
     grads = [p.grad for p in params if p.grad is not None]
-    if not grads or dist.get_world_size(group) == 1:
+    alone = dist.get_world_size(group) == 1
+    if not grads or (alone and not check):
         return
     flat = _flatten_dense_tensors(grads)
     if fp32:
         flat = flat.float()
+    if check:
+        norm = torch.linalg.vector_norm(flat)
+        if bool(torch.isnan(norm)) or bool(torch.isinf(norm)):
+            raise RuntimeError("found NaN or Inf in local grad norm before data-parallel communication collective")
+        if alone:
+            return
     if scale != 1.0:
         flat.mul_(scale)
     dist.all_reduce(flat, group=group)
@@ -152,13 +161,14 @@ def train(argv: list[str] | None = None) -> int:
             tokens, labels = _batch(args, topo, iteration, micro)
             return model(x, tokens if topo.first_stage else None, labels if topo.last_stage else None)
 
-        losses = one_f_one_b(topo, p2p, forward, args.num_micro_batches)
+        losses = one_f_one_b(topo, p2p, forward, args.num_micro_batches, args.check_for_nan_in_loss_and_grad)
         if sp_params:
             _all_reduce_grads(sp_params, topo.tp_group)
         if shared is not None:
             _all_reduce_grads([shared], topo.embedding_group, fp32=args.accumulate_allreduce_grads_in_fp32)
         if not args.use_torch_fsdp2:  # FSDP reduce-scatters (and averages) each unit's gradients in backward
-            _all_reduce_grads(params, topo.dp_group, scale=1.0 / topo.dp, fp32=args.accumulate_allreduce_grads_in_fp32)
+            _all_reduce_grads(params, topo.dp_group, scale=1.0 / topo.dp, fp32=args.accumulate_allreduce_grads_in_fp32,
+                              check=args.check_for_nan_in_loss_and_grad)
         optimizer.step()
         if topo.last_stage:
             loss = torch.tensor([sum(losses) / len(losses)], device=device)

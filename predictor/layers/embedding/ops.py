@@ -1,5 +1,6 @@
 """The ends of the model as Megatron builds them: the vocab-parallel embedding (and learned positions), the final norm,
-output layer and vocab-parallel cross-entropy (three TP all-reduces of fp32 partials), and the multi-token-prediction
+output layer and vocab-parallel cross-entropy (three TP all-reduces of fp32 partials; the loss function's checks of the
+loss on the host, `tracekit.core.runtime.result_checks`), and the multi-token-prediction
 layers (DeepSeek-V3's MTP: the next token's embedding and the hidden state, both normalised, concatenated and projected
 [2h → h], one decoder layer, the final norm, the shared output layer and its cross-entropy). The output layer stays in
 the training dtype under a low-precision recipe (it is not a Transformer Engine linear)."""
@@ -10,6 +11,7 @@ from dataclasses import replace
 from predictor.ir.ops import OpBuilder, OpUse, parts
 from predictor.layers.embedding.cross_entropy import variant as ce_variant
 from predictor.layers.norm_rope import norm
+from tracekit.core.runtime import result_checks
 
 
 def embedding(b: OpBuilder) -> tuple[list[OpUse], list[OpUse]]:
@@ -47,6 +49,8 @@ def head(b: OpBuilder, prefix: str = "") -> tuple[list[OpUse], list[OpUse]]:
     fwd.append(lm[0])
     ce = b.compute(f"{prefix}loss.vocab_parallel_cross_entropy", "cross_entropy", ce_variant(b.c.extra),
                    0.0, False, rows=rows, width=v_t, numel=rows * v_t, tp=b.t)
+    if not prefix:  # the loss function's NaN/Inf checks read the micro-batch's loss on the host (runtime)
+        ce[0].syncs = result_checks(b.c).loss_syncs
     fwd.append(ce[0])
     for what in ("max", "predicted", "sum_exp"):  # the three TP all-reduces of vocab-parallel CE (fp32)
         op = b.collective(f"{prefix}loss.all_reduce_{what}", "all_reduce", "tp", rows * 4, False)
