@@ -172,7 +172,7 @@ class RuntimeSettings:
             raise ConfigError("cuda_graph_modules must not contain both moe and moe_router.")
         if self.graph_impl == "transformer_engine" and "moe_preprocess" in modules and "moe_router" not in modules:
             raise ConfigError("moe_preprocess cuda graph is only supported with moe_router cuda graph.")
-        if self.graph_impl == "full_iteration" and result_checks(config).loss_syncs:  # validate_args asserts it
+        if self.graph_impl == "full_iteration" and result_checks(config).nan:  # validate_args asserts it
             raise ConfigError("--no-check-for-nan-in-loss-and-grad should be set with --cuda-graph-impl=full_iteration "
                               "for training (Megatron stops on it)")
         if self.graph_impl == "full_iteration" and self.graph_modules:
@@ -202,11 +202,12 @@ def stated(settings: dict[str, Any]) -> bool:
 class ResultChecks:
     """What Megatron-LM's result checks cost (module docstring): host synchronisations per micro-batch on the stage
     with the loss, host synchronisations per gradient bucket, and whether each bucket's norm is computed (a read of
-    the bucket)."""
+    the bucket); `nan`: whether the NaN/Inf checks run (`check_for_nan_in_loss_and_grad` as Megatron resolves it)."""
 
     loss_syncs: int = 0
     bucket_syncs: int = 0
     bucket_norm: bool = False
+    nan: bool = False
 
 
 def result_checks(config) -> ResultChecks:
@@ -218,4 +219,4 @@ def result_checks(config) -> ResultChecks:
     if config.precision == "fp16" and not config.extra.get("loss_scale"):
         nan = False  # validate_args: the dynamic loss scaler reads NaNs as its signal
     large, spiky = bool(run.check_for_large_grads), bool(run.check_for_spiky_loss)
-    return ResultChecks(2 * nan + spiky, 2 * nan + large, nan or large)
+    return ResultChecks(2 * nan + spiky, 2 * nan + large, nan or large, nan)
