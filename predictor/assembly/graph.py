@@ -192,12 +192,13 @@ def build_graph(config: TrainingConfig, hardware: str, gpus_per_node: int = 8,
     optimizer: dict[int, OpUse] = {}
     weight_casts: dict[int, list[OpUse]] = {}
     reports: dict[int, list[tuple[OpUse, float]]] = {}
+    buckets: dict[int, list[tuple[list[int], list[int]]]] = {}
     for stage in range(c.pp):
         sync = stage_sync(b, stage, stage_casts[stage])
         grad_sync[stage], param_gather[stage], weight_casts[stage] = sync.grad_sync, sync.param_gather, sync.casts
-        reports[stage] = sync.reports
+        reports[stage], buckets[stage] = sync.reports, sync.buckets
         assert sync.optimizer is not None
         optimizer[stage] = sync.optimizer
     return Graph(config, hardware, gpus_per_node, b.groups, b.specs, segments,
                  None if p2p_op is None else p2p_op.spec, grad_sync, param_gather, optimizer, weight_casts, reports,
-                 b.index)
+                 buckets, b.index)

@@ -41,6 +41,9 @@ class Graph:
     optimizer: dict[int, OpUse]  # per stage: the optimizer step
     casts: dict[int, list[OpUse]] = field(default_factory=dict)  # per stage: once-per-iteration weight casts, Muon
     reports: dict[int, list[tuple[OpUse, float]]] = field(default_factory=dict)  # per stage: (op, per iteration)
+    # per stage and model chunk: the elements of each bucket of its dense and expert gradient buffers, as Megatron's
+    # DDP cuts them (predictor.parallel.grad_buckets), collective or not (one rank reduces nothing, yet scales)
+    buckets: dict[int, list[tuple[list[int], list[int]]]] = field(default_factory=dict)
     _index: dict[tuple, int] = field(default_factory=dict, repr=False)
 
     def segment(self, stage: int, chunk: int) -> Segment:

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from predictor.architecture.params import chunk_params
 from predictor.ir.ops import OpBuilder, OpUse
 from predictor.layers.local_kernels import optimizer_ops
 from predictor.parallel import fsdp, iteration_syncs, muon
-from predictor.parallel.grad_buckets import chunk_tag, stage_buckets
+from predictor.parallel.grad_buckets import StageBuckets, chunk_tag, stage_buckets
 from tracekit.core.config import TrainingConfig
 from tracekit.core.optimizer_state import FUSED_ADAM_BYTES, step_bytes
 from tracekit.core.samples import DTENSOR_SUFFIX
@@ -38,6 +37,7 @@ class StageSync:
     optimizer: OpUse | None = None
     casts: list[OpUse] = field(default_factory=list)  # compute once per iteration beside the step (weight casts)
     reports: list[tuple[OpUse, float]] = field(default_factory=list)  # (op, per iteration) after it, exposed
+    buckets: StageBuckets = field(default_factory=list)  # the stage's gradient buffers as cut (grad_buckets)
 
 
 def param_gather_bytes(c: TrainingConfig) -> int:
@@ -75,12 +75,11 @@ def _buckets(b: OpBuilder, sizes: list[int], group: str, chunk: int, sync: Stage
 def stage_sync(b: OpBuilder, stage: int, weight_cast_elements: float) -> StageSync:
     """The per-iteration ops of pipeline stage `stage` (`weight_cast_elements`: the weights the recipe casts on it)."""
     c = b.c
-    pp, vp = c.pp, c.vp
+    pp = c.pp
     sync = StageSync()
-    per_chunk = [chunk_params(c, stage, chunk) for chunk in range(vp)]
-    dense, expert = sum(d for d, _ in per_chunk), sum(e for _, e in per_chunk)
     sharding = fsdp.sharding_of(c)
-    buckets = stage_buckets(c, stage, sharding.dp)  # [(dense sizes, expert sizes)] per chunk (grad_buckets)
+    buckets = sync.buckets = stage_buckets(c, stage, sharding.dp)  # [(dense sizes, expert sizes)] per chunk
+    dense, expert = sum(sum(d) for d, _ in buckets), sum(sum(e) for _, e in buckets)
     if sharding.per_unit:  # FSDP reduces each unit's gradients in the backward (predictor.parallel.fsdp)
         shard_dense = fsdp.stage_sync(b, stage, dense, sync.param_gather, sync.grad_sync)
     elif sharding.replicas > 1:  # the distributed optimizer in instances (predictor.parallel.fsdp)

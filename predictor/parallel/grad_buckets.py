@@ -29,6 +29,8 @@ from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
 from tracekit.core.runtime import RuntimeSettings
 
+#: Per model chunk of a pipeline stage, the elements of each bucket of its dense and of its expert buffer.
+StageBuckets = list[tuple[list[int], list[int]]]
 #: Megatron's default bucket: at least this many elements ...
 MIN_ELEMENTS = 40_000_000
 #: ... and this many per data- and context-parallel rank (NCCL's ring chunks stay bandwidth-bound at large dp).
@@ -79,9 +81,10 @@ def bucket_elements(params: int, size: int | None, tensors: int) -> list[int]:
     return [params // count + (1 if i < params % count else 0) for i in range(count)]
 
 
-def scaled_elements(c: TrainingConfig, stage: int, dpcp_ranks: int, edp_ranks: int) -> int:
-    """Gradient elements Megatron's DDP scales in place once per iteration on pipeline stage `stage` (module
-    docstring): each chunk's dense and expert buffers, where their scaling factor is not 1."""
+def scaled_elements(c: TrainingConfig, buckets: StageBuckets, dpcp_ranks: int, edp_ranks: int) -> int:
+    """Gradient elements Megatron's DDP scales in place once per iteration on a pipeline stage whose buffers are cut
+    into `buckets` (`stage_buckets`; module docstring): each chunk's dense and expert buffers, where their scaling
+    factor is not 1."""
     run = c.run or RuntimeSettings()
     if run.per_token_loss:
         dense_scaled = expert_scaled = True
@@ -89,14 +92,10 @@ def scaled_elements(c: TrainingConfig, stage: int, dpcp_ranks: int, edp_ranks: i
         dense_scaled, expert_scaled = False, edp_ranks != dpcp_ranks
     else:
         dense_scaled = expert_scaled = dpcp_ranks > 1
-    out = 0
-    for chunk in range(c.vp):
-        dense, expert = chunk_params(c, stage, chunk)
-        out += (dense if dense_scaled else 0) + (expert if expert_scaled else 0)
-    return out
+    return sum((sum(dense) if dense_scaled else 0) + (sum(expert) if expert_scaled else 0) for dense, expert in buckets)
 
 
-def stage_buckets(c: TrainingConfig, stage: int, dpcp_ranks: int) -> list[tuple[list[int], list[int]]]:
+def stage_buckets(c: TrainingConfig, stage: int, dpcp_ranks: int) -> StageBuckets:
     """Per model chunk of pipeline stage `stage`, the elements of each bucket of its dense and of its expert buffer
     (module docstring; `dpcp_ranks`: the ranks a dense parameter is reduced over)."""
     per_chunk = [chunk_params(c, stage, chunk) for chunk in range(c.vp)]

@@ -30,7 +30,7 @@ from predictor.report.cpu_trace_writer import CpuTraceWriter, span
 from predictor.report.kernel_names import DeviceNames, device_names
 from predictor.report.trace_writer import BASE_NS, TraceWriter
 from predictor.schedule.pipeline import Timeline
-from predictor.schedule.stage_work import split_backward
+from predictor.schedule.stage_work import split_backward, step_us
 from predictor.schedule.zero_bubble import segment_of
 from tracekit.core.atomic import atomic_write_bytes
 from tracekit.core.cluster import Cluster
@@ -197,9 +197,8 @@ def rank_trace(prediction: PredictedRun, rank: int, iterations: int = 2, names: 
         sync_ops = graph.grad_sync[stage]
         for use, (a, b) in zip(sync_ops, tail.sync_intervals):
             put(use, "comm", t0 + a, b - a)
-        opt = graph.optimizer[stage]  # the step and the recipe's casts; not the passes beside them (framework_costs)
-        step = float(dur[opt.spec]) + sum(o.count * float(dur[o.spec]) for o in graph.casts.get(stage, []))
-        put(opt, "optimizer", t0 + tail.opt_start, min(step, tail.opt_end - tail.opt_start))
+        # the step and the recipe's casts; not the per-iteration passes after them (framework_costs)
+        put(graph.optimizer[stage], "optimizer", t0 + tail.opt_start, step_us(graph, dur, stage))
         t = t0 + tail.opt_end
         if tail.exposed_gather_us:
             for use in graph.param_gather[stage]:

@@ -236,11 +236,11 @@ def pass_costs(graph: Graph) -> PassCosts:
         fixed += reads * SYNC_US
         syncs = 0.0
         if ddp:
-            scaled = grad_buckets.scaled_elements(c, stage, graph.groups["dpcp"].size, graph.groups["edp"].size)
+            buckets = graph.buckets[stage]
+            scaled = grad_buckets.scaled_elements(c, buckets, graph.groups["dpcp"].size, graph.groups["edp"].size)
             device += moved(2 * scaled * c.grad_bytes)
             if checks.bucket_norm:  # each bucket's norm read, its checks on the host (runtime.result_checks)
                 device += moved(elements * c.grad_bytes)
-                buckets = grad_buckets.stage_buckets(c, stage, graph.groups["dpcp"].size)
                 syncs += checks.bucket_syncs * sum(len(d) + len(e) for d, e in buckets)
             if run.per_token_loss:  # the token count from the last stage, then summed over the data-parallel ranks
                 fixed += _scalar_allreduce_us(graph, "pp") + _scalar_allreduce_us(graph, "dpcp")

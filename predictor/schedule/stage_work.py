@@ -190,8 +190,7 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
     bucket_ops = [[o for o in graph.grad_sync[s] if o.group in ("dpcp", "edp", *fsdp.GROUPS)] for s in range(pp)]
     buckets = [[float(dur[o.spec]) for o in ops] for ops in bucket_ops]
     embd = [float(sum(dur[o.spec] for o in graph.grad_sync[s] if o.group == "embd")) for s in range(pp)]
-    optimizer = [float(dur[graph.optimizer[s].spec]) + float(sum(o.count * dur[o.spec] for o in graph.casts.get(s, [])))
-                 + passes.iteration_us(s, cal.tensor_op_us, cal.host_op_us) for s in range(pp)]
+    optimizer = [step_us(graph, dur, s) + passes.iteration_us(s, cal.tensor_op_us, cal.host_op_us) for s in range(pp)]
     gather = [float(sum(dur[o.spec] for o in graph.param_gather[s])) for s in range(pp)]
     report = [float(sum(times * dur[o.spec] for o, times in graph.reports.get(s, []))) for s in range(pp)]
     extra: dict = {"pipeline_schedule": schedule} if schedule else {}
@@ -218,6 +217,13 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
         microbatch_group=c.microbatch_group, **extra,
     )
     return dur, (fwd, bwd, c.num_microbatches, options)
+
+
+def step_us(graph: Graph, dur: np.ndarray, stage: int) -> float:
+    """The optimizer step of a stage and the recipe's once-per-iteration casts beside it (µs); the per-iteration passes
+    (`framework_costs.pass_costs`) follow them."""
+    casts = sum(o.count * dur[o.spec] for o in graph.casts.get(stage, []))
+    return float(dur[graph.optimizer[stage].spec]) + float(casts)
 
 
 def split_backward(graph: Graph, dur: np.ndarray) -> tuple[np.ndarray, list[list[tuple[list[OpUse], list[OpUse]]]]]:
