@@ -20,7 +20,7 @@ replays the layer's forward (with its collectives) before its backward (with `re
 `recompute_num_layers` layers of each chunk); `selective` replays the modules Megatron's `recompute_modules` names
 (default core attention). A job that compiles its blocks (`torch_compile`) runs each layer's memory-bound ops as
 Inductor's fused kernels (predictor.layers.compile_fusion). Per iteration and stage: the gradient sync and optimizer
-(predictor.parallel.data_parallel).
+(predictor.parallel.data_parallel); between stages, the activation's hand-over (predictor.parallel.pipeline_p2p).
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from predictor.layers.embedding.ops import embedding, head, mtp_ends
 from predictor.layers.pytorch_native import per_op_replay
 from predictor.parallel import fsdp
 from predictor.parallel.data_parallel import stage_sync
+from predictor.parallel.pipeline_p2p import p2p_ops
 from tracekit.core.config import TrainingConfig
 from tracekit.core.pipeline_layout import Chunk, chunks
 
@@ -185,8 +186,7 @@ def build_graph(config: TrainingConfig, hardware: str, gpus_per_node: int = 8,
             stage_casts[stage] += casts
     if fsdp.sharding_of(c).per_unit:  # FSDP/ZeRO-2/3: each unit's collectives inside forward and backward
         fsdp.insert_unit_ops(b, segments)
-    p2p_op = b.collective("p2p.activation", "send_recv", "p2p", b.sp_tokens * c.hidden_size * c.dtype_bytes,
-                          False) if c.pp > 1 else None
+    p2p_op, p2p_gather = p2p_ops(b)
     grad_sync: dict[int, list[OpUse]] = {}
     param_gather: dict[int, list[OpUse]] = {}
     optimizer: dict[int, OpUse] = {}
@@ -201,4 +201,4 @@ def build_graph(config: TrainingConfig, hardware: str, gpus_per_node: int = 8,
         optimizer[stage] = sync.optimizer
     return Graph(config, hardware, gpus_per_node, b.groups, b.specs, segments,
                  None if p2p_op is None else p2p_op.spec, grad_sync, param_gather, optimizer, weight_casts, reports,
-                 buckets, b.index)
+                 buckets, None if p2p_gather is None else p2p_gather.spec, b.index)

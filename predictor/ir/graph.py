@@ -44,6 +44,9 @@ class Graph:
     # per stage and model chunk: the elements of each bucket of its dense and expert gradient buffers, as Megatron's
     # DDP cuts them (predictor.parallel.grad_buckets), collective or not (one rank reduces nothing, yet scales)
     buckets: dict[int, list[tuple[list[int], list[int]]]] = field(default_factory=dict)
+    # spec of the all-gather over the tensor-parallel group that follows each transfer under Megatron-LM 2021's
+    # scatter/gather of pipeline tensors (predictor.parallel.pipeline_p2p); None without it
+    p2p_gather: int | None = None
     _index: dict[tuple, int] = field(default_factory=dict, repr=False)
 
     def segment(self, stage: int, chunk: int) -> Segment:

@@ -32,6 +32,8 @@ def stage_ops(graph: Graph, stage: int):
     if graph.p2p is not None:
         sends = (graph.config.vp * 2 - (stage == 0) - (stage == graph.config.pp - 1)) * m
         yield OpUse("p2p.send_recv", graph.p2p, group="pp"), sends
+        if graph.p2p_gather is not None:
+            yield OpUse("p2p.gather", graph.p2p_gather, group="tp"), sends
     for op in graph.grad_sync[stage] + graph.param_gather[stage]:
         yield op, 1
     for op in graph.casts.get(stage, []):  # weight casts once, Muon's iterations `count` times

@@ -192,7 +192,10 @@ def rank_trace(prediction: PredictedRun, rank: int, iterations: int = 2, names: 
                 t += d
             w.annotate(None)
             if task.send and graph.p2p is not None:
-                put(OpUse("p2p.send", graph.p2p, group="pp"), "comm", t, task.send)
+                send = min(task.send, float(dur[graph.p2p]))
+                put(OpUse("p2p.send", graph.p2p, group="pp"), "comm", t, send)
+                if graph.p2p_gather is not None and task.send > send:
+                    put(OpUse("p2p.gather", graph.p2p_gather, group="tp"), "comm", t + send, task.send - send)
         tail = tl.tails[stage]
         sync_ops = graph.grad_sync[stage]
         for use, (a, b) in zip(sync_ops, tail.sync_intervals):

@@ -209,7 +209,7 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
         extra["wgrad"] = [[_work(weight_ops, bwd_dur, cal, est.framework_us.get("bwd", 0.0), hiding, graphs,
                                  (0.0, 0.0, call)) for _, weight_ops in row] for row in split[1]]
     options = dict(
-        p2p_us=float(dur[graph.p2p]) if graph.p2p is not None else 0.0,
+        p2p_us=hand_over_us(graph, dur),
         grad_buckets_us=buckets, overlap_grad=c.overlap_grad_reduce, embedding_sync_us=embd,
         grad_bucket_chunks=[[o.chunk for o in ops] for ops in bucket_ops],
         optimizer_us=optimizer, param_gather_us=gather, overlap_param_gather=c.overlap_param_gather, report_us=report,
@@ -217,6 +217,15 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
         microbatch_group=c.microbatch_group, **extra,
     )
     return dur, (fwd, bwd, c.num_microbatches, options)
+
+
+def hand_over_us(graph: Graph, dur: np.ndarray) -> float:
+    """One activation's hand-over between adjacent stages (µs): the transfer and, under Megatron-LM 2021's
+    scatter/gather, the all-gather after it (predictor.parallel.pipeline_p2p); 0 without a pipeline."""
+    if graph.p2p is None:
+        return 0.0
+    gather = float(dur[graph.p2p_gather]) if graph.p2p_gather is not None else 0.0
+    return float(dur[graph.p2p]) + gather
 
 
 def step_us(graph: Graph, dur: np.ndarray, stage: int) -> float:

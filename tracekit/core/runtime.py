@@ -34,6 +34,10 @@ logging passes, timers, gradient-accumulation fusion, gradient clipping. Setting
   check_grads`); `check_for_large_grads` checks that norm once more, `check_for_spiky_loss` the loss
   (`result_checks`). Megatron allows `cuda_graph_impl full_iteration` only without the NaN/Inf checks: a run with it
   ran without them (a table's row, a log), so they are off there.
+- `scatter_gather_tensors_in_pipeline` (Megatron-LM 2020–2022's, not the pinned snapshot's: on by default there,
+  `--no-scatter-gather-tensors-in-pipeline`; the `megatron-lm-2021` stack profile sets it): without sequence
+  parallelism each tensor-parallel rank sends 1/tp of the activation to the next pipeline stage and the receivers
+  all-gather it (`predictor.parallel.pipeline_p2p`).
 - `torch_compile` (not a Megatron flag: torchtitan's `[compile] enable`, Composer's `compile_config`): each
   transformer block compiled by TorchInductor, its memory-bound ops run as fused kernels
   (`predictor.layers.compile_fusion`).
@@ -74,6 +78,7 @@ class RuntimeSettings:
     check_for_nan_in_loss_and_grad: bool | None = None
     check_for_large_grads: bool | None = None
     check_for_spiky_loss: bool | None = None
+    scatter_gather_tensors_in_pipeline: bool | None = None  # Megatron-LM 2020–2022 (module docstring)
     torch_compile: bool | None = None
 
     def __post_init__(self) -> None:
