@@ -140,6 +140,35 @@ def test_hybrid_shard_shards_inside_a_node(tmp_path):
         read_job(path, world_size=32)
 
 
+def test_composer_without_fsdp_is_ddp_reducing_the_last_micro_batch_in_25_mb_buckets(tmp_path):
+    """Composer's DDP (SINGLE_AUTO_SYNC): no_sync until the last micro-batch, whose backward reduces the fp32
+    gradients in PyTorch DDP's 25 MB buckets as they fill: Megatron's overlapped buckets at 6,553,600 elements."""
+    import dataclasses
+
+    import yaml
+
+    from predictor.assembly.graph import build_graph
+
+    data = yaml.safe_load((JOBS / "mpt-7b.yaml").read_text())
+    data.pop("fsdp_config")
+    path = tmp_path / "ddp.yaml"
+    path.write_text(yaml.safe_dump(data))
+    c = TrainingConfig.from_mapping(read_composer(path, world_size=8).settings).validate()
+    assert c.overlap_grad_reduce and c.extra["ddp_bucket_size"] * 4 == 25 * 2 ** 20
+    assert not sharding_of(c).per_unit  # once per iteration, not in every micro-batch
+    g = build_graph(c, "A100-SXM4-80GB", 8)
+    sizes = [g.specs[o.spec]["bytes"] for o in g.grad_sync[0] if o.group == "dpcp"]
+    params = 32 * (12 * 4096 ** 2 + 2 * 4096) + 50432 * 4096 + 2 * 4096  # MPT-7B: no biases, tied embedding
+    assert sum(sizes) == pytest.approx(4 * params, rel=0.01)
+    # 25 MB is below most of its weights (a 4096 × 16384 fp32 projection is 256 MB): a bucket per tensor or so, many
+    # more than Megatron's default bucket of 40M elements makes
+    megatron = dataclasses.replace(c, extra={k: v for k, v in c.extra.items() if k != "ddp_bucket_size"})
+    default = [o for o in build_graph(megatron, "A100-SXM4-80GB", 8).grad_sync[0] if o.group == "dpcp"]
+    assert len(sizes) >= 2 * len(default) and min(sizes) >= 25 * 2 ** 20
+    single = read_composer(path, world_size=1).settings  # one GPU: nothing to reduce
+    assert "overlap_grad_reduce" not in single
+
+
 def test_a_megatron_yaml_is_no_job_file(tmp_path):
     path = tmp_path / "megatron.yaml"
     path.write_text("num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nseq_length: 32\n")

@@ -13,7 +13,10 @@ What such a YAML states, read as Composer runs it:
 - `fsdp_config`: `sharding_strategy` (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD: shard inside a node,
   _HYBRID_SHARD_ZERO2, NO_SHARD), `mixed_precision` (DEFAULT: gradients reduced in fp32; PURE: in bf16),
   `activation_checkpointing` (whole blocks), `data_parallel_shard_degree` / `data_parallel_replicate_degree` or
-  `device_mesh: [replicate, shard]` (HSDP). No `fsdp_config`: DDP.
+  `device_mesh: [replicate, shard]` (HSDP). No `fsdp_config`: PyTorch's DDP as Composer runs it
+  (`ddp_sync_strategy` SINGLE_AUTO_SYNC, its default: `no_sync` for all but the last micro-batch, whose backward
+  reduces the gradients in DDP's 25 MB buckets as they fill) — Megatron's bucketed, overlapped DDP at that bucket
+  size (fp32 gradients: 6,553,600 elements).
 - `compile_config` (torch.compile: the blocks as Inductor's fused kernels, predictor.layers.compile_fusion; FSDP's hooks
   cut the graph at each wrapped block, so the blocks compile one by one as torchtitan's do).
 
@@ -69,6 +72,8 @@ FSDP = ("sharding_strategy", "mixed_precision", "activation_checkpointing", "act
 STRATEGY = {"FULL_SHARD": ("optim_grads_params", True), "SHARD_GRAD_OP": ("optim_grads_params", False),
             "HYBRID_SHARD": ("optim_grads_params", True), "_HYBRID_SHARD_ZERO2": ("optim_grads_params", False),
             "NO_SHARD": ("no_shard", True)}
+#: PyTorch DDP's gradient bucket (`bucket_cap_mb` 25, Composer passes no other).
+DDP_BUCKET_BYTES = 25 * 1024 * 1024
 PRECISION = {"amp_bf16": "amp_bf16", "amp_fp16": "amp_fp16", "amp_fp8": "amp_fp8", "fp32": "fp32"}
 _REF = re.compile(r"\$\{([^}]+)\}")
 
@@ -218,6 +223,11 @@ def _settings(data: dict[str, Any], world_size: int | None, gpus_per_node: int |
     fsdp = _check("fsdp_config", data.get("fsdp_config"), FSDP)
     if "fsdp_config" in data:
         _fsdp(fsdp, world_size, gpus_per_node, out, notes)
+    elif world_size > 1:  # PyTorch DDP, synchronising the last micro-batch only (module docstring)
+        out["overlap_grad_reduce"] = True
+        out["ddp_bucket_size"] = DDP_BUCKET_BYTES // 4
+        notes.append("no fsdp_config: PyTorch's DDP, the last micro-batch's backward reducing the gradients in "
+                     "25 MB buckets")
     return Job(out, "composer", notes)
 
 

@@ -10,7 +10,8 @@ What a torchtitan job states, read as torchtitan runs it:
   local · dp; more is gradient accumulation), `seq_len`, `mixed_precision_param` (bfloat16 | float32),
   `mixed_precision_reduce` (float32), `compile` (older versions; `[compile] enable` in newer).
 - `[parallelism]`: `data_parallel_shard_degree` (FSDP2 `fully_shard`; −1: the ranks left),
-  `data_parallel_replicate_degree` (with shard > 1: HSDP, each replica shards over the shard degree; alone: DDP),
+  `data_parallel_replicate_degree` (with shard > 1: HSDP, each replica shards over the shard degree; alone:
+  PyTorch's DDP, `replicate` with 100 MB buckets, which torchtitan refuses beside TP or PP),
   `tensor_parallel_degree` (with sequence parallelism and the loss parallel, as torchtitan applies it),
   `enable_async_tensor_parallel` (needs compile), `pipeline_parallel_degree`, `pipeline_parallel_schedule` (1F1B,
   GPipe, Interleaved1F1B in Megatron's orders; LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV in
@@ -231,6 +232,12 @@ def _settings(data: dict[str, Any], world_size: int | None) -> Job:
                data_parallel_size=dp, world_size=world, sequence_parallel=tp > 1)
     if get("parallelism", "disable_loss_parallel", False) and tp > 1:
         notes.append("parallelism.disable_loss_parallel: the loss is modelled vocabulary-parallel all the same")
+    if replicate > 1 and shard == 1 and cp == 1:  # torchtitan's apply_ddp: `replicate` over a 1-D mesh only
+        if tp > 1 or pp > 1:
+            raise ConfigError(f"parallelism.data_parallel_replicate_degree {replicate} without sharding is "
+                              f"torchtitan's DDP, which refuses tensor_parallel_degree {tp} / "
+                              f"pipeline_parallel_degree {pp}: \"DDP has not supported > 1D parallelism\"")
+        out["sharded_data_parallel"] = "torch-ddp"
     if shard > 1 or cp > 1:  # torchtitan applies fully_shard over dp_shard × cp
         out["sharded_data_parallel"] = "torch-fsdp2"
         out["data_parallel_sharding_strategy"] = "optim_grads_params"

@@ -88,7 +88,7 @@ def stage_sync(b: OpBuilder, stage: int, weight_cast_elements: float) -> StageSy
         for chunk, (sizes, _) in enumerate(buckets):
             _buckets(b, sizes, "dpcp", chunk, sync)
         shard_dense = b.groups["dpcp"].size if c.use_distributed_optimizer else 1
-    if not (sharding.per_unit and sharding.grads_sharded):  # FSDP/ZeRO-2+ shard the experts per unit too
+    if not sharding.per_unit:  # per-unit sharding (and PyTorch's DDP) reduces the experts per unit too
         for chunk, (_, sizes) in enumerate(buckets):
             _buckets(b, sizes, "edp", chunk, sync)
     tied = pp > 1 and not c.untie_embeddings_and_output_weights and stage in (0, pp - 1)

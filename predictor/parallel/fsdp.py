@@ -14,6 +14,10 @@ parallel ranks, or with HSDP each replica's `dp·cp / replicas` of them):
 - ZeRO-2 (`optim_grads`): the reduce-scatter per micro-batch; the updated parameters are all-gathered once per
   iteration after the optimizer step.
 - FSDP's NO_SHARD: an all-reduce per unit and micro-batch.
+- PyTorch's DDP (`torch-ddp`: torchtitan's `replicate`, whose loop reduces every micro-batch): the same all-reduce per
+  unit — its 100 MB buckets fill in backward order as the units' gradients arrive —, the reducer copying each
+  gradient into its bucket, divided by the ranks (one pass), and the reduced bucket back into the gradient (another);
+  the buckets are a second copy of the gradients in memory (`gradient_as_bucket_view` off, the default).
 PyTorch FSDP2 also copies each unit's shards into the gather buffer and out of it, and the gradients into the
 reduce-scatter buffer (memory-bound copies on the compute stream), each estimated as its own op in the pass it runs in
 (`tracekit sample` times them; a hardware without their samples answers them by its elementwise model). The
@@ -38,6 +42,7 @@ from predictor.ir.ops import OpBuilder, OpUse
 from predictor.ir.placement import group_placement
 from predictor.layers.block import Block
 from predictor.layers.decoder import blocks_named, layer_blocks
+from predictor.layers.local_kernels import RES_ADD_MOVES
 from predictor.parallel.grad_buckets import chunk_tag
 from tracekit.core.pipeline_layout import chunks
 from tracekit.core.samples import FSDP_COPY_IN, FSDP_COPY_OUT, FSDP_GRAD_COPY_IN
@@ -96,6 +101,7 @@ def unit_ops(b: OpBuilder, s: Sharding, params: float, name: str, per_layer: boo
     before_bwd: list[OpUse] = []
     after_bwd: list[OpUse] = []
     copies = s.implementation == "torch-fsdp2"
+    ddp = s.implementation == "torch-ddp"
 
     def copy(label: str, variant: str, numel: float, pass_: str) -> OpUse:
         """One of FSDP2's copies, estimated as its op in the pass it runs in (tracekit.core.samples.FSDP_COPIES)."""
@@ -125,10 +131,25 @@ def unit_ops(b: OpBuilder, s: Sharding, params: float, name: str, per_layer: boo
             across = None if experts else b.collective(f"{name}.fsdp.replica_all_reduce", "all_reduce", REPLICA,
                                                        params * reduce_bytes(c) / n, per_layer)
         else:  # NO_SHARD: DDP by FSDP, an all-reduce per unit
-            across = b.collective(f"{name}.fsdp.all_reduce", "all_reduce", group, params * reduce_bytes(c), per_layer)
-        if across is not None:
+            label = "ddp" if ddp else "fsdp"
+            across = b.collective(f"{name}.{label}.all_reduce", "all_reduce", group, params * reduce_bytes(c),
+                                  per_layer)
+        if across is not None and ddp:  # the reducer's copies into the bucket (scaled) and back
+            after_bwd.append(_bucket_copy(b, f"{name}.ddp.bucket_copy_in", params, per_layer))
+            after_bwd.append(across)
+            after_bwd.append(_bucket_copy(b, f"{name}.ddp.bucket_copy_out", params, per_layer))
+        elif across is not None:
             after_bwd.append(across)
     return before_fwd, before_bwd, after_bwd
+
+
+def _bucket_copy(b: OpBuilder, name: str, params: float, per_layer: bool) -> OpUse:
+    """One pass of PyTorch DDP's reducer over `params` gradients in the reduction dtype (a read and a write), asked
+    of the element-wise kernel's model at the numel that moves as much (predictor.layers.local_kernels.streaming)."""
+    moves = 2.0 * params * reduce_bytes(b.c) / b.bytes
+    numel = moves / RES_ADD_MOVES
+    spec = b.spec("elementwise", "bwd", "ddp_bucket_copy", None, None, rows=numel, width=1.0, numel=numel)
+    return OpUse(name, spec, per_layer=per_layer)
 
 
 def pays_unit_hooks(c: TrainingConfig) -> bool:
@@ -282,7 +303,7 @@ def memory_parts(c: TrainingConfig, dense: int, expert: int, expert_shard: int, 
     Experts shard over the expert data-parallel ranks (`expert_shard`), dense parameters over the shard group."""
     s = sharding_of(c)
     n = s.shard_size
-    torch_fsdp = s.implementation.startswith("torch-fsdp")
+    torch_fsdp = s.implementation.startswith("torch-")  # FSDP's and DDP's fp32 parameters
     compute = c.dtype_bytes
     store = 4 if torch_fsdp else compute  # torch FSDP keeps fp32 parameters and casts them for compute
     state = 8 if (torch_fsdp or c.precision == "fp32") else 12
@@ -293,6 +314,8 @@ def memory_parts(c: TrainingConfig, dense: int, expert: int, expert_shard: int, 
         in_flight = (layer_dense + layer_expert) * (2 if s.reshard_after_forward else layers) + root
         weights += in_flight * compute
     gradients = ((dense / n + expert / expert_shard) if s.grads_sharded else dense + expert) * grad
+    if s.implementation == "torch-ddp":  # the reducer's buckets: a second copy of every gradient
+        gradients *= 2
     if s.once_per_iteration(c.pp):  # pipelined: gradients accumulate unsharded until the last micro-batch
         gradients = (dense + expert) * grad
     elif s.grads_sharded:

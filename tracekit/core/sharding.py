@@ -7,7 +7,10 @@ CSV columns write the same settings:
 
 - `sharded_data_parallel`: who shards — `none` (Megatron's DDP, with or without the distributed optimizer),
   `megatron-fsdp` (Megatron's `--use-megatron-fsdp`), `torch-fsdp2` (`--use-torch-fsdp2`; torchtitan's
-  `fully_shard`), `torch-fsdp1` (`FullyShardedDataParallel`: Composer/llm-foundry), `deepspeed` (ZeRO).
+  `fully_shard`), `torch-fsdp1` (`FullyShardedDataParallel`: Composer/llm-foundry), `deepspeed` (ZeRO), `torch-ddp`
+  (PyTorch's `DistributedDataParallel` as torchtitan runs it, `replicate` over the data-parallel ranks: it shards
+  nothing, and reduces each micro-batch's gradients in 100 MB buckets while that backward runs, the loop having no
+  `no_sync`).
 - `data_parallel_sharding_strategy` (Megatron's `--data-parallel-sharding-strategy`): `no_shard` (ZeRO-0, DDP),
   `optim` (ZeRO-1: optimizer state), `optim_grads` (ZeRO-2: and gradients), `optim_grads_params` (ZeRO-3, FSDP
   FULL_SHARD: and parameters). Derived when not given: `optim_grads_params` for the torch FSDPs, `optim` with
@@ -46,7 +49,13 @@ class ShardedJob(Protocol):
     @property
     def cp(self) -> int: ...
 
-IMPLEMENTATIONS = ("none", "megatron-fsdp", "torch-fsdp2", "torch-fsdp1", "deepspeed")
+    @property
+    def tp(self) -> int: ...
+
+    @property
+    def pp(self) -> int: ...
+
+IMPLEMENTATIONS = ("none", "megatron-fsdp", "torch-fsdp2", "torch-fsdp1", "deepspeed", "torch-ddp")
 #: Megatron's strategy names, in ZeRO-stage order (index = ZeRO stage).
 STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 OUTER_STRATEGIES = ("no_shard", "optim")
@@ -57,6 +66,7 @@ FIELDS = ("sharded_data_parallel", "data_parallel_sharding_strategy", "num_distr
           "torch_fsdp2_reshard_after_forward", "outer_dp_sharding_strategy")
 _ALIASES = {"fsdp": "torch-fsdp1", "fsdp1": "torch-fsdp1", "fsdp2": "torch-fsdp2", "torch_fsdp2": "torch-fsdp2",
             "torch_fsdp1": "torch-fsdp1", "megatron_fsdp": "megatron-fsdp", "zero": "deepspeed", "false": "none",
+            "torch_ddp": "torch-ddp", "replicate": "torch-ddp",
             "no": "none", "off": "none"}
 
 
@@ -84,15 +94,17 @@ class Sharding:
     @property
     def fsdp(self) -> bool:
         """Sharded by an FSDP/ZeRO implementation rather than Megatron's DDP (with or without its distributed
-        optimizer)."""
-        return self.implementation != "none"
+        optimizer, and PyTorch's DDP, which shards nothing)."""
+        return self.implementation not in ("none", "torch-ddp")
 
     @property
     def per_unit(self) -> bool:
         """Collectives per unit (one transformer block) inside each micro-batch's forward and backward — ZeRO-2/3
         by any framework, the torch FSDPs at any strategy — rather than gradient buckets after the last backward
-        (Megatron's DDP and distributed optimizer; ZeRO-0/1 of DeepSpeed and Megatron-FSDP work the same way)."""
-        return self.fsdp and (self.stage >= 2 or self.implementation.startswith("torch-fsdp"))
+        (Megatron's DDP and distributed optimizer; ZeRO-0/1 of DeepSpeed and Megatron-FSDP work the same way). PyTorch's
+        DDP reduces its buckets as the backward fills them, as a unit's: priced per unit."""
+        return self.implementation == "torch-ddp" or (
+            self.fsdp and (self.stage >= 2 or self.implementation.startswith("torch-fsdp")))
 
     def once_per_iteration(self, pp: int) -> bool:
         """PyTorch's pipelining (torchtitan's PP) keeps an FSDP2 stage's parameters gathered across its micro-batches
@@ -118,8 +130,9 @@ class Sharding:
     @property
     def reduce_every_microbatch(self) -> bool:
         """Gradients reduced after every micro-batch's backward (sharded gradients cannot be accumulated whole;
-        FSDP1/FSDP2 without no_sync also reduce unsharded ones each time), else once per iteration."""
-        return self.grads_sharded or self.implementation in ("torch-fsdp1", "torch-fsdp2")
+        FSDP1/FSDP2 without no_sync also reduce unsharded ones each time, and torchtitan's DDP), else once per
+        iteration."""
+        return self.grads_sharded or self.implementation in ("torch-fsdp1", "torch-fsdp2", "torch-ddp")
 
     @property
     def optimizer_shard(self) -> int:
@@ -190,6 +203,8 @@ class ShardingSettings:
             return self.data_parallel_sharding_strategy
         if self.sharded_data_parallel in ("torch-fsdp2", "torch-fsdp1"):
             return "optim_grads_params"
+        if self.sharded_data_parallel == "torch-ddp":
+            return "no_shard"
         return "optim" if use_distributed_optimizer else "no_shard"
 
     def validate(self, c: ShardedJob) -> None:
@@ -202,6 +217,14 @@ class ShardingSettings:
             raise ConfigError(f"outer_dp_sharding_strategy must be no_shard or optim, not "
                               f"{self.outer_dp_sharding_strategy!r}")
         stage = STRATEGIES.index(strategy)
+        if self.sharded_data_parallel == "torch-ddp" and (stage > 0 or c.use_distributed_optimizer):
+            raise ConfigError("sharded_data_parallel torch-ddp (PyTorch's DistributedDataParallel) shards nothing: "
+                              f"data_parallel_sharding_strategy must be no_shard, not {strategy}, and without "
+                              "use_distributed_optimizer")
+        if self.sharded_data_parallel == "torch-ddp" and max(c.tp, c.pp, c.cp) > 1:
+            raise ConfigError("sharded_data_parallel torch-ddp is torchtitan's DDP (`replicate`), which runs on the "
+                              "data-parallel ranks alone and refuses tp, pp or cp > 1 (\"DDP has not supported > 1D "
+                              f"parallelism\"), got tp {c.tp}, pp {c.pp}, cp {c.cp}")
         if self.sharded_data_parallel == "none":
             if stage > 1:
                 raise ConfigError(f"data_parallel_sharding_strategy {strategy} shards gradients or parameters: it "
