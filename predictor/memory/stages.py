@@ -43,6 +43,7 @@ from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import hardware_spec
 from tracekit.core.optimizer_state import adam_state
 from tracekit.core.pipeline_layout import chunks, torch_schedule
+from tracekit.core.runtime import deferred_share
 
 GB = 1e9
 
@@ -95,6 +96,20 @@ def _loss_bytes(c: TrainingConfig) -> float:
     bytes either way). Other implementations: `LOSS_BYTES`."""
     impl = c.extra.get("cross_entropy_fusion_impl") if c.extra.get("cross_entropy_loss_fusion") else None
     return LOSS_BYTES.get(str(impl), 2.0 + 4.0)
+
+
+def deferred_wgrad_bytes(c: TrainingConfig) -> float:
+    """What `defer_embedding_wgrad_compute` keeps on the last stage until the pipeline flush: each deferred output-layer
+    call's input (its [s, b, h] share of the rank: 1/tp with sequence parallelism) and output gradient ([s, b, V/tp]),
+    both in the training dtype (tracekit.core.runtime.deferred_share of the iteration's calls)."""
+    share = deferred_share(c)
+    if not share:
+        return 0.0
+    mtp = (c.layout.mtp_num_layers or 0) if c.layout else 0
+    calls = share * c.num_microbatches * (1 + mtp)
+    tokens = c.seq_length // c.cp * c.micro_batch_size
+    width = c.hidden_size / (c.tp if c.sequence_parallel else 1) + c.padded_vocab_size / c.tp
+    return calls * tokens * width * c.dtype_bytes
 
 
 def _in_flight(c: TrainingConfig, stage: int) -> float:
@@ -177,7 +192,7 @@ def stage_memory(c: TrainingConfig, hardware: str | None = None) -> list[dict[st
                 acts += part.mtp * _layer_bytes(c, mtp_layer(c))
         in_flight = _in_flight(c, stage)
         has_loss = any(part.loss for part in layout[stage])
-        activations = acts * in_flight + working + (logits if has_loss else 0.0)
+        activations = acts * in_flight + working + (logits + deferred_wgrad_bytes(c) if has_loss else 0.0)
         params = dense + expert
         # 2-byte gradients (fp16, or bf16 reduced in bf16): Megatron's mixed-precision optimizer gives its fp32 main
         # parameters (a shard of them with the distributed optimizer) fp32 copies of the gradients, kept until the

@@ -72,7 +72,8 @@ class CpuTraceWriter(TraceWriter):
         return start, dur
 
     # -- one operator instance ---------------------------------------------------------------------------------
-    def op(self, use: OpUse, pass_: str, start: float, dur: float) -> None:
+    def op(self, use: OpUse, pass_: str, start: float, dur: float, role: str | None = None) -> None:
+        """One op of the timeline (`role`: as `TraceWriter.op`'s)."""
         spec = self.graph.specs[use.spec]
         if use.group:
             self.collective(spec, use.group, start, dur)
@@ -84,7 +85,7 @@ class CpuTraceWriter(TraceWriter):
             self._event("aten::_fused_adam_", start, dur,
                         {"Input Dims": [[int(spec.get("params") or 0)]], "Input type": ["float"]})
             return
-        forward, node, children = cpu_names(spec, spec.get("role") if pass_ == "bwd" else None)
+        forward, node, children = cpu_names(spec, role or (spec.get("role") if pass_ == "bwd" else None))
         if pass_ != "bwd":
             name, dims = forward
             self._event(name, start, dur, {"Input Dims": dims, "Input type": [torch_t] * len(dims)})

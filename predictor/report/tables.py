@@ -86,7 +86,7 @@ def per_stage(graph: Graph, fwd: list[list[Work]], bwd: list[list[Work]], timeli
     for s in range(graph.config.pp):
         chunks = [{"chunk": k, "layers": graph.segment(s, k).layers, "fwd_us": fwd[s][k].total,
                    "bwd_us": bwd[s][k].total} for k in range(graph.config.vp)]
-        busy = sum(t.end - t.start for t in timeline.tasks[s])
+        busy = sum(t.end - t.start for t in timeline.tasks[s]) + timeline.tails[s].drain_us
         out.append({"stage": s, "fwd_us": sum(ch["fwd_us"] for ch in chunks),
                     "bwd_us": sum(ch["bwd_us"] for ch in chunks), "chunks": chunks,
                     "busy_s": busy / 1e6, "idle_s": (timeline.tails[s].busy_end - busy) / 1e6})

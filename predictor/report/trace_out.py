@@ -30,11 +30,12 @@ from predictor.report.cpu_trace_writer import CpuTraceWriter, span
 from predictor.report.kernel_names import DeviceNames, device_names
 from predictor.report.trace_writer import BASE_NS, TraceWriter
 from predictor.schedule.pipeline import Timeline
-from predictor.schedule.stage_work import split_backward, step_us
+from predictor.schedule.stage_work import head_wgrad_parts, split_backward, step_us
 from predictor.schedule.zero_bubble import segment_of
 from tracekit.core.atomic import atomic_write_bytes
 from tracekit.core.cluster import Cluster
 from tracekit.core.pipeline_layout import SPLIT_BACKWARD, torch_schedule
+from tracekit.core.runtime import deferred_share
 
 
 class PredictedRun(Protocol):
@@ -170,12 +171,17 @@ def rank_trace(prediction: PredictedRun, rank: int, iterations: int = 2, names: 
     split = split_backward(graph, dur) if schedule in SPLIT_BACKWARD else None  # input / weight backward parts
     if split is not None:
         dur = split[0]
+    # defer_embedding_wgrad_compute: the last stage's output-layer backwards lose the deferred share of their weight
+    # gradients, which run after its last task (stage_work.deferred_wgrad_us)
+    share = deferred_share(c) if stage == c.pp - 1 else 0.0
+    cut = {id(o): share * part for o, part in head_wgrad_parts(graph, dur)} if share else {}
     for it in range(iterations):
         t0 = origin + it * period
 
-        def put(use: OpUse, pass_: str, start: float, d: float, end: float = t0 + period) -> None:
+        def put(use: OpUse, pass_: str, start: float, d: float, end: float = t0 + period,
+                role: str | None = None) -> None:
             """An op of this iteration, ending inside its step range (`within`)."""
-            w.op(use, pass_, start, within(start, d, end))
+            w.op(use, pass_, start, within(start, d, end), role)
 
         for task in tl.tasks[stage]:
             where = segment_of(stage, task.chunk, c.pp, schedule)
@@ -184,7 +190,7 @@ def rank_trace(prediction: PredictedRun, rank: int, iterations: int = 2, names: 
                 split[1][where[0]][where[1]][task.kind == "W"]
             t = t0 + task.start + task.work.other
             for use, layer in _expand(ops, backward=task.kind != "F"):
-                d = float(dur[use.spec])
+                d = float(dur[use.spec]) - (cut.get(id(use), 0.0) if task.kind == "B" else 0.0)
                 forward = task.kind == "F" or use.recompute
                 w.annotate(layer_unit(use.name, None if layer is None else first[where] + layer)
                            if forward else None)
@@ -197,6 +203,10 @@ def rank_trace(prediction: PredictedRun, rank: int, iterations: int = 2, names: 
                 if graph.p2p_gather is not None and task.send > send:
                     put(OpUse("p2p.gather", graph.p2p_gather, group="tp"), "comm", t + send, task.send - send)
         tail = tl.tails[stage]
+        if tail.drain_us:
+            use = next(o for o, part in head_wgrad_parts(graph, dur) if part)
+            put(OpUse("output_layer.deferred_wgrad", use.spec), "bwd", t0 + tail.busy_end - tail.drain_us,
+                tail.drain_us, role="wgrad")
         sync_ops = graph.grad_sync[stage]
         for use, (a, b) in zip(sync_ops, tail.sync_intervals):
             put(use, "comm", t0 + a, b - a)

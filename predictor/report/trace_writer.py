@@ -95,7 +95,9 @@ class TraceWriter:
                    "bp": "e"})
 
     # -- one operator instance ---------------------------------------------------------------------------------
-    def op(self, use: OpUse, pass_: str, start: float, dur: float) -> None:
+    def op(self, use: OpUse, pass_: str, start: float, dur: float, role: str | None = None) -> None:
+        """One op of the timeline; `role` names the part of a GEMM's backward it is where its spec is the whole
+        backward (the deferred output-layer weight gradients)."""
         spec = self.graph.specs[use.spec]
         prim = spec["primitive"]
         self.parent = {"bwd": f"autograd::engine::evaluate_function: {prim.title()}Backward0",
@@ -111,7 +113,7 @@ class TraceWriter:
             shapes = ([[m, k], [k, n]], [[m, n], [n, k]], [[n, m], [m, k]]) if prim == "gemm" else \
                 ([[b, m, k], [b, k, n]], [[b, m, n], [b, n, k]], [[b, k, m], [b, m, n]])
             kernel = self.gemm_kernel()
-            role = spec.get("role") if pass_ == "bwd" else None
+            role = role or (spec.get("role") if pass_ == "bwd" else None)
             if role == "bgrad":  # the bias gradient: dY summed over its rows
                 self.launch("aten::sum", "void at::native::reduce_kernel<512, 1>", start, dur, 7,
                             {"Input Dims": [[m, n]], "Input type": [torch_t]})

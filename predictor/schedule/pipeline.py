@@ -51,8 +51,9 @@ class Task:
 
 @dataclass
 class StageEnd:
-    """After the stage's last backward: gradient sync, optimizer, parameter gather and the loss report and logging
-    barrier (predictor.parallel.iteration_syncs) (µs, absolute times)."""
+    """After the stage's last backward: the deferred output-layer weight gradients (`busy_end` includes them), gradient
+    sync, optimizer, parameter gather and the loss report and logging barrier (predictor.parallel.iteration_syncs)
+    (µs, absolute times)."""
 
     busy_end: float
     sync_end: float
@@ -64,6 +65,7 @@ class StageEnd:
     exposed_gather_us: float
     sync_intervals: list[tuple[float, float]] = field(default_factory=list)  # DP buckets, then embedding sync
     report_us: float = 0.0  # the loss report and logging barrier, after the gather, exposed
+    drain_us: float = 0.0  # compute after the last task, before the sync (deferred output-layer weight gradients)
 
 
 @dataclass
@@ -321,7 +323,7 @@ def simulate_many(jobs: list[tuple[list[list[Work]], list[list[Work]], int, dict
     logging barrier per iteration, after it, exposed); overlap_grad (buckets beside the last backward of their model
     chunk); grad_bucket_chunks (per stage, each bucket's model chunk; default 0); iteration_overhead_us; p2p_us and
     overlap_p2p (P2P sends beside the next task); microbatch_group (the interleaved schedule's micro-batches per chunk
-    in a row; default pp)."""
+    in a row; default pp); drain_us (compute after the stage's last task, before its gradient sync)."""
     runs = pipeline_runs([(fwd, bwd, m, options.get("p2p_us", 0.0), options.get("overlap_p2p", False),
                            options.get("microbatch_group")) for fwd, bwd, m, options in jobs])
     return [_finish(run, m, **{k: v for k, v in options.items()
@@ -333,18 +335,21 @@ def _finish(runs: _Runs, m: int, *, grad_buckets_us: list[list[float]] | None = 
             grad_bucket_chunks: list[list[int]] | None = None, embedding_sync_us: list[float] | None = None,
             optimizer_us: list[float] | None = None,
             param_gather_us: list[float] | None = None, overlap_param_gather: bool = False,
-            report_us: list[float] | None = None, iteration_overhead_us: float = 0.0) -> Timeline:
-    """Gradient sync, optimizer and breakdown after the simulated pipeline."""
+            report_us: list[float] | None = None, iteration_overhead_us: float = 0.0,
+            drain_us: list[float] | None = None) -> Timeline:
+    """Gradient sync, optimizer and breakdown after the simulated pipeline (`drain_us`: compute a stage runs after its
+    last task, before its gradient sync: the deferred output-layer weight gradients)."""
     pp, vp = runs.plan.pp, runs.plan.vp
     grad_buckets_us = grad_buckets_us or [[] for _ in range(pp)]
     embedding_sync_us = embedding_sync_us or [0.0] * pp
     optimizer_us = optimizer_us or [0.0] * pp
     param_gather_us = param_gather_us or [0.0] * pp
     report_us = report_us or [0.0] * pp
+    drain_us = drain_us or [0.0] * pp
     sync_ends, busy_ends, intervals = [], [], []
     for s in range(pp):
         last = runs.plan.offsets[s] + len(runs.plan.works[s]) - 1
-        last_end = float(runs.ends[last])
+        last_end = float(runs.ends[last]) + drain_us[s]
         busy_ends.append(last_end)
         if overlap_grad and grad_buckets_us[s]:
             chunks = grad_bucket_chunks[s] if grad_bucket_chunks else [0] * len(grad_buckets_us[s])
@@ -364,15 +369,15 @@ def _finish(runs: _Runs, m: int, *, grad_buckets_us: list[list[float]] | None = 
         gather = 0.0 if overlap_param_gather else param_gather_us[s]
         tails.append(StageEnd(busy_ends[s], sync_ends[s], opt_start, opt_end, opt_end + gather + report_us[s],
                               sum(grad_buckets_us[s]) + embedding_sync_us[s], sync_ends[s] - busy_ends[s], gather,
-                              intervals[s], report_us[s]))
+                              intervals[s], report_us[s], drain_us[s]))
     iteration = max(t.end for t in tails) + iteration_overhead_us
     works, sends = runs.works, runs.sends
     busy_of = [w.total + send for w, send in zip(works, sends)]
-    busy = [runs.stage_sum(s, busy_of) for s in range(pp)]
+    busy = [runs.stage_sum(s, busy_of) + drain_us[s] for s in range(pp)]
     crit = max(range(pp), key=lambda s: (busy[s], -s))
     tail = tails[crit]
     breakdown = {
-        "compute": runs.stage_sum(crit, [w.compute for w in works]),
+        "compute": runs.stage_sum(crit, [w.compute for w in works]) + drain_us[crit],
         "exposed_communication": runs.stage_sum(crit, [w.comm + send for w, send in zip(works, sends)])
         + tail.exposed_sync_us + tail.exposed_gather_us + tail.report_us,
         "optimizer": optimizer_us[crit],

@@ -30,6 +30,7 @@ from predictor.schedule.framework_costs import SYNC_US, Capture, PassCosts, capt
 from predictor.schedule.pipeline import Work
 from predictor.schedule.zero_bubble import simulate_jobs
 from tracekit.core.pipeline_layout import SPLIT_BACKWARD, torch_schedule
+from tracekit.core.runtime import deferred_share
 
 if TYPE_CHECKING:
     from predictor.costs.estimates import Estimates
@@ -208,6 +209,11 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
     if split is not None:
         extra["wgrad"] = [[_work(weight_ops, bwd_dur, cal, est.framework_us.get("bwd", 0.0), hiding, graphs,
                                  (0.0, 0.0, call)) for _, weight_ops in row] for row in split[1]]
+    drain = deferred_wgrad_us(graph, dur)
+    if drain:  # the last stage's output layer leaves its weight gradients to the flush: on average per micro-batch
+        last = bwd[pp - 1][vp - 1]
+        bwd[pp - 1][vp - 1] = dataclasses.replace(last, compute=last.compute - drain / c.num_microbatches)
+        extra["drain_us"] = [0.0] * (pp - 1) + [drain]
     options = dict(
         p2p_us=hand_over_us(graph, dur),
         grad_buckets_us=buckets, overlap_grad=c.overlap_grad_reduce, embedding_sync_us=embd,
@@ -217,6 +223,30 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
         microbatch_group=c.microbatch_group, **extra,
     )
     return dur, (fwd, bwd, c.num_microbatches, options)
+
+
+def head_wgrad_parts(graph: Graph, dur: np.ndarray) -> list[tuple[OpUse, float]]:
+    """Each output-layer GEMM backward of one micro-batch on the last stage (the main output's and each MTP depth's)
+    with its weight-gradient part (µs): a `wgrad` row whole, a whole backward half (the weight part is one forward's
+    FLOPs of the two, as `split_backward` halves it), a `dgrad` row none."""
+    seg = graph.segment(graph.config.pp - 1, graph.config.vp - 1)
+    out = []
+    for o in seg.bwd:
+        spec = graph.specs[o.spec]
+        if spec["primitive"] == "gemm" and (o.name == "output_layer" or o.name.endswith(".output_layer")):
+            role = spec.get("role")
+            out.append((o, float(dur[o.spec]) * (1.0 if role == "wgrad" else 0.5 if role is None else 0.0)))
+    return out
+
+
+def deferred_wgrad_us(graph: Graph, dur: np.ndarray) -> float:
+    """The output-layer weight gradients the last stage computes in the pipeline flush under
+    `defer_embedding_wgrad_compute` (µs per iteration; 0 without it): the deferred share of the iteration's calls
+    (tracekit.core.runtime.deferred_share) of every micro-batch's output-layer weight gradients."""
+    share = deferred_share(graph.config)
+    if not share:
+        return 0.0
+    return share * graph.config.num_microbatches * sum(part for _, part in head_wgrad_parts(graph, dur))
 
 
 def hand_over_us(graph: Graph, dur: np.ndarray) -> float:

@@ -34,6 +34,10 @@ logging passes, timers, gradient-accumulation fusion, gradient clipping. Setting
   check_grads`); `check_for_large_grads` checks that norm once more, `check_for_spiky_loss` the loss
   (`result_checks`). Megatron allows `cuda_graph_impl full_iteration` only without the NaN/Inf checks: a run with it
   ran without them (a table's row, a log), so they are off there.
+- `defer_embedding_wgrad_compute` with `wgrad_deferral_limit` (0: every call): the last pipeline stage's output layer
+  keeps each call's input and output gradient and computes its weight gradients after the last backward, in the
+  pipeline flush, instead of in each backward (the first `wgrad_deferral_limit` calls; one per micro-batch and MTP
+  depth). Megatron refuses it without a pipeline and without gradient-accumulation fusion (`deferred_share`).
 - `scatter_gather_tensors_in_pipeline` (Megatron-LM 2020–2022's, not the pinned snapshot's: on by default there,
   `--no-scatter-gather-tensors-in-pipeline`; the `megatron-lm-2021` stack profile sets it): without sequence
   parallelism each tensor-parallel rank sends 1/tp of the activation to the next pipeline stage and the receivers
@@ -79,6 +83,8 @@ class RuntimeSettings:
     check_for_large_grads: bool | None = None
     check_for_spiky_loss: bool | None = None
     scatter_gather_tensors_in_pipeline: bool | None = None  # Megatron-LM 2020–2022 (module docstring)
+    defer_embedding_wgrad_compute: bool | None = None
+    wgrad_deferral_limit: int | None = None
     torch_compile: bool | None = None
 
     def __post_init__(self) -> None:
@@ -99,6 +105,9 @@ class RuntimeSettings:
             raise ConfigError(f"timing_log_level must be 0, 1 or 2, not {self.timing_log_level}")
         if self.clip_grad is not None and self.clip_grad < 0:
             raise ConfigError(f"clip_grad must be ≥ 0, not {self.clip_grad}")
+        if self.wgrad_deferral_limit is not None and self.wgrad_deferral_limit < 0:
+            raise ConfigError("Wgrad deferral limit should be greater than or equal to 0 when it is enabled! "
+                              f"(wgrad_deferral_limit {self.wgrad_deferral_limit})")
 
     def _stated_modules(self) -> tuple[str, ...]:
         return (self.cuda_graph_modules or ()) + (self.cuda_graph_scope or ())
@@ -178,6 +187,14 @@ class RuntimeSettings:
             raise ConfigError("cuda_graph_modules must not contain both moe and moe_router.")
         if self.graph_impl == "transformer_engine" and "moe_preprocess" in modules and "moe_router" not in modules:
             raise ConfigError("moe_preprocess cuda graph is only supported with moe_router cuda graph.")
+        if self.defer_embedding_wgrad_compute and config.pp == 1:  # model_parallel_config.py's checks
+            raise ConfigError("Cannot defer embedding wgrad compute when pipeline model parallel is not used")
+        if self.defer_embedding_wgrad_compute and not self.accumulation_fused:
+            raise ConfigError("Cannot defer embedding wgrad compute when gradient accumulation fusion is not used")
+        schedule = config.layout.torch_pipeline_schedule if config.layout else None
+        if self.defer_embedding_wgrad_compute and schedule:
+            raise ConfigError(f"defer_embedding_wgrad_compute is Megatron's schedules' (their pipeline flush): "
+                              f"PyTorch's {schedule} has none")
         if self.graph_impl == "full_iteration" and self.graph_modules:
             raise ConfigError("Megatron refuses --cuda-graph-modules with --cuda-graph-impl full_iteration (it "
                               f"captures the whole iteration), got {', '.join(sorted(self.graph_modules))}")
@@ -225,3 +242,18 @@ def result_checks(config) -> ResultChecks:
         nan = False  # validate_args asserts them off: a run that captured the iteration ran without them
     large, spiky = bool(run.check_for_large_grads), bool(run.check_for_spiky_loss)
     return ResultChecks(2 * nan + spiky, 2 * nan + large, nan or large, nan)
+
+
+def deferred_share(config) -> float:
+    """The share of an iteration's output-layer calls (a TrainingConfig's: one per micro-batch and model output, the
+    MTP depths' included) that leave their weight gradient to the pipeline flush under
+    `defer_embedding_wgrad_compute`: all of them with `wgrad_deferral_limit` 0, else the first that many; 0 without
+    the setting. The schedule takes it as the same share of every micro-batch's (the deferred calls are the first
+    ones: an average over the iteration)."""
+    run = config.run or RuntimeSettings()
+    if not run.defer_embedding_wgrad_compute:
+        return 0.0
+    mtp = (config.layout.mtp_num_layers or 0) if config.layout else 0
+    calls = config.num_microbatches * (1 + mtp)
+    limit = int(run.wgrad_deferral_limit or 0)
+    return 1.0 if limit == 0 else min(limit, calls) / calls
