@@ -80,13 +80,20 @@ def test_grad_sync_overlap_and_optimizer_barrier():
     assert sum(plain.breakdown_us.values()) == pytest.approx(plain.iteration_us)
 
 
-def _reference(fwd, bwd, m, p2p, overlap):
+def _reference(fwd, bwd, m, p2p, overlap, edges_block=False):
     """The schedule as the docstring states it, one task at a time: a stage runs its tasks in Megatron's order; a
     task waits for its stage and for its input (the previous stage's forward / next stage's backward of the same
     micro-batch and chunk, across the chunk boundary between the last and the first stage, and the last chunk's
-    own forward), and ends after its work and, unless overlapped, its P2P send."""
+    own forward), and ends after its work and, unless overlapped, its P2P send; with `edges_block` the warm-up
+    forwards (before the stage's first backward) and the flush backwards (after its last forward) send blocking."""
     pp, vp = len(fwd), len(fwd[0])
     orders = [stage_order(s, pp, vp, m) for s in range(pp)]
+    edge = {}
+    for s, order in enumerate(orders):
+        kinds = [k for k, _, _ in order]
+        first_b, last_f = kinds.index("B"), len(kinds) - 1 - kinds[::-1].index("F")
+        for k, (kind, i, c) in enumerate(order):
+            edge[(kind, s, c, i)] = (kind == "F" and k < first_b) or (kind == "B" and k > last_f)
     arrival, rows, pos, clock = {}, [[] for _ in range(pp)], [0] * pp, [0.0] * pp
 
     def needs(kind, s, c, i):
@@ -106,8 +113,9 @@ def _reference(fwd, bwd, m, p2p, overlap):
                 send = p2p if sends else 0.0
                 start = max(clock[s], arrival[dep] if dep else 0.0)
                 work = (fwd if kind == "F" else bwd)[s][c].total
-                clock[s] = start + work + (0.0 if overlap else send)
-                arrival[(kind, s, c, i)] = clock[s] + (send if overlap else 0.0)
+                blocks = not overlap or (edges_block and edge[(kind, s, c, i)])
+                clock[s] = start + work + (send if blocks else 0.0)
+                arrival[(kind, s, c, i)] = clock[s] + (0.0 if blocks else send)
                 rows[s].append((kind, c, i, start, clock[s]))
                 pos[s] += 1
     return rows
@@ -136,11 +144,13 @@ def test_fast_simulation_equals_the_reference_exactly(monkeypatch, path):
             bwd = [[Work(rng.uniform(1, 6), rng.uniform(0, 2), rng.uniform(0, 0.2)) for _ in range(vp)]
                    for _ in range(pp)]
             options = {"p2p_us": rng.choice([0.0, rng.uniform(0.01, 1.5)]), "overlap_p2p": rng.random() < 0.5,
+                       "p2p_edges_block": rng.random() < 0.5,
                        "grad_buckets_us": [[rng.uniform(0, 2) for _ in range(rng.randint(0, 4))] for _ in range(pp)],
                        "overlap_grad": rng.random() < 0.5, "optimizer_us": [rng.uniform(1, 2) for _ in range(pp)]}
             jobs.append((fwd, bwd, m, options))
         for (fwd, bwd, m_, options), timeline in zip(jobs, schedule.simulate_many(jobs)):
-            expected = _reference(fwd, bwd, m_, options["p2p_us"], options["overlap_p2p"])
+            expected = _reference(fwd, bwd, m_, options["p2p_us"], options["overlap_p2p"],
+                                  options["p2p_edges_block"])
             got = [[(t.kind, t.chunk, t.microbatch, t.start, t.end) for t in row] for row in timeline.tasks]
             assert got == expected, (pp, vp, m)
             assert [t.busy_end for t in timeline.tails] == [row[-1][4] for row in expected]
@@ -175,3 +185,40 @@ def test_a_five_microbatch_interleaved_run_simulates():
     grouped = simulate(work, back, 5, microbatch_group=5)
     busy = 5 * 2 * 30.0
     assert busy < grouped.iteration_us < busy + 3 * 2 * 30.0
+
+
+def test_megatrons_warmup_and_flush_sends_block_unless_it_overlaps_them_too():
+    """The interleaved schedule overlaps P2P in its steady state; its warm-up forwards and flush backwards wait for
+    their sends unless --overlap-p2p-communication-warmup-flush: between fully overlapped and fully blocking, the
+    exposed communication is the edge tasks' sends, and the steady state's forwards send for free."""
+    pp, vp, m, p2p = 4, 2, 16, 1.0
+    fwd, bwd = uniform(pp, vp, 0.5, 1.0)
+    free = simulate(fwd, bwd, m, p2p_us=p2p, overlap_p2p=True)
+    edges = simulate(fwd, bwd, m, p2p_us=p2p, overlap_p2p=True, p2p_edges_block=True)
+    blocking = simulate(fwd, bwd, m, p2p_us=p2p)
+    assert free.iteration_us < edges.iteration_us < blocking.iteration_us
+    for s, row in enumerate(edges.tasks):
+        kinds = [t.kind for t in row]
+        first_b, last_f = kinds.index("B"), len(kinds) - 1 - kinds[::-1].index("F")
+        sends_forward = [t for k, t in enumerate(row) if t.kind == "F" and not (s == pp - 1 and t.chunk == vp - 1)]
+        assert all(t.send == p2p for k, t in enumerate(row) if t.kind == "F" and k < first_b
+                   and not (s == pp - 1 and t.chunk == vp - 1))
+        assert all(t.send == 0.0 for k, t in enumerate(row) if first_b < k < last_f and t.kind == "F")
+        assert sends_forward
+    sends = sum(t.send for t in edges.tasks[edges.critical_stage])
+    assert edges.breakdown_us["exposed_communication"] == pytest.approx(sends)
+
+
+def test_overlapping_the_warmup_and_flush_needs_the_interleaved_overlap():
+    """Megatron's model_parallel_config refuses --overlap-p2p-communication-warmup-flush without the interleaved
+    schedule's P2P overlap (1F1B batches its P2P; --no-overlap-p2p-communication turns it off)."""
+    from extractors.jobs.megatron import config_from_argv
+    from tracekit.core.errors import ConfigError
+
+    base = ("--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --micro-batch-size 1 "
+            "--global-batch-size 16 --pipeline-model-parallel-size 2 --bf16 --overlap-p2p-communication-warmup-flush")
+    for extra in ("", "--num-layers-per-virtual-pipeline-stage 2 --no-overlap-p2p-communication"):
+        with pytest.raises(ConfigError, match="only compatible with overlap_p2p_comm"):
+            config_from_argv(f"{base} {extra}", {"world_size": 8}).validate()
+    c = config_from_argv(f"{base} --num-layers-per-virtual-pipeline-stage 2", {"world_size": 8}).validate()
+    assert c.run.overlap_p2p_comm_warmup_flush

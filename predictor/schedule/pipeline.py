@@ -134,6 +134,10 @@ class _Plan:
     deps: tuple[tuple[int, ...], ...]
     offsets: tuple[int, ...]
     n: int
+    # by flat position: the warm-up and flush tasks, whose P2P sends block the stage even where the steady state's
+    # run beside the next task (Megatron's interleaved schedule without --overlap-p2p-communication-warmup-flush);
+    # empty: none such
+    edge: tuple[bool, ...] = ()
 
     @cached_property
     def levels(self) -> list[tuple]:
@@ -153,7 +157,8 @@ class _Plan:
 
 
 @lru_cache(maxsize=16)  # a big shape's plan holds ~100 bytes a task; a search asks for one shape at a time
-def _plan(pp: int, vp: int, m: int, group: int) -> _Plan:
+def _plan(pp: int, vp: int, m: int, group: int, edges: bool = False) -> _Plan:
+    """The plan of (pp, vp, m, group); `edges`: mark each stage's warm-up and flush tasks (`_Plan.edge`)."""
     orders = tuple(stage_order(s, pp, vp, m, group) for s in range(pp))
     offsets, n = [], 0
     for order in orders:
@@ -173,7 +178,17 @@ def _plan(pp: int, vp: int, m: int, group: int) -> _Plan:
             stage_deps.append(n if dep is None else position[(dep[0] == "B") * pp + dep[1]][dep[2]][dep[3]])
         works.append(tuple(stage_works))
         deps.append(tuple(stage_deps))
-    return _Plan(pp, vp, m, group, orders, tuple(works), tuple(deps), tuple(offsets), n)
+    edge = tuple(flag for order in orders for flag in warmup_and_flush(order)) if edges else ()
+    return _Plan(pp, vp, m, group, orders, tuple(works), tuple(deps), tuple(offsets), n, edge)
+
+
+def warmup_and_flush(order: list[tuple[str, int, int]]) -> list[bool]:
+    """Per task of a stage's order, whether it is a warm-up forward (before the stage's first backward) or a flush
+    backward (after its last forward)."""
+    kinds = [kind for kind, _, _ in order]
+    first_b = kinds.index("B") if "B" in kinds else len(kinds)
+    last_f = len(kinds) - 1 - kinds[::-1].index("F") if "F" in kinds else -1
+    return [(k < first_b and kind == "F") or (k > last_f and kind == "B") for k, kind in enumerate(kinds)]
 
 
 @dataclass
@@ -185,6 +200,13 @@ class _Runs:
     sends: list[float]  # P2P send blocking the stage after the task, by work slot (0.0 with overlap_p2p)
     starts: list | np.ndarray
     ends: list | np.ndarray
+    links: list[float] | None = None  # the P2P send by work slot, which the plan's edge tasks block on
+
+    def send(self, position: int, slot: int) -> float:
+        """The P2P send blocking the stage after the task at flat `position` (work slot `slot`)."""
+        if self.plan.edge and self.plan.edge[position] and self.links is not None:
+            return self.links[slot]
+        return self.sends[slot]
 
     def tasks(self) -> list[list[Task]]:
         plan, out = self.plan, []
@@ -192,12 +214,19 @@ class _Runs:
         for s, order in enumerate(plan.orders):
             base, works = plan.offsets[s], plan.works[s]
             out.append([Task(kind, s, c, i, starts[base + k], ends[base + k], self.works[works[k]],
-                             self.sends[works[k]]) for k, (kind, i, c) in enumerate(order)])
+                             self.send(base + k, works[k])) for k, (kind, i, c) in enumerate(order)])
         return out
 
     def stage_sum(self, s: int, values: list[float]) -> float:
         """Σ over the stage's tasks, in its order, of a per-work-slot value (the sum a loop over its tasks makes)."""
         return sum(map(values.__getitem__, self.plan.works[s]))
+
+    def stage_sends(self, s: int) -> float:
+        """Σ of the P2P sends blocking stage `s` after its tasks."""
+        if not (self.plan.edge and self.links is not None):
+            return self.stage_sum(s, self.sends)
+        base = self.plan.offsets[s]
+        return sum(self.send(base + k, w) for k, w in enumerate(self.plan.works[s]))
 
 
 def _advance(plan: _Plan, total: list, blocking: list, link: list, overlap_p2p: bool) -> tuple[list, list]:
@@ -206,6 +235,7 @@ def _advance(plan: _Plan, total: list, blocking: list, link: list, overlap_p2p: 
     input's arrival), end = start + work + blocking send; its output arrives at end (+ the send beside the next
     task with `overlap_p2p`)."""
     pp = plan.pp
+    edge = plan.edge if overlap_p2p else ()
     starts: list = [None] * plan.n
     ends: list = [None] * plan.n
     arrival: list = [None] * plan.n + [0.0]  # None: not simulated yet; the last slot: no input to wait for
@@ -222,10 +252,14 @@ def _advance(plan: _Plan, total: list, blocking: list, link: list, overlap_p2p: 
                     break
                 w = slots[k]
                 start = now if now > ready else ready
-                now = start + total[w] + blocking[w]
+                if edge and edge[base + k]:  # a warm-up or flush task: its send blocks
+                    now = start + total[w] + link[w]
+                    arrival[base + k] = now
+                else:
+                    now = start + total[w] + blocking[w]
+                    arrival[base + k] = now + link[w] if overlap_p2p else now
                 starts[base + k] = start
                 ends[base + k] = now
-                arrival[base + k] = now + link[w] if overlap_p2p else now
                 k += 1
             remaining -= k - count[s]
             count[s], clock[s] = k, now
@@ -242,14 +276,19 @@ def _advance_many(plan: _Plan, total: np.ndarray, blocking: np.ndarray, link: np
     starts = np.empty((n, k))
     ends = np.zeros((n + 1, k))  # the last row: before a stage's first task, and the input of a task with none
     arrival = np.zeros((n + 1, k)) if overlap_p2p else ends
+    edge = np.array(plan.edge, dtype=bool) if overlap_p2p and plan.edge else None
     for slots, prev, deps, works in plan.levels:
         start = np.maximum(ends[prev], arrival[deps])
         end = start + total[works]
-        end += blocking[works]
+        if edge is None:
+            end += blocking[works]
+        else:  # warm-up and flush tasks block on their sends (`_advance`)
+            end += np.where(edge[slots][:, None], link[works], blocking[works])
         starts[slots] = start
         ends[slots] = end
         if overlap_p2p:
-            arrival[slots] = end + link[works]
+            arrival[slots] = end + link[works] if edge is None else \
+                np.where(edge[slots][:, None], end, end + link[works])
     return starts, ends[:n]
 
 
@@ -257,35 +296,37 @@ def _advance_many(plan: _Plan, total: np.ndarray, blocking: np.ndarray, link: np
 VECTOR_MIN = 12
 
 
-def pipeline_runs(jobs: list[tuple[list[list[Work]], list[list[Work]], int, float, bool, int | None]]
+def pipeline_runs(jobs: list[tuple[list[list[Work]], list[list[Work]], int, float, bool, int | None, bool]]
                   ) -> list[_Runs]:
     """Start/end of every task of each job (fwd, bwd, m, p2p_us, overlap_p2p, group: the interleaved schedule's
-    micro-batches per chunk in a row, None for pp). fwd[s][c] / bwd[s][c]: one
+    micro-batches per chunk in a row, None for pp; edges_block). fwd[s][c] / bwd[s][c]: one
     micro-batch of chunk c on stage s. A task's P2P send blocks its stage (1F1B's batched send/recv), or with
     `overlap_p2p` (Megatron-core's interleaved schedule) runs beside the stage's next task: the receiver still waits
-    for it, the sender does not. Jobs of one pipeline shape (pp, vp, m) share its plan; enough of them together are
-    simulated as arrays (`_advance_many`), else one by one (`_advance`): the same numbers either way."""
+    for it, the sender does not; with `edges_block` too, the warm-up and flush tasks' sends block (Megatron overlaps
+    them only with --overlap-p2p-communication-warmup-flush). Jobs of one pipeline shape (pp, vp, m) share its plan;
+    enough of them together are simulated as arrays (`_advance_many`), else one by one (`_advance`): the same numbers
+    either way."""
     prepared: list[tuple[list[Work], list[float], list[float], list[float]]] = []
-    groups: dict[tuple[int, int, int, bool, int], list[int]] = {}
-    for j, (fwd, bwd, m, p2p_us, overlap_p2p, group) in enumerate(jobs):
+    groups: dict[tuple[int, int, int, bool, int, bool], list[int]] = {}
+    for j, (fwd, bwd, m, p2p_us, overlap_p2p, group, edges_block) in enumerate(jobs):
         pp, vp = len(fwd), len(fwd[0])
         works = [w for row in fwd for w in row] + [w for row in bwd for w in row]
         link = [p2p_us if _sends(kind, s, c, pp, vp) else 0.0 for kind in "FB" for s in range(pp) for c in range(vp)]
         prepared.append((works, [w.total for w in works], [0.0] * len(works) if overlap_p2p else link, link))
-        groups.setdefault((pp, vp, m, overlap_p2p, group or pp), []).append(j)
+        groups.setdefault((pp, vp, m, overlap_p2p, group or pp, bool(overlap_p2p and edges_block)), []).append(j)
     out: list = [None] * len(jobs)
-    for (pp, vp, m, overlap_p2p, group), members in groups.items():
-        plan = _plan(pp, vp, m, group)
+    for (pp, vp, m, overlap_p2p, group, edges), members in groups.items():
+        plan = _plan(pp, vp, m, group, edges)
         if len(members) * pp < VECTOR_MIN:
             for j in members:
                 works, total, blocking, link = prepared[j]
-                out[j] = _Runs(plan, works, blocking, *_advance(plan, total, blocking, link, overlap_p2p))
+                out[j] = _Runs(plan, works, blocking, *_advance(plan, total, blocking, link, overlap_p2p), link)
             continue
         total_c, blocking_c, link_c = (np.array([prepared[j][i] for j in members]).T for i in (1, 2, 3))
         starts, ends = _advance_many(plan, total_c, blocking_c, link_c, overlap_p2p)
         for col, j in enumerate(members):
-            works, _, blocking, _ = prepared[j]
-            out[j] = _Runs(plan, works, blocking, starts[:, col], ends[:, col])  # views: tasks are built if asked
+            works, _, blocking, link = prepared[j]
+            out[j] = _Runs(plan, works, blocking, starts[:, col], ends[:, col], link)  # views: tasks built if asked
     return out
 
 
@@ -322,12 +363,14 @@ def simulate_many(jobs: list[tuple[list[list[Work]], list[list[Work]], int, dict
     all-gather, exposed unless overlap_param_gather: overlapped with the next forward), report_us (the loss report and
     logging barrier per iteration, after it, exposed); overlap_grad (buckets beside the last backward of their model
     chunk); grad_bucket_chunks (per stage, each bucket's model chunk; default 0); iteration_overhead_us; p2p_us and
-    overlap_p2p (P2P sends beside the next task); microbatch_group (the interleaved schedule's micro-batches per chunk
-    in a row; default pp); drain_us (compute after the stage's last task, before its gradient sync)."""
+    overlap_p2p (P2P sends beside the next task); p2p_edges_block (with overlap_p2p, the warm-up and flush tasks'
+    sends block all the same); microbatch_group (the interleaved schedule's micro-batches per chunk in a row; default
+    pp); drain_us (compute after the stage's last task, before its gradient sync)."""
     runs = pipeline_runs([(fwd, bwd, m, options.get("p2p_us", 0.0), options.get("overlap_p2p", False),
-                           options.get("microbatch_group")) for fwd, bwd, m, options in jobs])
+                           options.get("microbatch_group"), options.get("p2p_edges_block", False))
+                          for fwd, bwd, m, options in jobs])
     return [_finish(run, m, **{k: v for k, v in options.items()
-                               if k not in ("p2p_us", "overlap_p2p", "microbatch_group")})
+                               if k not in ("p2p_us", "overlap_p2p", "microbatch_group", "p2p_edges_block")})
             for run, (_, _, m, options) in zip(runs, jobs)]
 
 
@@ -371,14 +414,13 @@ def _finish(runs: _Runs, m: int, *, grad_buckets_us: list[list[float]] | None = 
                               sum(grad_buckets_us[s]) + embedding_sync_us[s], sync_ends[s] - busy_ends[s], gather,
                               intervals[s], report_us[s], drain_us[s]))
     iteration = max(t.end for t in tails) + iteration_overhead_us
-    works, sends = runs.works, runs.sends
-    busy_of = [w.total + send for w, send in zip(works, sends)]
-    busy = [runs.stage_sum(s, busy_of) + drain_us[s] for s in range(pp)]
+    works = runs.works
+    busy = [runs.stage_sum(s, [w.total for w in works]) + runs.stage_sends(s) + drain_us[s] for s in range(pp)]
     crit = max(range(pp), key=lambda s: (busy[s], -s))
     tail = tails[crit]
     breakdown = {
         "compute": runs.stage_sum(crit, [w.compute for w in works]) + drain_us[crit],
-        "exposed_communication": runs.stage_sum(crit, [w.comm + send for w, send in zip(works, sends)])
+        "exposed_communication": runs.stage_sum(crit, [w.comm for w in works]) + runs.stage_sends(crit)
         + tail.exposed_sync_us + tail.exposed_gather_us + tail.report_us,
         "optimizer": optimizer_us[crit],
         "other": runs.stage_sum(crit, [w.other for w in works]) + iteration_overhead_us,

@@ -220,6 +220,7 @@ def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[n
         grad_bucket_chunks=[[o.chunk for o in ops] for ops in bucket_ops],
         optimizer_us=optimizer, param_gather_us=gather, overlap_param_gather=c.overlap_param_gather, report_us=report,
         iteration_overhead_us=cal.iteration_overhead_us, overlap_p2p=c.overlap_p2p_comm and vp > 1,
+        p2p_edges_block=not (c.run and c.run.overlap_p2p_comm_warmup_flush),
         microbatch_group=c.microbatch_group, **extra,
     )
     return dur, (fwd, bwd, c.num_microbatches, options)

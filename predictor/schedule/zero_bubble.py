@@ -254,13 +254,14 @@ def sends(kind: str, g: int, pp: int, n: int, v_shaped: bool) -> bool:
 
 def simulate(fwd: list[list[Work]], bwd: list[list[Work]], m: int, *, pipeline_schedule: str,
              wgrad: list[list[Work]] | None = None, p2p_us: float = 0.0, overlap_p2p: bool = False,
-             microbatch_group: int | None = None, **options) -> Timeline:
+             microbatch_group: int | None = None, p2p_edges_block: bool = False, **options) -> Timeline:
     """One iteration of `pipeline_schedule`. fwd[r][c], bwd[r][c] (the input backward, or the whole backward for
     LoopedBFS) and wgrad[r][c] (the weight backward): one micro-batch of the segment that Megatron's layout places at
     rank r, chunk c, which holds virtual stage c·pp + r of the model, whichever rank the schedule places it on. P2P
     sends block their rank, or with `overlap_p2p` run beside its next task; the other options are
     `schedule.simulate_many`'s (gradient sync, optimizer, overhead), after each rank's last task.
-    `microbatch_group` (Megatron's interleaved groups) does not apply to PyTorch's schedules."""
+    `microbatch_group` (Megatron's interleaved groups) and `p2p_edges_block` (its warm-up and flush sends) do not
+    apply to PyTorch's schedules."""
     pp, n = len(fwd), len(fwd[0])
     v = pipeline_schedule in V_SHAPED
     stages = pp * n

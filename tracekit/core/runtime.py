@@ -38,6 +38,10 @@ logging passes, timers, gradient-accumulation fusion, gradient clipping. Setting
   keeps each call's input and output gradient and computes its weight gradients after the last backward, in the
   pipeline flush, instead of in each backward (the first `wgrad_deferral_limit` calls; one per micro-batch and MTP
   depth). Megatron refuses it without a pipeline and without gradient-accumulation fusion (`deferred_share`).
+- `overlap_p2p_comm_warmup_flush` (`--overlap-p2p-communication-warmup-flush`): the interleaved schedule's P2P
+  transfers run beside compute in its warm-up and flush too; without it only the steady state's do, and each warm-up
+  forward and flush backward waits for its send (`predictor.schedule.pipeline`). Megatron refuses it without the
+  interleaved schedule's P2P overlap.
 - `scatter_gather_tensors_in_pipeline` (Megatron-LM 2020–2022's, not the pinned snapshot's: on by default there,
   `--no-scatter-gather-tensors-in-pipeline`; the `megatron-lm-2021` stack profile sets it): without sequence
   parallelism each tensor-parallel rank sends 1/tp of the activation to the next pipeline stage and the receivers
@@ -84,6 +88,7 @@ class RuntimeSettings:
     check_for_spiky_loss: bool | None = None
     scatter_gather_tensors_in_pipeline: bool | None = None  # Megatron-LM 2020–2022 (module docstring)
     defer_embedding_wgrad_compute: bool | None = None
+    overlap_p2p_comm_warmup_flush: bool | None = None
     wgrad_deferral_limit: int | None = None
     torch_compile: bool | None = None
 
@@ -195,6 +200,10 @@ class RuntimeSettings:
         if self.defer_embedding_wgrad_compute and schedule:
             raise ConfigError(f"defer_embedding_wgrad_compute is Megatron's schedules' (their pipeline flush): "
                               f"PyTorch's {schedule} has none")
+        if self.overlap_p2p_comm_warmup_flush and not (config.overlap_p2p_comm and config.vp > 1):
+            raise ConfigError("Pipeline parallel communication overlapping in warmup and flush is only compatible "
+                              "with overlap_p2p_comm but not batch_p2p_comm (the interleaved schedule with P2P "
+                              "overlap)")
         if self.graph_impl == "full_iteration" and self.graph_modules:
             raise ConfigError("Megatron refuses --cuda-graph-modules with --cuda-graph-impl full_iteration (it "
                               f"captures the whole iteration), got {', '.join(sorted(self.graph_modules))}")
@@ -209,7 +218,8 @@ class RuntimeSettings:
 
 FIELDS = tuple(f.name for f in dataclasses.fields(RuntimeSettings))
 #: Megatron's argparse destination for a flag whose dest differs from its name.
-ALIASES = {"barrier_with_l1_time": "barrier_with_level_1_timing"}
+ALIASES = {"barrier_with_l1_time": "barrier_with_level_1_timing",
+           "overlap_p2p_communication_warmup_flush": "overlap_p2p_comm_warmup_flush"}
 
 
 def stated(settings: dict[str, Any]) -> bool:
