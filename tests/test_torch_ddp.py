@@ -17,6 +17,8 @@ from tracekit.core.sharding import sharding_of
 
 HW = "H100-80GB-HBM3"
 LLAMA3_8B_PARAMS = 8.03e9  # Meta's model card
+H, FFN, KV, VOCAB = 4096, 14336, 1024, 128256
+LAYER_PARAMS = 2 * H * H + 2 * H * KV + 3 * H * FFN + 2 * H  # q, o, k, v, SwiGLU, two RMSNorms
 
 
 def job(tmp_path, replicate: int = 8, extra: str = "", batch: int = 32):
@@ -67,8 +69,7 @@ def test_each_layer_all_reduces_its_fp32_gradients_in_every_backward_with_the_re
     assert sum(o.count for o in reduce) == 32 and len({o.spec for o in reduce}) == 1
     spec = g.specs[reduce[0].spec]
     layer_params = spec["bytes"] / 4  # fp32 gradients
-    h, ffn, kv = 4096, 14336, 1024
-    assert layer_params == 2 * h * h + 2 * h * kv + 3 * h * ffn + 2 * h  # q, o, k, v, SwiGLU, two RMSNorms
+    assert layer_params == LAYER_PARAMS
     assert (spec["group_size"], spec["nodes"]) == (8, 1)
     copies = [g.specs[o.spec] for o in seg.bwd if o.name.startswith("layer.ddp.bucket_copy")]
     assert len(copies) == 2 * len(reduce)  # into the bucket (divided by the ranks) and back
@@ -77,10 +78,28 @@ def test_each_layer_all_reduces_its_fp32_gradients_in_every_backward_with_the_re
     assert not [o for o in g.grad_sync[0] if o.group == "dpcp"]  # nothing left for after the last backward
 
 
+def test_autocast_casts_the_fp32_weights_in_every_forward_and_replay(tmp_path):
+    """fp32 parameters, bf16 compute: each forward casts every layer's weights and the output layer's (4 bytes read,
+    2 written per parameter), and the replayed forward of the 16 layers torchtitan checkpoints casts them again."""
+    g = build_graph(config(tmp_path), HW, 8)
+    seg = g.segments[0]
+
+    def moved(ops, name):  # bytes per micro-batch, in the element-wise model's bf16 element moves
+        return sum(o.count * g.specs[o.spec]["numel"] * RES_ADD_MOVES * 2 for o in ops if o.name == name)
+
+    assert moved(seg.fwd, "layer.autocast_cast") == pytest.approx(32 * 6 * LAYER_PARAMS)
+    assert moved(seg.fwd, "output_layer.autocast_cast") == pytest.approx(6 * VOCAB * H)
+    assert moved(seg.bwd, "layer.autocast_cast") == pytest.approx(16 * 6 * LAYER_PARAMS)
+
+
 def test_memory_holds_fp32_parameters_gradients_twice_and_adams_moments(tmp_path):
-    parts, _ = config_memory(config(tmp_path), HW)
+    c = config(tmp_path)
+    parts, _ = config_memory(c, HW)
     gb = LLAMA3_8B_PARAMS / 1e9
-    assert parts["weights"] == pytest.approx(4 * gb, rel=0.01)
+    # torchtitan's default checkpointing replays every other layer in full: the other 16 keep autocast's bf16 casts
+    assert (c.recompute_granularity, c.recompute_method, c.recompute_num_layers) == ("full", "block", 16)
+    cast = 2 * 16 * LAYER_PARAMS / 1e9
+    assert parts["weights"] == pytest.approx(4 * gb + cast, rel=0.01)
     assert parts["gradients"] == pytest.approx(2 * 4 * gb, rel=0.01)
     assert parts["optimizer_state"] == pytest.approx(8 * gb, rel=0.01)
 

@@ -43,10 +43,12 @@ from tracekit.core.layer_impl import Kernels, kernels
 #: Element moves of one `numel` of the element-wise kernel whose model answers streaming rows (a + b: two reads, a
 #: write; predictor.layers.norm_rope), forward and backward alike.
 RES_ADD_MOVES = 3.0
-#: Variants of the streaming rows this module makes, and PyTorch DDP's bucket copies (predictor.parallel.fsdp)
+#: Variants of the streaming rows this module makes, and PyTorch DDP's bucket copies and autocast's weight casts
+#: (predictor.parallel.fsdp)
 #: (`predictor.costs.learned.model_keys.ALIASES`: res_add; `hbm_floor`: floored).
 STREAMING = ("dropout", "repeat_kv", "context_copy", "causal_mask", "softmax_cast", "softmax_scale", "bias_add",
-             "glu_add", "glu_mul", "glu_cat", "foreach_adam", "param_copy", "ddp_bucket_copy")
+             "glu_add", "glu_mul", "glu_cat", "foreach_adam", "param_copy", "ddp_bucket_copy",
+             "autocast_cast")
 #: Element moves per element of PyTorch's dropout kernel, each way: it reads and writes the tensor and writes (reads,
 #: backward) a 1-byte mask, 2.5 moves, and draws a random number per element; asked as the element-wise add (3 moves)
 #: over its elements, as tracekit has costed the unfused attention's dropout since the seed paper's samples (no

@@ -17,7 +17,10 @@ parallel ranks, or with HSDP each replica's `dp·cp / replicas` of them):
 - PyTorch's DDP (`torch-ddp`: torchtitan's `replicate`, whose loop reduces every micro-batch): the same all-reduce per
   unit — its 100 MB buckets fill in backward order as the units' gradients arrive —, the reducer copying each
   gradient into its bucket, divided by the ranks (one pass), and the reduced bucket back into the gradient (another);
-  the buckets are a second copy of the gradients in memory (`gradient_as_bucket_view` off, the default).
+  the buckets are a second copy of the gradients in memory (`gradient_as_bucket_view` off, the default). Its
+  parameters stay fp32 and autocast computes in 16 bits: each forward casts every layer's weights (and the output
+  layer's) once — a read of 4 bytes and a write of 2 per parameter — and a replayed forward (full recompute) again;
+  the cast copies are kept for the backward (2 bytes per parameter in memory) where the layer is not recomputed.
 PyTorch FSDP2 also copies each unit's shards into the gather buffer and out of it, and the gradients into the
 reduce-scatter buffer (memory-bound copies on the compute stream), each estimated as its own op in the pass it runs in
 (`tracekit sample` times them; a hardware without their samples answers them by its elementwise model). The
@@ -152,6 +155,20 @@ def _bucket_copy(b: OpBuilder, name: str, params: float, per_layer: bool) -> OpU
     return OpUse(name, spec, per_layer=per_layer)
 
 
+def autocast_casts(c: TrainingConfig, s: Sharding) -> bool:
+    """Whether the job keeps fp32 parameters and casts them for 16-bit compute in each forward (PyTorch's DDP under
+    autocast, torchtitan's: module docstring)."""
+    return s.implementation == "torch-ddp" and c.precision in ("bf16", "fp16")
+
+
+def weight_cast(b: OpBuilder, name: str, params: float, per_layer: bool, pass_: str = "fwd") -> OpUse:
+    """Autocast's cast of `params` fp32 weights to the 16-bit compute dtype (a read of 4 bytes and a write of 2 each),
+    asked of the element-wise kernel's model at the numel that moves as much."""
+    numel = params * (4 + 2) / b.bytes / RES_ADD_MOVES
+    spec = b.spec("elementwise", pass_, "autocast_cast", None, None, rows=numel, width=1.0, numel=numel)
+    return OpUse(name, spec, per_layer=per_layer)
+
+
 def pays_unit_hooks(c: TrainingConfig) -> bool:
     """Whether `c` runs torch FSDP2's hooks around each unit in every micro-batch (the host time `tracekit sample`
     measures per unit on a CPU: `framework` samples of variant `fsdp2_unit`)."""
@@ -191,6 +208,8 @@ def insert_unit_ops(b: OpBuilder, segments: list[Segment]) -> None:
             fwd, _, after = unit_ops(b, s, root, "root", False, True)
             seg.fwd = fwd + seg.fwd
             seg.bwd = seg.bwd + after
+        if part.loss and autocast_casts(c, s):  # the output layer's weight (the embedding's, tied), cast for its GEMM
+            seg.fwd = seg.fwd + [weight_cast(b, "output_layer.autocast_cast", b.v // b.t * c.hidden_size, False)]
 
 
 def _per_layer(b: OpBuilder, s: Sharding, ops: list[OpUse], kinds: dict[tuple[Block, ...], tuple[float, float]],
@@ -213,6 +232,8 @@ def _per_layer(b: OpBuilder, s: Sharding, ops: list[OpUse], kinds: dict[tuple[Bl
         e_fwd, e_bwd, e_after = unit_ops(b, s, expert, "layer.experts", True, False, experts=True)
         pre = before_fwd + e_fwd if forward else before_bwd + e_bwd
         post = [] if forward else after_bwd + e_after
+        if autocast_casts(b.c, s) and (forward or any(o.recompute for o in ops[i:j])):
+            pre = pre + [weight_cast(b, "layer.autocast_cast", dense + expert, True, "fwd" if forward else "bwd")]
         out.extend(u.placed(op.count, False, op.block) for u in pre)
         out.extend(ops[i:j])
         out.extend(u.placed(op.count, False, op.block) for u in post)
@@ -316,6 +337,10 @@ def memory_parts(c: TrainingConfig, dense: int, expert: int, expert_shard: int, 
     gradients = ((dense / n + expert / expert_shard) if s.grads_sharded else dense + expert) * grad
     if s.implementation == "torch-ddp":  # the reducer's buckets: a second copy of every gradient
         gradients *= 2
+    if autocast_casts(c, s):  # the cast weights of the layers not replayed in full, kept for their backward
+        replayed = 0 if c.recompute_granularity != "full" else layers if c.recompute_method != "block" or \
+            c.recompute_num_layers is None else min(c.recompute_num_layers, layers)
+        weights += (layer_dense + layer_expert) * (layers - replayed) * compute
     if s.once_per_iteration(c.pp):  # pipelined: gradients accumulate unsharded until the last micro-batch
         gradients = (dense + expert) * grad
     elif s.grads_sharded:

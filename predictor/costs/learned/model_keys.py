@@ -47,7 +47,7 @@ ALIASES = {
     "dropout": "res_add", "repeatkv": "res_add", "contextcopy": "res_add", "causalmask": "res_add",
     "softmaxcast": "res_add", "softmaxscale": "res_add", "biasadd": "res_add", "gluadd": "res_add",
     "glumul": "res_add", "glucat": "res_add", "foreachadam": "res_add", "paramcopy": "res_add", "silu": "gelu",
-    "ddpbucketcopy": "res_add",  # PyTorch DDP's reducer copies (predictor.parallel.fsdp)
+    "ddpbucketcopy": "res_add", "autocastcast": "res_add",  # PyTorch DDP's copies, autocast's casts (parallel.fsdp)
 }
 #: Primitives whose backward splits into roles (tracekit.core.samples.GEMM_ROLES).
 ROLE_PRIMITIVES = ("gemm", "bmm")
