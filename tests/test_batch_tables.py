@@ -55,6 +55,9 @@ def test_unstated_ambiguous_and_annotated_cells_take_documented_defaults_and_say
     assert row.config.sequence_parallel is False and row.config.micro_batch_size == 1
     assert any("ambiguous" in n for n in row.notes) and any("sequence_parallel" in n for n in row.notes)
     assert any("micro_batch_size not stated" in n for n in row.notes)
+    # a value given with --set is not an assumption: no note says the default was taken
+    row = parse_row(cells, 5, None, None, {"micro_batch_size": 2})
+    assert row.config.micro_batch_size == 2 and not any("micro_batch_size" in n for n in row.notes)
 
 
 def test_num_gpus_that_disagrees_with_the_split_is_an_error_naming_both():
@@ -219,3 +222,25 @@ def test_the_recompute_cells_own_settings_are_read_and_recompute_only_those_laye
     every = dataclasses.replace(c, recompute_method="uniform", recompute_num_layers=1)
     assert config_memory(c, row.cluster.hardware)[0]["activations"] > \
         config_memory(every, row.cluster.hardware)[0]["activations"]
+
+
+def test_a_row_without_its_micro_batch_says_what_the_others_would_give():
+    """Narayanan 2021's rows state no micro-batch: each is predicted at Megatron's default (1) and one warning gives
+    the iteration at each other micro-batch its global batch allows (global batch / dp divisible by it), each what
+    the row predicts with that micro-batch stated; a row that states its micro-batch has no such warning."""
+    from predictor import ModelSet
+    from predictor.batch import predict_rows
+
+    models = ModelSet.load(None)
+    cells = rows_of("narayanan2021_table1_a100_selene.csv")[0]  # 1.7B: dp 32, global batch 512
+    few = dict(cells, global_batch_size="64")  # 2 per data-parallel rank: only micro-batch 2 besides 1
+    stated = dict(cells, micro_batch_size="2")
+    rows = [parse_row(c, i + 2, None, None) for i, c in enumerate((cells, few, stated))]
+    assert [r.assumed for r in rows] == [("micro_batch_size",), ("micro_batch_size",), ()]
+    whole, small, given = predict_rows(rows, models)
+    line = next(w for w in whole.warnings if w.startswith("micro_batch_size not stated"))
+    assert "at micro-batch 2:" in line and "; 4:" in line and "; 8:" in line
+    assert f"2: {given.iteration_time_s:.4g} s" in line  # the row's prediction with micro-batch 2 stated
+    line = next(w for w in small.warnings if w.startswith("micro_batch_size not stated"))
+    assert "at micro-batch 2:" in line and "4:" not in line and "8:" not in line
+    assert not any(w.startswith("micro_batch_size not stated") for w in given.warnings)

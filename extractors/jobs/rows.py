@@ -35,6 +35,9 @@ class BatchRow:
     error: str | None
     stack: Stack | None = None
     notes: list[str] = field(default_factory=list)
+    # settings the row left blank whose default was taken (their notes say so): a prediction may say how much they
+    # matter (predictor.batch)
+    assumed: tuple[str, ...] = ()
 
     @property
     def calibration(self) -> Calibration | None:
@@ -53,6 +56,7 @@ def parse_row(cells: dict[str, str], line: int, hardware: str | None, gpus_per_n
     """One CSV row → configuration, cluster and stack (or the reason it cannot be predicted). `hardware`,
     `gpus_per_node`, `stack` and `cluster` override what the row says; `overrides` are Megatron settings."""
     notes: list[str] = []
+    assumed: list[str] = []
     try:
         chosen, note = (get_stack(stack), None) if stack else select_stack(cells.get("framework", ""))
         if note:
@@ -60,12 +64,15 @@ def parse_row(cells: dict[str, str], line: int, hardware: str | None, gpus_per_n
         mapping: dict[str, Any] = {}
         known = own_setting_names() - {"precision"} | {"precision"}
         mla = str(cells.get("multi_latent_attention", "")).strip().lower() in ("yes", "true", "1")
+        overridden = {setting_name(k) for k in overrides or {}}
         for key in list(CONFIG_COLUMNS) + [k for k in cells if k in known and k not in CONFIG_COLUMNS]:
             if key not in cells or (key in MLA_COLUMNS and not mla):
                 continue
             value, note = read_cell(key, cells[key])
-            if note:
+            if note and setting_name(key) not in overridden:  # what --set states was not assumed
                 notes.append(note)
+                if value is None:
+                    assumed.append(setting_name(key))
             if value is not None:
                 mapping[key] = value
         if mla:
@@ -113,7 +120,7 @@ def parse_row(cells: dict[str, str], line: int, hardware: str | None, gpus_per_n
             notes.append(note)
         if inside_node:  # HYBRID_SHARD: each node's data-parallel ranks shard, the nodes replicate
             config = with_shard_inside(config, where.domain_size)
-        return BatchRow(line, cells, config, where, None, chosen, notes)
+        return BatchRow(line, cells, config, where, None, chosen, notes, tuple(assumed))
     except (ConfigError, ValueError) as exc:
         return BatchRow(line, cells, None, None, str(exc), None, notes)
 
