@@ -90,6 +90,8 @@ def test_autocast_casts_the_fp32_weights_in_every_forward_and_replay(tmp_path):
     assert moved(seg.fwd, "layer.autocast_cast") == pytest.approx(32 * 6 * LAYER_PARAMS)
     assert moved(seg.fwd, "output_layer.autocast_cast") == pytest.approx(6 * VOCAB * H)
     assert moved(seg.bwd, "layer.autocast_cast") == pytest.approx(16 * 6 * LAYER_PARAMS)
+    # the backward's casts belong to the replayed forwards (a trace draws them as forward ops)
+    assert all(o.recompute for o in seg.bwd if o.name == "layer.autocast_cast")
 
 
 def test_memory_holds_fp32_parameters_gradients_twice_and_adams_moments(tmp_path):

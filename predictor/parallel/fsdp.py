@@ -161,12 +161,13 @@ def autocast_casts(c: TrainingConfig, s: Sharding) -> bool:
     return s.implementation == "torch-ddp" and c.precision in ("bf16", "fp16")
 
 
-def weight_cast(b: OpBuilder, name: str, params: float, per_layer: bool, pass_: str = "fwd") -> OpUse:
+def weight_cast(b: OpBuilder, name: str, params: float, per_layer: bool, recompute: bool = False) -> OpUse:
     """Autocast's cast of `params` fp32 weights to the 16-bit compute dtype (a read of 4 bytes and a write of 2 each),
-    asked of the element-wise kernel's model at the numel that moves as much."""
+    asked of the element-wise kernel's model at the numel that moves as much; `recompute`: the replayed forward's, in
+    the backward."""
     numel = params * (4 + 2) / b.bytes / RES_ADD_MOVES
-    spec = b.spec("elementwise", pass_, "autocast_cast", None, None, rows=numel, width=1.0, numel=numel)
-    return OpUse(name, spec, per_layer=per_layer)
+    spec = b.spec("elementwise", "fwd", "autocast_cast", None, None, rows=numel, width=1.0, numel=numel)
+    return OpUse(name, spec, per_layer=per_layer, recompute=recompute)
 
 
 def pays_unit_hooks(c: TrainingConfig) -> bool:
@@ -233,8 +234,8 @@ def _per_layer(b: OpBuilder, s: Sharding, ops: list[OpUse], kinds: dict[tuple[Bl
         pre = before_fwd + e_fwd if forward else before_bwd + e_bwd
         post = [] if forward else after_bwd + e_after
         if autocast_casts(b.c, s) and (forward or any(o.recompute for o in ops[i:j])):
-            pre = pre + [weight_cast(b, "layer.autocast_cast", dense + expert, True, "fwd" if forward else "bwd")]
-        out.extend(u.placed(op.count, False, op.block) for u in pre)
+            pre = pre + [weight_cast(b, "layer.autocast_cast", dense + expert, True, recompute=not forward)]
+        out.extend(u.placed(op.count, u.recompute, op.block) for u in pre)
         out.extend(ops[i:j])
         out.extend(u.placed(op.count, False, op.block) for u in post)
         i = j
