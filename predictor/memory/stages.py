@@ -43,7 +43,7 @@ from tracekit.core.config import TrainingConfig
 from tracekit.core.hardware import hardware_spec
 from tracekit.core.optimizer_state import adam_state
 from tracekit.core.pipeline_layout import chunks, torch_schedule
-from tracekit.core.runtime import deferred_share
+from tracekit.core.runtime import deferred_share, output_layer_calls
 
 GB = 1e9
 
@@ -102,11 +102,9 @@ def deferred_wgrad_bytes(c: TrainingConfig) -> float:
     """What `defer_embedding_wgrad_compute` keeps on the last stage until the pipeline flush: each deferred output-layer
     call's input (its [s, b, h] share of the rank: 1/tp with sequence parallelism) and output gradient ([s, b, V/tp]),
     both in the training dtype (tracekit.core.runtime.deferred_share of the iteration's calls)."""
-    share = deferred_share(c)
-    if not share:
+    calls = deferred_share(c) * output_layer_calls(c)
+    if not calls:
         return 0.0
-    mtp = (c.layout.mtp_num_layers or 0) if c.layout else 0
-    calls = share * c.num_microbatches * (1 + mtp)
     tokens = c.seq_length // c.cp * c.micro_batch_size
     width = c.hidden_size / (c.tp if c.sequence_parallel else 1) + c.padded_vocab_size / c.tp
     return calls * tokens * width * c.dtype_bytes

@@ -108,8 +108,7 @@ def unit_ops(b: OpBuilder, s: Sharding, params: float, name: str, per_layer: boo
 
     def copy(label: str, variant: str, numel: float, pass_: str) -> OpUse:
         """One of FSDP2's copies, estimated as its op in the pass it runs in (tracekit.core.samples.FSDP_COPIES)."""
-        spec = b.spec("elementwise", pass_, variant, None, None, rows=numel, width=1.0, numel=numel)
-        return OpUse(f"{name}.fsdp.{label}", spec, per_layer=per_layer)
+        return _flat(b, f"{name}.fsdp.{label}", variant, numel, pass_, per_layer)
 
     if s.params_sharded:
         gathers = 1 if root else s.parameter_gathers_per_microbatch
@@ -137,22 +136,27 @@ def unit_ops(b: OpBuilder, s: Sharding, params: float, name: str, per_layer: boo
             label = "ddp" if ddp else "fsdp"
             across = b.collective(f"{name}.{label}.all_reduce", "all_reduce", group, params * reduce_bytes(c),
                                   per_layer)
-        if across is not None and ddp:  # the reducer's copies into the bucket (scaled) and back
-            after_bwd.append(_bucket_copy(b, f"{name}.ddp.bucket_copy_in", params, per_layer))
+        if across is not None:  # DDP's reducer copies the gradients into the bucket (scaled) and back around it
+            if ddp:
+                after_bwd.append(_bucket_copy(b, f"{name}.ddp.bucket_copy_in", params, per_layer))
             after_bwd.append(across)
-            after_bwd.append(_bucket_copy(b, f"{name}.ddp.bucket_copy_out", params, per_layer))
-        elif across is not None:
-            after_bwd.append(across)
+            if ddp:
+                after_bwd.append(_bucket_copy(b, f"{name}.ddp.bucket_copy_out", params, per_layer))
     return before_fwd, before_bwd, after_bwd
+
+
+def _flat(b: OpBuilder, name: str, variant: str, numel: float, pass_: str, per_layer: bool,
+          recompute: bool = False) -> OpUse:
+    """An element-wise op over one flat buffer of `numel` elements (`rows` = numel, `width` 1), in pass `pass_`."""
+    spec = b.spec("elementwise", pass_, variant, None, None, rows=numel, width=1.0, numel=numel)
+    return OpUse(name, spec, per_layer=per_layer, recompute=recompute)
 
 
 def _bucket_copy(b: OpBuilder, name: str, params: float, per_layer: bool) -> OpUse:
     """One pass of PyTorch DDP's reducer over `params` gradients in the reduction dtype (a read and a write), asked
     of the element-wise kernel's model at the numel that moves as much (predictor.layers.local_kernels.streaming)."""
     moves = 2.0 * params * reduce_bytes(b.c) / b.bytes
-    numel = moves / RES_ADD_MOVES
-    spec = b.spec("elementwise", "bwd", "ddp_bucket_copy", None, None, rows=numel, width=1.0, numel=numel)
-    return OpUse(name, spec, per_layer=per_layer)
+    return _flat(b, name, "ddp_bucket_copy", moves / RES_ADD_MOVES, "bwd", per_layer)
 
 
 def autocast_casts(c: TrainingConfig, s: Sharding) -> bool:
@@ -165,9 +169,7 @@ def weight_cast(b: OpBuilder, name: str, params: float, per_layer: bool, recompu
     """Autocast's cast of `params` fp32 weights to the 16-bit compute dtype (a read of 4 bytes and a write of 2 each),
     asked of the element-wise kernel's model at the numel that moves as much; `recompute`: the replayed forward's, in
     the backward."""
-    numel = params * (4 + 2) / b.bytes / RES_ADD_MOVES
-    spec = b.spec("elementwise", "fwd", "autocast_cast", None, None, rows=numel, width=1.0, numel=numel)
-    return OpUse(name, spec, per_layer=per_layer, recompute=recompute)
+    return _flat(b, name, "autocast_cast", params * (4 + 2) / b.bytes / RES_ADD_MOVES, "fwd", per_layer, recompute)
 
 
 def pays_unit_hooks(c: TrainingConfig) -> bool:

@@ -415,7 +415,8 @@ def _finish(runs: _Runs, m: int, *, grad_buckets_us: list[list[float]] | None = 
                               intervals[s], report_us[s], drain_us[s]))
     iteration = max(t.end for t in tails) + iteration_overhead_us
     works = runs.works
-    busy = [runs.stage_sum(s, [w.total for w in works]) + runs.stage_sends(s) + drain_us[s] for s in range(pp)]
+    totals = [w.total for w in works]
+    busy = [runs.stage_sum(s, totals) + runs.stage_sends(s) + drain_us[s] for s in range(pp)]
     crit = max(range(pp), key=lambda s: (busy[s], -s))
     tail = tails[crit]
     breakdown = {

@@ -58,6 +58,7 @@ from typing import Any
 
 from tracekit.core.errors import ConfigError, did_you_mean
 from tracekit.core.megatron_arguments import list_words
+from tracekit.core.pipeline_layout import torch_schedule
 
 IMPLS = ("none", "local", "transformer_engine", "full_iteration")
 MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
@@ -196,7 +197,7 @@ class RuntimeSettings:
             raise ConfigError("Cannot defer embedding wgrad compute when pipeline model parallel is not used")
         if self.defer_embedding_wgrad_compute and not self.accumulation_fused:
             raise ConfigError("Cannot defer embedding wgrad compute when gradient accumulation fusion is not used")
-        schedule = config.layout.torch_pipeline_schedule if config.layout else None
+        schedule = torch_schedule(config)
         if self.defer_embedding_wgrad_compute and schedule:
             raise ConfigError(f"defer_embedding_wgrad_compute is Megatron's schedules' (their pipeline flush): "
                               f"PyTorch's {schedule} has none")
@@ -263,7 +264,13 @@ def deferred_share(config) -> float:
     run = config.run or RuntimeSettings()
     if not run.defer_embedding_wgrad_compute:
         return 0.0
-    mtp = (config.layout.mtp_num_layers or 0) if config.layout else 0
-    calls = config.num_microbatches * (1 + mtp)
+    calls = output_layer_calls(config)
     limit = int(run.wgrad_deferral_limit or 0)
     return 1.0 if limit == 0 else min(limit, calls) / calls
+
+
+def output_layer_calls(config) -> int:
+    """The output layer's calls in an iteration of a TrainingConfig: one per micro-batch and model output (the main
+    one and each MTP depth's)."""
+    mtp = (config.layout.mtp_num_layers or 0) if config.layout else 0
+    return config.num_microbatches * (1 + mtp)
