@@ -244,3 +244,35 @@ def test_a_row_without_its_micro_batch_says_what_the_others_would_give():
     line = next(w for w in small.warnings if w.startswith("micro_batch_size not stated"))
     assert "at micro-batch 2:" in line and "4:" not in line and "8:" not in line
     assert not any(w.startswith("micro_batch_size not stated") for w in given.warnings)
+
+
+def test_the_narayanan_launch_lines_state_what_each_row_states_and_what_it_leaves_out():
+    """benchmarks/launch/narayanan2021_sc21.json: the authors' scripts for Table 1. Each run's line agrees with its
+    corpus row on every column both state (the row parsed alone and with the line: the same model, split, batch and
+    GPUs), and fills what the row leaves out — the micro-batch (no longer assumed), the interleaving, the DDP."""
+    import json
+    from pathlib import Path
+
+    launch = json.loads((Path(__file__).resolve().parent.parent / "benchmarks" / "launch" /
+                         "narayanan2021_sc21.json").read_text())["rows"]
+    for i, cells in enumerate(rows_of("narayanan2021_table1_a100_selene.csv")):
+        run = launch[cells["row_ref"]]
+        alone, launched = (parse_row(c, i + 2, None, None) for c in (cells, dict(cells,
+                                                                                   megatron_args=run["megatron_args"])))
+        assert not alone.error and not launched.error, (cells["row_ref"], alone.error, launched.error)
+        a, b = alone.config, launched.config
+        for key in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "tp", "pp", "dp",
+                    "global_batch_size", "world_size", "recompute_granularity"):
+            assert getattr(a, key) == getattr(b, key), (cells["row_ref"], key)
+        assert int(cells["num_gpus"]) == 8 * run["nodes"]
+        assert a.micro_batch_size == 1 and "micro_batch_size" in alone.assumed
+        assert "micro_batch_size" not in launched.assumed
+        assert not any(n.startswith("micro_batch_size") for n in launched.notes)
+        words = run["megatron_args"].split()
+        assert b.micro_batch_size == int(words[words.index("--micro-batch-size") + 1])
+        assert b.overlap_grad_reduce == (words[words.index("--DDP-impl") + 1] == "torch")
+        if "--num-layers-per-virtual-pipeline-stage" in words:
+            per = int(words[words.index("--num-layers-per-virtual-pipeline-stage") + 1])
+            assert b.vp == b.num_layers // (b.pp * per) > 1
+        else:
+            assert b.vp == 1

@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from extractors.jobs.megatron import config_from_argv, config_from_log
+from extractors.jobs.rows import parse_row
 from tracekit.cli import app
 from tracekit.core.errors import ConfigError
 from tracekit.core.legacy_arguments import REFUSED
@@ -54,13 +55,19 @@ def test_the_refusals_are_megatrons_own_words():
 @pytest.mark.parametrize("flag", ["--batch-size 4", "--warmup 100", "--model-parallel-size 2",
                                   "--checkpoint-activations"])
 def test_a_flag_megatron_stops_on_is_refused_in_one_line_naming_it(flag):
+    _refused_in_one_line(flag)
+
+
+def _refused_in_one_line(flag: str, *words: str) -> None:
+    """`flag` typed: ConfigError naming it, and the CLI's one line on stderr (naming it and `words`), exit 2."""
     with pytest.raises(ConfigError, match=re.escape(flag.split()[0])):
         config_from_argv(f"{BASE} {flag}")
     done = runner.invoke(app, ["predict", "--megatron-args", f"{BASE} {flag}", "--hardware", "H100-80GB-HBM3",
                                "--gpus", "2"])
     assert done.exit_code == 2 and not done.stdout
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and flag.split()[0] in lines[0], done.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert all(w in lines[0] for w in (flag.split()[0], *words)), done.stderr
 
 
 def test_a_value_that_is_no_switch_or_no_number_is_refused_naming_the_key():
@@ -142,3 +149,60 @@ def test_padded_vocab_size_is_the_vocabulary_unpadded():
     assert given["memory_gb_per_gpu"]["weights"] < padded["memory_gb_per_gpu"]["weights"]
     with pytest.raises(ConfigError, match="padded_vocab_size 50257 is not a positive multiple of tp 2"):
         config_from_argv(f"{BASE} --padded-vocab-size 50257")
+
+
+# -- Megatron-LM 2021–2022's renamed and removed flags ----------------------------------------------------------------
+LINE_2021 = f"{BASE} --activations-checkpoint-method block --activations-checkpoint-num-layers 2"
+
+
+@pytest.mark.parametrize("flag, today", [("--activations-checkpoint-method uniform", "--recompute-method"),
+                                         ("--activations-checkpoint-num-layers 2", "--recompute-num-layers"),
+                                         ("--DDP-impl torch", "--overlap-grad-reduce")])
+def test_a_2021_flag_typed_is_refused_in_one_line_naming_todays(flag, today):
+    _refused_in_one_line(flag, today)
+
+
+def test_a_record_of_a_2021_run_reads_its_recompute_and_ddp_flags_as_they_ran():
+    from extractors.jobs.notes import parse_megatron_argv
+    from tracekit.core.config import TrainingConfig
+    from tracekit.core.stacks import get_stack
+
+    old = get_stack("megatron-lm-2021").config  # its DDP: Megatron's own, reduced after the backward
+    assert old["overlap_grad_reduce"] is False
+
+    def record(line: str, defaults: dict = old) -> TrainingConfig:
+        return TrainingConfig.from_mapping(parse_megatron_argv(line), defaults)  # a run's record: not strict
+
+    c = record(LINE_2021)
+    assert (c.recompute_granularity, c.recompute_method, c.recompute_num_layers) == ("full", "block", 2)
+    assert record(f"{BASE} --activations-checkpoint-method uniform").recompute_num_layers == 1  # Megatron's default
+    # PyTorch's DDP: the last micro-batch's backward reduces the gradients in 25 MB buckets (fp16/bf16: 2 bytes each)
+    torch_ddp = record(f"{BASE} --DDP-impl torch")
+    assert torch_ddp.overlap_grad_reduce is True and torch_ddp.extra["ddp_bucket_size"] == 25 * 2 ** 20 // 2
+    fp32 = record(BASE.replace(" --bf16", "") + " --DDP-impl torch")
+    assert fp32.extra["ddp_bucket_size"] == 25 * 2 ** 20 // 4
+    assert record(f"{BASE} --DDP-impl local", {"overlap_grad_reduce": True}).overlap_grad_reduce is False
+    # what the record states itself is kept
+    assert record(f"{BASE} --DDP-impl torch --ddp-bucket-size 1000000").extra["ddp_bucket_size"] == 1000000
+    with pytest.raises(ConfigError, match=r"^ddp_impl: 'tourch' is not one of local, torch \(did you mean 'torch'"):
+        record(f"{BASE} --DDP-impl tourch")
+
+
+def test_pytorchs_ddp_of_a_2021_run_hides_its_gradient_reduction_behind_the_last_backward(tmp_path):
+    # a row of a published table with its launch line: 4 nodes of 8 A100, one micro-batch of 8 per rank; Megatron's
+    # own DDP reduces 0.4 GB of fp16 gradients over InfiniBand after the backward, PyTorch's DDP during it
+    from predictor import ModelSet
+    from predictor.batch import predict_rows
+
+    cells = {"framework": "Megatron-LM (2021)", "hardware_gpu": "A100-SXM4-80GB", "gpus_per_node": "8",
+             "num_gpus": "32", "interconnect": "InfiniBand HDR inter-node",
+             "megatron_args": "--num-layers 4 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
+                              "--max-position-embeddings 2048 --micro-batch-size 8 --global-batch-size 256 --fp16"}
+    local, torch_ddp = (parse_row(dict(cells, megatron_args=f"{cells['megatron_args']} --DDP-impl {impl}"), 2,
+                                  None, None) for impl in ("local", "torch"))
+    assert not local.error and not torch_ddp.error, (local.error, torch_ddp.error)
+    assert not any("micro_batch_size" in n for n in local.notes)  # the launch line states it: nothing assumed
+    a, b = predict_rows([local, torch_ddp], ModelSet.load(None))
+    assert b.breakdown["compute"] == pytest.approx(a.breakdown["compute"])
+    assert b.breakdown["exposed_communication"] < 0.5 * a.breakdown["exposed_communication"]
+    assert b.iteration_time_s < a.iteration_time_s

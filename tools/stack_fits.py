@@ -83,9 +83,15 @@ class CorpusSet:
                 "rows": len(self.rows), "lines_not_predicted": sorted(r.line for r in self.failed)}
 
 
-def load_set(models, file: str) -> CorpusSet:
-    """A corpus e2e file parsed as `predict --batch FILE` parses it (no flag), its rows prepared with `models`."""
+def load_set(models, file: str, launch: dict[str, str] | None = None) -> CorpusSet:
+    """A corpus e2e file parsed as `predict --batch FILE` parses it (no flag), its rows prepared with `models`;
+    `launch`: row_ref → the launch line of the run (a `megatron_args` cell added to each row; every row needs one)."""
     _, cells = B.read_rows(E2E / file)
+    if launch is not None:
+        missing = [c.get("row_ref", "") for c in cells if c.get("row_ref", "") not in launch]
+        if missing:
+            raise ValueError(f"{file}: no launch line for {', '.join(missing)}")
+        cells = [{**c, "megatron_args": launch[c["row_ref"]]} for c in cells]
     rows = [B.parse_row(c, i + 2, None, None) for i, c in enumerate(cells)]
     failed = [r for r in rows if r.error]
     good = [r for r in rows if not r.error]

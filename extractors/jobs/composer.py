@@ -34,6 +34,7 @@ from typing import Any
 
 from extractors.jobs.torchtitan import COMPILE_NOTE, Job
 from tracekit.core.errors import ConfigError, InputError, did_you_mean
+from tracekit.core.sharding import TORCH_DDP_BUCKET_BYTES
 from tracekit.core.yaml_file import read_yaml
 
 #: Top-level keys of llm-foundry's train config (and Composer's Trainer arguments it passes through).
@@ -72,8 +73,6 @@ FSDP = ("sharding_strategy", "mixed_precision", "activation_checkpointing", "act
 STRATEGY = {"FULL_SHARD": ("optim_grads_params", True), "SHARD_GRAD_OP": ("optim_grads_params", False),
             "HYBRID_SHARD": ("optim_grads_params", True), "_HYBRID_SHARD_ZERO2": ("optim_grads_params", False),
             "NO_SHARD": ("no_shard", True)}
-#: PyTorch DDP's gradient bucket (`bucket_cap_mb` 25, Composer passes no other).
-DDP_BUCKET_BYTES = 25 * 1024 * 1024
 PRECISION = {"amp_bf16": "amp_bf16", "amp_fp16": "amp_fp16", "amp_fp8": "amp_fp8", "fp32": "fp32"}
 _REF = re.compile(r"\$\{([^}]+)\}")
 
@@ -225,7 +224,7 @@ def _settings(data: dict[str, Any], world_size: int | None, gpus_per_node: int |
         _fsdp(fsdp, world_size, gpus_per_node, out, notes)
     elif world_size > 1:  # PyTorch DDP, synchronising the last micro-batch only (module docstring)
         out["overlap_grad_reduce"] = True
-        out["ddp_bucket_size"] = DDP_BUCKET_BYTES // 4
+        out["ddp_bucket_size"] = TORCH_DDP_BUCKET_BYTES // 4
         notes.append("no fsdp_config: PyTorch's DDP, the last micro-batch's backward reducing the gradients in "
                      "25 MB buckets")
     return Job(out, "composer", notes)

@@ -64,12 +64,13 @@ def parse_row(cells: dict[str, str], line: int, hardware: str | None, gpus_per_n
         mapping: dict[str, Any] = {}
         known = own_setting_names() - {"precision"} | {"precision"}
         mla = str(cells.get("multi_latent_attention", "")).strip().lower() in ("yes", "true", "1")
-        overridden = {setting_name(k) for k in overrides or {}}
+        launched = argument_settings(cells)  # the row's launch line states what its columns may leave blank
+        overridden = {setting_name(k) for k in [*(overrides or {}), *launched]}
         for key in list(CONFIG_COLUMNS) + [k for k in cells if k in known and k not in CONFIG_COLUMNS]:
             if key not in cells or (key in MLA_COLUMNS and not mla):
                 continue
             value, note = read_cell(key, cells[key])
-            if note and setting_name(key) not in overridden:  # what --set states was not assumed
+            if note and setting_name(key) not in overridden:  # what --set or the launch line states was not assumed
                 notes.append(note)
                 if value is None:
                     assumed.append(setting_name(key))
@@ -82,7 +83,7 @@ def parse_row(cells: dict[str, str], line: int, hardware: str | None, gpus_per_n
         from_notes, read = note_settings(cells, {setting_name(k) for k in mapping})
         mapping.update(from_notes)
         notes.extend(read)
-        mapping.update(argument_settings(cells))
+        mapping.update(launched)
         sharded, sharding_notes, inside_node = settings_from_text(cells.get("zero_or_fsdp", ""),
                                                                   cells.get("fsdp", ""), cells.get("framework", ""))
         mapping.update(sharded)

@@ -50,6 +50,9 @@ ENUMERATED: dict[str, Choices] = {
         **_ATTN_BACKENDS, **{f"attnbackend.{k}": v for k, v in (*_ATTN_BACKENDS.items(), ("flash", "flash"),
                                                                   ("unfused", "unfused"))}}),
     "recompute_method": Choices(("uniform", "block"), optional=True),
+    # Megatron-LM 2021–2022's, in the record of a run (tracekit.core.legacy_arguments)
+    "activations_checkpoint_method": Choices(("uniform", "block"), optional=True),
+    "ddp_impl": Choices(("local", "torch")),
     "recompute_modules": Choices(("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
                                   "gdn_norm_out", "per_op"), unmodelled=("gdp_in_proj", "gdp_qkv", "mhc"),
                                  words=True),

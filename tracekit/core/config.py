@@ -343,7 +343,8 @@ class TrainingConfig:
             key = setting_name(raw_key)
             if key not in values and key not in extra and scalar(raw) is not None:
                 apply_setting(key, scalar(raw), values, extra, known)
-        legacy_arguments.apply(values, extra, record=not strict)  # Megatron's deprecated flags
+        legacy_arguments.apply(values, extra, record=not strict,  # Megatron's deprecated flags
+                               stated=frozenset(setting_name(k) for k, v in mapping.items() if scalar(v) is not None))
         pattern = values.get("hybrid_layer_pattern") or values.get("hybrid_override_pattern")
         if "num_layers" not in values and pattern:  # Megatron takes the layer count from the pattern
             values["num_layers"] = hybrid_pattern.layer_count(str(pattern))

@@ -11,6 +11,15 @@ either predicted as Megatron runs it or refused where Megatron stops:
 - **Translated**: `--use-rotary-position-embeddings` makes the position embedding RoPE, whatever
   `--position-embedding-type` says. `--no-position-embedding` is refused unless the embedding is RoPE (which has no
   learned table; then it changes nothing).
+- **Renamed or removed since Megatron-LM 2021–2022** (not flags of the pinned snapshot, whose argparse stops on them):
+  in the record of a run they mean what they meant there, typed they are refused naming today's flags.
+  `--activations-checkpoint-method uniform|block` (with `--activations-checkpoint-num-layers N`, default 1) is full
+  recompute, today's `--recompute-granularity full --recompute-method` (`--recompute-num-layers`). `--DDP-impl local`
+  is Megatron's own DDP (its gradients reduced after the last micro-batch's backward: `overlap_grad_reduce` off),
+  `--DDP-impl torch` PyTorch's DistributedDataParallel, whose `no_sync` Megatron held over every micro-batch but the
+  last: that backward reduces the gradients in PyTorch's 25 MB buckets as it fills them, which is
+  `overlap_grad_reduce` with buckets of 25 MB of gradients (2-byte ones under fp16/bf16, Megatron's Float16Module).
+  A setting the record states itself (`overlap_grad_reduce`, `ddp_bucket_size`, the recompute ones) is kept.
 - **The vocabulary as given**: `--padded-vocab-size V` is the model's vocabulary, not padded again (Megatron builds
   the model with `should_pad_vocab=False`); its vocabulary-parallel embedding splits it evenly over tp, so V must
   divide by tp. A log prints the padded size of its vocabulary: where V is what the stated vocabulary pads to, the
@@ -22,6 +31,7 @@ from typing import Any
 
 from tracekit.core.errors import ConfigError
 from tracekit.core.megatron_defaults import VOCAB_MULTIPLE, VOCAB_SIZE, padded_vocab_size
+from tracekit.core.sharding import TORCH_DDP_BUCKET_BYTES
 
 #: Setting (argparse destination) → Megatron's words when it stops on it.
 REFUSED = {
@@ -31,15 +41,28 @@ REFUSED = {
     "checkpoint_activations": "--checkpoint-activations is no longer valid, use --recompute-activations, or, for "
                               "more control, --recompute-granularity and --recompute-method.",
 }
+#: Megatron-LM 2021–2022's settings the pinned snapshot no longer has (module docstring) → what it calls them, for
+#: the refusal of one typed.
+RENAMED = {
+    "activations_checkpoint_method": "--activations-checkpoint-method is Megatron-LM 2021–2022's flag, not the pinned "
+                                     "Megatron's: there it is --recompute-granularity full --recompute-method",
+    "activations_checkpoint_num_layers": "--activations-checkpoint-num-layers is Megatron-LM 2021–2022's flag, not "
+                                         "the pinned Megatron's: there it is --recompute-num-layers",
+    "ddp_impl": "--DDP-impl is Megatron-LM's flag of 2020–2023, not the pinned Megatron's: there --DDP-impl torch is "
+                "--overlap-grad-reduce with --ddp-bucket-size 13107200 (PyTorch DDP's 25 MB buckets of 2-byte "
+                "gradients), --DDP-impl local is without --overlap-grad-reduce",
+}
 #: The spellings of `--no-position-embedding` a mapping can hold: its argparse destination (False when given), the
 #: flag's dest form (True) and the `--no-x` form a command line parses to (`position_embedding` False).
 NO_POSITION = (("add_position_embedding", False), ("no_position_embedding", True), ("position_embedding", False))
 #: The switches and the whole numbers among them, checked as such before they reach `apply`
 #: (tracekit.core.choices.FLAGS and NUMBERS).
 SWITCHES = ("checkpoint_activations", "use_rotary_position_embeddings", *(name for name, _ in NO_POSITION))
-WHOLE_NUMBERS = ("batch_size", "warmup", "model_parallel_size", "padded_vocab_size")
+WHOLE_NUMBERS = ("batch_size", "warmup", "model_parallel_size", "padded_vocab_size",
+                 "activations_checkpoint_num_layers")
 #: Every setting this module reads (tracekit.core.settings.READ).
-SETTINGS = (*REFUSED, "use_rotary_position_embeddings", "padded_vocab_size", *(name for name, _ in NO_POSITION))
+SETTINGS = (*REFUSED, *RENAMED, "use_rotary_position_embeddings", "padded_vocab_size",
+            *(name for name, _ in NO_POSITION))
 #: What the refused settings meant in the Megatron versions that ran them: setting → TrainingConfig's field.
 RECORDED = {"batch_size": "micro_batch_size", "model_parallel_size": "tensor_model_parallel_size"}
 
@@ -55,15 +78,22 @@ def refuse(settings: dict[str, Any]) -> None:
     for name, words in REFUSED.items():
         if _stated(name, settings.get(name)):
             raise ConfigError(f"{words} (Megatron stops on it)")
+    for name, words in RENAMED.items():
+        if settings.get(name) is not None:
+            raise ConfigError(f"{words} (its argparse stops on it; the record of a run of that Megatron, a log or a "
+                              "table row's launch line, is read as it ran)")
 
 
-def apply(values: dict[str, Any], extra: dict[str, Any], record: bool = False) -> None:
+def apply(values: dict[str, Any], extra: dict[str, Any], record: bool = False,
+          stated: frozenset[str] = frozenset()) -> None:
     """Read the legacy settings out of `extra` (switches and numbers already checked) into `values` (TrainingConfig's
     fields) as Megatron does; ConfigError where Megatron stops, the refused settings only if not `record` (the
     settings of a run that happened: module docstring). Runs once every stated setting and the stack's defaults are
-    in."""
+    in; `stated`: the settings the input states itself (what a renamed flag would set is kept there, not a
+    stack's default)."""
     if not record:
         refuse(extra)
+    _renamed(values, extra, stated)
     for name in REFUSED:
         value = extra.pop(name, None)
         if not _stated(name, value):
@@ -88,7 +118,26 @@ def apply(values: dict[str, Any], extra: dict[str, Any], record: bool = False) -
     if vocab < 1 or vocab % tp:
         raise ConfigError(f"padded_vocab_size {padded} is not a positive multiple of tp {tp}: Megatron's "
                           "vocabulary-parallel embedding splits the vocabulary evenly over tp")
-    stated = (int(float(values.get("vocab_size", VOCAB_SIZE))),
-              int(float(values.get("make_vocab_size_divisible_by", VOCAB_MULTIPLE))))
-    if vocab != padded_vocab_size(*stated, tp):  # a log prints the padding of its vocabulary: that is no new size
+    given = (int(float(values.get("vocab_size", VOCAB_SIZE))),
+             int(float(values.get("make_vocab_size_divisible_by", VOCAB_MULTIPLE))))
+    if vocab != padded_vocab_size(*given, tp):  # a log prints the padding of its vocabulary: that is no new size
         values["vocab_size"], values["make_vocab_size_divisible_by"] = vocab, 1
+
+
+def _renamed(values: dict[str, Any], extra: dict[str, Any], stated: frozenset[str]) -> None:
+    """Megatron-LM 2021–2022's renamed and removed flags, as that Megatron ran them (module docstring)."""
+    method = extra.pop("activations_checkpoint_method", None)
+    layers = extra.pop("activations_checkpoint_num_layers", None)
+    if method is not None:
+        for name, value in (("recompute_granularity", "full"), ("recompute_method", method),
+                            ("recompute_num_layers", 1 if layers is None else layers)):
+            if name not in stated:
+                values[name] = value
+    impl = extra.pop("ddp_impl", None)
+    if impl is None:
+        return
+    if "overlap_grad_reduce" not in stated:
+        values["overlap_grad_reduce"] = impl == "torch"
+    if impl == "torch" and "ddp_bucket_size" not in stated:
+        base = str(values.get("precision") or values.get("_base_precision") or "fp32").lower()
+        extra["ddp_bucket_size"] = TORCH_DDP_BUCKET_BYTES // (4 if base in ("fp32", "float32") else 2)

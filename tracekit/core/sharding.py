@@ -55,6 +55,9 @@ class ShardedJob(Protocol):
     @property
     def pp(self) -> int: ...
 
+#: PyTorch DDP's gradient bucket (`bucket_cap_mb` 25, its default; Composer and Megatron-LM's `--DDP-impl torch` pass
+#: no other).
+TORCH_DDP_BUCKET_BYTES = 25 * 1024 * 1024
 IMPLEMENTATIONS = ("none", "megatron-fsdp", "torch-fsdp2", "torch-fsdp1", "deepspeed", "torch-ddp")
 #: Megatron's strategy names, in ZeRO-stage order (index = ZeRO stage).
 STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
