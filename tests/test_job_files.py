@@ -155,6 +155,7 @@ def test_composer_without_fsdp_is_ddp_reducing_the_last_micro_batch_in_25_mb_buc
     path.write_text(yaml.safe_dump(data))
     c = TrainingConfig.from_mapping(read_composer(path, world_size=8).settings).validate()
     assert c.overlap_grad_reduce and c.extra["ddp_bucket_size"] * 4 == 25 * 2 ** 20
+    assert c.run is not None and c.run.torch_ddp_reducer  # PyTorch's reducer copies into its buckets and back
     assert not sharding_of(c).per_unit  # once per iteration, not in every micro-batch
     g = build_graph(c, "A100-SXM4-80GB", 8)
     sizes = [g.specs[o.spec]["bytes"] for o in g.grad_sync[0] if o.group == "dpcp"]

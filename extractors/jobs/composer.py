@@ -225,6 +225,7 @@ def _settings(data: dict[str, Any], world_size: int | None, gpus_per_node: int |
     elif world_size > 1:  # PyTorch DDP, synchronising the last micro-batch only (module docstring)
         out["overlap_grad_reduce"] = True
         out["ddp_bucket_size"] = TORCH_DDP_BUCKET_BYTES // 4
+        out["torch_ddp_reducer"] = True
         notes.append("no fsdp_config: PyTorch's DDP, the last micro-batch's backward reducing the gradients in "
                      "25 MB buckets")
     return Job(out, "composer", notes)

@@ -19,7 +19,8 @@
   Without apex's or Transformer Engine's multi-tensor kernels, the gradient norm reads each tensor's norm on the host
   and the parameter copy is two kernels a tensor (`predictor.layers.local_kernels.optimizer_loops`). Megatron's DDP
   (not the FSDPs, which reduce per unit) scales its gradient buffers in place once per iteration
-  (`predictor.parallel.grad_buckets.scaled_elements`: read and written); with `calculate_per_token_loss` the token
+  (`predictor.parallel.grad_buckets.scaled_elements`: read and written), PyTorch's DDP (`torch_ddp_reducer`) copies
+  every gradient into its bucket, divided, and back (two such passes); with `calculate_per_token_loss` the token
   count is broadcast over the pipeline stages and all-reduced over the data- and context-parallel ranks first; with
   Megatron-LM's result checks (`tracekit.core.runtime.result_checks`) each bucket's norm is read before its collective
   and checked on the host, the device idle for each synchronisation's return and the next issue (`SYNC_US` +
@@ -237,8 +238,12 @@ def pass_costs(graph: Graph) -> PassCosts:
         syncs = 0.0
         if ddp:
             buckets = graph.buckets[stage]
-            scaled = grad_buckets.scaled_elements(c, buckets, graph.groups["dpcp"].size, graph.groups["edp"].size)
-            device += moved(2 * scaled * c.grad_bytes)
+            if run.torch_ddp_reducer:  # PyTorch's reducer: into the bucket (divided) and back, every gradient
+                reduced = sum(sum(d) + sum(e) for d, e in buckets) if graph.groups["dpcp"].size > 1 else 0
+                device += moved(4 * reduced * c.grad_bytes)
+            else:
+                scaled = grad_buckets.scaled_elements(c, buckets, graph.groups["dpcp"].size, graph.groups["edp"].size)
+                device += moved(2 * scaled * c.grad_bytes)
             if checks.bucket_norm:  # each bucket's norm read, its checks on the host (runtime.result_checks)
                 device += moved(elements * c.grad_bytes)
                 syncs += checks.bucket_syncs * sum(len(d) + len(e) for d, e in buckets)

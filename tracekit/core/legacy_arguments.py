@@ -18,7 +18,8 @@ either predicted as Megatron runs it or refused where Megatron stops:
   is Megatron's own DDP (its gradients reduced after the last micro-batch's backward: `overlap_grad_reduce` off),
   `--DDP-impl torch` PyTorch's DistributedDataParallel, whose `no_sync` Megatron held over every micro-batch but the
   last: that backward reduces the gradients in PyTorch's 25 MB buckets as it fills them, which is
-  `overlap_grad_reduce` with buckets of 25 MB of gradients (2-byte ones under fp16/bf16, Megatron's Float16Module).
+  `overlap_grad_reduce` with buckets of 25 MB of gradients (2-byte ones under fp16/bf16, Megatron's Float16Module),
+  and the reducer's copies into and out of them (`torch_ddp_reducer`, tracekit.core.runtime).
   A setting the record states itself (`overlap_grad_reduce`, `ddp_bucket_size`, the recompute ones) is kept.
 - **The vocabulary as given**: `--padded-vocab-size V` is the model's vocabulary, not padded again (Megatron builds
   the model with `should_pad_vocab=False`); its vocabulary-parallel embedding splits it evenly over tp, so V must
@@ -138,6 +139,8 @@ def _renamed(values: dict[str, Any], extra: dict[str, Any], stated: frozenset[st
         return
     if "overlap_grad_reduce" not in stated:
         values["overlap_grad_reduce"] = impl == "torch"
+    if impl == "torch" and "torch_ddp_reducer" not in stated:
+        values["torch_ddp_reducer"] = True
     if impl == "torch" and "ddp_bucket_size" not in stated:
         base = str(values.get("precision") or values.get("_base_precision") or "fp32").lower()
         extra["ddp_bucket_size"] = TORCH_DDP_BUCKET_BYTES // (4 if base in ("fp32", "float32") else 2)

@@ -46,6 +46,10 @@ logging passes, timers, gradient-accumulation fusion, gradient clipping. Setting
   `--no-scatter-gather-tensors-in-pipeline`; the `megatron-lm-2021` stack profile sets it): without sequence
   parallelism each tensor-parallel rank sends 1/tp of the activation to the next pipeline stage and the receivers
   all-gather it (`predictor.parallel.pipeline_p2p`).
+- `torch_ddp_reducer` (not a Megatron flag: Megatron-LM 2020–2023's `--DDP-impl torch`, Composer's DDP): the gradients
+  are reduced by PyTorch's DistributedDataParallel, whose reducer copies each gradient into its bucket (dividing it by
+  the ranks) before the bucket's all-reduce and back after it — two passes over every gradient in the backward that
+  reduces, in place of Megatron's DDP scaling its buffers once (`predictor.schedule.framework_costs`).
 - `torch_compile` (not a Megatron flag: torchtitan's `[compile] enable`, Composer's `compile_config`): each
   transformer block compiled by TorchInductor, its memory-bound ops run as fused kernels
   (`predictor.layers.compile_fusion`).
@@ -91,6 +95,7 @@ class RuntimeSettings:
     defer_embedding_wgrad_compute: bool | None = None
     overlap_p2p_comm_warmup_flush: bool | None = None
     wgrad_deferral_limit: int | None = None
+    torch_ddp_reducer: bool | None = None  # PyTorch's DDP reduces the gradients (module docstring)
     torch_compile: bool | None = None
 
     def __post_init__(self) -> None:
