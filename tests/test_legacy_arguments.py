@@ -186,6 +186,16 @@ def test_a_record_of_a_2021_run_reads_its_recompute_and_ddp_flags_as_they_ran():
     assert record(f"{BASE} --DDP-impl torch --ddp-bucket-size 1000000").extra["ddp_bucket_size"] == 1000000
     with pytest.raises(ConfigError, match=r"^ddp_impl: 'tourch' is not one of local, torch \(did you mean 'torch'"):
         record(f"{BASE} --DDP-impl tourch")
+    # a Megatron-LM 2021 log prints them so (DDP_impl in capitals; the checkpoint method None when unused, its layer
+    # count always)
+    block = ("------ arguments ------\n  num_layers ...... 4\n  hidden_size ..... 1024\n"
+             "  num_attention_heads ... 16\n  seq_length ...... 2048\n  DDP_impl ........ torch\n"
+             "  activations_checkpoint_method ... {}\n  activations_checkpoint_num_layers ... 1\n  fp16 ... True\n"
+             "-------- end of arguments ---------\n")
+    logged = config_from_log(block.format("uniform"), defaults=old)
+    assert (logged.recompute_granularity, logged.recompute_method, logged.overlap_grad_reduce) == \
+        ("full", "uniform", True)
+    assert config_from_log(block.format("None"), defaults=old).recompute_granularity == "none"
 
 
 def test_pytorchs_ddp_of_a_2021_run_hides_its_gradient_reduction_behind_the_last_backward(tmp_path):
