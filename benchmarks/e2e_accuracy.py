@@ -92,7 +92,7 @@ from extractors import jobs  # noqa: E402
 from predictor import batch as B  # noqa: E402
 from predictor.costs.learned.models import ModelSet  # noqa: E402
 from predictor.predict import prepare_many  # noqa: E402
-from predictor.sweeps.calibration_fit import iteration_times_s  # noqa: E402
+from predictor.sweeps.calibration_fit import fit_prepared, iteration_times_s  # noqa: E402
 from tools import stack_fits as sf  # noqa: E402
 from tracekit.core.calibration import NONE, device_scaled  # noqa: E402
 from tracekit.core.hardware import hardware_spec  # noqa: E402
@@ -119,6 +119,26 @@ def launch_lines(path: Path) -> dict[str, str]:
     """row_ref → launch line of a set's runs (benchmarks/launch/*.json: what its table leaves out, from the
     authors' scripts, with their sources)."""
     return {ref: run["megatron_args"] for ref, run in json.loads(path.read_text())["rows"].items()}
+
+
+def memory_what_if(models, scale: float) -> None:
+    """The A100 Megatron sets (vTrain single and multi node, Narayanan as published and as launched) with every
+    memory-bound op × `scale` and the megatron-deepspeed-2023 host constants refitted on vTrain single node over it,
+    beside the shipped constants: what an A100 memory-bound rate in training below the samples' would do (nothing
+    shipped)."""
+    sets = {name: sf.load_set(models, file, launch_lines(launch) if launch else None)
+            for name, (file, _, launch) in SETS.items()}
+    shipped = sets[FIT_SET].rows[0].calibration or NONE
+    refit = fit_prepared(sets[FIT_SET].prepared, sets[FIT_SET].measured, sf.DEEPSPEED_PARAMS, rounds=5,
+                            base=shipped.with_values(memory_scale=scale))[0]
+    print(f"\n== what if every memory-bound op took × {scale:g} on A100 (host constants refitted on vTrain single "
+          f"node: host_op_us {refit.host_op_us:.1f}, microbatch_overhead_us {refit.microbatch_overhead_us:.0f})")
+    for name, data in sets.items():
+        cells = []
+        for cal in (shipped, refit):
+            err = iteration_times_s(data.prepared, cal) / data.measured - 1
+            cells.append(f"{100 * np.mean(np.abs(err)):.2f}% (bias {100 * np.mean(err):+.1f}%)")
+        print(f"  {name:<20} shipped {cells[0]:<22} what-if {cells[1]}")
 
 
 def shipped_times(rows, models) -> np.ndarray:
@@ -471,6 +491,10 @@ def main() -> None:
                         help="run one part only (default: all)")
     parser.add_argument("--worst", type=int, default=5)
     parser.add_argument("--peers", action="store_true", help="also run the peer predictors on the same rows")
+    parser.add_argument("--what-if-memory-scale", type=float, default=None, metavar="X",
+                        help="also score the A100 Megatron sets with every memory-bound op × X and the "
+                             f"{sf.DEEPSPEED} host constants refitted on vTrain single node over it (an experiment: "
+                             "nothing shipped; composer's memory_scale, fitted on llm-foundry, is 1.29)")
     parser.add_argument("--ett-stride", type=int, default=10,
                         help="estimate-train-time predicts every Nth row of the Megatron sets larger than 100 rows "
                              "(default 10); the Megatron-core sets give it every row (it refuses all but ~133 at once)")
@@ -499,6 +523,8 @@ def main() -> None:
         print_peers(peers)
         summary.append((name, len(rows), len(data.failed), *figure, stats(held_out, measured)[0], label,
                         stats(bare, measured)[0], goal, peers))
+    if args.what_if_memory_scale is not None and args.only in (None, "megatron"):
+        memory_what_if(models, args.what_if_memory_scale)
     if args.only in (None, "llm-foundry"):
         summary.append(llmfoundry(models, args.worst))
     if args.only in (None, "megatron-core"):
