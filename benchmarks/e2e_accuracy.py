@@ -69,8 +69,11 @@ say about Mamba's real cost against its roofline), beside the bias of the Bridge
 same GPUs and precisions (a transformer of the same size class whose MoE layers take the same path: the share of
 the gap that is not Mamba's).
 
+`--what-if-memory-scale X` (an experiment, nothing shipped) also scores the four A100 Megatron sets with every
+memory-bound op × X and the megatron-deepspeed-2023 host constants refitted on vTrain single node over it.
+
 Run: .venv/bin/python benchmarks/e2e_accuracy.py [--models DIR] [--peers]
-     [--only megatron|llm-foundry|megatron-core|hybrid]
+     [--only megatron|llm-foundry|megatron-core|hybrid] [--what-if-memory-scale X]
 (about 3 minutes of CPU; the held-out fits are most of it)
 """
 
