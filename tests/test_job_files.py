@@ -291,6 +291,9 @@ def test_search_reads_a_torchtitan_job_and_refuses_a_misspelt_one(tmp_path):
     candidates = json.loads(done.stdout)["candidates"]
     assert {c["config"]["sharding"] for c in candidates} >= {"FSDP", "HSDP 2×8"}
     assert {c["config"]["tensor_model_parallel_size"] for c in candidates} > {1}  # the job's tp 1 is searched
+    table = CliRunner().invoke(app, ["search", str(JOBS / "llama3_8b.toml"), "--gpus", "16", "--hardware",
+                                     "H100-80GB-HBM3"])
+    assert table.exit_code == 0 and "that torchtitan would refuse" in table.stdout  # its rules, not Megatron's
     bad = tmp_path / "bad.toml"
     bad.write_text((JOBS / "llama3_8b.toml").read_text().replace("[parallelism]", "[paralelism]"))
     done = CliRunner().invoke(app, ["search", str(bad), "--gpus", "16", "--hardware", "H100-80GB-HBM3"])

@@ -333,11 +333,11 @@ def search(base: dict[str, Any], gpus: int, cluster: Cluster, models, fixed: set
                         own_error, warnings, [k for k in SEARCH_KEYS if k in fixed], problems)
 
 
-def nothing_fits(result: SearchResult, gpus: int) -> str:
-    """Why a search ranked no configuration: how many splits were refused, too big or unpredictable, and the
-    input's own split's fate."""
+def nothing_fits(result: SearchResult, gpus: int, framework: str = "Megatron") -> str:
+    """Why a search ranked no configuration: how many splits were refused (by `framework`'s rules), too big or
+    unpredictable, and the input's own split's fate."""
     p = result.pruned
-    parts = [f"{p['invalid']} split(s) Megatron would refuse", f"{p['memory']} too big for the GPU's memory"]
+    parts = [f"{p['invalid']} split(s) {framework} would refuse", f"{p['memory']} too big for the GPU's memory"]
     parts += [f"{p[k]} {k}" for k in ("failed", "implausible") if p.get(k)]
     why = f"no configuration of {gpus} GPUs fits: " + ", ".join(parts)
     if result.input_error:

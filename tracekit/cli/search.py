@@ -136,12 +136,12 @@ def search_command(
         if note:
             result.warnings.insert(0, note)
         if not result.candidates:
-            fail(f"{nothing_fits(result, gpus)}; {_hint(result, gpus)}")
+            fail(f"{nothing_fits(result, gpus, profile.framework)}; {_hint(result, gpus)}")
         say_assumed(note, quiet=as_json)  # once the answer is sure: an error stays one line
     if as_json:
         print_json(result.to_dict(top))
         return
-    _print(result, top, where, gpus, skip=1 if note else 0)
+    _print(result, top, where, gpus, profile.framework, skip=1 if note else 0)
 
 
 #: The --vary names of the settings that have short ones.
@@ -158,10 +158,10 @@ def _hint(result, gpus: int) -> str:
     return f"every split was searched: give the job more GPUs than {gpus} or a smaller global batch"
 
 
-def _print(result, top: int, cluster, gpus: int, skip: int = 0) -> None:
+def _print(result, top: int, cluster, gpus: int, framework: str, skip: int = 0) -> None:
     """The ranked table (the input's own row marked, and shown below the top when it ranks lower or does not fit),
-    the pruning line, what separates the best from the next, and the best candidate's warnings on stderr
-    (`skip`: the cluster note, said before the search)."""
+    the pruning line (the splits `framework` would refuse), what separates the best from the next, and the best
+    candidate's warnings on stderr (`skip`: the cluster note, said before the search)."""
     from rich.table import Table
 
     from predictor import split_name
@@ -186,7 +186,7 @@ def _print(result, top: int, cluster, gpus: int, skip: int = 0) -> None:
         add(str(mine["rank"]) if mine["rank"] else "—", mine)
     console.print(table)
     pruned = result.pruned
-    console.print(f"pruned: {pruned['memory']} for memory, {pruned['invalid']} that Megatron would refuse"
+    console.print(f"pruned: {pruned['memory']} for memory, {pruned['invalid']} that {framework} would refuse"
                   + (f", {pruned['failed']} not predictable" if pruned["failed"] else "")
                   + (f", {pruned['implausible']} above the GPU's peak (a bug)" if pruned["implausible"] else "")
                   + f"; {result.seconds:.1f} s")

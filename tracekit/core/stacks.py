@@ -52,6 +52,10 @@ CONFIG_KEYS = ("attention", "overlap_grad_reduce", "overlap_param_gather", "over
                "apex_available", "te_available")  # what the stack's install has (tracekit.core.layer_impl)
 
 
+#: Stacks that are not Megatron-LM or one of its forks → the framework's name.
+FRAMEWORKS = {"torchtitan": "torchtitan", "composer": "Composer"}
+
+
 @dataclass(frozen=True)
 class Stack:
     name: str
@@ -62,6 +66,12 @@ class Stack:
     fit: dict[str, Any] = field(default_factory=dict)
     host_scale: dict[str, float] = field(default_factory=dict)  # host CPU class → × the host constants
     device_scale: dict[str, float] = field(default_factory=dict)  # GPU architecture → × the tensor-core ops
+
+    @property
+    def framework(self) -> str:
+        """Who refuses a configuration this stack cannot run, in a message: torchtitan, Composer, else Megatron (the
+        other stacks are Megatron-LM and its forks)."""
+        return FRAMEWORKS.get(self.name, "Megatron")
 
     def calibration(self, hardware: str = "") -> Calibration:
         """The stack's host constants as a calibration named after the stack (none on a CPU), scaled for the host
