@@ -49,9 +49,9 @@ RENAMED = {
                                      "Megatron's: there it is --recompute-granularity full --recompute-method",
     "activations_checkpoint_num_layers": "--activations-checkpoint-num-layers is Megatron-LM 2021–2022's flag, not "
                                          "the pinned Megatron's: there it is --recompute-num-layers",
-    "ddp_impl": "--DDP-impl is Megatron-LM's flag of 2020–2023, not the pinned Megatron's: there --DDP-impl torch is "
-                "--overlap-grad-reduce with --ddp-bucket-size 13107200 (PyTorch DDP's 25 MB buckets of 2-byte "
-                "gradients), --DDP-impl local is without --overlap-grad-reduce",
+    "ddp_impl": "--DDP-impl is Megatron-LM's flag of 2020–2023, not the pinned Megatron's: --DDP-impl torch is "
+                "--overlap-grad-reduce --ddp-bucket-size 13107200 (PyTorch DDP's 25 MB buckets of 2-byte gradients) "
+                "--torch-ddp-reducer (its copies into them and back), --DDP-impl local is without those",
 }
 #: The spellings of `--no-position-embedding` a mapping can hold: its argparse destination (False when given), the
 #: flag's dest form (True) and the `--no-x` form a command line parses to (`position_embedding` False).
