@@ -124,13 +124,11 @@ def launch_lines(path: Path) -> dict[str, str]:
     return {ref: run["megatron_args"] for ref, run in json.loads(path.read_text())["rows"].items()}
 
 
-def memory_what_if(models, scale: float) -> None:
-    """The A100 Megatron sets (vTrain single and multi node, Narayanan as published and as launched) with every
-    memory-bound op × `scale` and the megatron-deepspeed-2023 host constants refitted on vTrain single node over it,
-    beside the shipped constants: what an A100 memory-bound rate in training below the samples' would do (nothing
+def memory_what_if(sets: dict[str, sf.CorpusSet], scale: float) -> None:
+    """The A100 Megatron sets as loaded (vTrain single and multi node, Narayanan as published and as launched) with
+    every memory-bound op × `scale` and the megatron-deepspeed-2023 host constants refitted on vTrain single node over
+    it, beside the shipped constants: what an A100 memory-bound rate in training below the samples' would do (nothing
     shipped)."""
-    sets = {name: sf.load_set(models, file, launch_lines(launch) if launch else None)
-            for name, (file, _, launch) in SETS.items()}
     shipped = sets[FIT_SET].rows[0].calibration or NONE
     refit = fit_prepared(sets[FIT_SET].prepared, sets[FIT_SET].measured, sf.DEEPSPEED_PARAMS, rounds=5,
                             base=shipped.with_values(memory_scale=scale))[0]
@@ -507,9 +505,10 @@ def main() -> None:
     models = ModelSet.load(args.models)
     print(f"models: {models.path} ({', '.join(models.hardware_ids())})")
     summary = []
+    loaded: dict[str, sf.CorpusSet] = {}
     for name, (file, goal, launch) in (SETS.items() if args.only in (None, "megatron") else ()):
         t0 = time.perf_counter()
-        data = sf.load_set(models, file, launch_lines(launch) if launch else None)
+        data = loaded[name] = sf.load_set(models, file, launch_lines(launch) if launch else None)
         rows, prepared, measured = data.rows, data.prepared, data.measured
         header(name, data, time.perf_counter() - t0)
         bare = iteration_times_s(prepared, NONE)
@@ -527,7 +526,7 @@ def main() -> None:
         summary.append((name, len(rows), len(data.failed), *figure, stats(held_out, measured)[0], label,
                         stats(bare, measured)[0], goal, peers))
     if args.what_if_memory_scale is not None and args.only in (None, "megatron"):
-        memory_what_if(models, args.what_if_memory_scale)
+        memory_what_if(loaded, args.what_if_memory_scale)
     if args.only in (None, "llm-foundry"):
         summary.append(llmfoundry(models, args.worst))
     if args.only in (None, "megatron-core"):

@@ -78,12 +78,10 @@ class _Layers:
     def kind(self, layer: int, position: int) -> _Kind:
         """The kind of decoder layer `layer`, the `position`-th of its chunk."""
         c = self.b.c
-        full = c.recompute_granularity == "full" and (
-            c.recompute_method != "block" or c.recompute_num_layers is None or position < c.recompute_num_layers)
         return _Kind(blocks=layer_blocks(c, layer),
                      window=c.attn.window(min(layer, c.num_layers - 1)) if c.attn else None,
                      bf16=bool(c.lowp and c.lowp.bf16_layer(layer, c.num_layers) and c.recipe.low_precision),
-                     full_replay=full)
+                     full_replay=c.replays_in_full(position))
 
     def ops(self, kind: _Kind) -> tuple[list[OpUse], list[OpUse], float]:
         """(forward, replay + backward, elements of the weights the recipe casts) of one layer of this kind."""

@@ -170,9 +170,7 @@ def stage_memory(c: TrainingConfig, hardware: str | None = None) -> list[dict[st
             dense += d
             expert += e
             for position, layer in enumerate(part.layers):
-                full = c.recompute_granularity == "full" and (
-                    c.recompute_method != "block" or c.recompute_num_layers is None
-                    or position < c.recompute_num_layers)
+                full = c.replays_in_full(position)
                 bf16 = bool(c.lowp and c.lowp.bf16_layer(layer, c.num_layers))
                 kind = (layer_blocks(c, layer), bf16)  # what a layer's activations depend on
                 if per_lowp_weight and not bf16:  # its GEMM weights (its norms and router, < 1%, with them)

@@ -341,9 +341,8 @@ def memory_parts(c: TrainingConfig, dense: int, expert: int, expert_shard: int, 
     if s.implementation == "torch-ddp":  # the reducer's buckets: a second copy of every gradient
         gradients *= 2
     if autocast_casts(c, s):  # the cast weights of the layers not replayed in full, kept for their backward
-        replayed = 0 if c.recompute_granularity != "full" else layers if c.recompute_method != "block" or \
-            c.recompute_num_layers is None else min(c.recompute_num_layers, layers)
-        weights += (layer_dense + layer_expert) * (layers - replayed) * compute
+        kept = sum(not c.replays_in_full(position) for position in range(layers))
+        weights += (layer_dense + layer_expert) * kept * compute
     if s.once_per_iteration(c.pp):  # pipelined: gradients accumulate unsharded until the last micro-batch
         gradients = (dense + expert) * grad
     elif s.grads_sharded:

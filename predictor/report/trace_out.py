@@ -174,7 +174,8 @@ def rank_trace(prediction: PredictedRun, rank: int, iterations: int = 2, names: 
     # defer_embedding_wgrad_compute: the last stage's output-layer backwards lose the deferred share of their weight
     # gradients, which run after its last task (stage_work.deferred_wgrad_us)
     share = deferred_share(c) if stage == c.pp - 1 else 0.0
-    cut = {id(o): share * part for o, part in head_wgrad_parts(graph, dur)} if share else {}
+    deferred = [(o, part) for o, part in head_wgrad_parts(graph, dur) if part] if share else []
+    cut = {id(o): share * part for o, part in deferred}
     for it in range(iterations):
         t0 = origin + it * period
 
@@ -204,8 +205,7 @@ def rank_trace(prediction: PredictedRun, rank: int, iterations: int = 2, names: 
                     put(OpUse("p2p.gather", graph.p2p_gather, group="tp"), "comm", t + send, task.send - send)
         tail = tl.tails[stage]
         if tail.drain_us:
-            use = next(o for o, part in head_wgrad_parts(graph, dur) if part)
-            put(OpUse("output_layer.deferred_wgrad", use.spec), "bwd", t0 + tail.busy_end - tail.drain_us,
+            put(OpUse("output_layer.deferred_wgrad", deferred[0][0].spec), "bwd", t0 + tail.busy_end - tail.drain_us,
                 tail.drain_us, role="wgrad")
         sync_ops = graph.grad_sync[stage]
         for use, (a, b) in zip(sync_ops, tail.sync_intervals):

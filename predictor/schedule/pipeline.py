@@ -200,13 +200,12 @@ class _Runs:
     sends: list[float]  # P2P send blocking the stage after the task, by work slot (0.0 with overlap_p2p)
     starts: list | np.ndarray
     ends: list | np.ndarray
-    links: list[float] | None = None  # the P2P send by work slot, which the plan's edge tasks block on
+    # the P2P send by work slot, which the plan's edge tasks block on (given wherever the plan marks edges)
+    links: list[float] = field(default_factory=list)
 
     def send(self, position: int, slot: int) -> float:
         """The P2P send blocking the stage after the task at flat `position` (work slot `slot`)."""
-        if self.plan.edge and self.plan.edge[position] and self.links is not None:
-            return self.links[slot]
-        return self.sends[slot]
+        return self.links[slot] if self.plan.edge and self.plan.edge[position] else self.sends[slot]
 
     def tasks(self) -> list[list[Task]]:
         plan, out = self.plan, []
@@ -223,7 +222,7 @@ class _Runs:
 
     def stage_sends(self, s: int) -> float:
         """Σ of the P2P sends blocking stage `s` after its tasks."""
-        if not (self.plan.edge and self.links is not None):
+        if not self.plan.edge:
             return self.stage_sum(s, self.sends)
         base = self.plan.offsets[s]
         return sum(self.send(base + k, w) for k, w in enumerate(self.plan.works[s]))

@@ -184,6 +184,13 @@ class TrainingConfig:
     def vp(self) -> int:
         return self.virtual_pipeline_model_parallel_size or 1
 
+    def replays_in_full(self, position: int) -> bool:
+        """Whether full recompute replays the `position`-th layer of a model chunk: every layer with the uniform
+        method, the first `recompute_num_layers` of each chunk with the block method."""
+        return self.recompute_granularity == "full" and (
+            self.recompute_method != "block" or self.recompute_num_layers is None
+            or position < self.recompute_num_layers)
+
     @property
     def head_dim(self) -> int:
         """kv_channels: given, or Megatron's h / heads; ConfigError for a configuration without attention heads."""
