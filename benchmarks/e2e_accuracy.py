@@ -18,8 +18,9 @@ Two figures per set, side by side:
   from `hardware_gpu`, the cluster preset from `gpus_per_node` + `interconnect`. Where a shipped constant was fitted
   on the set's own rows this figure is in-sample, and says what a user gets;
 - **held out**, named by how: each fitted constant refitted without the rows it predicts (5-fold CV on vTrain single
-  node, leave-one-model-size-out on llm-foundry, 5-fold CV by test case on the CI rows, leave-one-model-out for the
-  Bridge device scales); on a set no constant was fitted on, the shipped figure itself.
+  node, 5-fold CV of the A100's sustained GEMM ceiling on vTrain multi node, leave-one-model-size-out on
+  llm-foundry, 5-fold CV by test case on the CI rows, leave-one-model-out for the Bridge device scales); on a set no
+  constant was fitted on, the shipped figure itself.
 Printed per set: MAPE, median and p90 of the absolute percentage error, a table per parallel shape, model or GPU
 with the signed bias, and the worst rows; beside them the same rows without any stack constants (the operator models
 and the collective physics alone).
@@ -27,9 +28,10 @@ and the collective physics alone).
 What is fitted, and where it is scored (tools/stack_fits.py, which this benchmark and `make profiles` share): the
 host constants of the `megatron-deepspeed-2023` stack profile (host_op_us, microbatch_overhead_us) are fitted on
 vTrain single node; they are scored on vTrain multi node (same stack, other runs) and on Narayanan (the
-`megatron-lm-2021` profile takes them from its fork, another stack and era). The collective physics constants come
-from operator-level nccl samples (benchmarks/collective_physics.py), never from these rows. This benchmark fits
-nothing into the shipped files: `make profiles` (tools/fit_profiles.py) does, from every row.
+`megatron-lm-2021` profile takes them from its fork, another stack and era). The A100's sustained GEMM ceiling (a
+hardware fact: tools/fit_sustained_gemm.py) is fitted on vTrain multi node and scored on every other A100 set. The
+collective physics constants come from operator-level nccl samples (benchmarks/collective_physics.py), never from these
+rows. This benchmark fits nothing into the shipped files: `make profiles` (tools/fit_profiles.py) does, from every row.
 
 Peers, in the same run (`--peers`, after `bash benchmarks/peers/setup.sh`): the seed paper's released tool
 (estimate-train-time, trained on the same corpus samples) and llm-analysis (an analytical model from PyPI), each in
@@ -71,15 +73,20 @@ the gap that is not Mamba's).
 
 `--what-if-memory-scale X` (an experiment, nothing shipped) also scores the four A100 Megatron sets with every
 memory-bound op × X and the megatron-deepspeed-2023 host constants refitted on vTrain single node over it.
+`--what-if-gemm-ceiling T [T ...]`: the A100 Megatron sets and llm-foundry with no sustained GEMM ceiling (the
+samples' bursts) and with each ceiling T (TFLOP/s) on every A100 SXM GEMM, the megatron-deepspeed-2023 host
+constants refitted on vTrain single node and the composer scales on llm-foundry over each — and the composer scales
+refitted with its compute scale held at 1 (how much of that scale the ceiling stands for).
 
 Run: .venv/bin/python benchmarks/e2e_accuracy.py [--models DIR] [--peers]
-     [--only megatron|llm-foundry|megatron-core|hybrid] [--what-if-memory-scale X]
+     [--only megatron|llm-foundry|megatron-core|hybrid] [--what-if-memory-scale X] [--what-if-gemm-ceiling T ...]
 (about 3 minutes of CPU; the held-out fits are most of it)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -87,6 +94,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -94,9 +102,10 @@ sys.path.insert(0, str(ROOT))
 from extractors import jobs  # noqa: E402
 from predictor import batch as B  # noqa: E402
 from predictor.costs.learned.models import ModelSet  # noqa: E402
+from predictor.costs.physics.sustained_gemm import ceilings, floor_us  # noqa: E402
 from predictor.predict import prepare_many  # noqa: E402
 from predictor.sweeps.calibration_fit import fit_prepared, iteration_times_s  # noqa: E402
-from tools import stack_fits as sf  # noqa: E402
+from tools import fit_sustained_gemm as fsg, stack_fits as sf  # noqa: E402
 from tracekit.core.calibration import NONE, device_scaled  # noqa: E402
 from tracekit.core.hardware import hardware_spec  # noqa: E402
 from tracekit.core.stacks import get_stack  # noqa: E402
@@ -140,6 +149,54 @@ def memory_what_if(sets: dict[str, sf.CorpusSet], scale: float) -> None:
             err = iteration_times_s(data.prepared, cal) / data.measured - 1
             cells.append(f"{100 * np.mean(np.abs(err)):.2f}% (bias {100 * np.mean(err):+.1f}%)")
         print(f"  {name:<20} shipped {cells[0]:<22} what-if {cells[1]}")
+
+
+def gemm_ceiling(prepared: list, tflops: float) -> list:
+    """Prepared graphs with every half-precision GEMM and batched GEMM of an A100 SXM no faster than its FLOPs at
+    `tflops` TFLOP/s, as `predict` lays the shipped ceiling (`predictor.costs.physics.sustained_gemm`)."""
+    parts = dict.fromkeys(fsg.PARTS, tflops)
+    return [(graph, dataclasses.replace(est, duration_us=np.fmax(
+                est.duration_us, floor_us(pd.DataFrame(graph.specs), parts))), cluster, notes)
+            for graph, est, cluster, notes in prepared]
+
+
+def gemm_ceiling_what_if(models, ceilings: list[float]) -> None:
+    """The A100 Megatron sets and llm-foundry predicted with no sustained GEMM ceiling and with each of `ceilings`
+    (TFLOP/s), the megatron-deepspeed-2023 host constants refitted on vTrain single node and the composer scales on
+    llm-foundry over each (beside: composer's attention and memory scales refitted with its compute scale held at 1):
+    what the shipped ceiling, fitted on vTrain multi node, does to each family, and what others would."""
+    bare = models.unsustained()
+    every = {name: sf.load_set(bare, file, launch_lines(launch) if launch else None)
+             for name, (file, _, launch) in SETS.items()}
+    every["llm-foundry"] = foundry = sf.load_set(bare, sf.LLMFOUNDRY)
+    print("\n== what the A100's sustained GEMM ceiling does (none: the samples' bursts; the shipped one is "
+          f"{fsg_ceiling():g} TFLOP/s; megatron-deepspeed-2023 host constants refitted on vTrain single node and "
+          "composer's scales on llm-foundry over each; MAPE, bias)")
+    print(f"  {'ceiling':<9} {'host_op_us / mb_us':<19} {'composer c · a · m':<20} "
+          + " ".join(f"{name:<20}" for name in every) + " llm-foundry, compute 1")
+    for tflops in [None, *ceilings]:
+        capped = {name: data.prepared if tflops is None else gemm_ceiling(data.prepared, tflops)
+                  for name, data in every.items()}
+        host = fit_prepared(capped[FIT_SET], every[FIT_SET].measured, sf.DEEPSPEED_PARAMS, rounds=5)[0]
+        comp = fit_prepared(capped["llm-foundry"], foundry.measured, sf.COMPOSER_PARAMS, rounds=6)[0]
+        free = fit_prepared(capped["llm-foundry"], foundry.measured, ("attention_scale", "memory_scale"),
+                            rounds=6)[0]
+        cells = []
+        for name, data in every.items():
+            err = iteration_times_s(capped[name], comp if name == "llm-foundry" else host) / data.measured - 1
+            cells.append(f"{100 * np.mean(np.abs(err)):5.2f}% ({100 * np.mean(err):+5.1f}%)")
+        err = iteration_times_s(capped["llm-foundry"], free) / foundry.measured - 1
+        scales = f"a {free.attention_scale:.2f}, m {free.memory_scale:.2f}"
+        cells.append(f"{100 * np.mean(np.abs(err)):5.2f}% ({scales})")
+        label = "none" if tflops is None else f"{tflops:g}"
+        print(f"  {label:<9} {f'{host.host_op_us:.0f} / {host.microbatch_overhead_us:.0f}':<19} "
+              f"{f'{comp.compute_scale:.3f} · {comp.attention_scale:.2f} · {comp.memory_scale:.2f}':<20} "
+              + " ".join(f"{c:<20}" for c in cells))
+
+
+def fsg_ceiling() -> float:
+    """The shipped A100 SXM ceiling (TFLOP/s)."""
+    return ceilings()[fsg.FIT_PART]
 
 
 def shipped_times(rows, models) -> np.ndarray:
@@ -496,6 +553,10 @@ def main() -> None:
                         help="also score the A100 Megatron sets with every memory-bound op × X and the "
                              f"{sf.DEEPSPEED} host constants refitted on vTrain single node over it (an experiment: "
                              "nothing shipped; composer's memory_scale, fitted on llm-foundry, is 1.29)")
+    parser.add_argument("--what-if-gemm-ceiling", type=float, nargs="+", default=None, metavar="T",
+                        help="also score the A100 Megatron sets and llm-foundry with no A100 GEMM faster than T "
+                             "TFLOP/s (each T given), host and composer constants refitted over it (an experiment: "
+                             "nothing shipped)")
     parser.add_argument("--ett-stride", type=int, default=10,
                         help="estimate-train-time predicts every Nth row of the Megatron sets larger than 100 rows "
                              "(default 10); the Megatron-core sets give it every row (it refuses all but ~133 at once)")
@@ -516,6 +577,10 @@ def main() -> None:
         if name == FIT_SET:
             held_out = sf.deepspeed_held_out(data)
             label = f"{sf.DEEPSPEED} constants {sf.FOLDS}-fold CV"
+        elif file == fsg.FIT_SET and not launch:
+            multi, _, times = fsg.scan(models)
+            assert [r.line for r in multi.rows] == [r.line for r in rows], "the ceiling's rows are the set's"
+            held_out, label = fsg.held_out(multi, times)[0], f"the A100's sustained GEMM ceiling {sf.FOLDS}-fold CV"
         else:  # no constant is fitted on these rows: the shipped figure is held out
             held_out, label = shipped, "never fitted on: the shipped figure"
         figure = stats(shipped, measured)
@@ -527,6 +592,8 @@ def main() -> None:
                         stats(bare, measured)[0], goal, peers))
     if args.what_if_memory_scale is not None and args.only in (None, "megatron"):
         memory_what_if(loaded, args.what_if_memory_scale)
+    if args.what_if_gemm_ceiling and args.only in (None, "megatron"):
+        gemm_ceiling_what_if(models, args.what_if_gemm_ceiling)
     if args.only in (None, "llm-foundry"):
         summary.append(llmfoundry(models, args.worst))
     if args.only in (None, "megatron-core"):

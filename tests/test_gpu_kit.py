@@ -32,10 +32,11 @@ def _run(argv: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def harvest(tmp_path_factory) -> tuple[Path, Path, subprocess.CompletedProcess]:
-    """One CPU harvest: both reference runs captured, the sampler for 10 s, packed with the bring-back's limits."""
+    """One CPU harvest: a GEMM held busy for 5 s, both reference runs captured, the sampler for 10 s, packed with the
+    bring-back's limits."""
     base = tmp_path_factory.mktemp("harvest")
     done = _run([*HARVEST, "--device", "cpu", "--out", str(base / "out"), "--work", str(base / "work"),
-                 "--budget", "150", "--sample-seconds", "10"])
+                 "--budget", "150", "--sample-seconds", "10", "--sustained-seconds", "5"])
     return base / "out", base / "work", done
 
 
@@ -51,6 +52,7 @@ def _log_times(log: Path) -> dict[int, float]:
     (["--runs", "gpt-1.3b"], "not among the cpu runs"),
     (["--stages", "env,train"], "--stages"),
     (["--sample-seconds", "5"], "--sample-seconds 5"),
+    (["--sustained-seconds", "300"], "--sustained-seconds 300"),
 ])
 def test_bad_arguments_are_one_line_and_write_nothing(tmp_path, flags, says):
     out = tmp_path / "out"
@@ -84,6 +86,13 @@ def test_the_harvest_holds_every_run_with_its_unprofiled_times(harvest):
     assert index["sample"]["kernel_clock"] == "host" and index["sample"]["clock_problem"] is None  # a CPU: its clock
     assert index["env"]["hardware"].startswith("cpu-")
     files = sorted(out.iterdir())
+    held = index["sustained"]
+    assert held["exit_code"] == 0 and held["shape"] == [384, 384, 384] and held["dtype"] == "float32"
+    times = [t for t, _ in held["windows"]]
+    assert times == sorted(times) and times[-1] == held["seconds"] >= 5 and len(times) >= 5  # [end of window, rate]
+    assert all(rate > 0 for _, rate in held["windows"])
+    assert held["burst_tflops"] == held["windows"][1][1]  # the first window only sized the others
+    assert min(r for _, r in held["windows"][1:]) <= held["sustained_tflops"] <= max(r for _, r in held["windows"])
     assert len(files) <= 8 and all(f.stat().st_size <= 15 * 2**20 for f in files)
     assert not index["pack"]["left_out"]
 

@@ -7,6 +7,8 @@ One stage per fitted file, in this order (a later stage predicts with what an ea
 - kernel-paths → tracekit/data/kernel_paths.json: the A100 GEMM kernels of kineto/hta (benchmarks/fit_kernel_paths.py);
 - transfer → tracekit/data/transfer.json: the seed paper's A100 and GH200 samples, leave-one-GPU-out
   (tools/transfer_selection.py);
+- sustained-gemm → tracekit/data/sustained_gemm.json: the A100's sustained GEMM ceiling, e2e/vtrain_a100_multi_node.csv
+  (tools/fit_sustained_gemm.py; a hardware fact, which the stack stages below predict with);
 - megatron-deepspeed-2023 → tracekit/data/stacks/megatron-deepspeed-2023.json: e2e/vtrain_a100_single_node.csv;
 - megatron-core → tracekit/data/stacks/megatron-core.json (host constants, host CPU scales): e2e/megatron_ci_golden.csv;
 - megatron-bridge → tracekit/data/stacks/megatron-bridge.json (device_scale, its own): e2e/megatron_bridge_perf.csv;
@@ -46,6 +48,7 @@ STAGES = {
     "gemm-rates": ("tracekit/data/gemm_rates.json",),
     "kernel-paths": ("tracekit/data/kernel_paths.json",),
     "transfer": ("tracekit/data/transfer.json",),
+    "sustained-gemm": ("tracekit/data/sustained_gemm.json",),
     "megatron-deepspeed-2023": ("tracekit/data/stacks/megatron-deepspeed-2023.json",),
     "megatron-core": ("tracekit/data/stacks/megatron-core.json",),
     "megatron-bridge": ("tracekit/data/stacks/megatron-bridge.json",),
@@ -82,6 +85,12 @@ def run_stage(name: str) -> tuple[list[str], list[str]]:
     from predictor.costs.learned.models import ModelSet
 
     models = ModelSet.load()
+    if name == "sustained-gemm":
+        from tools.fit_sustained_gemm import fit as fit_ceiling
+
+        doc, lines, read = fit_ceiling(models)
+        atomic_write_json(ROOT / STAGES[name][0], doc)
+        return lines, read
     if name == "transfer":
         from extractors import ett
         from tools.transfer_selection import selection

@@ -36,6 +36,7 @@ OUTPUTS = (
     "tracekit/data/gemm_rates.json",
     "tracekit/data/kernel_paths.json",
     "tracekit/data/transfer.json",
+    "tracekit/data/sustained_gemm.json",
     "tracekit/data/stacks/megatron-deepspeed-2023.json",
     "tracekit/data/stacks/megatron-core.json",
     "tracekit/data/stacks/megatron-bridge.json",

@@ -4,13 +4,17 @@
 
 In one overall budget (`--budget`, seconds, at most 480) it
 1. records the machine (`env`): GPU, driver, clocks, torch, CUDA, cuDNN, Transformer Engine, flash-attn, apex;
-2. captures real Megatron-core runs (`megatron`) of the vendored Megatron-LM snapshot under `tracekit capture`
+2. holds one large GEMM busy (`sustained`, `--sustained-seconds`, 40 s by default): bf16 8192³ back to back, its rate
+   in windows of ~0.25 s and the GPU's SM clock, power and temperature each second (nvidia-smi) — what the GPU
+   sustains under its power limit against the burst the sampler times (`predictor.costs.physics.sustained_gemm`: the
+   A100's ceiling is fitted on end-to-end runs; this measures a GPU's);
+3. captures real Megatron-core runs (`megatron`) of the vendored Megatron-LM snapshot under `tracekit capture`
    (`benchmarks/gpu/configs.py`: a dense GPT, a GQA Llama, an MoE, full recompute, and the Transformer Engine runs
    where the machine has Transformer Engine), each bounded, in that order, while the sampler's share of the budget
    is kept: traces of 3 profiled steps, the log, the manifest with every logged iteration time and the unprofiled
    ones (`Manifest.unprofiled_iteration_times_ms`: the iterations the profiler did not touch);
-3. samples every primitive (`sample`): `tracekit sample --device cuda` (collectives where the machine has 2 GPUs);
-4. packs traces (gzipped), samples, logs and the summary (`benchmarks/gpu/pack.py`): at most 8 files of at most
+4. samples every primitive (`sample`): `tracekit sample --device cuda` (collectives where the machine has 2 GPUs);
+5. packs traces (gzipped), samples, logs and the summary (`benchmarks/gpu/pack.py`): at most 8 files of at most
    15 MiB, written as each stage ends, so a run cut short still brings back what it made.
 
 `benchmarks/gpu/unpack.py` then unpacks the bring-back here, with its provenance, and validates each captured run.
@@ -45,7 +49,10 @@ from benchmarks.gpu.pack import MAX_BYTES, MAX_FILES, PackError, pack  # noqa: E
 MAX_BUDGET = 480  # the kit is one command of under 8 minutes (a device call may run 10)
 MIN_RUN = 45  # seconds a Megatron run needs at least (its start-up alone is ~40 s on an H200)
 PACK_SECONDS = 15  # kept at the end for the last pack
-STAGES = ("env", "megatron", "sample")
+STAGES = ("env", "sustained", "megatron", "sample")
+#: The GEMM the sustained stage holds busy: (size of the square, dtype) per device (a CPU: a dry run).
+HELD_GEMM = {"cuda": (8192, "bfloat16"), "cpu": (384, "float32")}
+WINDOW_S = 0.25  # seconds per timed window of the held GEMM
 #: The reference trainer's runs for `--device cpu`: the kit's stages on real CPU captures (tests, a dry run).
 CPU_RUNS = {
     "ref-gpt": ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
@@ -72,6 +79,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     cli.add_argument("--runs", help="comma list of runs, in the order to run them (default: every run the device "
                      "takes: " + ", ".join(configs.BY_NAME) + "; on --device cpu: " + ", ".join(CPU_RUNS) + ")")
     cli.add_argument("--sample-seconds", type=float, default=110.0, help="the sampler's budget (seconds)")
+    cli.add_argument("--sustained-seconds", type=float, default=40.0,
+                     help="how long the sustained stage holds its GEMM busy (seconds, 5 to 120)")
     cli.add_argument("--work", type=Path, help="scratch folder (default: a new temporary one)")
     cli.add_argument("--max-files", type=int, default=MAX_FILES, help=argparse.SUPPRESS)
     cli.add_argument("--max-bytes", type=int, default=MAX_BYTES, help=argparse.SUPPRESS)
@@ -100,6 +109,8 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
     args.run_list = runs
     if "sample" in stages and not 10 <= args.sample_seconds <= args.budget - 30:
         raise KitError(f"--sample-seconds {args.sample_seconds:g}: between 10 and the budget less 30 s")
+    if "sustained" in stages and not 5 <= args.sustained_seconds <= 120:
+        raise KitError(f"--sustained-seconds {args.sustained_seconds:g}: between 5 and 120")
     if args.max_files < 2 or args.max_bytes < 2**20:
         raise KitError("--max-files/--max-bytes: at least 2 files of 1 MiB")
     if args.device == "cuda":
@@ -256,6 +267,72 @@ def sample_stage(args: argparse.Namespace, seconds: float, work: Path) -> dict:
     return record
 
 
+def held_gemm(device: str, seconds: float) -> dict:
+    """One square GEMM (HELD_GEMM) back to back for `seconds`: its rate (TFLOP/s) per window of ~WINDOW_S, timed by
+    CUDA events on a GPU (the host's clock on a CPU). Run in the sustained stage's child process."""
+    import torch
+
+    size, dtype = HELD_GEMM[device]
+    a, b = (torch.randn(size, size, device=device, dtype=getattr(torch, dtype)) for _ in range(2))
+    out = torch.empty_like(a)
+    flops = 2.0 * size**3
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    torch.mm(a, b, out=out)  # the library's first call (handles, heuristics) is no burst
+    sync()
+    reps, windows, start = 1, [], time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        if device == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            for _ in range(reps):
+                torch.mm(a, b, out=out)
+            end.record()
+            end.synchronize()
+            elapsed = begin.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                torch.mm(a, b, out=out)
+            elapsed = time.perf_counter() - t0
+        windows.append([round(time.perf_counter() - start, 3), float(f"{reps * flops / elapsed / 1e12:.4g}")])
+        reps = max(1, round(reps * WINDOW_S / max(elapsed, 1e-6)))
+    rates = [r for _, r in windows[1:]] or [r for _, r in windows]  # the first window sized the others
+    last = rates[-max(1, len(rates) // 3):]
+    burst, held = rates[0], float(f"{statistics.median(last):.4g}")
+    return {"device": device, "shape": [size, size, size], "dtype": dtype, "seconds": windows[-1][0],
+            "windows": windows, "burst_tflops": burst, "sustained_tflops": held,
+            "sustained_over_burst": round(held / burst, 4)}
+
+
+def sustained_stage(args: argparse.Namespace, seconds: float, work: Path) -> dict:
+    """`held_gemm` in a child process bounded by `timeout`, beside nvidia-smi's SM clock, power, temperature and
+    throttle reasons each second (on a machine that has it)."""
+    monitor = None
+    if shutil.which("nvidia-smi") and args.device == "cuda":
+        query = "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
+        monitor = subprocess.Popen(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-lms",
+                                    "1000"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    code = ("import json, sys; from benchmarks.gpu.harvest import held_gemm; "
+            "print(json.dumps(held_gemm(sys.argv[1], float(sys.argv[2]))))")
+    argv = ["timeout", "-k", "10", str(int(seconds + 60)), sys.executable, "-c", code, args.device, str(seconds)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=ROOT)
+    record: dict = {"exit_code": done.returncode, "budget_s": seconds}
+    try:
+        record.update(json.loads(done.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        record["stderr_tail"] = done.stderr.splitlines()[-20:]
+    if monitor is not None:
+        monitor.terminate()
+        try:
+            lines, _ = monitor.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            monitor.kill()
+            lines = ""
+        record["nvidia_smi"] = {"columns": query.split(","), "rows": [line.strip() for line in lines.splitlines()
+                                                                      if line.strip()]}
+    return record
+
+
 def files_to_pack(work: Path, summary: dict) -> list[tuple[str, Path]]:
     """What comes back, most wanted first: the log, each run's manifest and log (gzipped), the sample store, then
     each run's traces in the runs' order."""
@@ -320,6 +397,14 @@ def harvest(args: argparse.Namespace) -> dict:
         env = summary["env"]
         clock.say(f"env: {env.get('devices') or env['hardware']}, torch {env['torch']}, "
                   f"transformer_engine {env['transformer_engine']}")
+    if "sustained" in args.stage_list:  # first: the GPU starts cool, so the burst is a burst
+        seconds = min(args.sustained_seconds, clock.left() - reserve - 15)
+        if seconds >= 5:
+            held = summary["sustained"] = sustained_stage(args, seconds, work)
+            clock.say(f"sustained: exit {held['exit_code']}, {held.get('dtype')} {held.get('shape')}: burst "
+                      f"{held.get('burst_tflops')} TFLOP/s, held {held.get('sustained_tflops')} TFLOP/s")
+        else:
+            summary["skipped"].append({"name": "sustained", "reason": f"{seconds:.0f} s left for it"})
     if "megatron" in args.stage_list:
         tree = None
         if args.device == "cuda":

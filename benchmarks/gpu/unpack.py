@@ -7,8 +7,9 @@ BRING_BACK is the folder the device tool copied `$OUT` into (`harvest.json` and 
 checked and unpacked into the new folder `--into` (`benchmarks/gpu/pack.py`: nothing is written unless every file is
 whole), then it gets
 - `PROVENANCE.md`: the machine (GPU, driver, torch, CUDA, Transformer Engine), the Megatron-LM snapshot and its
-  version, tracekit's commit, and per run its launch line, its status and the measured iteration time (median of
-  the unprofiled iterations from the third on);
+  version, tracekit's commit, per run its launch line, its status and the measured iteration time (median of
+  the unprofiled iterations from the third on), and the held GEMM's burst and sustained rates (`harvest.json` keeps
+  every window and nvidia-smi's clocks and power);
 - `runs/<name>/`: each run as `tracekit capture` left it (manifest, log, traces), `store/` the sampler's store;
 - per captured run, `tracekit validate runs/<name> --html runs/<name>/report.html --json` (its output in
   `runs/<name>/validate.json`) and one table: measured against predicted iteration time, per run.
@@ -60,6 +61,14 @@ def provenance(index: dict) -> str:
     if sample:
         lines += ["", f"Sampler: exit {sample.get('exit_code')}, {sample.get('samples')} in {sample.get('seconds')} s "
                       f"({sample.get('dtype')}, hardware {sample.get('hardware')})."]
+    held = index.get("sustained")
+    if held:
+        smi = held.get("nvidia_smi", {}).get("rows", [])
+        lines += ["", f"Sustained GEMM: exit {held.get('exit_code')}, {held.get('dtype')} {held.get('shape')} held "
+                      f"{held.get('seconds')} s: burst {held.get('burst_tflops')} TFLOP/s, held "
+                      f"{held.get('sustained_tflops')} TFLOP/s ({held.get('sustained_over_burst')} of the burst); "
+                      f"nvidia-smi each second (timestamp, SM MHz, W, °C, throttle reasons): first "
+                      f"{smi[0] if smi else '—'}, last {smi[-1] if smi else '—'}."]
     left = index["pack"]["left_out"]
     if left:
         lines += ["", "Left out for room: " + ", ".join(f"{f['name']} ({f['bytes']} bytes)" for f in left)]

@@ -11,7 +11,9 @@ Compute rows are answered by the models; a GEMM in a dtype its GPU has no model 
 NVFP4, MXFP4, fp32) by the bf16 estimate at a learned speed-up bounded by the dtype's dense peak
 (`predictor.costs.physics.lowp_gemm`, path `lowp`). Collectives are answered by the learned models where they were
 measured (the row's cluster and a sampled topology; past the sampled message sizes they anchor the algorithm model),
-everywhere else by the algorithm model of `predictor.costs.physics.collectives` (path `physics`).
+everywhere else by the algorithm model of `predictor.costs.physics.collectives` (path `physics`). A training graph's
+half-precision GEMMs on a part with a sustained ceiling are no faster than their FLOPs at it
+(`predictor.costs.physics.sustained_gemm`: the samples time bursts, a run holds the tensor cores busy for minutes).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from predictor.costs.physics import sustained_gemm
 from predictor.costs.physics.roofline import TENSOR_CORE_PRIMITIVES
 from predictor.costs.physics.transfer import source_weights
 from predictor.ir.graph import Graph
@@ -136,6 +139,9 @@ def _estimate(rows: list[dict], row_clusters: list[Cluster | None], models) -> l
     # GEMMs in any dtype: a model where measured, else predictor.costs.physics.lowp_gemm's bound
     result = models.predict(frame)
     duration = result["duration_us"].to_numpy(dtype="float64").copy()
+    # a training run's GEMMs no faster than what the part sustains under its power limit (the samples' bursts are)
+    if hasattr(models, "gemm_ceilings"):
+        duration = np.fmax(duration, sustained_gemm.floor_us(frame, models.gemm_ceilings()))
     path = result["path"].astype(str).to_numpy().astype(object)
     oor = result["out_of_range"].fillna(False).to_numpy(dtype=bool).copy()
     sources = result["sources"].fillna("").astype(str).to_numpy() if "sources" in result else [""] * len(frame)

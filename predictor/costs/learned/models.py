@@ -78,7 +78,7 @@ from predictor.costs.learned.trained_model import (
     unseen_dtype,
     unsized,
 )
-from predictor.costs.physics import cross_entropy_floor, hbm_floor, kernel_paths
+from predictor.costs.physics import cross_entropy_floor, hbm_floor, kernel_paths, sustained_gemm
 from predictor.costs.physics.achieved_rates import lowp_curves
 from predictor.costs.physics.lowp_gemm import bounded, peak_flops
 from predictor.costs.physics.roofline import Rates, estimate_us, record_rates
@@ -106,12 +106,16 @@ def bundled_models_dir() -> Path:
 class ModelSet:
     """A loaded model directory; `predict` answers operator rows by model, derived model or roofline."""
 
-    def __init__(self, path: Path, index: dict, models: list[TrainedModel], left_out: frozenset[str] = frozenset()):
+    def __init__(self, path: Path, index: dict, models: list[TrainedModel], left_out: frozenset[str] = frozenset(),
+                 sustained: bool = True):
         self.path = path
         self.index = index
         self.models = models
-        #: GPUs a leave-one-GPU-out test hides (`without`): their models and their measured GEMM rates
+        #: GPUs a leave-one-GPU-out test hides (`without`): their models, their measured GEMM rates and their
+        #: sustained GEMM ceilings
         self.left_out = left_out
+        #: whether a training graph's GEMMs are held to the parts' sustained ceilings (`gemm_ceilings`)
+        self.sustained = sustained
         self._by_key: dict[tuple[str, str, str], dict[str, TrainedModel]] = {}
         for model in models:
             self._by_key.setdefault((model.hardware, model.primitive, model.pass_), {})[model.group] = model
@@ -284,7 +288,19 @@ class ModelSet:
         (`predictor.costs.physics.achieved_rates`): leave-one-GPU-out, its rows then take the transfer path as a GPU
         never measured would."""
         return ModelSet(self.path, self.index, [m for m in self.models if m.hardware != hardware],
-                        self.left_out | {hardware})
+                        self.left_out | {hardware}, self.sustained)
+
+    def unsustained(self) -> "ModelSet":
+        """This set with no sustained GEMM ceiling: a training graph's GEMMs at their bursts' speed (what the
+        ceiling's own fit starts from, tools/fit_sustained_gemm.py)."""
+        return ModelSet(self.path, self.index, self.models, self.left_out, sustained=False)
+
+    def gemm_ceilings(self) -> dict[str, float]:
+        """part → the sustained half-precision GEMM ceiling (TFLOP/s) a training graph's GEMMs are held to
+        (`predictor.costs.physics.sustained_gemm`), without the left-out parts'; {} when `unsustained`."""
+        if not self.sustained:
+            return {}
+        return {hw: t for hw, t in sustained_gemm.ceilings().items() if hw not in self.left_out}
 
     def lowp_curves(self) -> list[dict]:
         """The low-precision GEMM speed-up curves (`predictor.costs.physics.lowp_gemm`): those learned at training (the

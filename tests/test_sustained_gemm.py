@@ -1,0 +1,108 @@
+"""The A100's sustained GEMM ceiling (predictor.costs.physics.sustained_gemm, tracekit/data/sustained_gemm.json): a
+training graph's half-precision GEMMs are no faster than their FLOPs at it, the GEMMs below it keep their samples'
+speed, other parts and operator-level answers are untouched, and the ceiling is what the corpus's bursts exceed."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from predictor.costs.learned.models import ModelSet
+from predictor.costs.physics import sustained_gemm
+from predictor.predict import prepare_many
+from tracekit.core.cluster import Cluster
+from tracekit.core.config import TrainingConfig
+from tracekit.core.hardware import hardware_spec
+
+A100 = "A100-SXM4-80GB"
+
+
+def gpt(hidden: int, micro_batch: int, **kw) -> TrainingConfig:
+    return TrainingConfig(num_layers=4, hidden_size=hidden, num_attention_heads=hidden // 128, seq_length=2048,
+                          micro_batch_size=micro_batch, global_batch_size=micro_batch, precision="fp16", **kw)
+
+
+def flops(spec: dict) -> float:
+    """A GEMM row's FLOPs by hand: 2·m·n·k per batch, the backward's two GEMMs (dgrad and wgrad) twice that."""
+    m, n, k, batch = (float(spec.get(key) or 0.0) for key in ("m", "n", "k", "batch"))
+    return 2.0 * m * n * k * max(batch, 1.0) * (2.0 if spec["pass"] == "bwd" else 1.0)
+
+
+def estimates(config: TrainingConfig, hardware: str, models: ModelSet) -> tuple[list[dict], np.ndarray]:
+    [(graph, est, _, _)] = prepare_many([config], Cluster(hardware, 8), models)
+    return graph.specs, est.duration_us
+
+
+def test_a_training_graphs_a100_gemms_are_no_faster_than_the_ceiling_and_the_slower_ones_keep_their_speed():
+    ceiling = sustained_gemm.ceilings()[A100]
+    models = ModelSet.load()
+    config = gpt(8192, 8)  # GEMMs of 2·16384·8192·(3·8192) FLOPs and more: the samples' bursts exceed the ceiling
+    specs, capped = estimates(config, A100, models)
+    _, burst = estimates(config, A100, models.unsustained())
+    gemm = np.array([s["primitive"] in ("gemm", "bmm") for s in specs])
+    work = np.array([flops(s) for s in specs])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        burst_rate = work / burst / 1e6  # TFLOP/s
+    assert (capped[gemm] >= work[gemm] / (ceiling * 1e6) * (1 - 1e-9)).all()
+    raised = gemm & (burst_rate > ceiling * 1.001)
+    assert raised.sum() >= 4  # the QKV, MLP and output GEMMs of a wide layer, forward and backward
+    assert np.allclose(capped[raised], work[raised] / (ceiling * 1e6))
+    assert np.array_equal(capped[~raised], burst[~raised])  # everything else as the samples answer it
+    assert (capped >= burst).all()
+
+
+def test_parts_without_a_ceiling_and_left_out_parts_keep_their_bursts():
+    models = ModelSet.load()
+    config = gpt(8192, 8)
+    for hardware in ("H100-80GB-HBM3", "B200-180GB"):  # no ceiling fitted: their GEMMs at what their tables measured
+        assert hardware not in sustained_gemm.ceilings()
+        assert np.array_equal(estimates(config, hardware, models)[1],
+                              estimates(config, hardware, models.unsustained())[1])
+    # a part priced with an A100 SXM's models takes its ceiling with them (the PCIe card's own, under 300 W, would be
+    # lower and is not fitted)
+    [(graph, _, _, _)] = prepare_many([config], Cluster("A100-PCIE-80GB", 8), models)
+    assert graph.hardware in sustained_gemm.ceilings()
+    assert A100 not in models.without(A100).gemm_ceilings()
+    assert A100 in models.gemm_ceilings() and models.unsustained().gemm_ceilings() == {}
+
+
+def test_operator_answers_stay_the_samples_bursts():
+    """`ModelSet.predict` answers what the samples time (a kernel in a burst): it is what they are scored against."""
+    row = pd.DataFrame([{"hardware": A100, "primitive": "gemm", "pass": "fwd", "dtype": "fp16", "variant": "linear3",
+                         "m": 16384.0, "n": 32768.0, "k": 8192.0, "batch": 1.0}])
+    answer = float(ModelSet.load().predict(row)["duration_us"].iloc[0])
+    assert flops(row.iloc[0].to_dict()) / answer / 1e6 > sustained_gemm.ceilings()[A100]
+
+
+def test_only_half_precision_tensor_core_gemms_are_bounded():
+    rows = pd.DataFrame([
+        {"hardware": A100, "primitive": "gemm", "pass": "fwd", "dtype": "fp16", "m": 4096.0, "n": 4096.0, "k": 4096.0},
+        {"hardware": A100, "primitive": "bmm", "pass": "bwd", "dtype": "bf16", "m": 2048.0, "n": 2048.0, "k": 128.0,
+         "batch": 64.0},
+        {"hardware": A100, "primitive": "gemm", "pass": "fwd", "dtype": "tf32", "m": 4096.0, "n": 4096.0, "k": 4096.0},
+        {"hardware": A100, "primitive": "norm", "pass": "fwd", "dtype": "fp16", "numel": 1e8},
+        {"hardware": "H100-80GB-HBM3", "primitive": "gemm", "pass": "fwd", "dtype": "bf16", "m": 4096.0, "n": 4096.0,
+         "k": 4096.0},
+    ])
+    floor = sustained_gemm.floor_us(rows, {A100: 250.0})
+    assert floor[0] == pytest.approx(2 * 4096**3 / 250e6)
+    assert floor[1] == pytest.approx(2 * 2 * 2048 * 2048 * 128 * 64 / 250e6)  # a backward: both GEMMs
+    assert list(floor[2:]) == [0.0, 0.0, 0.0]
+
+
+def test_the_ceiling_is_below_what_the_a100_bursts_reach_and_records_its_fit(corpus):
+    """The ceiling is a fact about the seed paper's burst samples: several of their GEMMs run above it (else it would
+    bound nothing), none above the dense peak; the file says which rows it was fitted on and its held-out score."""
+    doc = json.loads(sustained_gemm.CEILINGS.read_text())
+    ceiling = sustained_gemm.ceilings()[A100]
+    frame = pd.read_csv(corpus / "operator-samples/estimate-train-time/Perlmutter/operator/"
+                        "NVIDIAA100-SXM4-80GB_linear3_fp16.csv")  # MLP up: [l·b, dim] × [dim, 4·dim/mp]
+    rate = 2 * frame["b"] * frame["l"] * frame["dim"] * 4 * frame["dim"] / frame["mp"] / frame["F_dur(us)"] / 1e6
+    peak = hardware_spec(A100).peak_tflops("fp16")
+    assert (rate > ceiling).sum() > 10 and rate.max() < peak
+    assert ceiling < peak
+    assert doc["parts"]["A100-SXM4-40GB"]["tflops"] == ceiling  # one die, one 400 W limit
+    assert doc["fit"]["rows"]["file"] == "e2e/vtrain_a100_multi_node.csv"
+    assert doc["fit"]["held_out"]["mape"] < doc["fit"]["mape_without"]
