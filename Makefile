@@ -40,7 +40,7 @@ test: $(STAMP) chromium
 
 # Every shipped fitted number refitted from the corpus (tools/fit_profiles.py: stack profiles, kernel paths, the transfer
 # selection), then tracekit/data/fitted.json, which the suite checks the tree against: run it after a change to the
-# predictor, the models or tracekit/data, and commit what it rewrites. About 3 minutes of CPU.
+# predictor, the models or tracekit/data, and commit what it rewrites. About 4 minutes of CPU.
 profiles: $(STAMP)
 	$(BIN)/python tools/fit_profiles.py
 

@@ -1,8 +1,9 @@
 """The activation handed between pipeline stages (predictor.parallel.pipeline_p2p): Megatron-core sends the whole
 activation from each tensor-parallel rank; Megatron-LM 2021's scatter/gather (`megatron/p2p_communication.py`,
-Narayanan et al. 2021 §4.1) sends each rank's 1/tp share and all-gathers it over the tensor-parallel group inside the
-receiving node, except with sequence parallelism. Facts: the bytes of [s, b, h] in fp16, the groups' sizes and
-spans, and that fewer bytes cross between nodes."""
+Narayanan et al. 2021 §4.1) and DeepSpeed's pipeline engine (Megatron-DeepSpeed's, GPT-NeoX's: `pipe_partitioned` and
+`grad_partitioned`, true by default) send each rank's 1/tp share and all-gather it over the tensor-parallel group
+inside the receiving node, except with sequence parallelism. Facts: the bytes of [s, b, h] in fp16, the groups' sizes
+and spans, and that fewer bytes cross between nodes."""
 from __future__ import annotations
 
 import pytest
@@ -28,8 +29,9 @@ def graph(stack: str, extra: str = "", **settings):
     return build_graph(config_from_argv(f"{JOB} {extra}", defaults), HW, 8)
 
 
-def test_megatron_lm_2021_sends_a_share_per_rank_and_gathers_it_inside_the_node():
-    g = graph("megatron-lm-2021")
+@pytest.mark.parametrize("stack", ["megatron-lm-2021", "megatron-deepspeed-2023", "gpt-neox"])
+def test_megatron_lm_2021_and_deepspeeds_pipeline_send_a_share_per_rank_and_gather_it_inside_the_node(stack):
+    g = graph(stack)
     send, gather = g.specs[g.p2p], g.specs[g.p2p_gather]
     assert send["primitive"] == "send_recv" and send["bytes"] == ACTIVATION / 8
     assert send["nodes"] == 2  # tp 8 fills a node: the next stage is on the next node
@@ -40,7 +42,7 @@ def test_megatron_lm_2021_sends_a_share_per_rank_and_gathers_it_inside_the_node(
 
 @pytest.mark.parametrize("stack, extra, settings, sent", [
     ("megatron-core", "", {}, ACTIVATION),  # Megatron-core has no scatter/gather
-    ("megatron-deepspeed-2023", "", {}, ACTIVATION),
+    ("megatron-bridge", "", {}, ACTIVATION),
     # sequence parallelism: the activation is already split over tp; Megatron skips the scatter/gather
     ("megatron-lm-2021", "--sequence-parallel", {}, ACTIVATION / 8),
     # a 2021 log's arguments block printing it off (--no-scatter-gather-tensors-in-pipeline)

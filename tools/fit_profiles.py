@@ -22,7 +22,7 @@ input and each file written (tools/profile_fingerprint.py); the suite fails when
 
 Usage: .venv/bin/python tools/fit_profiles.py [--check] [--corpus DIR]
 (`--check`: compare the tree with the manifest only, as the suite does; exit 1 with the reasons when it differs.)
-Takes about 3 minutes of CPU (2 min 42 s on a quiet 2-core machine, up to 9.5 min while other jobs load it); each
+Takes about 4 minutes of CPU (3 min 40 s on a 2-core machine, up to 9.5 min while other jobs load it); each
 stage prints its time.
 """
 from __future__ import annotations
