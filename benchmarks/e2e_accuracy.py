@@ -86,7 +86,6 @@ Run: .venv/bin/python benchmarks/e2e_accuracy.py [--models DIR] [--peers]
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import re
 import sys
@@ -94,7 +93,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -102,7 +100,7 @@ sys.path.insert(0, str(ROOT))
 from extractors import jobs  # noqa: E402
 from predictor import batch as B  # noqa: E402
 from predictor.costs.learned.models import ModelSet  # noqa: E402
-from predictor.costs.physics.sustained_gemm import ceilings, floor_us  # noqa: E402
+from predictor.costs.physics.sustained_gemm import ceilings  # noqa: E402
 from predictor.predict import prepare_many  # noqa: E402
 from predictor.sweeps.calibration_fit import fit_prepared, iteration_times_s  # noqa: E402
 from tools import fit_sustained_gemm as fsg, stack_fits as sf  # noqa: E402
@@ -151,17 +149,8 @@ def memory_what_if(sets: dict[str, sf.CorpusSet], scale: float) -> None:
         print(f"  {name:<20} shipped {cells[0]:<22} what-if {cells[1]}")
 
 
-def gemm_ceiling(prepared: list, tflops: float) -> list:
-    """Prepared graphs with every half-precision GEMM and batched GEMM of an A100 SXM no faster than its FLOPs at
-    `tflops` TFLOP/s, as `predict` lays the shipped ceiling (`predictor.costs.physics.sustained_gemm`)."""
-    parts = dict.fromkeys(fsg.PARTS, tflops)
-    return [(graph, dataclasses.replace(est, duration_us=np.fmax(
-                est.duration_us, floor_us(pd.DataFrame(graph.specs), parts))), cluster, notes)
-            for graph, est, cluster, notes in prepared]
-
-
-def gemm_ceiling_what_if(models, ceilings: list[float]) -> None:
-    """The A100 Megatron sets and llm-foundry predicted with no sustained GEMM ceiling and with each of `ceilings`
+def gemm_ceiling_what_if(models, levels: list[float]) -> None:
+    """The A100 Megatron sets and llm-foundry predicted with no sustained GEMM ceiling and with each of `levels`
     (TFLOP/s), the megatron-deepspeed-2023 host constants refitted on vTrain single node and the composer scales on
     llm-foundry over each (beside: composer's attention and memory scales refitted with its compute scale held at 1):
     what the shipped ceiling, fitted on vTrain multi node, does to each family, and what others would."""
@@ -169,13 +158,14 @@ def gemm_ceiling_what_if(models, ceilings: list[float]) -> None:
     every = {name: sf.load_set(bare, file, launch_lines(launch) if launch else None)
              for name, (file, _, launch) in SETS.items()}
     every["llm-foundry"] = foundry = sf.load_set(bare, sf.LLMFOUNDRY)
+    units = {name: fsg.unit_floors(data.prepared) for name, data in every.items()}
     print("\n== what the A100's sustained GEMM ceiling does (none: the samples' bursts; the shipped one is "
-          f"{fsg_ceiling():g} TFLOP/s; megatron-deepspeed-2023 host constants refitted on vTrain single node and "
-          "composer's scales on llm-foundry over each; MAPE, bias)")
+          f"{ceilings()[fsg.FIT_PART]:g} TFLOP/s; megatron-deepspeed-2023 host constants refitted on vTrain single "
+          "node and composer's scales on llm-foundry over each; MAPE, bias)")
     print(f"  {'ceiling':<9} {'host_op_us / mb_us':<19} {'composer c · a · m':<20} "
           + " ".join(f"{name:<20}" for name in every) + " llm-foundry, compute 1")
-    for tflops in [None, *ceilings]:
-        capped = {name: data.prepared if tflops is None else gemm_ceiling(data.prepared, tflops)
+    for tflops in [None, *levels]:
+        capped = {name: data.prepared if tflops is None else fsg.at_ceiling(data.prepared, units[name], tflops)
                   for name, data in every.items()}
         host = fit_prepared(capped[FIT_SET], every[FIT_SET].measured, sf.DEEPSPEED_PARAMS, rounds=5)[0]
         comp = fit_prepared(capped["llm-foundry"], foundry.measured, sf.COMPOSER_PARAMS, rounds=6)[0]
@@ -192,11 +182,6 @@ def gemm_ceiling_what_if(models, ceilings: list[float]) -> None:
         print(f"  {label:<9} {f'{host.host_op_us:.0f} / {host.microbatch_overhead_us:.0f}':<19} "
               f"{f'{comp.compute_scale:.3f} · {comp.attention_scale:.2f} · {comp.memory_scale:.2f}':<20} "
               + " ".join(f"{c:<20}" for c in cells))
-
-
-def fsg_ceiling() -> float:
-    """The shipped A100 SXM ceiling (TFLOP/s)."""
-    return ceilings()[fsg.FIT_PART]
 
 
 def shipped_times(rows, models) -> np.ndarray:
@@ -554,9 +539,9 @@ def main() -> None:
                              f"{sf.DEEPSPEED} host constants refitted on vTrain single node over it (an experiment: "
                              "nothing shipped; composer's memory_scale, fitted on llm-foundry, is 1.29)")
     parser.add_argument("--what-if-gemm-ceiling", type=float, nargs="+", default=None, metavar="T",
-                        help="also score the A100 Megatron sets and llm-foundry with no A100 GEMM faster than T "
-                             "TFLOP/s (each T given), host and composer constants refitted over it (an experiment: "
-                             "nothing shipped)")
+                        help="also score the A100 Megatron sets and llm-foundry with no sustained GEMM ceiling "
+                             "and with each ceiling T (TFLOP/s) on every A100 GEMM, host and composer constants "
+                             "refitted over each (the shipped ceiling is fitted by make profiles)")
     parser.add_argument("--ett-stride", type=int, default=10,
                         help="estimate-train-time predicts every Nth row of the Megatron sets larger than 100 rows "
                              "(default 10); the Megatron-core sets give it every row (it refuses all but ~133 at once)")

@@ -40,14 +40,17 @@ PEAK = 312.0  # A100's dense fp16 TFLOP/s: the grid's end, no ceiling
 GRID = np.arange(200.0, PEAK + 1.0, 1.0)
 
 
-def _floored(prepared: list, grid: np.ndarray) -> list[list]:
-    """Per ceiling of `grid`, the prepared graphs with every half-precision GEMM of FIT_PART no faster than it."""
-    frames = [(g, est, cl, notes, floor_us(pd.DataFrame(g.specs), {FIT_PART: 1.0})) for g, est, cl, notes in prepared]
-    out = []
-    for tflops in grid:
-        out.append([(g, dataclasses.replace(est, duration_us=np.fmax(est.duration_us, unit / tflops)), cl, notes)
-                    for g, est, cl, notes, unit in frames])
-    return out
+def unit_floors(prepared: list) -> list[np.ndarray]:
+    """Per prepared graph (`predictor.predict.prepare_many` items), each operator's least time (µs) at a ceiling of
+    1 TFLOP/s on PARTS (0 for operators no ceiling bounds): divided by a ceiling, what `predict` lays on it."""
+    return [floor_us(pd.DataFrame(graph.specs), dict.fromkeys(PARTS, 1.0)) for graph, *_ in prepared]
+
+
+def at_ceiling(prepared: list, units: list[np.ndarray], tflops: float) -> list:
+    """The prepared graphs with every half-precision GEMM and batched GEMM of PARTS no faster than `tflops`
+    (`units`: their `unit_floors`)."""
+    return [(graph, dataclasses.replace(est, duration_us=np.fmax(est.duration_us, unit / tflops)), cluster, notes)
+            for (graph, est, cluster, notes), unit in zip(prepared, units)]
 
 
 def _mape(predicted: np.ndarray, measured: np.ndarray) -> float:
@@ -61,7 +64,8 @@ def scan(models: ModelSet | None = None) -> tuple[sf.CorpusSet, Any, np.ndarray]
     single = sf.load_set(models, sf.VTRAIN_SINGLE)
     multi = sf.load_set(models, FIT_SET)
     host = sf.fit_deepspeed(single.prepared, single.measured)
-    return multi, host, np.array([iteration_times_s(graphs, host) for graphs in _floored(multi.prepared, GRID)])
+    units = unit_floors(multi.prepared)
+    return multi, host, np.array([iteration_times_s(at_ceiling(multi.prepared, units, t), host) for t in GRID])
 
 
 def held_out(multi: sf.CorpusSet, times: np.ndarray) -> tuple[np.ndarray, list[float]]:
