@@ -74,14 +74,17 @@ def test_published_rows_errors_and_order(sample, models):
     # each prediction is what the predictor says for that row's configuration on the mapped hardware
     record = picked[2]
     config = TrainingConfig.from_mapping({
+        # the row's framework, Megatron-DeepSpeed: its stack's settings (unfused attention, the pipeline's
+        # hand-overs as tensor-parallel shares, no result checks, ...)
+        **get_stack("megatron-deepspeed-2023").config,
         "num_layers": record["num_layers"], "hidden_size": record["hidden_size"],
         "ffn_hidden_size": record["ffn_hidden_size"], "num_attention_heads": record["num_attention_heads"],
         "seq_length": record["seq_length"], "vocab_size": record["vocab_size"],
         "global_batch_size": record["global_batch_size"], "micro_batch_size": record["micro_batch_size"],
         "tensor_model_parallel_size": record["tp"], "pipeline_model_parallel_size": record["pp"],
         "data_parallel_size": record["dp"], "recompute_granularity": "full", "precision": "fp16",
-        "attention": "unfused",  # the row's framework, Megatron-DeepSpeed, has no flash attention
     })
+    assert config.attention == "unfused"  # Megatron-DeepSpeed has no flash attention
     # the row's stack profile brings its host constants; its interconnect text states an 800 Gb/s network
     cluster = dataclasses.replace(preset("dgx-a100", "A100-SXM4-40GB"), inter_node_gbs=800 / 8 / 8,
                                   name="dgx-a100+stated-network")
