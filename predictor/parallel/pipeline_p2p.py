@@ -11,6 +11,10 @@
   fall by tp. Megatron skips it with sequence parallelism (the activation is already split) and where the element
   count does not divide by tp (`megatron/p2p_communication.py: _communicate`). The gather runs after the transfer,
   before the receiving stage's next task, so it lengthens the hand-over (`predictor.schedule.stage_work`).
+- **DeepSpeed's pipeline engine** (Megatron-DeepSpeed's pipelined models, GPT-NeoX: the `megatron-deepspeed-2023` and
+  `gpt-neox` profiles set the same setting) does the same with a `PartitionedTensor` over the tensor-parallel group,
+  activations forward and gradients backward (`pipe_partitioned`, `grad_partitioned`, both true by default in its
+  pipeline configuration); Megatron-DeepSpeed's own schedule has Megatron-LM's scatter/gather, on by default.
 """
 from __future__ import annotations
 

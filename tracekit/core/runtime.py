@@ -43,7 +43,8 @@ logging passes, timers, gradient-accumulation fusion, gradient clipping. Setting
   forward and flush backward waits for its send (`predictor.schedule.pipeline`). Megatron refuses it without the
   interleaved schedule's P2P overlap.
 - `scatter_gather_tensors_in_pipeline` (Megatron-LM 2020–2022's, not the pinned snapshot's: on by default there,
-  `--no-scatter-gather-tensors-in-pipeline`; the `megatron-lm-2021` stack profile sets it): without sequence
+  `--no-scatter-gather-tensors-in-pipeline`; DeepSpeed's pipeline engine partitions the same way by default; the
+  `megatron-lm-2021`, `megatron-deepspeed-2023` and `gpt-neox` stack profiles set it): without sequence
   parallelism each tensor-parallel rank sends 1/tp of the activation to the next pipeline stage and the receivers
   all-gather it (`predictor.parallel.pipeline_p2p`).
 - `torch_ddp_reducer` (not a Megatron flag: Megatron-LM 2020–2023's `--DDP-impl torch`, Composer's DDP): the gradients
