@@ -36,8 +36,16 @@ FIT_SET = "vtrain_a100_multi_node.csv"
 FIT_PART = "A100-SXM4-80GB"
 #: The parts the ceiling is written for (one die and one board power limit).
 PARTS = ("A100-SXM4-80GB", "A100-SXM4-40GB")
-PEAK = 312.0  # A100's dense fp16 TFLOP/s: the grid's end, no ceiling
-GRID = np.arange(200.0, PEAK + 1.0, 1.0)
+
+
+def peak_tflops() -> float:
+    """FIT_PART's dense fp16 peak (TFLOP/s, tracekit/data/hardware.json): the grid's end, which is no ceiling."""
+    spec = hardware_spec(FIT_PART)
+    assert spec is not None, f"{FIT_PART}: no datasheet entry"
+    return spec.peak_tflops("fp16")
+
+
+GRID = np.arange(200.0, peak_tflops() + 1.0, 1.0)
 
 
 def unit_floors(prepared: list) -> list[np.ndarray]:
@@ -89,8 +97,7 @@ def fit(models: ModelSet | None = None) -> tuple[dict[str, Any], list[str], list
     best = int(np.argmin(errors.mean(axis=1)))
     held, chosen = held_out(multi, times)
     tflops = float(GRID[best])
-    spec = hardware_spec(FIT_PART)
-    peak = spec.peak_tflops("fp16") if spec is not None else PEAK
+    peak = peak_tflops()
     doc = {
         "format": "tracekit-sustained-gemm/1", "by": "make profiles (tools/fit_sustained_gemm.py)",
         "what": "What a part's half-precision GEMMs and batched GEMMs sustain through a training run (TFLOP/s): a "
