@@ -114,8 +114,9 @@ SETS = {
     "vtrain single node": (sf.VTRAIN_SINGLE, "≤ 7.5%", None),
     "vtrain multi node": ("vtrain_a100_multi_node.csv", "≤ 10%", None),
     "narayanan 2021": ("narayanan2021_table1_a100_selene.csv", "≤ 5%", None),
-    # the same rows with the launch lines of the authors' scripts (micro-batch, interleaving, DDP implementation)
-    "narayanan launched": ("narayanan2021_table1_a100_selene.csv", "—", ROOT / "benchmarks" / "launch" /
+    # the same rows with the launch lines of the authors' scripts (micro-batch, interleaving, DDP implementation): the
+    # runs as they ran, where the table alone leaves the micro-batch to the CLI's reading (1)
+    "narayanan launched": ("narayanan2021_table1_a100_selene.csv", "≤ 5%", ROOT / "benchmarks" / "launch" /
                            "narayanan2021_sc21.json"),
 }
 FIT_SET = "vtrain single node"

@@ -7,7 +7,8 @@ Each operator instance becomes a `cpu_op` (named as PyTorch/Megatron name it: at
 type`, record_param_comms with the collective metadata of PyTorch ≥ 2.3) holding a `cudaLaunchKernel`
 `cuda_runtime` event, the kernel on its GPU stream (compute 7; tensor/context-parallel collectives 20; data-parallel
 24; pipeline send/recv 28) carrying `External id` and `correlation`, and an `ac2g` flow from launch to kernel.
-A linear's backward is written as its two GEMMs (dgrad, wgrad), half the estimated time each. Iterations are
+A linear's backward is written as its two GEMMs (dgrad, wgrad), half the estimated time each; a column-parallel
+linear's backward collectives start with the part they run beside (predictor.schedule.tp_overlap). Iterations are
 marked `ProfilerStep#N` (CPU user_annotation and GPU gpu_user_annotation). The forward ops (recomputed ones too)
 sit inside `user_annotation` ranges named as the reference trainer's `record_function` ranges name Megatron's
 modules (`layer_unit`): `embedding`, `layer_{i}/attention`, `layer_{i}/mlp` (i: the global layer number),
@@ -29,6 +30,7 @@ from predictor.ir.placement import order_of, rank_coordinates, strides
 from predictor.report.cpu_trace_writer import CpuTraceWriter, span
 from predictor.report.kernel_names import DeviceNames, device_names
 from predictor.report.trace_writer import BASE_NS, TraceWriter
+from predictor.schedule import tp_overlap
 from predictor.schedule.pipeline import Timeline
 from predictor.schedule.stage_work import head_wgrad_parts, split_backward, step_us
 from predictor.schedule.zero_bubble import segment_of
@@ -169,6 +171,7 @@ def rank_trace(prediction: PredictedRun, rank: int, iterations: int = 2, names: 
     first = first_layers(graph)
     schedule = torch_schedule(c)
     split = split_backward(graph, dur) if schedule in SPLIT_BACKWARD else None  # input / weight backward parts
+    beside = tp_overlap.applies(graph)
     if split is not None:
         dur = split[0]
     # defer_embedding_wgrad_compute: the last stage's output-layer backwards lose the deferred share of their weight
@@ -190,11 +193,26 @@ def rank_trace(prediction: PredictedRun, rank: int, iterations: int = 2, names: 
             ops = seg.fwd if task.kind == "F" else seg.bwd if split is None or task.kind == "B" else \
                 split[1][where[0]][where[1]][task.kind == "W"]
             t = t0 + task.start + task.work.other
+            # a column-parallel linear's backward collectives start with the GEMM part they run beside and add only
+            # their time beyond it (predictor.schedule.tp_overlap: what the simulation counts)
+            hidden = {id(ops[i]): h for i, h in tp_overlap.hidden_us(ops, dur, graph.specs).items()} \
+                if beside and task.kind != "F" else {}
+            starts: dict[tuple[str, str], float] = {}  # (linear, part of its GEMM backward) → where it starts
             for use, layer in _expand(ops, backward=task.kind != "F"):
                 d = float(dur[use.spec]) - (cut.get(id(use), 0.0) if task.kind == "B" else 0.0)
                 forward = task.kind == "F" or use.recompute
                 w.annotate(layer_unit(use.name, None if layer is None else first[where] + layer)
                            if forward else None)
+                pair = tp_overlap.covered(use.name) if id(use) in hidden else None
+                if pair is not None and pair in starts:
+                    put(use, "bwd", starts[pair], d)
+                    t += d - hidden[id(use)]
+                    continue
+                if hidden and not forward and use.group is None:
+                    role = graph.specs[use.spec].get("role")
+                    for part, offset in (("dgrad", 0.0), ("wgrad", d / 2 if role is None else 0.0)):
+                        if role in (None, part):
+                            starts[(use.name, part)] = t + offset
                 put(use, "fwd" if forward else "bwd", t, d)
                 t += d
             w.annotate(None)

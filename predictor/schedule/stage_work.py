@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from predictor.costs.estimates import calibrated_durations
 from predictor.ir.graph import Graph
 from predictor.ir.ops import OpUse
 from predictor.parallel import fsdp
+from predictor.schedule import tp_overlap
 from predictor.schedule.activation_offload import forward_exposed_us, segment_copies
 from predictor.schedule.ep_overlap import alone_share, with_alone_passes
 from predictor.schedule.framework_costs import SYNC_US, Capture, PassCosts, capture, pass_costs
@@ -46,11 +48,14 @@ EXPERT_GROUPS = ("ep", "etp", "tpep")
 @dataclass
 class Hiding:
     """Which blocking collectives of a layer pass run beside its compute (per spec masks over the graph's specs):
-    TP collectives under the GEMMs with Transformer Engine's TP overlap (`tp_cover`: the GEMM specs); the expert
+    TP collectives under the GEMMs with Transformer Engine's TP overlap (`tp_cover`: the GEMM specs); a column-parallel
+    linear's backward collectives beside its own GEMMs (`tp_beside`, predictor.schedule.tp_overlap); the expert
     layers' dispatch and combine under the pass's compute with `overlap_moe_expert_parallel_comm` (`ep_all`), or under
     the shared experts' compute with `moe_shared_expert_overlap` (`ep_cover`: their specs)."""
 
     tp_cover: np.ndarray | None = None
+    # the graph's specs where a column-parallel linear's backward collectives run beside its GEMMs (tp_overlap)
+    tp_beside: Sequence[dict[str, Any]] | None = None
     ep_all: bool = False
     ep_cover: np.ndarray | None = None
     fsdp_overlap: bool = True  # FSDP's collectives beside the layers' compute (predictor.parallel.fsdp; not on a CPU)
@@ -92,14 +97,15 @@ def _work(ops: list[OpUse], dur: np.ndarray, cal: Calibration, framework_us: flo
     hide = hiding or Hiding()
     cap = graphs or Capture()
     full, per_layer_graphs = cap.full, cap.whole_layer or bool(cap.regions)
-    for op in ops:
+    beside = tp_overlap.hidden_us(ops, dur, hide.tp_beside) if hide.tp_beside is not None else {}
+    for i, op in enumerate(ops):
         t = float(dur[op.spec])
         if op.per_layer:
             blk = blocks.setdefault((op.block, op.count), _Block())
             if op.group in EXPERT_GROUPS:
                 blk.ep += t
             elif op.group == "tp":
-                blk.tp += t
+                blk.tp += t - beside.get(i, 0.0)
             elif op.group in fsdp.GROUPS:
                 blk.fsdp += t
             elif op.group:
@@ -155,7 +161,8 @@ def hiding_of(graph: Graph) -> Hiding:
     # FSDP's gathers run beside compute (Megatron-FSDP only when asked to overlap them); not on a CPU
     mfsdp = c.sharding is not None and c.sharding.sharded_data_parallel == "megatron-fsdp"
     overlap = not graph.hardware.startswith("cpu-") and (not mfsdp or c.overlap_param_gather or c.overlap_grad_reduce)
-    return Hiding(tp, ep_all, ep_cover, overlap)
+    beside = graph.specs if tp_overlap.applies(graph) else None
+    return Hiding(tp, beside, ep_all, ep_cover, overlap)
 
 
 def simulation_inputs(graph: Graph, est: Estimates, cal: Calibration) -> tuple[np.ndarray, tuple]:

@@ -21,6 +21,10 @@ either predicted as Megatron runs it or refused where Megatron stops:
   `overlap_grad_reduce` with buckets of 25 MB of gradients (2-byte ones under fp16/bf16, Megatron's Float16Module),
   and the reducer's copies into and out of them (`torch_ddp_reducer`, tracekit.core.runtime).
   A setting the record states itself (`overlap_grad_reduce`, `ddp_bucket_size`, the recompute ones) is kept.
+- **The linears' backward overlap under sequence parallelism**: Megatron-LM 2022–2023's `validate_args` set
+  `async_tensor_model_parallel_allreduce` false under sequence parallelism, whose linears overlapped their backward
+  collectives anyway; a run's record stating it false with sequence parallelism is read as that overlap
+  (tracekit.core.runtime).
 - **The vocabulary as given**: `--padded-vocab-size V` is the model's vocabulary, not padded again (Megatron builds
   the model with `should_pad_vocab=False`); its vocabulary-parallel embedding splits it evenly over tp, so V must
   divide by tp. A log prints the padded size of its vocabulary: where V is what the stated vocabulary pads to, the
@@ -95,6 +99,9 @@ def apply(values: dict[str, Any], extra: dict[str, Any], record: bool = False,
     if not record:
         refuse(extra)
     _renamed(values, extra, stated)
+    if record and values.get("async_tensor_model_parallel_allreduce") is False and values.get("sequence_parallel") \
+            and "async_tensor_model_parallel_allreduce" in stated:
+        del values["async_tensor_model_parallel_allreduce"]  # Megatron's own value under SP (module docstring)
     for name in REFUSED:
         value = extra.pop(name, None)
         if not _stated(name, value):

@@ -47,6 +47,15 @@ logging passes, timers, gradient-accumulation fusion, gradient clipping. Setting
   `megatron-lm-2021`, `megatron-deepspeed-2023` and `gpt-neox` stack profiles set it): without sequence
   parallelism each tensor-parallel rank sends 1/tp of the activation to the next pipeline stage and the receivers
   all-gather it (`predictor.parallel.pipeline_p2p`).
+- `async_tensor_model_parallel_allreduce` (Megatron-LM 2022–2023's, `--no-async-tensor-model-parallel-allreduce`; the
+  pinned snapshot always does it, and so does Transformer Engine's linear): a column-parallel linear's backward
+  issues its collectives beside its own GEMMs — the input gradient's all-reduce (with sequence parallelism its
+  reduce-scatter) beside the weight-gradient GEMM, sequence parallelism's re-gather of the input beside the
+  input-gradient GEMM (`predictor.schedule.tp_overlap`). On unless false; the `megatron-lm-2021` (no such code),
+  `gpt-neox` (its linears reduce after their backward) and `torchtitan` (eager DTensor reduces after the matmul's
+  backward) profiles set it false. Megatron-LM 2022–2023 turned the setting off under sequence parallelism and
+  overlapped that path's collectives anyway: a run's record that states it false with sequence parallelism keeps
+  the overlap (tracekit.core.legacy_arguments).
 - `torch_ddp_reducer` (not a Megatron flag: Megatron-LM 2020–2023's `--DDP-impl torch`, Composer's DDP): the gradients
   are reduced by PyTorch's DistributedDataParallel, whose reducer copies each gradient into its bucket (dividing it by
   the ranks) before the bucket's all-reduce and back after it — two passes over every gradient in the backward that
@@ -97,6 +106,7 @@ class RuntimeSettings:
     overlap_p2p_comm_warmup_flush: bool | None = None
     wgrad_deferral_limit: int | None = None
     torch_ddp_reducer: bool | None = None  # PyTorch's DDP reduces the gradients (module docstring)
+    async_tensor_model_parallel_allreduce: bool | None = None  # the linears' backward overlap (module docstring)
     torch_compile: bool | None = None
 
     def __post_init__(self) -> None:
@@ -156,6 +166,11 @@ class RuntimeSettings:
     @property
     def average_in_collective(self) -> bool:
         return bool(self.ddp_average_in_collective)
+
+    @property
+    def tp_backward_overlap(self) -> bool:
+        """Whether a column-parallel linear's backward collectives run beside its GEMMs (module docstring)."""
+        return self.async_tensor_model_parallel_allreduce is not False
 
     @property
     def compiled(self) -> bool:

@@ -48,7 +48,7 @@ CONFIG_KEYS = ("attention", "overlap_grad_reduce", "overlap_param_gather", "over
                "normalization", "apply_rope_fusion", "fused_rmsnorm", "swiglu", "moe_token_dispatcher_type",
                "moe_grouped_gemm", "moe_permute_fusion", "hidden_dropout", "attention_dropout",
                "cross_entropy_loss_fusion", "cross_entropy_fusion_impl", "check_for_nan_in_loss_and_grad",
-               "scatter_gather_tensors_in_pipeline",
+               "scatter_gather_tensors_in_pipeline", "async_tensor_model_parallel_allreduce",
                "apex_available", "te_available")  # what the stack's install has (tracekit.core.layer_impl)
 
 
