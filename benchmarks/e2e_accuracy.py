@@ -45,7 +45,7 @@ leaves the dense A100 CI rows. Beside each peer's MAPE is tracekit's held-out fi
 fitted on them either).
 
 llm-foundry (MosaicML's MPT runs, Composer + FSDP; `--only llm-foundry`): every row predicted with the `composer`
-stack, whose three scales are fitted on these rows — so the held-out figure is leave-one-model-size-out: each MPT size
+stack, whose two scales are fitted on these rows — so the held-out figure is leave-one-model-size-out: each MPT size
 predicted with the scales fitted on the other sizes; printed per model size × GPU count.
 
 Megatron-core (`--only megatron-core`): Megatron-LM's own CI runs (megatron_ci_golden: 301 runs of small GPT and
@@ -75,8 +75,8 @@ the gap that is not Mamba's).
 memory-bound op × X and the megatron-deepspeed-2023 host constants refitted on vTrain single node over it.
 `--what-if-gemm-ceiling T [T ...]`: the A100 Megatron sets and llm-foundry with no sustained GEMM ceiling (the
 samples' bursts) and with each ceiling T (TFLOP/s) on every A100 SXM GEMM, the megatron-deepspeed-2023 host
-constants refitted on vTrain single node and the composer scales on llm-foundry over each — and the composer scales
-refitted with its compute scale held at 1 (how much of that scale the ceiling stands for).
+constants refitted on vTrain single node and the composer scales on llm-foundry over each — and beside them a scale
+of composer's tensor-core kernels fitted too (what the profile dropped once the ceiling stood for it).
 
 Run: .venv/bin/python benchmarks/e2e_accuracy.py [--models DIR] [--peers]
      [--only megatron|llm-foundry|megatron-core|hybrid] [--what-if-memory-scale X] [--what-if-gemm-ceiling T ...]
@@ -153,8 +153,9 @@ def memory_what_if(sets: dict[str, sf.CorpusSet], scale: float) -> None:
 def gemm_ceiling_what_if(models, levels: list[float]) -> None:
     """The A100 Megatron sets and llm-foundry predicted with no sustained GEMM ceiling and with each of `levels`
     (TFLOP/s), the megatron-deepspeed-2023 host constants refitted on vTrain single node and the composer scales on
-    llm-foundry over each (beside: composer's attention and memory scales refitted with its compute scale held at 1):
-    what the shipped ceiling, fitted on vTrain multi node, does to each family, and what others would."""
+    llm-foundry over each (beside: those two with a scale of composer's tensor-core kernels fitted too, which the
+    profile no longer has): what the shipped ceiling, fitted on vTrain multi node, does to each family, and what
+    others would."""
     bare = models.unsustained()
     every = {name: sf.load_set(bare, file, launch_lines(launch) if launch else None)
              for name, (file, _, launch) in SETS.items()}
@@ -163,25 +164,25 @@ def gemm_ceiling_what_if(models, levels: list[float]) -> None:
     print("\n== what the A100's sustained GEMM ceiling does (none: the samples' bursts; the shipped one is "
           f"{ceilings()[fsg.FIT_PART]:g} TFLOP/s; megatron-deepspeed-2023 host constants refitted on vTrain single "
           "node and composer's scales on llm-foundry over each; MAPE, bias)")
-    print(f"  {'ceiling':<9} {'host_op_us / mb_us':<19} {'composer c · a · m':<20} "
-          + " ".join(f"{name:<20}" for name in every) + " llm-foundry, compute 1")
+    print(f"  {'ceiling':<9} {'host_op_us / mb_us':<19} {'composer a · m':<20} "
+          + " ".join(f"{name:<20}" for name in every) + " llm-foundry, a compute scale too")
     for tflops in [None, *levels]:
         capped = {name: data.prepared if tflops is None else fsg.at_ceiling(data.prepared, units[name], tflops)
                   for name, data in every.items()}
         host = fit_prepared(capped[FIT_SET], every[FIT_SET].measured, sf.DEEPSPEED_PARAMS, rounds=5)[0]
         comp = fit_prepared(capped["llm-foundry"], foundry.measured, sf.COMPOSER_PARAMS, rounds=6)[0]
-        free = fit_prepared(capped["llm-foundry"], foundry.measured, ("attention_scale", "memory_scale"),
+        free = fit_prepared(capped["llm-foundry"], foundry.measured, ("compute_scale", *sf.COMPOSER_PARAMS),
                             rounds=6)[0]
         cells = []
         for name, data in every.items():
             err = iteration_times_s(capped[name], comp if name == "llm-foundry" else host) / data.measured - 1
             cells.append(f"{100 * np.mean(np.abs(err)):5.2f}% ({100 * np.mean(err):+5.1f}%)")
         err = iteration_times_s(capped["llm-foundry"], free) / foundry.measured - 1
-        scales = f"a {free.attention_scale:.2f}, m {free.memory_scale:.2f}"
+        scales = f"c {free.compute_scale:.3f}"
         cells.append(f"{100 * np.mean(np.abs(err)):5.2f}% ({scales})")
         label = "none" if tflops is None else f"{tflops:g}"
         print(f"  {label:<9} {f'{host.host_op_us:.0f} / {host.microbatch_overhead_us:.0f}':<19} "
-              f"{f'{comp.compute_scale:.3f} · {comp.attention_scale:.2f} · {comp.memory_scale:.2f}':<20} "
+              f"{f'{comp.attention_scale:.2f} · {comp.memory_scale:.2f}':<20} "
               + " ".join(f"{c:<20}" for c in cells))
 
 

@@ -371,6 +371,6 @@ def test_a_stack_reads_its_own_fitted_numbers_and_those_it_declares_only(corpus)
                 assert {select_stack(row["framework"])[0].name for row in csv.DictReader(f)} == {name}
     titan = get_stack("torchtitan").calibration("H100-80GB-HBM3")
     assert titan.compute_scale == 1.0 and titan.host_op_us == 0.0
-    assert get_stack("composer").calibration("B200-180GB").compute_scale == docs["composer"]["constants"][
-        "compute_scale"]
+    assert get_stack("composer").calibration("B200-180GB").attention_scale == docs["composer"]["constants"][
+        "attention_scale"]
     assert get_stack("megatron-core").calibration("cpu-amd-epyc").compute_scale == 1.0
