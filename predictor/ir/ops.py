@@ -60,6 +60,12 @@ Backward = OpUse | tuple[OpUse, ...]
 Pair = tuple[OpUse | None, Backward | None, str]
 
 
+def part_share(role: str | None, part: str) -> float:
+    """The share of a GEMM's backward row that is its `part` (`dgrad` or `wgrad`): all of a row of that role, half of
+    a whole backward (no role: its dgrad and wgrad are one forward's FLOPs each), none of another role's row."""
+    return 1.0 if role == part else 0.5 if role is None else 0.0
+
+
 def parts(op: Backward | None) -> tuple[OpUse, ...]:
     """The OpUses of one op's backward (none, the whole, or its parts per role)."""
     if op is None:

@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Protocol
 import numpy as np
 
 from predictor.ir.graph import Graph
-from predictor.ir.ops import OpUse
+from predictor.ir.ops import OpUse, part_share
 from predictor.ir.placement import order_of, rank_coordinates, strides
 from predictor.report.cpu_trace_writer import CpuTraceWriter, span
 from predictor.report.kernel_names import DeviceNames, device_names
@@ -208,10 +208,11 @@ def rank_trace(prediction: PredictedRun, rank: int, iterations: int = 2, names: 
                     put(use, "bwd", starts[pair], d)
                     t += d - hidden[id(use)]
                     continue
-                if hidden and not forward and use.group is None:
+                if hidden and not forward and use.group is None and graph.specs[use.spec]["primitive"] == "gemm":
+                    # a whole backward is drawn as its dgrad, then its wgrad; a role's row is that part alone
                     role = graph.specs[use.spec].get("role")
-                    for part, offset in (("dgrad", 0.0), ("wgrad", d / 2 if role is None else 0.0)):
-                        if role in (None, part):
+                    for part, offset in (("dgrad", 0.0), ("wgrad", d * part_share(role, "dgrad"))):
+                        if part_share(role, part):
                             starts[(use.name, part)] = t + offset
                 put(use, "fwd" if forward else "bwd", t, d)
                 t += d

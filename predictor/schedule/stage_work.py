@@ -23,7 +23,7 @@ import numpy as np
 
 from predictor.costs.estimates import calibrated_durations
 from predictor.ir.graph import Graph
-from predictor.ir.ops import OpUse
+from predictor.ir.ops import OpUse, part_share
 from predictor.parallel import fsdp
 from predictor.schedule import tp_overlap
 from predictor.schedule.activation_offload import forward_exposed_us, segment_copies
@@ -242,8 +242,7 @@ def head_wgrad_parts(graph: Graph, dur: np.ndarray) -> list[tuple[OpUse, float]]
     for o in seg.bwd:
         spec = graph.specs[o.spec]
         if spec["primitive"] == "gemm" and (o.name == "output_layer" or o.name.endswith(".output_layer")):
-            role = spec.get("role")
-            out.append((o, float(dur[o.spec]) * (1.0 if role == "wgrad" else 0.5 if role is None else 0.0)))
+            out.append((o, float(dur[o.spec]) * part_share(spec.get("role"), "wgrad")))
     return out
 
 

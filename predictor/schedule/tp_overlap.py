@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from predictor.ir.graph import Graph
-from predictor.ir.ops import OpUse
+from predictor.ir.ops import OpUse, part_share
 from tracekit.core.pipeline_layout import SPLIT_BACKWARD, torch_schedule
 from tracekit.core.runtime import RuntimeSettings
 
@@ -55,7 +55,7 @@ def hidden_us(ops: Sequence[OpUse], dur: np.ndarray, specs: Sequence[dict[str, A
     """Per index into `ops` (one pass of a segment), the µs of a decoder layer's column-parallel backward collective
     that runs beside its linear's GEMM: up to that GEMM part's time. A backward lists each linear's GEMM before its
     collectives (predictor.assembly.graph mirrors the forward), so each pairs with the latest GEMM of its linear in
-    its layer block: a role's own op (dgrad, wgrad), or half of a whole backward (one forward's work each)."""
+    its layer block: a role's own op (dgrad, wgrad), or half of a whole backward (`part_share`)."""
     latest: dict[tuple[str, int, str, str], float] = {}  # (block, count, linear, part) → µs
     out = {}
     for i, op in enumerate(ops):
@@ -63,10 +63,10 @@ def hidden_us(ops: Sequence[OpUse], dur: np.ndarray, specs: Sequence[dict[str, A
             continue
         spec = specs[op.spec]
         if op.group is None and spec.get("primitive") == "gemm" and spec.get("pass") == "bwd":
-            role, t = spec.get("role"), float(dur[op.spec])
             for part in PARTS:
-                if role in (None, part):
-                    latest[(op.block, op.count, op.name, part)] = t if role == part else t / 2
+                share = part_share(spec.get("role"), part)
+                if share:
+                    latest[(op.block, op.count, op.name, part)] = share * float(dur[op.spec])
             continue
         pair = covered(op.name) if op.group == "tp" else None
         key = None if pair is None else (op.block, op.count, *pair)
