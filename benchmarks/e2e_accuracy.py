@@ -19,8 +19,9 @@ Two figures per set, side by side:
   on the set's own rows this figure is in-sample, and says what a user gets;
 - **held out**, named by how: each fitted constant refitted without the rows it predicts (5-fold CV on vTrain single
   node, 5-fold CV of the A100's sustained GEMM ceiling on vTrain multi node, leave-one-model-size-out on
-  llm-foundry, 5-fold CV by test case on the CI rows, leave-one-model-out for the Bridge device scales); on a set no
-  constant was fitted on, the shipped figure itself.
+  llm-foundry, 5-fold CV by test case on the CI rows, leave-one-model-out for the Bridge device scale, Hopper's
+  sustained GEMM ceiling as shipped there: its own leave-one-model-out is in tracekit/data/sustained_gemm.json); on a
+  set no constant was fitted on, the shipped figure itself.
 Printed per set: MAPE, median and p90 of the absolute percentage error, a table per parallel shape, model or GPU
 with the signed bias, and the worst rows; beside them the same rows without any stack constants (the operator models
 and the collective physics alone).
@@ -29,7 +30,8 @@ What is fitted, and where it is scored (tools/stack_fits.py, which this benchmar
 host constants of the `megatron-deepspeed-2023` stack profile (host_op_us, microbatch_overhead_us) are fitted on
 vTrain single node; they are scored on vTrain multi node (same stack, other runs) and on Narayanan (the
 `megatron-lm-2021` profile takes them from its fork, another stack and era). The A100's sustained GEMM ceiling (a
-hardware fact: tools/fit_sustained_gemm.py) is fitted on vTrain multi node and scored on every other A100 set. The
+hardware fact: tools/fit_sustained_gemm.py) is fitted on vTrain multi node and scored on every other A100 set;
+Hopper's (tools/fit_hopper_ceiling.py) on the Bridge rows' dense H100 models, scored on the CI rows' H100 runs. The
 collective physics constants come from operator-level nccl samples (benchmarks/collective_physics.py), never from these
 rows. This benchmark fits nothing into the shipped files: `make profiles` (tools/fit_profiles.py) does, from every row.
 

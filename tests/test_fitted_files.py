@@ -13,8 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from predictor.costs.physics import sustained_gemm
 from tests.conftest import ROOT
 from tools import profile_fingerprint as fp
+
+#: The part whose ceiling a doc quotes as "the A100's" or "Hopper's" sustained GEMM ceiling.
+CEILING_PART = {"A100": "A100-SXM4-80GB", "Hopper": "H100-80GB-HBM3"}
 
 REMEDY = (f"run `{fp.COMMAND}` (tools/fit_profiles.py: about 3 minutes of CPU, each stage in a fresh process) and "
           "commit the files it rewrites (tracekit/data/fitted.json lists them)")
@@ -79,8 +83,9 @@ def test_code_text_keeps_code_and_drops_wording():
 
 
 def test_the_docs_quote_the_shipped_fitted_numbers():
-    """Where the docs quote a shipped fitted number as today's (Megatron-Bridge's device scales as `Hopper ×1.233`,
-    megatron-core's host constants as `… µs per operator, … ms per call, … µs per parameter tensor`), it is the
+    """Where the docs quote a shipped fitted number as today's (Megatron-Bridge's device scales as `Blackwell ×1.39`,
+    megatron-core's host constants as `… µs per operator, … ms per call, … µs per parameter tensor`, a sustained GEMM
+    ceiling as `the A100's sustained GEMM ceiling (233 TFLOP/s`), it is the
     number the shipped profile holds, rounded as written: the docs once printed a figure the CLI no longer gave.
     History (a scale before a change) is written without the ×."""
     import re
@@ -88,12 +93,14 @@ def test_the_docs_quote_the_shipped_fitted_numbers():
     stacks = ROOT / "tracekit" / "data" / "stacks"
     scales = json.loads((stacks / "megatron-bridge.json").read_text())["device_scale"]
     host = json.loads((stacks / "megatron-core.json").read_text())["constants"]
+    ceilings = sustained_gemm.ceilings()
     docs = {p.relative_to(ROOT).as_posix(): p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]}
     quoted = 0
     for name, text in docs.items():
         for arch, value in re.findall(r"\b(Hopper|Blackwell) ×(\d+\.\d+)", text):
             quoted += 1
             digits = len(value.split(".")[1])
+            assert arch.lower() in scales, (name, arch, value, "quoted as today's; the profile has no such scale")
             assert float(value) == round(scales[arch.lower()], digits), (name, arch, value, scales)
         number = r"(\d+(?:\.\d+)?)"
         sentence = rf"{number} µs per operator, {number} ms per call, {number} µs per parameter tensor"
@@ -103,4 +110,8 @@ def test_the_docs_quote_the_shipped_fitted_numbers():
                                      (tensor_us, host["tensor_op_us"])):
                 digits = len(written.split(".")[1]) if "." in written else 0
                 assert float(written) == round(shipped, digits), (name, written, shipped)
-    assert quoted >= 4
+        # the sustained GEMM ceilings, quoted as today's as "the A100's sustained GEMM ceiling (233 TFLOP/s"
+        for part, value in re.findall(r"\b(A100|Hopper)'s sustained GEMM ceiling \((\d+) TFLOP/s", text):
+            quoted += 1
+            assert float(value) == ceilings[CEILING_PART[part]]["bf16"], (name, part, value)
+    assert quoted >= 6

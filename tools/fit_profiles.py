@@ -8,7 +8,8 @@ One stage per fitted file, in this order (a later stage predicts with what an ea
 - transfer → tracekit/data/transfer.json: the seed paper's A100 and GH200 samples, leave-one-GPU-out
   (tools/transfer_selection.py);
 - sustained-gemm → tracekit/data/sustained_gemm.json: the A100's sustained GEMM ceiling, e2e/vtrain_a100_multi_node.csv
-  (tools/fit_sustained_gemm.py; a hardware fact, which the stack stages below predict with);
+  (tools/fit_sustained_gemm.py), and Hopper's over it, e2e/megatron_bridge_perf.csv's dense H100 rows
+  (tools/fit_hopper_ceiling.py; hardware facts, which the stack stages below predict with);
 - megatron-deepspeed-2023 → tracekit/data/stacks/megatron-deepspeed-2023.json: e2e/vtrain_a100_single_node.csv;
 - megatron-core → tracekit/data/stacks/megatron-core.json (host constants, host CPU scales): e2e/megatron_ci_golden.csv;
 - megatron-bridge → tracekit/data/stacks/megatron-bridge.json (device_scale, its own): e2e/megatron_bridge_perf.csv;

@@ -1,4 +1,5 @@
-"""The A100's sustained GEMM ceiling: `tracekit/data/sustained_gemm.json` (a `make profiles` stage).
+"""The sustained GEMM ceilings: `tracekit/data/sustained_gemm.json` (a `make profiles` stage): the A100's, fitted
+here, then Hopper's over it (tools/fit_hopper_ceiling.py).
 
 The seed paper's A100 samples time each GEMM in a short burst at the boost clock; a training run holds the tensor cores
 busy for minutes under the 400 W limit (`predictor.costs.physics.sustained_gemm` says why a ceiling, and which GEMMs
@@ -27,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from predictor.costs.learned.models import ModelSet
-from predictor.costs.physics.sustained_gemm import floor_us
+from predictor.costs.physics.sustained_gemm import floor_us, half
 from predictor.sweeps.calibration_fit import iteration_times_s
 from tools import stack_fits as sf
 from tracekit.core.hardware import hardware_spec
@@ -51,7 +52,7 @@ GRID = np.arange(200.0, peak_tflops() + 1.0, 1.0)
 def unit_floors(prepared: list) -> list[np.ndarray]:
     """Per prepared graph (`predictor.predict.prepare_many` items), each operator's least time (µs) at a ceiling of
     1 TFLOP/s on PARTS (0 for operators no ceiling bounds): divided by a ceiling, what `predict` lays on it."""
-    return [floor_us(pd.DataFrame(graph.specs), dict.fromkeys(PARTS, 1.0)) for graph, *_ in prepared]
+    return [floor_us(pd.DataFrame(graph.specs), {part: half(1.0) for part in PARTS}) for graph, *_ in prepared]
 
 
 def at_ceiling(prepared: list, units: list[np.ndarray], tflops: float) -> list:
@@ -91,21 +92,27 @@ def held_out(multi: sf.CorpusSet, times: np.ndarray) -> tuple[np.ndarray, list[f
 
 
 def fit(models: ModelSet | None = None) -> tuple[dict[str, Any], list[str], list[str]]:
-    """(the document `tracekit/data/sustained_gemm.json` holds, lines that report it, corpus files read)."""
+    """(the document `tracekit/data/sustained_gemm.json` holds, lines that report it, corpus files read): the A100's
+    ceiling, then Hopper's fitted over it."""
+    from tools import fit_hopper_ceiling
+
     multi, host, times = scan(models)
     errors = np.abs(times / multi.measured - 1)  # ceiling × row
     best = int(np.argmin(errors.mean(axis=1)))
     held, chosen = held_out(multi, times)
     tflops = float(GRID[best])
     peak = peak_tflops()
+    hopper_parts, hopper_fit, hopper_lines, hopper_files = fit_hopper_ceiling.fit(tflops, models)
     doc = {
-        "format": "tracekit-sustained-gemm/1", "by": "make profiles (tools/fit_sustained_gemm.py)",
-        "what": "What a part's half-precision GEMMs and batched GEMMs sustain through a training run (TFLOP/s): a "
-                "training graph's GEMMs are no faster (predictor.costs.physics.sustained_gemm). Fitted on end-to-end "
-                "runs, not measured: no table of the corpus times a GEMM held busy for minutes.",
-        "parts": {part: {"tflops": tflops, "fraction_of_peak": round(tflops / peak, 4)} for part in PARTS},
-        "fit": {
-            "by": "tools/fit_sustained_gemm.py", "rows": multi.rows_record(),
+        "format": "tracekit-sustained-gemm/2", "by": "make profiles (tools/fit_sustained_gemm.py)",
+        "what": "What a part's GEMMs sustain through a training run (TFLOP/s): a training graph's half-precision GEMMs "
+                "and batched GEMMs are no faster than `tflops`, its fp8 GEMMs than `fp8_tflops` where a part has one "
+                "(predictor.costs.physics.sustained_gemm). Fitted on end-to-end runs, not measured: no table of the "
+                "corpus times a GEMM held busy for minutes.",
+        "parts": {**{part: {"tflops": tflops, "fraction_of_peak": round(tflops / peak, 4)} for part in PARTS},
+                  **hopper_parts},
+        "fits": {"A100": {
+            "by": "tools/fit_sustained_gemm.py", "parts": list(PARTS), "rows": multi.rows_record(),
             "what": "vTrain's measured Megatron-DeepSpeed iterations on 64–512 A100s",
             "method": f"grid {GRID[0]:g}–{GRID[-1]:g} TFLOP/s, step 1: the lowest MAPE over the rows, with the "
                       f"{sf.DEEPSPEED} host constants fitted on e2e/{sf.VTRAIN_SINGLE} without a ceiling",
@@ -116,9 +123,9 @@ def fit(models: ModelSet | None = None) -> tuple[dict[str, Any], list[str], list
                          "mape": round(_mape(held, multi.measured), 4), "ceilings": chosen},
             "scored_on": [f"e2e/{sf.VTRAIN_SINGLE}", "e2e/narayanan2021_table1_a100_selene.csv",
                           f"e2e/{sf.LLMFOUNDRY}", f"e2e/{sf.CI} (A100 rows)"],
-        },
+        }, "Hopper": hopper_fit},
     }
     lines = [f"{', '.join(PARTS)}: {tflops:g} TFLOP/s sustained ({100 * tflops / peak:.1f}% of {peak:g}); vTrain "
              f"multi node MAPE {100 * errors[best].mean():.2f}% (without: {100 * errors[-1].mean():.2f}%), held out "
-             f"({sf.FOLDS}-fold CV) {100 * _mape(held, multi.measured):.2f}%"]
-    return doc, lines, [f"e2e/{sf.VTRAIN_SINGLE}", f"e2e/{FIT_SET}"]
+             f"({sf.FOLDS}-fold CV) {100 * _mape(held, multi.measured):.2f}%", *hopper_lines]
+    return doc, lines, sorted({f"e2e/{sf.VTRAIN_SINGLE}", f"e2e/{FIT_SET}", *hopper_files})

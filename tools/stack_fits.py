@@ -11,7 +11,9 @@ what was fitted where.
 - composer: attention_scale, memory_scale on llmfoundry_mpt_fsdp_a100.csv; held out leave-one-model-size-out (no
   compute_scale: the A100's sustained GEMM ceiling, a hardware fact, stands for what it held);
 - megatron-bridge: device_scale per GPU architecture (its own; its host constants are megatron-core's) on
-  megatron_bridge_perf.csv; held out leave-one-model-out.
+  megatron_bridge_perf.csv, for the architectures whose parts have no sustained GEMM ceiling (Blackwell; Hopper's
+  ceiling, a hardware fact, is fitted on the same table's dense H100 rows by tools/fit_hopper_ceiling.py); held out
+  leave-one-model-out.
 
 Each fit starts from the profile's other constants as shipped (megatron-bridge's device scales multiply the host
 constants megatron-core was fitted with) and is deterministic: Gauss–Newton from fixed starts, golden-section
@@ -31,6 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from extractors import jobs as B
+from predictor.costs.physics import sustained_gemm
 from predictor.predict import prepare_many
 from predictor.sweeps.calibration_fit import fit_prepared, fit_with_hosts, held_out_times_s, iteration_times_s
 from tracekit.core.calibration import Calibration, device_scaled, host_scaled
@@ -201,11 +204,15 @@ def fit_devices(prepared, measured: np.ndarray, rows) -> dict[str, float]:
     """One tensor-core scale per GPU architecture, from the dense models' rows, whose time the tensor-core ops
     dominate (an MoE row's error has other causes: routing, dispatch, host time): for each architecture, the scale
     whose predictions of its dense rows have the least mean absolute relative error (golden-section search on
-    [0.5, 3]); an architecture without dense rows gets none."""
+    [0.5, 3]); an architecture without dense rows gets none, and so does one whose rows' parts have a sustained GEMM
+    ceiling (`predictor.costs.physics.sustained_gemm`: a hardware fact, fitted on these rows for Hopper, stands
+    for what the scale held)."""
     archs = [arch_of(r) for r in rows]
+    bounded = set(sustained_gemm.ceilings())
     out = {}
     for arch in sorted(set(archs)):
-        idx = [i for i, a in enumerate(archs) if a == arch and rows[i].config.moe is None]
+        idx = [i for i, a in enumerate(archs)
+               if a == arch and rows[i].config.moe is None and rows[i].cluster.hardware not in bounded]
         if not idx:
             continue
         bases = [undeviced(rows[i]) for i in idx]
@@ -300,7 +307,9 @@ def bridge_fields(data: CorpusSet) -> dict[str, Any]:
         "what": "NVIDIA's Megatron-Bridge performance tables (Llama 3 8B/70B, DeepSeek-V3, Qwen3-30B-A3B, "
                 "GPT-OSS-120B on H100, B200 and GB200), with the host constants megatron-core was fitted with",
         "method": "per GPU architecture, the scale of the tensor-core ops (GEMM, bmm, attention) minimising the mean "
-                  "absolute relative error of that architecture's dense-model rows (golden-section search)",
+                  "absolute relative error of that architecture's dense-model rows (golden-section search), for the "
+                  "architectures whose parts have no sustained GEMM ceiling (Hopper's, tracekit/data/"
+                  "sustained_gemm.json, is fitted on the same dense rows and stands for its scale)",
         "held_out": {"how": "leave-one-model-out", "mape": round(mape(held, data.measured), 4)}}}
 
 

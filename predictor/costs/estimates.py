@@ -12,8 +12,9 @@ NVFP4, MXFP4, fp32) by the bf16 estimate at a learned speed-up bounded by the dt
 (`predictor.costs.physics.lowp_gemm`, path `lowp`). Collectives are answered by the learned models where they were
 measured (the row's cluster and a sampled topology; past the sampled message sizes they anchor the algorithm model),
 everywhere else by the algorithm model of `predictor.costs.physics.collectives` (path `physics`). A training graph's
-half-precision GEMMs on a part with a sustained ceiling are no faster than their FLOPs at it
-(`predictor.costs.physics.sustained_gemm`: the samples time bursts, a run holds the tensor cores busy for minutes).
+half-precision (and, where the part has an fp8 ceiling, fp8) GEMMs on a part with a sustained ceiling are no faster
+than their FLOPs at it (`predictor.costs.physics.sustained_gemm`: the samples time bursts, a run holds the tensor
+cores busy for minutes).
 """
 from __future__ import annotations
 

@@ -295,8 +295,8 @@ class ModelSet:
         ceiling's own fit starts from, tools/fit_sustained_gemm.py)."""
         return ModelSet(self.path, self.index, self.models, self.left_out, sustained=False)
 
-    def gemm_ceilings(self) -> dict[str, float]:
-        """part → the sustained half-precision GEMM ceiling (TFLOP/s) a training graph's GEMMs are held to
+    def gemm_ceilings(self) -> dict[str, dict[str, float]]:
+        """part → dtype → the sustained GEMM ceiling (TFLOP/s) a training graph's GEMMs are held to
         (`predictor.costs.physics.sustained_gemm`), without the left-out parts'; {} when `unsustained`."""
         if not self.sustained:
             return {}

@@ -17,6 +17,8 @@ constant.
 - `ratio(source, target, left_out)`: fraction(source) / fraction(target), the factor by which a compute-bound GEMM
   timed on `source` runs longer on `target` beyond their datasheet peaks (1 when either is unknown).
 - `lowp_curves(left_out)`: the file's fp8 speed-up curves (`predictor.costs.physics.lowp_gemm` format).
+- `fp8_speedups()`: per GPU whose table measured fp8 at the bf16 shapes, the median fp8-over-bf16 speed-up at its
+  large shapes.
 """
 from __future__ import annotations
 
@@ -68,3 +70,9 @@ def ratio(source: str, target: str, left_out: frozenset[str] = frozenset()) -> f
 def lowp_curves(left_out: frozenset[str] = frozenset()) -> list[dict]:
     """The file's low-precision speed-up curves, without those of `left_out` GPUs."""
     return [c for c in _document()["lowp_speedup"] if c["hardware"] not in left_out]
+
+
+def fp8_speedups() -> dict[str, float]:
+    """hardware → the median fp8-over-bf16 speed-up its table measured at its large shapes (GPUs that measured
+    both)."""
+    return {hw: float(e["fp8_over_bf16"]["median"]) for hw, e in _document()["gpus"].items() if "fp8_over_bf16" in e}
