@@ -79,9 +79,13 @@ memory-bound op × X and the megatron-deepspeed-2023 host constants refitted on 
 samples' bursts) and with each ceiling T (TFLOP/s) on every A100 SXM GEMM, the megatron-deepspeed-2023 host
 constants refitted on vTrain single node and the composer scales on llm-foundry over each — and beside them a scale
 of composer's tensor-core kernels fitted too (what the profile dropped once the ceiling stood for it).
+`--what-if-hopper-ceiling [T ...]`: the Hopper rows of the Bridge (dense and MoE apart), Nano and CI sets with no
+sustained GEMM ceiling, with the shipped one and each T, and with no ceiling but the Hopper device scale it replaced,
+refitted on the dense Bridge rows: the mechanism beside the scale, in one run.
 
 Run: .venv/bin/python benchmarks/e2e_accuracy.py [--models DIR] [--peers]
      [--only megatron|llm-foundry|megatron-core|hybrid] [--what-if-memory-scale X] [--what-if-gemm-ceiling T ...]
+     [--what-if-hopper-ceiling [T ...]]
 (about 3 minutes of CPU; the held-out fits are most of it)
 """
 
@@ -105,7 +109,7 @@ from predictor.costs.learned.models import ModelSet  # noqa: E402
 from predictor.costs.physics.sustained_gemm import ceilings  # noqa: E402
 from predictor.predict import prepare_many  # noqa: E402
 from predictor.sweeps.calibration_fit import fit_prepared, iteration_times_s  # noqa: E402
-from tools import fit_sustained_gemm as fsg, stack_fits as sf  # noqa: E402
+from tools import fit_hopper_ceiling as fhc, fit_sustained_gemm as fsg, stack_fits as sf  # noqa: E402
 from tracekit.core.calibration import NONE, device_scaled  # noqa: E402
 from tracekit.core.hardware import hardware_spec  # noqa: E402
 from tracekit.core.stacks import get_stack  # noqa: E402
@@ -164,8 +168,8 @@ def gemm_ceiling_what_if(models, levels: list[float]) -> None:
     every["llm-foundry"] = foundry = sf.load_set(bare, sf.LLMFOUNDRY)
     units = {name: fsg.unit_floors(data.prepared) for name, data in every.items()}
     print("\n== what the A100's sustained GEMM ceiling does (none: the samples' bursts; the shipped one is "
-          f"{ceilings()[fsg.FIT_PART]:g} TFLOP/s; megatron-deepspeed-2023 host constants refitted on vTrain single "
-          "node and composer's scales on llm-foundry over each; MAPE, bias)")
+          f"{ceilings()[fsg.FIT_PART]['fp16']:g} TFLOP/s; megatron-deepspeed-2023 host constants refitted on vTrain "
+          "single node and composer's scales on llm-foundry over each; MAPE, bias)")
     print(f"  {'ceiling':<9} {'host_op_us / mb_us':<19} {'composer a · m':<20} "
           + " ".join(f"{name:<20}" for name in every) + " llm-foundry, a compute scale too")
     for tflops in [None, *levels]:
@@ -186,6 +190,50 @@ def gemm_ceiling_what_if(models, levels: list[float]) -> None:
         print(f"  {label:<9} {f'{host.host_op_us:.0f} / {host.microbatch_overhead_us:.0f}':<19} "
               f"{f'{comp.attention_scale:.2f} · {comp.memory_scale:.2f}':<20} "
               + " ".join(f"{c:<20}" for c in cells))
+
+
+def hopper_ceiling_what_if(models, levels: list[float]) -> None:
+    """The Hopper rows of the Bridge, Nano and CI sets with no sustained GEMM ceiling, with each ceiling of `levels`
+    (bf16 TFLOP/s; fp8 at it × the measured fp8 speed-up) and the shipped one, and with no ceiling but a Hopper device
+    scale on every tensor-core op refitted on the dense Bridge rows (what the megatron-bridge profile held before
+    Hopper's ceiling replaced it): the mechanism and the scale side by side, each row under its shipped calibration."""
+    bare = models.unsustained()
+    ratio, _ = fhc.fp8_speedup()
+    shipped = ceilings()[fhc.FIT_PART]["bf16"]
+    groups: dict[str, tuple[list, list, np.ndarray]] = {}
+    for file, short in ((sf.BRIDGE, "Bridge"), (HYBRID, "Nano"), (sf.CI, "CI")):
+        data = sf.load_set(bare, file)
+        on = [i for i, r in enumerate(data.rows) if r.cluster.hardware in fhc.PARTS]
+        split = (("Bridge dense", [i for i in on if data.rows[i].config.moe is None]),
+                 ("Bridge MoE", [i for i in on if data.rows[i].config.moe is not None])) if file == sf.BRIDGE \
+            else ((short, on),)
+        for name, idx in split:
+            groups[name] = ([data.prepared[i] for i in idx], [data.rows[i].calibration or NONE for i in idx],
+                            data.measured[idx])
+    units = {name: fhc.unit_floors(prepared) for name, (prepared, _, _) in groups.items()}
+
+    def row(label: str, times: dict[str, np.ndarray]) -> None:
+        cells = [f"{100 * np.mean(np.abs(t / groups[n][2] - 1)):5.2f}% ({100 * np.mean(t / groups[n][2] - 1):+5.1f}%)"
+                 for n, t in times.items()]
+        print(f"  {label:<34} " + " ".join(f"{c:<18}" for c in cells))
+
+    def at(tflops: float | None, scale: float = 1.0) -> dict[str, np.ndarray]:
+        return {name: np.array([iteration_times_s([g], device_scaled(cal, scale))[0] for g, cal in zip(
+            prepared if tflops is None else fhc.at_ceiling(prepared, units[name], tflops, ratio), cals)])
+            for name, (prepared, cals, _) in groups.items()}
+
+    print(f"\n== what Hopper's sustained GEMM ceiling does on the rows of {', '.join(fhc.PARTS)} (shipped: {shipped:g} "
+          f"TFLOP/s bf16, × {ratio:g} fp8; MAPE, bias)")
+    print(f"  {'':<34} " + " ".join(f"{f'{n} ({len(g[2])} rows)':<18}" for n, g in groups.items()))
+    row("no ceiling, no scale", at(None))
+    for tflops in sorted({*levels, shipped}):
+        row(f"ceiling {tflops:g}" + (" (shipped)" if tflops == shipped else ""), at(tflops))
+    prepared, cals, measured = groups["Bridge dense"]
+    grid = np.round(np.arange(1.0, 1.5001, 0.005), 3)
+    errors = [np.mean(np.abs(np.array([iteration_times_s([g], device_scaled(c, s))[0] for g, c in zip(prepared, cals)])
+                             / measured - 1)) for s in grid]
+    scale = float(grid[int(np.argmin(errors))])
+    row(f"no ceiling, Hopper scale ×{scale:g}", at(None, scale))
 
 
 def shipped_times(rows, models) -> np.ndarray:
@@ -546,6 +594,10 @@ def main() -> None:
                         help="also score the A100 Megatron sets and llm-foundry with no sustained GEMM ceiling "
                              "and with each ceiling T (TFLOP/s) on every A100 GEMM, host and composer constants "
                              "refitted over each (the shipped ceiling is fitted by make profiles)")
+    parser.add_argument("--what-if-hopper-ceiling", type=float, nargs="*", default=None, metavar="T",
+                        help="also score the Hopper rows of the Bridge, Nano and CI sets with no sustained GEMM "
+                             "ceiling, with the shipped one and each ceiling T (bf16 TFLOP/s), and with the Hopper "
+                             "device scale it replaced (the shipped ceiling is fitted by make profiles)")
     parser.add_argument("--ett-stride", type=int, default=10,
                         help="estimate-train-time predicts every Nth row of the Megatron sets larger than 100 rows "
                              "(default 10); the Megatron-core sets give it every row (it refuses all but ~133 at once)")
@@ -593,6 +645,8 @@ def main() -> None:
         summary.append(megatron_bridge(models, args.worst, stride))
     if args.only in (None, "hybrid"):
         summary.append(hybrid_models(models, args.worst))
+    if args.what_if_hopper_ceiling is not None and args.only in (None, "megatron-core", "hybrid"):
+        hopper_ceiling_what_if(models, args.what_if_hopper_ceiling)
     print("\nshipped: `tracekit predict --batch FILE` with the shipped files and no flag · held out: each fitted "
           "constant fitted without the rows it predicts")
     print(f"{'set':<20} {'rows':>5} {'failed':>6} {'shipped %':>9} {'median %':>8} {'p90 %':>6} {'goal':<7} "

@@ -79,17 +79,26 @@ def _host_constants(a100_tflops: float, models: ModelSet) -> tuple[Any, dict[str
     return cal, scales, dataclasses.replace(ci, prepared=prepared)
 
 
+def unit_floors(prepared: list) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per prepared graph, each operator's least time (µs) at 1 TFLOP/s on FIT_PART's ceiling: (its bf16 and fp16
+    GEMMs', its fp8 GEMMs') — 0 for operators no ceiling bounds; divided by a ceiling, what `predict` lays on them."""
+    return [(floor_us(pd.DataFrame(graph.specs), {FIT_PART: half(1.0)}),
+             floor_us(pd.DataFrame(graph.specs), {FIT_PART: {"fp8": 1.0}})) for graph, *_ in prepared]
+
+
+def at_ceiling(prepared: list, units: list[tuple[np.ndarray, np.ndarray]], tflops: float, ratio: float) -> list:
+    """The prepared graphs with their bf16 GEMMs no faster than `tflops` and their fp8 GEMMs than `tflops` × `ratio`
+    (`units`: their `unit_floors`)."""
+    return [(graph, dataclasses.replace(est, duration_us=np.fmax(est.duration_us,
+                                                                 np.fmax(u_half / tflops, u_fp8 / (tflops * ratio)))),
+             cluster, notes) for (graph, est, cluster, notes), (u_half, u_fp8) in zip(prepared, units)]
+
+
 def _times(prepared: list, cals: list, units: list[tuple[np.ndarray, np.ndarray]], tflops: float | None,
            ratio: float) -> np.ndarray:
-    """Each row's iteration time (s) with its bf16 GEMMs no faster than `tflops` and its fp8 GEMMs than `tflops` ×
-    `ratio` (`units`: each graph's bf16 and fp8 floors at 1 TFLOP/s; None: no ceiling)."""
-    out = []
-    for (graph, est, cluster, notes), cal, (u_half, u_fp8) in zip(prepared, cals, units):
-        if tflops is not None:
-            est = dataclasses.replace(est, duration_us=np.fmax(est.duration_us,
-                                                               np.fmax(u_half / tflops, u_fp8 / (tflops * ratio))))
-        out.append(iteration_times_s([(graph, est, cluster, notes)], cal)[0])
-    return np.array(out)
+    """Each row's iteration time (s) under its calibration, at the ceiling `tflops` (None: no ceiling)."""
+    graphs = prepared if tflops is None else at_ceiling(prepared, units, tflops, ratio)
+    return np.array([iteration_times_s([graph], cal)[0] for graph, cal in zip(graphs, cals)])
 
 
 def fit(a100_tflops: float, models: ModelSet | None = None) -> tuple[dict[str, Any], dict[str, Any], list[str],
@@ -105,9 +114,7 @@ def fit(a100_tflops: float, models: ModelSet | None = None) -> tuple[dict[str, A
     prepared = [bridge.prepared[i] for i in rows]
     cals = [sf.undeviced(bridge.rows[i]).with_values(
         **{k: getattr(cal, k) * scales.get(sf.host_of(bridge.rows[i]), 1.0) for k in sf.CORE_PARAMS}) for i in rows]
-    units = [(floor_us(pd.DataFrame(g.specs), {FIT_PART: half(1.0)}), floor_us(pd.DataFrame(g.specs),
-                                                                                 {FIT_PART: {"fp8": 1.0}}))
-             for g, *_ in prepared]
+    units = unit_floors(prepared)
     measured = bridge.measured[rows]
     times = np.array([_times(prepared, cals, units, t, ratio) for t in GRID])  # ceiling × row
     errors = np.abs(times / measured - 1)
@@ -124,9 +131,8 @@ def fit(a100_tflops: float, models: ModelSet | None = None) -> tuple[dict[str, A
     # scored on the CI rows' Hopper runs, with the host constants above, without and with the ceiling
     on = [i for i, r in enumerate(ci.rows) if r.cluster.hardware in PARTS]
     ci_cals = [host_scaled(cal, scales.get(sf.host_of(ci.rows[i]), 1.0)) for i in on]
-    ci_units = [(floor_us(pd.DataFrame(ci.prepared[i][0].specs), {FIT_PART: half(1.0)}),
-                 floor_us(pd.DataFrame(ci.prepared[i][0].specs), {FIT_PART: {"fp8": 1.0}})) for i in on]
     ci_prepared = [ci.prepared[i] for i in on]
+    ci_units = unit_floors(ci_prepared)
     ci_measured = ci.measured[on]
     ci_without = sf.mape(_times(ci_prepared, ci_cals, ci_units, None, ratio), ci_measured)
     ci_with = sf.mape(_times(ci_prepared, ci_cals, ci_units, tflops, ratio), ci_measured)
