@@ -69,12 +69,12 @@ def capped(prepared: list, parts: dict[str, dict[str, float]]) -> list:
              cluster, notes) for graph, est, cluster, notes in prepared]
 
 
-def _host_constants(a100_tflops: float, models: ModelSet) -> tuple[Any, dict[str, float], sf.CorpusSet]:
+def _host_constants(before: dict[str, dict[str, float]], models: ModelSet) -> tuple[Any, dict[str, float],
+                                                                                   sf.CorpusSet]:
     """(megatron-core's host constants on the reference host, its host CPU scales, the CI set), fitted on the CI rows
-    with the A100's ceiling and no Hopper one."""
-    from tools.fit_sustained_gemm import PARTS as A100_PARTS
+    with the ceilings `before` (the A100's) and no Hopper one."""
     ci = sf.load_set(models, sf.CI)
-    prepared = capped(ci.prepared, {part: half(a100_tflops) for part in A100_PARTS})
+    prepared = capped(ci.prepared, before)
     cal, scales = sf.fit_core(prepared, ci.measured, [sf.host_of(r) for r in ci.rows])
     return cal, scales, dataclasses.replace(ci, prepared=prepared)
 
@@ -101,13 +101,13 @@ def _times(prepared: list, cals: list, units: list[tuple[np.ndarray, np.ndarray]
     return np.array([iteration_times_s([graph], cal)[0] for graph, cal in zip(graphs, cals)])
 
 
-def fit(a100_tflops: float, models: ModelSet | None = None) -> tuple[dict[str, Any], dict[str, Any], list[str],
-                                                                      list[str]]:
-    """(the parts' entries, the fit's record, lines that report it, corpus files read), the A100's ceiling being
-    `a100_tflops`."""
+def fit(before: dict[str, dict[str, float]], models: ModelSet | None = None) -> tuple[dict[str, Any], dict[str, Any],
+                                                                                     list[str], list[str]]:
+    """(the parts' entries, the fit's record, lines that report it, corpus files read), over the ceilings fitted
+    `before` it (part → dtype → TFLOP/s: the A100's, tools/fit_sustained_gemm.py)."""
     models = (models or ModelSet.load()).unsustained()
     ratio, ratio_parts = fp8_speedup()
-    cal, scales, ci = _host_constants(a100_tflops, models)
+    cal, scales, ci = _host_constants(before, models)
     bridge = sf.load_set(models, sf.BRIDGE)
     rows = [i for i, r in enumerate(bridge.rows) if r.cluster.hardware in PARTS and r.config.moe is None]
     assert rows, f"e2e/{sf.BRIDGE}: no dense-model row on {', '.join(PARTS)}"

@@ -30,7 +30,7 @@ import pandas as pd
 from predictor.costs.learned.models import ModelSet
 from predictor.costs.physics.sustained_gemm import floor_us, half
 from predictor.sweeps.calibration_fit import iteration_times_s
-from tools import stack_fits as sf
+from tools import fit_hopper_ceiling, stack_fits as sf
 from tracekit.core.hardware import hardware_spec
 
 FIT_SET = "vtrain_a100_multi_node.csv"
@@ -94,15 +94,14 @@ def held_out(multi: sf.CorpusSet, times: np.ndarray) -> tuple[np.ndarray, list[f
 def fit(models: ModelSet | None = None) -> tuple[dict[str, Any], list[str], list[str]]:
     """(the document `tracekit/data/sustained_gemm.json` holds, lines that report it, corpus files read): the A100's
     ceiling, then Hopper's fitted over it."""
-    from tools import fit_hopper_ceiling
-
     multi, host, times = scan(models)
     errors = np.abs(times / multi.measured - 1)  # ceiling × row
     best = int(np.argmin(errors.mean(axis=1)))
     held, chosen = held_out(multi, times)
     tflops = float(GRID[best])
     peak = peak_tflops()
-    hopper_parts, hopper_fit, hopper_lines, hopper_files = fit_hopper_ceiling.fit(tflops, models)
+    hopper_parts, hopper_fit, hopper_lines, hopper_files = fit_hopper_ceiling.fit(
+        {part: half(tflops) for part in PARTS}, models)
     doc = {
         "format": "tracekit-sustained-gemm/2", "by": "make profiles (tools/fit_sustained_gemm.py)",
         "what": "What a part's GEMMs sustain through a training run (TFLOP/s): a training graph's half-precision GEMMs "
