@@ -10,18 +10,19 @@ the ceiling is one clock for both precisions: bf16 GEMMs no faster than `tflops`
 the fp8 speed-up over bf16 that Hopper's matmul table measured at the same shapes (H200's, 1.71×: under one clock
 the two precisions keep their ratio). The fit:
 
-- predictions with no ceiling (`ModelSet.unsustained`) but the A100's (just fitted), and megatron-core's host
-  constants fitted on Megatron-LM's CI rows over them (`tools.stack_fits.fit_core`: what the megatron-core stage refits
-  over both ceilings), with no Bridge device scale on Hopper;
+- predictions with no ceiling (`ModelSet.unsustained`) but the A100's (just fitted, passed in), and megatron-core's
+  host constants fitted on Megatron-LM's CI rows over them (`tools.stack_fits.fit_core`: what the megatron-core stage
+  refits over both ceilings), with no Bridge device scale on Hopper;
 - each ceiling of GRID (1 TFLOP/s apart, up to the dense bf16 peak, which is no ceiling) laid on every bf16 and fp8
   GEMM of those rows' graphs as `predict` lays it (`sustained_gemm.floor_us`); the ceiling with the lowest MAPE on
   the dense Hopper rows wins (the lower one on a tie);
 - held out: leave-one-model-out (Llama 3 8B's rows predicted with the ceiling chosen on 70B's, and back).
 
 It is scored, not fitted, on the CI rows' H100 runs (small bf16 models: it should move them little, and it must not
-make them worse) and on Bridge's MoE rows on H100 (through the megatron-bridge stage, which fits its device scales
-over it). The parts it is written for are the 700 W SXM boards of one die; GH200 (a superchip with up to 1,000 W,
-whose own burst reaches 81%) and the 350 W H100 PCIe card have none.
+make them worse; recorded here) and on the Bridge MoE and Nano rows on H100 (`benchmarks/e2e_accuracy.py
+--what-if-hopper-ceiling`, beside the Hopper device scale it replaced: the megatron-bridge stage fits none over it).
+The parts it is written for are the 700 W SXM boards of one die; GH200 (a superchip with up to 1,000 W, whose own
+burst reaches 81%) and the 350 W H100 PCIe card have none.
 """
 from __future__ import annotations
 
@@ -152,7 +153,8 @@ def fit(before: dict[str, dict[str, float]], models: ModelSet | None = None) -> 
         "held_out": {"how": "leave-one-model-out", "mape": round(sf.mape(held, measured), 4), "ceilings": chosen},
         "scored_on": {f"e2e/{sf.CI} (Hopper rows)": {"rows": len(on), "mape_without": round(ci_without, 4),
                                                        "mape": round(ci_with, 4)},
-                      f"e2e/{sf.BRIDGE} (MoE rows on Hopper)": "through the megatron-bridge stage"},
+                      f"e2e/{sf.BRIDGE} (MoE rows on Hopper), e2e/megatron_bridge_hybrid.csv (Hopper rows)":
+                          "benchmarks/e2e_accuracy.py --what-if-hopper-ceiling"},
     }
     lines = [f"{', '.join(PARTS)}: {tflops:g} TFLOP/s sustained ({100 * tflops / peak:.1f}% of {peak:g}; fp8 "
              f"{tflops * ratio:.0f}, ×{ratio:g}); Bridge's dense Hopper rows MAPE {100 * errors[best].mean():.2f}% "
