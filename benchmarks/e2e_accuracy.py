@@ -5,7 +5,8 @@ single node (727 rows, 2–8 A100), vTrain multi node (55 rows, 64–512 A100), 
 32–3,072 A100 on Selene), llm-foundry (139 rows), Megatron-LM's CI (301 rows) and the Megatron-Bridge tables (91 rows).
 
 Narayanan's table states neither the micro-batch, nor the interleaving, nor the DDP implementation of its runs; the
-CLI takes micro-batch 1, no interleaving and the stack's DDP for them (and says so in each row's notes). The authors'
+CLI takes the fastest micro-batch of 1, 2, 4, 8 and 16 that fits (Megatron has no default), no interleaving and the
+stack's DDP for them (and says so in each row's notes and warnings). The authors'
 reproduction scripts state all three (benchmarks/launch/narayanan2021_sc21.json, with their sources): the set is
 scored twice, as published (`narayanan 2021`, the CLI's answer on the file) and with those launch lines added as the
 rows' `megatron_args` (`narayanan launched`: micro-batches 16 to 1, five rows interleaved, PyTorch's DDP on the
@@ -121,7 +122,7 @@ SETS = {
     "vtrain multi node": ("vtrain_a100_multi_node.csv", "≤ 10%", None),
     "narayanan 2021": ("narayanan2021_table1_a100_selene.csv", "≤ 5%", None),
     # the same rows with the launch lines of the authors' scripts (micro-batch, interleaving, DDP implementation): the
-    # runs as they ran, where the table alone leaves the micro-batch to the CLI's reading (1)
+    # runs as they ran, where the table alone leaves the micro-batch to the CLI (the fastest that fits)
     "narayanan launched": ("narayanan2021_table1_a100_selene.csv", "≤ 5%", ROOT / "benchmarks" / "launch" /
                            "narayanan2021_sc21.json"),
 }
@@ -156,14 +157,15 @@ def memory_what_if(sets: dict[str, sf.CorpusSet], scale: float) -> None:
         print(f"  {name:<20} shipped {cells[0]:<22} what-if {cells[1]}")
 
 
-def gemm_ceiling_what_if(models, levels: list[float]) -> None:
+def gemm_ceiling_what_if(models, levels: list[float], taken: dict[str, dict[str, str]]) -> None:
     """The A100 Megatron sets and llm-foundry predicted with no sustained GEMM ceiling and with each of `levels`
     (TFLOP/s), the megatron-deepspeed-2023 host constants refitted on vTrain single node and the composer scales on
     llm-foundry over each (beside: those two with a scale of composer's tensor-core kernels fitted too, which the
     profile no longer has): what the shipped ceiling, fitted on vTrain multi node, does to each family, and what
-    others would."""
+    others would. `taken`: per set, the micro-batch the CLI took for each row that states none (kept at every
+    ceiling)."""
     bare = models.unsustained()
-    every = {name: sf.load_set(bare, file, launch_lines(launch) if launch else None)
+    every = {name: sf.load_set(bare, file, launch_lines(launch) if launch else taken.get(name))
              for name, (file, _, launch) in SETS.items()}
     every["llm-foundry"] = foundry = sf.load_set(bare, sf.LLMFOUNDRY)
     units = {name: fsg.unit_floors(data.prepared) for name, data in every.items()}
@@ -236,10 +238,14 @@ def hopper_ceiling_what_if(models, levels: list[float]) -> None:
     row(f"no ceiling, Hopper scale ×{scale:g}", at(None, scale))
 
 
-def shipped_times(rows, models) -> np.ndarray:
+def shipped_times(rows, models, micro: list | None = None) -> np.ndarray:
     """What `tracekit predict --batch FILE` answers for each row, with the shipped profiles and models and no other
-    flag: `predictor.batch.predict_rows`, the call the CLI makes (NaN where a row is refused)."""
-    return np.array([np.nan if isinstance(p, Exception) else p.iteration_time_s for p in B.predict_rows(rows, models)])
+    flag: `predictor.batch.predict_rows`, the call the CLI makes (NaN where a row is refused). `micro`, when given,
+    receives each row's micro-batch as predicted (the one taken where the row states none)."""
+    results = B.predict_rows(rows, models)
+    if micro is not None:
+        micro.extend(None if isinstance(p, Exception) else p.config.micro_batch_size for p in results)
+    return np.array([np.nan if isinstance(p, Exception) else p.iteration_time_s for p in results])
 
 
 def times_with_row_stacks(rows, prepared) -> np.ndarray:
@@ -273,7 +279,8 @@ def print_figures(shipped: tuple[float, float, float], goal: str, held_out: floa
     print(f"  without stack constants: MAPE {bare:.2f}%")
 
 
-def shapes(rows, predicted: np.ndarray, measured: np.ndarray, worst: int) -> None:
+def shapes(rows, predicted: np.ndarray, measured: np.ndarray, worst: int, micro: list) -> None:
+    """MAPE and bias per parallel split, then the worst rows (`micro`: each row's micro-batch as predicted)."""
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(rows):
         groups.setdefault((r.config.tp, r.config.pp, r.config.dp), []).append(i)
@@ -288,7 +295,7 @@ def shapes(rows, predicted: np.ndarray, measured: np.ndarray, worst: int) -> Non
     for i in np.argsort(-err)[:worst]:
         c = rows[i].config
         print(f"    line {rows[i].line}: {c.world_size} GPUs L{c.num_layers} h{c.hidden_size} gbs "
-              f"{c.global_batch_size} mb {c.micro_batch_size} tp{c.tp} pp{c.pp} dp{c.dp}: measured "
+              f"{c.global_batch_size} mb {micro[i]} tp{c.tp} pp{c.pp} dp{c.dp}: measured "
               f"{measured[i]:.4g} s, predicted {predicted[i]:.4g} s "
               f"({100 * (predicted[i] - measured[i]) / measured[i]:+.1f}%)")
 
@@ -608,13 +615,20 @@ def main() -> None:
     print(f"models: {models.path} ({', '.join(models.hardware_ids())})")
     summary = []
     loaded: dict[str, sf.CorpusSet] = {}
+    taken: dict[str, dict[str, str]] = {}  # set → row_ref → the micro-batch the CLI took where the row states none
     for name, (file, goal, launch) in (SETS.items() if args.only in (None, "megatron") else ()):
         t0 = time.perf_counter()
         data = loaded[name] = sf.load_set(models, file, launch_lines(launch) if launch else None)
         rows, prepared, measured = data.rows, data.prepared, data.measured
         header(name, data, time.perf_counter() - t0)
+        micro: list = []
+        shipped = shipped_times(rows, models, micro)
+        if launch is None and any(m != r.config.micro_batch_size for m, r in zip(micro, rows)):
+            # rows that state no micro-batch: the other figures and the what-ifs at the one the CLI took for each
+            taken[name] = {r.cells["row_ref"]: f"--micro-batch-size {m}" for r, m in zip(rows, micro)}
+            data = loaded[name] = sf.load_set(models, file, taken[name])
+            rows, prepared = data.rows, data.prepared
         bare = iteration_times_s(prepared, NONE)
-        shipped = shipped_times(rows, models)
         if name == FIT_SET:
             held_out = sf.deepspeed_held_out(data)
             label = f"{sf.DEEPSPEED} constants {sf.FOLDS}-fold CV"
@@ -626,7 +640,7 @@ def main() -> None:
             held_out, label = shipped, "never fitted on: the shipped figure"
         figure = stats(shipped, measured)
         print_figures(figure, goal, stats(held_out, measured)[0], label, stats(bare, measured)[0], bool(launch))
-        shapes(rows, shipped, measured, args.worst)
+        shapes(rows, shipped, measured, args.worst, micro)
         peers = run_peers(rows, measured, held_out, args.ett_stride if len(rows) > 100 else 1) if args.peers else []
         print_peers(peers)
         summary.append((name, len(rows), len(data.failed), *figure, stats(held_out, measured)[0], label,
@@ -634,7 +648,7 @@ def main() -> None:
     if args.what_if_memory_scale is not None and args.only in (None, "megatron"):
         memory_what_if(loaded, args.what_if_memory_scale)
     if args.what_if_gemm_ceiling and args.only in (None, "megatron"):
-        gemm_ceiling_what_if(models, args.what_if_gemm_ceiling)
+        gemm_ceiling_what_if(models, args.what_if_gemm_ceiling, taken)
     if args.only in (None, "llm-foundry"):
         summary.append(llmfoundry(models, args.worst))
     if args.only in (None, "megatron-core"):

@@ -2,9 +2,12 @@
 `predict_rows`, so the same rows get the same predictions): the rows of a published table as read by
 `extractors.jobs`, in chunks of one batched model call each.
 
-A row that does not state its micro-batch is predicted at Megatron's default (1, said in its notes), and also at the
-micro-batches of `MICRO_BATCHES` its global batch and data parallelism allow: one warning of its prediction says what
-each would give (the table does not say which the run used, so none is picked by the measured time)."""
+A row that does not state its micro-batch is predicted at each of `MICRO_BATCHES` its global batch and data
+parallelism allow, and takes the fastest of those that fit in the GPU's memory (1 if none fits): Megatron
+has no default micro-batch (`--micro-batch-size` is required: its `validate_args` asserts one), and a published table
+reports runs its authors tuned (Narayanan et al. 2021 §3.4: the best micro-batch depends on the model and the split).
+The choice is made on predicted times only, never on the measured one; one warning of the prediction says which was
+taken and what each other would give."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +19,9 @@ from tracekit.core.config import TrainingConfig
 from tracekit.core.errors import ConfigError
 from tracekit.core.stacks import Stack
 
-#: The other micro-batches a row without one of its own is predicted at.
-MICRO_BATCHES = (2, 4, 8)
+#: The micro-batches a row without one of its own is predicted at (powers of two, as tuners try them; up to
+#: `tracekit search`'s largest).
+MICRO_BATCHES = (1, 2, 4, 8, 16)
 
 
 class JobRow(Protocol):
@@ -65,7 +69,7 @@ def predict_rows(rows: Sequence[JobRow], models: Any, calibration: Calibration |
             alternatives.setdefault(k, []).append((alt, result))
         for k, (i, result) in enumerate(zip(part, results)):
             if k in alternatives and not isinstance(result, Exception):
-                result.warnings.append(_micro_batch_warning(result, alternatives[k]))
+                result = _fastest_that_fits(result, alternatives[k])
             out[i] = result
         if on_chunk:
             on_chunk(len(part))
@@ -73,7 +77,8 @@ def predict_rows(rows: Sequence[JobRow], models: Any, calibration: Calibration |
 
 
 def _micro_batches(config: TrainingConfig) -> list[TrainingConfig]:
-    """`config` at each of MICRO_BATCHES its global batch allows (Megatron's checks: `TrainingConfig.validate`)."""
+    """`config` at each other of MICRO_BATCHES its global batch allows (Megatron's checks:
+    `TrainingConfig.validate`)."""
     out = []
     for mb in MICRO_BATCHES:
         if mb == config.micro_batch_size:
@@ -85,16 +90,25 @@ def _micro_batches(config: TrainingConfig) -> list[TrainingConfig]:
     return out
 
 
-def _micro_batch_warning(prediction: Any, alternatives: list[tuple[TrainingConfig, Any]]) -> str:
-    """One line: what the row's prediction would be at the other micro-batches."""
-    base = prediction.iteration_time_s
+def _fastest_that_fits(prediction: Any, alternatives: list[tuple[TrainingConfig, Any]]) -> Any:
+    """Of a row's prediction and its `alternatives` (the same row at other micro-batches), the fastest that fits in
+    memory (the smallest micro-batch when none does), with one warning saying which micro-batch it took and what
+    each other gives."""
+    tried = [prediction] + [result for _, result in alternatives if not isinstance(result, Exception)]
+    fitting = [p for p in tried if p.fits_in_memory is not False]
+    chosen = min(fitting, key=lambda p: (p.iteration_time_s, p.config.micro_batch_size)) if fitting else \
+        min(tried, key=lambda p: p.config.micro_batch_size)
     parts = []
-    for alt, result in alternatives:
-        if isinstance(result, Exception):
+    for other in sorted(tried, key=lambda p: p.config.micro_batch_size):
+        if other is chosen:
             continue
-        fits = "" if result.fits_in_memory is not False else ", does not fit"
-        change = result.iteration_time_s / base - 1
-        parts.append(f"{alt.micro_batch_size}: {result.iteration_time_s:.4g} s ({change:+.1%}{fits})")
+        fits = "" if other.fits_in_memory is not False else ", does not fit"
+        parts.append(f"{other.config.micro_batch_size}: {other.iteration_time_s:.4g} s "
+                     f"({other.iteration_time_s / chosen.iteration_time_s - 1:+.1%}{fits})")
+    how = "the fastest that fits" if fitting else "none fits: the smallest"
     said = "; ".join(parts) if parts else "no other micro-batch the global batch allows"
-    return (f"micro_batch_size not stated ({prediction.config.micro_batch_size} assumed); at micro-batch {said} (the "
-            "table does not say which the run used)")
+    allowed = ", ".join(str(p.config.micro_batch_size) for p in sorted(tried, key=lambda p: p.config.micro_batch_size))
+    chosen.warnings.append(f"micro_batch_size not stated: {chosen.config.micro_batch_size} taken, {how} of the "
+                           f"micro-batches the global batch allows ({allowed}; Megatron has no default); at "
+                           f"micro-batch {said} (the table does not say which the run used)")
+    return chosen

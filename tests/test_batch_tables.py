@@ -41,7 +41,9 @@ def test_every_corpus_row_parses_with_the_values_its_cells_state(name):
 
 
 def test_unstated_ambiguous_and_annotated_cells_take_documented_defaults_and_say_so():
-    assert read_cell("micro_batch_size", "") == (None, "micro_batch_size not stated: 1 assumed")
+    value, note = read_cell("micro_batch_size", "")
+    assert value is None and note.startswith("micro_batch_size not stated: the fastest of 1, 2, 4, 8 and 16")
+    assert read_cell("micro_batch_size", "not stated") == (value, note)
     value, note = read_cell("precision", "not stated")
     assert value is None and "precision 'not stated': bf16 assumed" == note
     assert read_cell("precision", "fp16/bf16") == ("bf16", "precision 'fp16/bf16' is ambiguous: bf16 assumed")
@@ -224,26 +226,46 @@ def test_the_recompute_cells_own_settings_are_read_and_recompute_only_those_laye
         config_memory(every, row.cluster.hardware)[0]["activations"]
 
 
-def test_a_row_without_its_micro_batch_says_what_the_others_would_give():
-    """Narayanan 2021's rows state no micro-batch: each is predicted at Megatron's default (1) and one warning gives
-    the iteration at each other micro-batch its global batch allows (global batch / dp divisible by it), each what
-    the row predicts with that micro-batch stated; a row that states its micro-batch has no such warning."""
+def test_a_row_without_its_micro_batch_takes_the_fastest_that_fits_and_says_what_the_others_give():
+    """Narayanan 2021's rows state no micro-batch, and Megatron has no default (`--micro-batch-size` is required).
+    Each is predicted at every micro-batch of 1, 2, 4, 8, 16 its global batch allows (global batch / dp divisible by
+    it) and takes the fastest that fits: its prediction is the row's with that micro-batch stated, no other that fits
+    is faster, and one warning gives each other one. A row that states its micro-batch is predicted at it alone."""
     from predictor import ModelSet
-    from predictor.batch import predict_rows
+    from predictor.batch import MICRO_BATCHES, predict_rows
 
     models = ModelSet.load(None)
-    cells = rows_of("narayanan2021_table1_a100_selene.csv")[0]  # 1.7B: dp 32, global batch 512
-    few = dict(cells, global_batch_size="64")  # 2 per data-parallel rank: only micro-batch 2 besides 1
-    stated = dict(cells, micro_batch_size="2")
-    rows = [parse_row(c, i + 2, None, None) for i, c in enumerate((cells, few, stated))]
-    assert [r.assumed for r in rows] == [("micro_batch_size",), ("micro_batch_size",), ()]
-    whole, small, given = predict_rows(rows, models)
-    line = next(w for w in whole.warnings if w.startswith("micro_batch_size not stated"))
-    assert "at micro-batch 2:" in line and "; 4:" in line and "; 8:" in line
-    assert f"2: {given.iteration_time_s:.4g} s" in line  # the row's prediction with micro-batch 2 stated
-    line = next(w for w in small.warnings if w.startswith("micro_batch_size not stated"))
-    assert "at micro-batch 2:" in line and "4:" not in line and "8:" not in line
-    assert not any(w.startswith("micro_batch_size not stated") for w in given.warnings)
+    table = rows_of("narayanan2021_table1_a100_selene.csv")
+    small, large = table[0], next(c for c in table if c["row_ref"] == "row 145.6B")  # 16 and 96 samples a replica
+    few = dict(small, global_batch_size="64")  # 2 per data-parallel rank: micro-batch 1 or 2
+    for cells, allowed in ((small, MICRO_BATCHES), (few, (1, 2)), (large, (1, 2, 4, 8, 16))):
+        per_replica = int(cells["global_batch_size"]) // int(cells["dp"])
+        assert allowed == tuple(m for m in MICRO_BATCHES if per_replica % m == 0)
+        stated = [dict(cells, micro_batch_size=str(m)) for m in allowed]
+        rows = [parse_row(c, i + 2, None, None) for i, c in enumerate([cells, *stated])]
+        assert [r.assumed for r in rows] == [("micro_batch_size",)] + [()] * len(allowed)
+        unstated, *each = predict_rows(rows, models)
+        taken = unstated.config.micro_batch_size
+        assert taken in allowed
+        same = each[allowed.index(taken)]
+        assert unstated.iteration_time_s == pytest.approx(same.iteration_time_s, rel=1e-9)
+        assert unstated.fits_in_memory is not False
+        for m, p in zip(allowed, each):
+            assert not any(w.startswith("micro_batch_size not stated") for w in p.warnings)
+            if p.fits_in_memory is not False:
+                assert p.iteration_time_s >= unstated.iteration_time_s * (1 - 1e-9), (cells["row_ref"], m)
+        line = next(w for w in unstated.warnings if w.startswith("micro_batch_size not stated"))
+        assert line.startswith(f"micro_batch_size not stated: {taken} taken, the fastest that fits of the "
+                               f"micro-batches the global batch allows ({', '.join(map(str, allowed))};")
+        for m, p in zip(allowed, each):
+            if m != taken:
+                fits = ", does not fit" if p.fits_in_memory is False else ""
+                assert f"{m}: {p.iteration_time_s:.4g} s (" in line and (not fits or fits in line)
+        others = line.split("at micro-batch ")[1]
+        assert all(f"; {m}: " not in others and not others.startswith(f"{m}: ") for m in MICRO_BATCHES
+                   if m not in allowed)
+    # a replica of 96 samples at micro-batch 16 of a 146B model on 8 A100s a stage: over 80 GB even recomputed
+    assert each[-1].fits_in_memory is False and taken < 16
 
 
 def test_the_narayanan_launch_lines_state_what_each_row_states_and_what_it_leaves_out():

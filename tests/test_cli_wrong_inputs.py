@@ -121,15 +121,17 @@ def test_a_batch_file_names_the_hardware_on_the_command_line_instead(tmp_path):
 
 
 def test_a_column_a_batch_file_lacks_is_assumed_once_for_the_file(tmp_path):
-    """cp and micro_batch_size cut: every row takes Megatron's default, said once on stderr (not per row) and in
-    every row's prediction_notes; the answer is the table's with those columns at the defaults written in."""
+    """cp and micro_batch_size cut: every row takes what a blank cell takes (Megatron's cp 1; the fastest micro-batch
+    that fits, Megatron having no default), said once on stderr (not per row) and in every row's prediction_notes;
+    the answer is the table's with those cells blank."""
     import csv
 
     path, out = _without(tmp_path, "cp", "micro_batch_size"), tmp_path / "out.csv"
     result = runner.invoke(app, ["predict", "--batch", str(path), "--csv-out", str(out)])
     assert result.exit_code == 0, result.stderr
     said = [line for line in result.stderr.splitlines() if "cp = 1" in line]
-    assert len(said) == 1 and "micro_batch_size = 1" in said[0] and said[0].startswith("note: ")
+    assert len(said) == 1 and said[0].startswith("note: ")
+    assert "micro_batch_size = the fastest of 1, 2, 4, 8, 16 that fits" in said[0]
     with open(out, newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert all("cp = 1" in row["prediction_notes"] for row in rows)
@@ -141,3 +143,27 @@ def test_a_column_a_batch_file_lacks_is_assumed_once_for_the_file(tmp_path):
     with open(tmp_path / "full.csv", newline="") as handle:
         whole = [row["predicted_iteration_time_s"] for row in csv.DictReader(handle)]
     assert full.exit_code == 0 and [row["predicted_iteration_time_s"] for row in rows] == whole
+
+
+def test_a_job_without_its_micro_batch_says_which_it_took(tmp_path):
+    """Megatron has no default micro-batch (`--micro-batch-size` is required): a command line or YAML job that does
+    not state one is predicted at 1, and one warning says so; stated on the line, in the file or with --set, none."""
+    line = "--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 --global-batch-size 8 --bf16"
+    job = tmp_path / "job.yaml"
+    job.write_text("num_layers: 4\nhidden_size: 1024\nnum_attention_heads: 16\nseq_length: 1024\n"
+                   "global_batch_size: 8\nbf16: true\n")
+    stated = tmp_path / "stated.yaml"
+    stated.write_text(job.read_text() + "micro_batch_size: 2\n")
+
+    def warned(*args: str) -> tuple[list[str], dict]:
+        result = runner.invoke(app, ["predict", *args, "--hardware", "A100-SXM4-80GB", "--json"])
+        assert result.exit_code == 0, result.output
+        doc = json.loads(result.stdout)
+        return [w for w in doc["warnings"] if w.startswith("micro_batch_size not given")], doc["config"]
+    for args in (("--megatron-args", line), (str(job),)):
+        said, config = warned(*args)
+        assert len(said) == 1 and "1 taken" in said[0] and config["micro_batch_size"] == 1
+    for args in (("--megatron-args", line + " --micro-batch-size 2"), (str(stated),),
+                 ("--megatron-args", line, "--set", "micro_batch_size=2")):
+        said, config = warned(*args)
+        assert not said and config["micro_batch_size"] == 2

@@ -20,7 +20,8 @@ from tracekit.core.errors import InputError
 #: What a configuration column the file does not have stands for (Megatron's defaults; tracekit's for precision).
 ABSENT = {
     "tp": "1", "pp": "1", "cp": "1", "dp": "num_gpus / (tp·pp·cp), else 1",
-    "num_gpus": "tp·pp·dp·cp", "micro_batch_size": "1", "global_batch_size": "micro_batch_size·dp",
+    "num_gpus": "tp·pp·dp·cp", "micro_batch_size": "the fastest of 1, 2, 4, 8, 16 that fits",
+    "global_batch_size": "micro_batch_size·dp",
     "ffn_hidden_size": "4·hidden_size", "num_query_groups": "num_attention_heads (no GQA)",
     "vocab_size": "50257", "sequence_parallel": "off", "virtual_pipeline_stages": "none (no interleaving)",
     "activation_recompute": "none", "precision": "the stack's (bf16)",

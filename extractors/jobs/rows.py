@@ -68,6 +68,8 @@ def parse_row(cells: dict[str, str], line: int, hardware: str | None, gpus_per_n
         overridden = {setting_name(k) for k in [*(overrides or {}), *launched]}
         for key in list(CONFIG_COLUMNS) + [k for k in cells if k in known and k not in CONFIG_COLUMNS]:
             if key not in cells or (key in MLA_COLUMNS and not mla):
+                if key == "micro_batch_size" and setting_name(key) not in overridden:  # a file without the column
+                    assumed.append(setting_name(key))
                 continue
             value, note = read_cell(key, cells[key])
             if note and setting_name(key) not in overridden:  # what --set or the launch line states was not assumed

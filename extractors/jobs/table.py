@@ -30,7 +30,12 @@ CONFIG_COLUMNS = (
 #: v_head_dim with multi_latent_attention yes), and the row's `megatron_args` and `notes` (extractors.jobs.notes).
 MLA_COLUMNS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
 _UNSTATED = re.compile(r"^(not stated|unknown|n/?a|unspecified|-|\?|none given)\b", re.I)
-#: Defaults the documentation names for cells that do not say (Megatron's own where it has one).
+#: What a row that states no micro-batch is predicted at (Megatron has none: `--micro-batch-size` is required):
+#: `predictor.batch` tries 1, 2, 4, 8 and 16 and takes the fastest that fits; the row is parsed at 1 meanwhile.
+UNSTATED_MICRO_BATCH = ("micro_batch_size not stated: the fastest of 1, 2, 4, 8 and 16 that fits is taken (the "
+                        "prediction's warnings say which)")
+#: Defaults the documentation names for cells that do not say (Megatron's own where it has one; the micro-batch a
+#: row is parsed at before `predictor.batch` picks one).
 DEFAULTS = {"micro_batch_size": 1, "precision": "bf16", "activation_recompute": "none", "sequence_parallel": False,
             "virtual_pipeline_stages": None, "cp": 1}
 
@@ -61,9 +66,11 @@ def read_cell(column: str, text: str) -> tuple[Any, str | None]:
     raw = (text or "").strip()
     if not raw:
         if column == "micro_batch_size":
-            return None, f"micro_batch_size not stated: {DEFAULTS['micro_batch_size']} assumed"
+            return None, UNSTATED_MICRO_BATCH
         return None, None
     if _UNSTATED.match(raw):
+        if column == "micro_batch_size":
+            return None, UNSTATED_MICRO_BATCH
         default = DEFAULTS.get(column, "Megatron's default")
         return None, f"{column} {raw!r}: {default} assumed"
     value = raw.split("(")[0].strip() or raw

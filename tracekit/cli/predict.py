@@ -99,6 +99,7 @@ def predict_command(
             fail("give exactly one of CONFIG, --megatron-args, --megatron-log (or --batch FILE.csv)")
         from tracekit.core.config import TrainingConfig
         from tracekit.core.errors import InputError
+        from tracekit.core.settings import setting_name
 
 
         if trace_out is not None and trace_out.exists() and not trace_out.is_dir():
@@ -109,6 +110,7 @@ def predict_command(
             config_from_file,
             config_from_log,
             parse_arguments_block,
+            parse_megatron_argv,
         )
         from predictor import DEFAULT_STACK as DEFAULT, get_stack, stack_of_arguments
 
@@ -141,15 +143,18 @@ def predict_command(
             shown = get_stack(native.stack)
         profile = get_stack(stack) if stack else (shown or get_stack(DEFAULT))
         unknown: list[str] | None = [] if allow_unknown else None
+        given: set[str] | None = None  # what a command line or YAML/JSON job states (a log or a native job: all)
         if native is not None:
             cfg = TrainingConfig.from_mapping(native.settings, profile.config)
         elif log_text is not None:  # the text already read
             cfg = config_from_log(log_text, str(log), profile.config)
         elif config is not None:
             cfg = config_from_file(config, profile.config, unknown)
+            given = set(job_mapping(config, job)) if config.suffix.lower() in (".yaml", ".yml", ".json") else None
         else:
             assert megatron_args is not None  # the one source left (exactly one was given)
             cfg = config_from_argv(megatron_args, profile.config, unknown)
+            given = set(parse_megatron_argv(megatron_args))
         if overrides:
             merged = {k: v for k, v in cfg.to_dict().items() if v is not None}
             merged.update(overrides)
@@ -168,6 +173,9 @@ def predict_command(
             prediction = predict(cfg, cluster, models, cal)
         say_assumed(note, quiet=as_json)  # once the answer is sure: an error stays one line
         added = (native.notes if native is not None else []) + list(unknown or []) + ([placed] if placed else [])
+        if given is not None and "micro_batch_size" not in {setting_name(k) for k in [*given, *overrides]}:
+            added.append(f"micro_batch_size not given (Megatron requires --micro-batch-size): {cfg.micro_batch_size} "
+                         "taken; `tracekit search ... --vary micro_batch_size` ranks the others")
         if shown is not None and not stack:
             added.insert(0, f"stack {shown.name}: the {'job file' if native else 'log'}'s "
                             f"{'kind' if native else 'arguments block'} shows it")
