@@ -65,9 +65,7 @@ def fp8_speedup() -> tuple[float, list[str]]:
 
 def capped(prepared: list, parts: dict[str, dict[str, float]]) -> list:
     """The prepared graphs with their GEMMs no faster than `parts`' ceilings (part → dtype → TFLOP/s)."""
-    return [(graph, dataclasses.replace(est, duration_us=np.fmax(est.duration_us,
-                                                                 floor_us(pd.DataFrame(graph.specs), parts))),
-             cluster, notes) for graph, est, cluster, notes in prepared]
+    return sf.floored(prepared, [floor_us(pd.DataFrame(graph.specs), parts) for graph, *_ in prepared])
 
 
 def _host_constants(before: dict[str, dict[str, float]], models: ModelSet) -> tuple[Any, dict[str, float],
@@ -90,9 +88,7 @@ def unit_floors(prepared: list) -> list[tuple[np.ndarray, np.ndarray]]:
 def at_ceiling(prepared: list, units: list[tuple[np.ndarray, np.ndarray]], tflops: float, ratio: float) -> list:
     """The prepared graphs with their bf16 GEMMs no faster than `tflops` and their fp8 GEMMs than `tflops` × `ratio`
     (`units`: their `unit_floors`)."""
-    return [(graph, dataclasses.replace(est, duration_us=np.fmax(est.duration_us,
-                                                                 np.fmax(u_half / tflops, u_fp8 / (tflops * ratio)))),
-             cluster, notes) for (graph, est, cluster, notes), (u_half, u_fp8) in zip(prepared, units)]
+    return sf.floored(prepared, [np.fmax(u_half / tflops, u_fp8 / (tflops * ratio)) for u_half, u_fp8 in units])
 
 
 def _times(prepared: list, cals: list, units: list[tuple[np.ndarray, np.ndarray]], tflops: float | None,

@@ -21,7 +21,6 @@ The parts it is written for: the A100 SXM's 80 and 40 GB parts (one die, one 400
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
@@ -58,8 +57,7 @@ def unit_floors(prepared: list) -> list[np.ndarray]:
 def at_ceiling(prepared: list, units: list[np.ndarray], tflops: float) -> list:
     """The prepared graphs with every half-precision GEMM and batched GEMM of PARTS no faster than `tflops`
     (`units`: their `unit_floors`)."""
-    return [(graph, dataclasses.replace(est, duration_us=np.fmax(est.duration_us, unit / tflops)), cluster, notes)
-            for (graph, est, cluster, notes), unit in zip(prepared, units)]
+    return sf.floored(prepared, [unit / tflops for unit in units])
 
 
 def _mape(predicted: np.ndarray, measured: np.ndarray) -> float:

@@ -110,6 +110,13 @@ def load_set(models, file: str, launch: dict[str, str] | None = None) -> CorpusS
     return CorpusSet(file, good, prepared, np.array([float(r.cells["iteration_time_s"]) for r in good]), failed)
 
 
+def floored(prepared: list, floors: list[np.ndarray]) -> list:
+    """The prepared graphs (`prepare_many` items) with each operator no faster than its floor (µs; one array per
+    graph): how the ceiling fits lay a sustained GEMM ceiling's `sustained_gemm.floor_us` on them."""
+    return [(graph, dataclasses.replace(est, duration_us=np.fmax(est.duration_us, floor)), cluster, notes)
+            for (graph, est, cluster, notes), floor in zip(prepared, floors)]
+
+
 def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
     return float(np.mean(np.abs(predicted - measured) / measured))
 
