@@ -83,10 +83,14 @@ of composer's tensor-core kernels fitted too (what the profile dropped once the 
 `--what-if-hopper-ceiling [T ...]`: the Hopper rows of the Bridge (dense and MoE apart), Nano and CI sets with no
 sustained GEMM ceiling, with the shipped one and each T, and with no ceiling but the Hopper device scale it replaced,
 refitted on the dense Bridge rows: the mechanism beside the scale, in one run.
+`--what-if-blackwell-ceiling [T ...]`: the same for Blackwell, which has no ceiling and keeps Megatron-Bridge's device
+scale: its rows with the scale (shipped), with neither, and with a sustained GEMM ceiling T (bf16 TFLOP/s; fp8 at T ×
+the fp8 speed-up B200's matmul table measured, fp4 at that × the datasheet's fp4-over-fp8) in its place — the best T
+on the dense Bridge rows among them, with its leave-one-model-out figure.
 
 Run: .venv/bin/python benchmarks/e2e_accuracy.py [--models DIR] [--peers]
      [--only megatron|llm-foundry|megatron-core|hybrid] [--what-if-memory-scale X] [--what-if-gemm-ceiling T ...]
-     [--what-if-hopper-ceiling [T ...]]
+     [--what-if-hopper-ceiling [T ...]] [--what-if-blackwell-ceiling [T ...]]
 (about 3 minutes of CPU; the held-out fits are most of it)
 """
 
@@ -100,6 +104,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -107,12 +112,13 @@ sys.path.insert(0, str(ROOT))
 from extractors import jobs  # noqa: E402
 from predictor import batch as B  # noqa: E402
 from predictor.costs.learned.models import ModelSet  # noqa: E402
-from predictor.costs.physics.sustained_gemm import ceilings  # noqa: E402
+from predictor.costs.physics import achieved_rates  # noqa: E402
+from predictor.costs.physics.sustained_gemm import ceilings, floor_us, half  # noqa: E402
 from predictor.predict import prepare_many  # noqa: E402
 from predictor.sweeps.calibration_fit import fit_prepared, iteration_times_s  # noqa: E402
 from tools import fit_hopper_ceiling as fhc, fit_sustained_gemm as fsg, stack_fits as sf  # noqa: E402
 from tracekit.core.calibration import NONE, device_scaled  # noqa: E402
-from tracekit.core.hardware import hardware_spec  # noqa: E402
+from tracekit.core.hardware import architecture, hardware_spec  # noqa: E402
 from tracekit.core.stacks import get_stack  # noqa: E402
 
 E2E = sf.E2E
@@ -236,6 +242,77 @@ def hopper_ceiling_what_if(models, levels: list[float]) -> None:
                              / measured - 1)) for s in grid]
     scale = float(grid[int(np.argmin(errors))])
     row(f"no ceiling, Hopper scale ×{scale:g}", at(None, scale))
+
+
+def blackwell_ceiling_what_if(models, levels: list[float]) -> None:
+    """The Blackwell rows of the Bridge (dense and MoE apart), Nano and CI sets as shipped (no ceiling; Bridge's rows
+    with its Blackwell device scale), with neither, and with a sustained GEMM ceiling in the scale's place: bf16 GEMMs
+    no faster than T, every fp8 recipe than T × the fp8 speed-up Blackwell's matmul table measured, fp4 than that × the
+    datasheet's fp4-over-fp8 (one clock) — each T of `levels` and the best on the dense Bridge rows (a grid 20 TFLOP/s
+    apart), with that one's leave-one-model-out figure. Nothing shipped: what a ceiling would do where the scale is."""
+    measured8 = {hw: r for hw, r in achieved_rates.fp8_speedups().items() if architecture(hw) == "blackwell"}
+    if not measured8:
+        print("\n== Blackwell: no matmul table measured fp8 beside bf16 (tracekit/data/gemm_rates.json): no what-if")
+        return
+    ratio8 = float(np.median(list(measured8.values())))
+    groups: dict[str, tuple[list, list, np.ndarray, np.ndarray]] = {}
+    parts: set[str] = set()
+    for file, short in ((sf.BRIDGE, "Bridge"), (HYBRID, "Nano"), (sf.CI, "CI")):
+        data = sf.load_set(models, file)
+        on = [i for i, r in enumerate(data.rows) if architecture(r.cluster.hardware) == "blackwell"]
+        parts |= {data.rows[i].cluster.hardware for i in on}
+        split = (("Bridge dense", [i for i in on if data.rows[i].config.moe is None]),
+                 ("Bridge MoE", [i for i in on if data.rows[i].config.moe is not None])) if file == sf.BRIDGE \
+            else ((short, on),)
+        for name, idx in split:
+            groups[name] = ([data.prepared[i] for i in idx], [data.rows[i].calibration or NONE for i in idx],
+                            data.measured[idx], np.array([sf.bridge_model(data.rows[i]) if file == sf.BRIDGE else short
+                                                          for i in idx]))
+    ratio4 = {hw: hardware_spec(hw).peak_tflops("nvfp4") / hardware_spec(hw).peak_tflops("fp8") for hw in parts}
+    units = {name: [(floor_us(pd.DataFrame(g.specs), {hw: half(1.0) for hw in parts}),
+                     floor_us(pd.DataFrame(g.specs), {hw: {"fp8": 1.0} for hw in parts}),
+                     floor_us(pd.DataFrame(g.specs), {hw: {"nvfp4": ratio4[hw], "mxfp4": ratio4[hw]}
+                                                      for hw in parts})) for g, *_ in prepared]
+             for name, (prepared, *_) in groups.items()}
+
+    def at(tflops: float | None, scaled: bool = False) -> dict[str, np.ndarray]:
+        out = {}
+        for name, (prepared, cals, _, _) in groups.items():
+            graphs = prepared if tflops is None else sf.floored(prepared, [
+                np.fmax(u_half / tflops, np.fmax(u_fp8, u_fp4) / (tflops * ratio8)) for u_half, u_fp8, u_fp4 in
+                units[name]])
+            out[name] = np.array([iteration_times_s([g], cal if scaled else cal.with_values(compute_scale=1.0))[0]
+                                  for g, cal in zip(graphs, cals)])
+        return out
+
+    def row(label: str, times: dict[str, np.ndarray]) -> None:
+        cells = [f"{100 * np.mean(np.abs(t / groups[n][2] - 1)):5.2f}% ({100 * np.mean(t / groups[n][2] - 1):+5.1f}%)"
+                 for n, t in times.items()]
+        print(f"  {label:<46} " + " ".join(f"{c:<18}" for c in cells))
+
+    scale = get_stack("megatron-bridge").device_scale.get("blackwell", 1.0)
+    print(f"\n== what a sustained GEMM ceiling would do on Blackwell in the place of Megatron-Bridge's device scale "
+          f"(×{scale:g}) on the rows of {', '.join(sorted(parts))} (fp8 at × {ratio8:g}, {', '.join(sorted(measured8))}"
+          f"'s table; fp4 at a further × {', '.join(f'{r:g}' for r in sorted(set(ratio4.values())))}, the "
+          "datasheet's; MAPE, bias)")
+    print(f"  {'':<46} " + " ".join(f"{f'{n} ({len(g[2])} rows)':<18}" for n, g in groups.items()))
+    row(f"no ceiling, Bridge's scale ×{scale:g} (shipped)", at(None, scaled=True))
+    row("no ceiling, no scale", at(None))
+    grid = np.arange(600.0, hardware_spec(sorted(parts)[0]).peak_tflops("bf16") + 1.0, 20.0)
+    _, _, measured, names = groups["Bridge dense"]
+    dense = np.array([at_dense for at_dense in (at(t)["Bridge dense"] for t in grid)])
+    errors = np.abs(dense / measured - 1)
+    best = float(grid[int(np.argmin(errors.mean(axis=1)))])
+    held = np.empty(len(measured))
+    chosen = {}
+    for name in sorted(set(names)):
+        pick = int(np.argmin(errors[:, names != name].mean(axis=1)))
+        chosen[str(name)] = float(grid[pick])
+        held[names == name] = dense[pick, names == name]
+    for tflops in sorted({*levels, best}):
+        row(f"ceiling {tflops:g}, no scale" + (" (best on Bridge dense)" if tflops == best else ""), at(tflops))
+    print(f"  the best ceiling on the dense Bridge rows held out (leave-one-model-out, {chosen}): MAPE "
+          f"{100 * np.mean(np.abs(held / measured - 1)):.2f}%")
 
 
 def shipped_times(rows, models, micro: list | None = None) -> np.ndarray:
@@ -605,6 +682,11 @@ def main() -> None:
                         help="also score the Hopper rows of the Bridge, Nano and CI sets with no sustained GEMM "
                              "ceiling, with the shipped one and each ceiling T (bf16 TFLOP/s), and with the Hopper "
                              "device scale it replaced (the shipped ceiling is fitted by make profiles)")
+    parser.add_argument("--what-if-blackwell-ceiling", type=float, nargs="*", default=None, metavar="T",
+                        help="also score the Blackwell rows of the Bridge, Nano and CI sets as shipped (Bridge's "
+                             "Blackwell device scale, no ceiling), with neither, and with a sustained GEMM ceiling T "
+                             "(bf16 TFLOP/s) and the best one on the dense Bridge rows in the scale's place (nothing "
+                             "shipped)")
     parser.add_argument("--ett-stride", type=int, default=10,
                         help="estimate-train-time predicts every Nth row of the Megatron sets larger than 100 rows "
                              "(default 10); the Megatron-core sets give it every row (it refuses all but ~133 at once)")
@@ -661,6 +743,8 @@ def main() -> None:
         summary.append(hybrid_models(models, args.worst))
     if args.what_if_hopper_ceiling is not None and args.only in (None, "megatron-core", "hybrid"):
         hopper_ceiling_what_if(models, args.what_if_hopper_ceiling)
+    if args.what_if_blackwell_ceiling is not None and args.only in (None, "megatron-core", "hybrid"):
+        blackwell_ceiling_what_if(models, args.what_if_blackwell_ceiling)
     print("\nshipped: `tracekit predict --batch FILE` with the shipped files and no flag · held out: each fitted "
           "constant fitted without the rows it predicts")
     print(f"{'set':<20} {'rows':>5} {'failed':>6} {'shipped %':>9} {'median %':>8} {'p90 %':>6} {'goal':<7} "

@@ -91,12 +91,20 @@ def test_only_tensor_core_gemms_in_a_bounded_dtype_are_bounded():
         {"hardware": A100, "primitive": "norm", "pass": "fwd", "dtype": "fp16", "numel": 1e8},
         {"hardware": "B200-180GB", "primitive": "gemm", "pass": "fwd", "dtype": "bf16", "m": 4096.0, "n": 4096.0,
          "k": 4096.0},
+        # every 8-bit float recipe at the part's fp8 ceiling (one clock): blockwise (DeepSeek-style), rowwise
+        {"hardware": H100, "primitive": "gemm", "pass": "fwd", "dtype": "fp8_block", "m": 4096.0, "n": 4096.0,
+         "k": 4096.0},
+        {"hardware": H100, "primitive": "gemm", "pass": "fwd", "dtype": "fp8_row", "m": 4096.0, "n": 4096.0,
+         "k": 4096.0},
+        {"hardware": H100, "primitive": "gemm", "pass": "fwd", "dtype": "nvfp4", "m": 4096.0, "n": 4096.0, "k": 4096.0},
     ])
     floor = sustained_gemm.floor_us(rows, {A100: sustained_gemm.half(250.0), H100: {"fp8": 1000.0}})
     assert floor[0] == pytest.approx(2 * 4096**3 / 250e6)
     assert floor[1] == pytest.approx(2 * 2 * 2048 * 2048 * 128 * 64 / 250e6)  # a backward: both GEMMs
     assert floor[2] == pytest.approx(2 * 2 * 4096**3 / 1000e6)  # fp8 at the part's fp8 ceiling
-    assert list(floor[3:]) == [0.0, 0.0, 0.0, 0.0]  # tf32, fp8 on a part without an fp8 ceiling, a norm, no ceiling
+    assert list(floor[3:7]) == [0.0, 0.0, 0.0, 0.0]  # tf32, fp8 on a part without an fp8 ceiling, a norm, no ceiling
+    assert list(floor[7:9]) == pytest.approx([2 * 4096**3 / 1000e6] * 2)
+    assert floor[9] == 0.0  # a 4-bit format is not an fp8 one
 
 
 def test_the_ceiling_is_below_what_the_a100_bursts_reach_and_records_its_fit(corpus):

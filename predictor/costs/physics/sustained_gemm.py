@@ -5,9 +5,10 @@ linear layers reach 295 TFLOP/s backward, 93% of the dense fp16 peak. A training
 minutes under the board's power limit (400 W on an A100 SXM, 700 W on an H100 or H200 SXM), where the clock comes
 down, and the GEMMs that draw the most power — the large, efficient ones — lose the most; a GEMM that runs below the
 ceiling in its burst keeps its samples' speed. So a training iteration's half-precision GEMMs and batched GEMMs on a
-part with a ceiling are no faster than their FLOPs at it, and its fp8 GEMMs no faster than their FLOPs at its fp8
-ceiling where it has one (`floor_us`, applied by `predictor.costs.estimates` to the operators of a training graph).
-Operator-level answers (`ModelSet.predict`, what the samples are scored against) stay the bursts' speed.
+part with a ceiling are no faster than their FLOPs at it, and its fp8 GEMMs — every 8-bit float recipe: tensorwise,
+blockwise, rowwise, MX, one clock for all — no faster than their FLOPs at its fp8 ceiling where it has one
+(`floor_us`, applied by `predictor.costs.estimates` to the operators of a training graph). Operator-level answers
+(`ModelSet.predict`, what the samples are scored against) stay the bursts' speed.
 
 The ceilings are hardware facts fitted, not measured: `make profiles` (tools/fit_sustained_gemm.py for the A100,
 tools/fit_hopper_ceiling.py for Hopper) fits each on the end-to-end runs of the corpus that hold large GEMMs for long
@@ -31,12 +32,16 @@ import pandas as pd
 from predictor.costs.physics.roofline import compute_work
 from tracekit.core.data_files import DATA
 from tracekit.core.errors import ModelError
+from tracekit.core.hardware import PEAK_KIND
 
 CEILINGS = DATA / "sustained_gemm.json"
 #: The operators a ceiling bounds (tensor-core GEMMs, each a row of FLOPs m·n·k).
 PRIMITIVES = ("gemm", "bmm")
-#: The dtypes a part's `tflops` bounds (its `fp8_tflops` bounds fp8).
+#: The dtypes a part's `tflops` bounds (its `fp8_tflops` bounds FP8).
 HALF = ("fp16", "bf16")
+#: The 8-bit float dtypes of a graph (the recipes' scales differ, the tensor cores' clock does not): a part's fp8
+#: ceiling bounds them all.
+FP8 = tuple(dtype for dtype, kind in PEAK_KIND.items() if kind == "fp8")
 
 
 def half(tflops: float) -> dict[str, float]:
@@ -62,13 +67,14 @@ def ceilings() -> dict[str, dict[str, float]]:
 
 def floor_us(frame: pd.DataFrame, parts: dict[str, dict[str, float]]) -> np.ndarray:
     """Per row, the least time (µs) its FLOPs take at its part's ceiling for its dtype in `parts` (part → dtype →
-    TFLOP/s; a frame without dtypes is half precision): 0 for rows the ceilings do not bound (other operators, other
-    dtypes, parts without one)."""
+    TFLOP/s, every FP8 dtype at the part's "fp8"; a frame without dtypes is half precision): 0 for rows the ceilings
+    do not bound (other operators, other dtypes, parts without one)."""
     out = np.zeros(len(frame))
     if not parts or not len(frame):
         return out
     hardware = frame["hardware"].astype(str).tolist()
-    dtypes = frame["dtype"].astype(str).tolist() if "dtype" in frame.columns else [HALF[0]] * len(frame)
+    dtypes = [("fp8" if d in FP8 else d) for d in frame["dtype"].astype(str)] if "dtype" in frame.columns \
+        else [HALF[0]] * len(frame)
     tflops = np.array([parts.get(hw, {}).get(dtype, np.nan) for hw, dtype in zip(hardware, dtypes)], dtype="float64")
     bound = frame["primitive"].isin(PRIMITIVES).to_numpy() & ~np.isnan(tflops)
     if bound.any():
