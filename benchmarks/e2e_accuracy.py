@@ -300,15 +300,9 @@ def blackwell_ceiling_what_if(models, levels: list[float]) -> None:
     row("no ceiling, no scale", at(None))
     grid = np.arange(600.0, hardware_spec(sorted(parts)[0]).peak_tflops("bf16") + 1.0, 20.0)
     _, _, measured, names = groups["Bridge dense"]
-    dense = np.array([at_dense for at_dense in (at(t)["Bridge dense"] for t in grid)])
-    errors = np.abs(dense / measured - 1)
-    best = float(grid[int(np.argmin(errors.mean(axis=1)))])
-    held = np.empty(len(measured))
-    chosen = {}
-    for name in sorted(set(names)):
-        pick = int(np.argmin(errors[:, names != name].mean(axis=1)))
-        chosen[str(name)] = float(grid[pick])
-        held[names == name] = dense[pick, names == name]
+    dense = np.array([at(t)["Bridge dense"] for t in grid])
+    best = float(grid[int(np.argmin(np.abs(dense / measured - 1).mean(axis=1)))])
+    held, chosen = sf.grid_held_out(dense, measured, names, grid)
     for tflops in sorted({*levels, best}):
         row(f"ceiling {tflops:g}, no scale" + (" (best on Bridge dense)" if tflops == best else ""), at(tflops))
     print(f"  the best ceiling on the dense Bridge rows held out (leave-one-model-out, {chosen}): MAPE "

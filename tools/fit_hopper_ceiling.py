@@ -118,13 +118,7 @@ def fit(before: dict[str, dict[str, float]], models: ModelSet | None = None) -> 
     best = int(np.argmin(errors.mean(axis=1)))
     tflops = float(GRID[best])
     without = _times(prepared, cals, units, None, ratio)
-    names = np.array([sf.bridge_model(bridge.rows[i]) for i in rows])
-    held = np.empty(len(rows))
-    chosen = {}
-    for name in sorted(set(names)):
-        pick = int(np.argmin(errors[:, names != name].mean(axis=1)))
-        chosen[str(name)] = float(GRID[pick])
-        held[names == name] = times[pick, names == name]
+    held, chosen = sf.grid_held_out(times, measured, np.array([sf.bridge_model(bridge.rows[i]) for i in rows]), GRID)
     # scored on the CI rows' Hopper runs, with the host constants above, without and with the ceiling
     on = [i for i, r in enumerate(ci.rows) if r.cluster.hardware in PARTS]
     ci_cals = [host_scaled(cal, scales.get(sf.host_of(ci.rows[i]), 1.0)) for i in on]

@@ -78,15 +78,9 @@ def scan(models: ModelSet | None = None) -> tuple[sf.CorpusSet, Any, np.ndarray]
 def held_out(multi: sf.CorpusSet, times: np.ndarray) -> tuple[np.ndarray, list[float]]:
     """5-fold CV over the multi-node rows (rows dealt at random, seed 0): each row's iteration time (s) under the
     ceiling chosen on the other folds, and the ceilings chosen."""
-    errors = np.abs(times / multi.measured - 1)
     folds = np.random.default_rng(0).permutation(len(multi.rows)) % sf.FOLDS
-    held = np.empty(len(multi.rows))
-    chosen = []
-    for k in range(sf.FOLDS):
-        pick = int(np.argmin(errors[:, folds != k].mean(axis=1)))
-        chosen.append(float(GRID[pick]))
-        held[folds == k] = times[pick, folds == k]
-    return held, chosen
+    held, chosen = sf.grid_held_out(times, multi.measured, folds, GRID)
+    return held, [chosen[k] for k in range(sf.FOLDS)]
 
 
 def fit(models: ModelSet | None = None) -> tuple[dict[str, Any], list[str], list[str]]:

@@ -117,6 +117,20 @@ def floored(prepared: list, floors: list[np.ndarray]) -> list:
             for (graph, est, cluster, notes), floor in zip(prepared, floors)]
 
 
+def grid_held_out(times: np.ndarray, measured: np.ndarray, groups: np.ndarray, grid: np.ndarray
+                  ) -> tuple[np.ndarray, dict[Any, float]]:
+    """A value fitted on a grid, held out by group (folds, models): each row's time at the grid value with the least
+    MAPE over the other groups' rows (`times`: grid value × row), and the value each group took."""
+    errors = np.abs(times / measured - 1)
+    held = np.empty(len(measured))
+    chosen: dict[Any, float] = {}
+    for group in sorted(set(groups.tolist())):
+        pick = int(np.argmin(errors[:, groups != group].mean(axis=1)))
+        chosen[group] = float(grid[pick])
+        held[groups == group] = times[pick, groups == group]
+    return held, chosen
+
+
 def mape(predicted: np.ndarray, measured: np.ndarray) -> float:
     return float(np.mean(np.abs(predicted - measured) / measured))
 
