@@ -154,6 +154,8 @@ def test_a_job_without_its_micro_batch_says_which_it_took(tmp_path):
                    "global_batch_size: 8\nbf16: true\n")
     stated = tmp_path / "stated.yaml"
     stated.write_text(job.read_text() + "micro_batch_size: 2\n")
+    nested = tmp_path / "nested.yaml"  # the settings under `arguments:`
+    nested.write_text("arguments:\n" + "".join(f"  {line}\n" for line in stated.read_text().splitlines()))
 
     def warned(*args: str) -> tuple[list[str], dict]:
         result = runner.invoke(app, ["predict", *args, "--hardware", "A100-SXM4-80GB", "--json"])
@@ -163,7 +165,7 @@ def test_a_job_without_its_micro_batch_says_which_it_took(tmp_path):
     for args in (("--megatron-args", line), (str(job),)):
         said, config = warned(*args)
         assert len(said) == 1 and "1 taken" in said[0] and config["micro_batch_size"] == 1
-    for args in (("--megatron-args", line + " --micro-batch-size 2"), (str(stated),),
+    for args in (("--megatron-args", line + " --micro-batch-size 2"), (str(stated),), (str(nested),),
                  ("--megatron-args", line, "--set", "micro_batch_size=2")):
         said, config = warned(*args)
         assert not said and config["micro_batch_size"] == 2

@@ -150,7 +150,9 @@ def predict_command(
             cfg = config_from_log(log_text, str(log), profile.config)
         elif config is not None:
             cfg = config_from_file(config, profile.config, unknown)
-            given = set(job_mapping(config, job)) if config.suffix.lower() in (".yaml", ".yml", ".json") else None
+            if config.suffix.lower() in (".yaml", ".yml", ".json"):  # its settings, or its `arguments:` mapping's
+                data = job_mapping(config, job)
+                given = set(data["arguments"] if isinstance(data.get("arguments"), dict) else data)
         else:
             assert megatron_args is not None  # the one source left (exactly one was given)
             cfg = config_from_argv(megatron_args, profile.config, unknown)
