@@ -43,7 +43,8 @@ Examples:
 
 With --batch, each row's stack (framework column), hardware and cluster (hardware_gpu, gpus_per_node,
 interconnect) are read from the row; the output's notes column says what was assumed where a cell did not say. A
-file without hardware_gpu needs --hardware; a column it lacks takes its default in every row, said once.
+file without hardware_gpu needs --hardware; a column it lacks takes its default in every row, said once. A row
+without a micro-batch (Megatron has no default) takes the fastest of 1, 2, 4, 8, 16 that fits; its warnings say which.
 """
 
 
