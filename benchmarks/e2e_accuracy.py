@@ -200,35 +200,48 @@ def gemm_ceiling_what_if(models, levels: list[float], taken: dict[str, dict[str,
               + " ".join(f"{c:<20}" for c in cells))
 
 
+def part_groups(models, on) -> dict[str, tuple[list, list, np.ndarray, np.ndarray]]:
+    """The rows of the Bridge (dense and MoE apart), Nano and CI sets whose part `on(hardware)` accepts, prepared with
+    `models`: per group, its prepared graphs, calibrations as shipped, measured times (s) and each row's model (the
+    Bridge rows') or set."""
+    groups = {}
+    for file, short in ((sf.BRIDGE, "Bridge"), (HYBRID, "Nano"), (sf.CI, "CI")):
+        data = sf.load_set(models, file)
+        idx = [i for i, r in enumerate(data.rows) if on(r.cluster.hardware)]
+        split = (("Bridge dense", [i for i in idx if data.rows[i].config.moe is None]),
+                 ("Bridge MoE", [i for i in idx if data.rows[i].config.moe is not None])) if file == sf.BRIDGE \
+            else ((short, idx),)
+        for name, rows in split:
+            groups[name] = ([data.prepared[i] for i in rows], [data.rows[i].calibration or NONE for i in rows],
+                            data.measured[rows], np.array([sf.bridge_model(data.rows[i]) if file == sf.BRIDGE else short
+                                                           for i in rows]))
+    return groups
+
+
+def group_row(label: str, width: int, groups: dict, times: dict[str, np.ndarray]) -> None:
+    """One line of a what-if table: `label`, then each group's MAPE and bias under `times`."""
+    cells = [f"{100 * np.mean(np.abs(t / groups[n][2] - 1)):5.2f}% ({100 * np.mean(t / groups[n][2] - 1):+5.1f}%)"
+             for n, t in times.items()]
+    print(f"  {label:<{width}} " + " ".join(f"{c:<18}" for c in cells))
+
+
 def hopper_ceiling_what_if(models, levels: list[float]) -> None:
     """The Hopper rows of the Bridge, Nano and CI sets with no sustained GEMM ceiling, with each ceiling of `levels`
     (bf16 TFLOP/s; fp8 at it × the measured fp8 speed-up) and the shipped one, and with no ceiling but a Hopper device
     scale on every tensor-core op refitted on the dense Bridge rows (what the megatron-bridge profile held before
     Hopper's ceiling replaced it): the mechanism and the scale side by side, each row under its shipped calibration."""
-    bare = models.unsustained()
     ratio, _ = fhc.fp8_speedup()
     shipped = ceilings()[fhc.FIT_PART]["bf16"]
-    groups: dict[str, tuple[list, list, np.ndarray]] = {}
-    for file, short in ((sf.BRIDGE, "Bridge"), (HYBRID, "Nano"), (sf.CI, "CI")):
-        data = sf.load_set(bare, file)
-        on = [i for i, r in enumerate(data.rows) if r.cluster.hardware in fhc.PARTS]
-        split = (("Bridge dense", [i for i in on if data.rows[i].config.moe is None]),
-                 ("Bridge MoE", [i for i in on if data.rows[i].config.moe is not None])) if file == sf.BRIDGE \
-            else ((short, on),)
-        for name, idx in split:
-            groups[name] = ([data.prepared[i] for i in idx], [data.rows[i].calibration or NONE for i in idx],
-                            data.measured[idx])
-    units = {name: fhc.unit_floors(prepared) for name, (prepared, _, _) in groups.items()}
+    groups = part_groups(models.unsustained(), lambda hw: hw in fhc.PARTS)
+    units = {name: fhc.unit_floors(prepared) for name, (prepared, *_) in groups.items()}
 
     def row(label: str, times: dict[str, np.ndarray]) -> None:
-        cells = [f"{100 * np.mean(np.abs(t / groups[n][2] - 1)):5.2f}% ({100 * np.mean(t / groups[n][2] - 1):+5.1f}%)"
-                 for n, t in times.items()]
-        print(f"  {label:<34} " + " ".join(f"{c:<18}" for c in cells))
+        group_row(label, 34, groups, times)
 
     def at(tflops: float | None, scale: float = 1.0) -> dict[str, np.ndarray]:
         return {name: np.array([iteration_times_s([g], device_scaled(cal, scale))[0] for g, cal in zip(
             prepared if tflops is None else fhc.at_ceiling(prepared, units[name], tflops, ratio), cals)])
-            for name, (prepared, cals, _) in groups.items()}
+            for name, (prepared, cals, *_) in groups.items()}
 
     print(f"\n== what Hopper's sustained GEMM ceiling does on the rows of {', '.join(fhc.PARTS)} (shipped: {shipped:g} "
           f"TFLOP/s bf16, × {ratio:g} fp8; MAPE, bias)")
@@ -236,7 +249,7 @@ def hopper_ceiling_what_if(models, levels: list[float]) -> None:
     row("no ceiling, no scale", at(None))
     for tflops in sorted({*levels, shipped}):
         row(f"ceiling {tflops:g}" + (" (shipped)" if tflops == shipped else ""), at(tflops))
-    prepared, cals, measured = groups["Bridge dense"]
+    prepared, cals, measured, _ = groups["Bridge dense"]
     grid = np.round(np.arange(1.0, 1.5001, 0.005), 3)
     errors = [np.mean(np.abs(np.array([iteration_times_s([g], device_scaled(c, s))[0] for g, c in zip(prepared, cals)])
                              / measured - 1)) for s in grid]
@@ -255,24 +268,13 @@ def blackwell_ceiling_what_if(models, levels: list[float]) -> None:
         print("\n== Blackwell: no matmul table measured fp8 beside bf16 (tracekit/data/gemm_rates.json): no what-if")
         return
     ratio8 = float(np.median(list(measured8.values())))
-    groups: dict[str, tuple[list, list, np.ndarray, np.ndarray]] = {}
-    parts: set[str] = set()
-    for file, short in ((sf.BRIDGE, "Bridge"), (HYBRID, "Nano"), (sf.CI, "CI")):
-        data = sf.load_set(models, file)
-        on = [i for i, r in enumerate(data.rows) if architecture(r.cluster.hardware) == "blackwell"]
-        parts |= {data.rows[i].cluster.hardware for i in on}
-        split = (("Bridge dense", [i for i in on if data.rows[i].config.moe is None]),
-                 ("Bridge MoE", [i for i in on if data.rows[i].config.moe is not None])) if file == sf.BRIDGE \
-            else ((short, on),)
-        for name, idx in split:
-            groups[name] = ([data.prepared[i] for i in idx], [data.rows[i].calibration or NONE for i in idx],
-                            data.measured[idx], np.array([sf.bridge_model(data.rows[i]) if file == sf.BRIDGE else short
-                                                          for i in idx]))
+    groups = part_groups(models, lambda hw: architecture(hw) == "blackwell")
+    parts = {cluster.hardware for prepared, *_ in groups.values() for _, _, cluster, _ in prepared}
     ratio4 = {hw: hardware_spec(hw).peak_tflops("nvfp4") / hardware_spec(hw).peak_tflops("fp8") for hw in parts}
-    units = {name: [(floor_us(pd.DataFrame(g.specs), {hw: half(1.0) for hw in parts}),
-                     floor_us(pd.DataFrame(g.specs), {hw: {"fp8": 1.0} for hw in parts}),
-                     floor_us(pd.DataFrame(g.specs), {hw: {"nvfp4": ratio4[hw], "mxfp4": ratio4[hw]}
-                                                      for hw in parts})) for g, *_ in prepared]
+    # per graph, each operator's least time at 1 TFLOP/s: its half-precision, fp8 and (at the fp4 ratio) fp4 GEMMs'
+    at_one = ({hw: half(1.0) for hw in parts}, {hw: {"fp8": 1.0} for hw in parts},
+              {hw: {"nvfp4": ratio4[hw], "mxfp4": ratio4[hw]} for hw in parts})
+    units = {name: [[floor_us(frame, one) for one in at_one] for frame in (pd.DataFrame(g.specs) for g, *_ in prepared)]
              for name, (prepared, *_) in groups.items()}
 
     def at(tflops: float | None, scaled: bool = False) -> dict[str, np.ndarray]:
@@ -286,9 +288,7 @@ def blackwell_ceiling_what_if(models, levels: list[float]) -> None:
         return out
 
     def row(label: str, times: dict[str, np.ndarray]) -> None:
-        cells = [f"{100 * np.mean(np.abs(t / groups[n][2] - 1)):5.2f}% ({100 * np.mean(t / groups[n][2] - 1):+5.1f}%)"
-                 for n, t in times.items()]
-        print(f"  {label:<46} " + " ".join(f"{c:<18}" for c in cells))
+        group_row(label, 46, groups, times)
 
     scale = get_stack("megatron-bridge").device_scale.get("blackwell", 1.0)
     print(f"\n== what a sustained GEMM ceiling would do on Blackwell in the place of Megatron-Bridge's device scale "

@@ -94,12 +94,12 @@ def _fastest_that_fits(prediction: Any, alternatives: list[tuple[TrainingConfig,
     """Of a row's prediction and its `alternatives` (the same row at other micro-batches), the fastest that fits in
     memory (the smallest micro-batch when none does), with one warning saying which micro-batch it took and what
     each other gives."""
-    tried = [prediction] + [result for _, result in alternatives if not isinstance(result, Exception)]
+    tried = sorted([prediction] + [result for _, result in alternatives if not isinstance(result, Exception)],
+                   key=lambda p: p.config.micro_batch_size)
     fitting = [p for p in tried if p.fits_in_memory is not False]
-    chosen = min(fitting, key=lambda p: (p.iteration_time_s, p.config.micro_batch_size)) if fitting else \
-        min(tried, key=lambda p: p.config.micro_batch_size)
+    chosen = min(fitting, key=lambda p: p.iteration_time_s) if fitting else tried[0]
     parts = []
-    for other in sorted(tried, key=lambda p: p.config.micro_batch_size):
+    for other in tried:
         if other is chosen:
             continue
         fits = "" if other.fits_in_memory is not False else ", does not fit"
@@ -107,7 +107,7 @@ def _fastest_that_fits(prediction: Any, alternatives: list[tuple[TrainingConfig,
                      f"({other.iteration_time_s / chosen.iteration_time_s - 1:+.1%}{fits})")
     how = "the fastest that fits" if fitting else "none fits: the smallest"
     said = "; ".join(parts) if parts else "no other micro-batch the global batch allows"
-    allowed = ", ".join(str(p.config.micro_batch_size) for p in sorted(tried, key=lambda p: p.config.micro_batch_size))
+    allowed = ", ".join(str(p.config.micro_batch_size) for p in tried)
     chosen.warnings.append(f"micro_batch_size not stated: {chosen.config.micro_batch_size} taken, {how} of the "
                            f"micro-batches the global batch allows ({allowed}; Megatron has no default); at "
                            f"micro-batch {said} (the table does not say which the run used)")

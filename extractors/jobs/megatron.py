@@ -86,6 +86,11 @@ def config_from_log(text: str, path: str = "log", defaults: dict[str, Any] | Non
     """Parse the arguments block Megatron prints at start-up."""
     return TrainingConfig.from_mapping(parse_arguments_block(text, path), defaults)
 
+def job_settings(data: dict[str, Any]) -> dict[str, Any]:
+    """A YAML/JSON job's Megatron settings: the mapping itself, or its `arguments:` mapping."""
+    return data["arguments"] if isinstance(data.get("arguments"), dict) else data
+
+
 def config_from_file(path: str | Path, defaults: dict[str, Any] | None = None,
               unknown: list[str] | None = None) -> TrainingConfig:
     """YAML or JSON mapping of Megatron argument names; a Megatron log file is recognized by its block. Unknown
@@ -108,9 +113,7 @@ def config_from_file(path: str | Path, defaults: dict[str, Any] | None = None,
         raise InputError(path, f"not valid {'JSON' if path.suffix.lower() == '.json' else 'YAML'} ({exc})") from exc
     if not isinstance(data, dict):
         raise InputError(path, "configuration must be a mapping of Megatron argument names to values")
-    if isinstance(data.get("arguments"), dict):
-        data = data["arguments"]
     try:
-        return TrainingConfig.from_mapping(data, defaults, strict=True, unknown=unknown)
+        return TrainingConfig.from_mapping(job_settings(data), defaults, strict=True, unknown=unknown)
     except ConfigError as exc:
         raise InputError(path, str(exc)) from exc

@@ -110,6 +110,7 @@ def predict_command(
             config_from_argv,
             config_from_file,
             config_from_log,
+            job_settings,
             parse_arguments_block,
             parse_megatron_argv,
         )
@@ -118,10 +119,11 @@ def predict_command(
         from .job_file import job_mapping, job_text
 
         native = None  # a torchtitan TOML or a Composer YAML (extractors.jobs.files)
+        mapping = None  # a YAML/JSON job's document
         if config is not None:  # a trace, a table, a binary file, bad YAML: refused in one line before any parser
             job = job_text(config, "predict")
             if config.suffix.lower() in (".yaml", ".yml", ".json"):
-                job_mapping(config, job)  # a syntax error is one line saying where, whatever the job's kind
+                mapping = job_mapping(config, job)  # a syntax error is one line saying where, whatever its kind
             native = _job(config, gpus, hardware, gpus_per_node, cluster_name)
             if native is None and not ARGS_BEGIN.search(job):
                 job_mapping(config, job, or_log=config.suffix.lower() not in (".yaml", ".yml", ".json"))
@@ -151,9 +153,7 @@ def predict_command(
             cfg = config_from_log(log_text, str(log), profile.config)
         elif config is not None:
             cfg = config_from_file(config, profile.config, unknown)
-            if config.suffix.lower() in (".yaml", ".yml", ".json"):  # its settings, or its `arguments:` mapping's
-                data = job_mapping(config, job)
-                given = set(data["arguments"] if isinstance(data.get("arguments"), dict) else data)
+            given = set(job_settings(mapping)) if mapping is not None else None
         else:
             assert megatron_args is not None  # the one source left (exactly one was given)
             cfg = config_from_argv(megatron_args, profile.config, unknown)
